@@ -1,0 +1,1 @@
+"""The passes, one module each; the registry in rewriter/registry.py lists them."""

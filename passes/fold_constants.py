@@ -1,0 +1,209 @@
+"""fold-constants: evaluate constant subgraphs into initializers; remove dead code.
+
+Before -> after::
+
+    ConstantOfShape(shape=[64,3,7,7]) -> W -> Conv     =>   W (initializer) -> Conv
+    x -> Shape -> Gather(0) -> Unsqueeze -> Concat     =>   [1, -1] (initializer) (static dims)
+    x -> Identity -> y / x -> Dropout (inference) -> y  =>   x -> consumers of y
+
+What is folded: a node of the default ONNX domain whose inputs are all constant, and
+Shape/Size of a tensor whose shape is fully static. Values come from ONNX's reference
+evaluator (onnx.reference), never from hand-written kernels, and keep the dtype the graph
+declares.
+
+What is never folded, and why:
+
+* QuantizeLinear / DequantizeLinear (and DynamicQuantizeLinear): MIGraphX turns a conv into
+  an int8 kernel only when its weight is ``int8 initializer -> DequantizeLinear``; a folded
+  DQ silently leaves the conv in float (shared/migraphx/PROFILE.md, rule 4).
+* random ops (each run must draw anew), control flow (If/Loop/Scan: their bodies are folded
+  in place instead), sequence/optional ops, custom domains (we cannot run them).
+* outputs that are graph outputs (an initializer as a graph output is not portable), and
+  results that grow: a result over ``fold_size_limit`` bytes (default 1 MiB) and more than
+  ``fold_growth`` (default 2) times its inputs stays a node (skip:size-guard), unless every
+  consumer uses it as a weight (Conv/Gemm/MatMul/BN parameters), which a backend has to
+  materialise anyway.
+
+Dead code: Identity and inference Dropout are bypassed (kept when both sides are graph
+inputs/outputs); unused nodes and initializers go in the manager's cleanup. Graph inputs
+are never removed: the interface stays. If/Loop/Scan bodies are processed too; outer-scope
+names are shared tensor objects, so references stay intact.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from rewriter.ir import iter_graphs
+from rewriter.pass_base import Context, Numerics, Pass, PassResult, Phase
+
+NEVER = {
+    "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
+    "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+    "Bernoulli", "If", "Loop", "Scan",
+    "SequenceAt", "SequenceConstruct", "SequenceEmpty", "SequenceErase", "SequenceInsert",
+    "SequenceLength", "SequenceMap", "SplitToSequence", "ConcatFromSequence",
+    "Optional", "OptionalGetElement", "OptionalHasElement",
+}
+# Input slots that hold parameters a backend must have as constants anyway.
+WEIGHT_SLOTS = {
+    "Conv": {1, 2}, "ConvTranspose": {1, 2}, "Gemm": {1, 2}, "MatMul": {1},
+    "BatchNormalization": {1, 2, 3, 4}, "InstanceNormalization": {1, 2},
+    "LayerNormalization": {1, 2}, "PRelu": {1},
+}
+
+
+class FoldConstants(Pass):
+    name = "fold-constants"
+    phase = Phase.FOLD
+    numerics = Numerics.EXACT
+    summary = "evaluate constant subgraphs (never Q/DQ), drop Identity/Dropout and dead nodes"
+
+    def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
+        res = PassResult()
+        limit = int(ctx.option("fold_size_limit", 1 << 20))
+        growth = float(ctx.option("fold_growth", 2.0))
+        strict = bool(ctx.option("strict", False))
+        for g in iter_graphs(graph):
+            outputs = {id(t) for t in g.outputs}
+            g.toposort(recurse_subgraphs=False)
+            for node in list(g.nodes):
+                if not node.outputs:
+                    continue
+                if node.op in ("Identity", "Dropout"):
+                    reason = _bypass(node, g, outputs)
+                    if reason:
+                        res.skip(reason)
+                    else:
+                        res.count(f"removed-{node.op.lower()}")
+                        res.changed = True
+                    continue
+                reason = _check(node, outputs)
+                if reason is not None:
+                    if reason:
+                        res.skip(reason)
+                    continue
+                try:
+                    values = _evaluate(node, g.opset)
+                except Exception as e:
+                    if strict:
+                        raise
+                    res.skip("eval-failed")
+                    res.notes.append(f"{node.op} '{node.name}': {type(e).__name__}: {e}"[:200])
+                    continue
+                out_bytes = sum(v.nbytes for v in values)
+                in_bytes = sum(t.values.nbytes for t in node.inputs
+                               if isinstance(t, gs.Constant))
+                if out_bytes > limit and out_bytes > growth * in_bytes and not all(
+                        _only_weight_use(t) for t in node.outputs):
+                    res.skip("size-guard")
+                    continue
+                for t, v in zip(node.outputs, values):
+                    if t.dtype is not None and np.dtype(t.dtype) != v.dtype:
+                        v = v.astype(t.dtype)
+                    t.to_constant(np.ascontiguousarray(v))
+                node.outputs.clear()
+                node.inputs.clear()
+                res.count("folded")
+                res.changed = True
+        return res
+
+
+def _check(node: gs.Node, graph_outputs: set[int]) -> str | None:
+    """None if foldable, '' if simply not constant, else a skip reason."""
+    if node.domain not in (None, "", "ai.onnx") or node.op in NEVER:
+        return ""
+    if any(isinstance(v, gs.Graph) or (isinstance(v, list) and v and isinstance(v[0], gs.Graph))
+           for v in node.attrs.values()):
+        return ""
+    if node.op in ("Shape", "Size"):
+        x = node.inputs[0]
+        if isinstance(x, gs.Constant) or _static(x):
+            return "graph-output" if any(id(t) in graph_outputs for t in node.outputs) else None
+        return ""
+    if not all(isinstance(t, gs.Constant) or (t.name == "" and not t.inputs) for t in node.inputs):
+        return ""
+    if not node.inputs and node.op not in ("Constant", "ConstantOfShape", "Range", "EyeLike"):
+        return ""
+    if any(id(t) in graph_outputs for t in node.outputs):
+        return "graph-output"
+    return None
+
+
+def _static(t: gs.Tensor) -> bool:
+    return t.shape is not None and all(isinstance(d, (int, np.integer)) and d >= 0 for d in t.shape)
+
+
+def _only_weight_use(t: gs.Tensor) -> bool:
+    if not t.outputs:
+        return False
+    for consumer in t.outputs:
+        slots = WEIGHT_SLOTS.get(consumer.op, set())
+        if not any(i in slots for i, x in enumerate(consumer.inputs) if x is t):
+            return False
+    return True
+
+
+def _evaluate(node: gs.Node, opset: int) -> list[np.ndarray]:
+    if node.op in ("Shape", "Size"):
+        x = node.inputs[0]
+        shape = np.array(x.shape if not isinstance(x, gs.Constant) else x.values.shape,
+                         dtype=np.int64)
+        if node.op == "Size":
+            return [np.array(np.prod(shape), dtype=np.int64)]
+        start = int(node.attrs.get("start", 0))
+        end = node.attrs.get("end", None)
+        return [shape[start:end if end is None else int(end)]]
+    from onnx.reference import ReferenceEvaluator
+    from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
+
+    proto = OnnxExporter.export_node(node)
+    feeds = {t.name: t.values for t in node.inputs if isinstance(t, gs.Constant)}
+    ref = ReferenceEvaluator(_single_node_model(proto, node, opset))
+    outs = ref.run(None, feeds)
+    return [np.asarray(o) for o in outs]
+
+
+def _single_node_model(proto: onnx.NodeProto, node: gs.Node, opset: int) -> onnx.ModelProto:
+    inputs = [onnx.helper.make_tensor_value_info(
+        t.name, onnx.helper.np_dtype_to_tensor_dtype(t.values.dtype), t.values.shape)
+        for t in node.inputs if isinstance(t, gs.Constant)]
+    outputs = [onnx.helper.make_empty_tensor_value_info(t.name) for t in node.outputs]
+    g = onnx.helper.make_graph([proto], "fold", inputs, outputs)
+    return onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", opset)])
+
+
+def _bypass(node: gs.Node, g: gs.Graph, graph_outputs: set[int]) -> str | None:
+    """Route the consumers of an Identity/inference Dropout to its input; None if done."""
+    if node.op == "Dropout":
+        if len(node.outputs) > 1 and node.outputs[1].outputs:
+            return "dropout-mask-used"
+        if len(node.outputs) > 1 and id(node.outputs[1]) in graph_outputs:
+            return "dropout-mask-used"
+        if len(node.inputs) > 2 and node.inputs[2].name:
+            mode = node.inputs[2]
+            if not isinstance(mode, gs.Constant) or bool(np.asarray(mode.values).any()):
+                return "dropout-training-mode"
+        if int(node.attrs.get("is_test", 1)) == 0 and g.opset < 7:
+            return "dropout-training-mode"
+    x, y = node.inputs[0], node.outputs[0]
+    if id(y) in graph_outputs:
+        # The graph output's name must survive: make x's producer write y instead.
+        producer = x.inputs[0] if x.inputs else None
+        if (producer is None or id(x) in graph_outputs or any(x is t for t in g.inputs)
+                or not any(n is producer for n in g.nodes) or len(x.outputs) > 1):
+            return "identity-between-graph-io"
+        idx = producer.outputs.index(x)
+        node.outputs.clear()
+        node.inputs.clear()
+        producer.outputs[idx] = y
+        return None
+    for consumer in list(y.outputs):
+        for i, t in enumerate(consumer.inputs):
+            if t is y:
+                consumer.inputs[i] = x
+    node.outputs.clear()
+    node.inputs.clear()
+    return None

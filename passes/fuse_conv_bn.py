@@ -1,0 +1,284 @@
+"""fuse-conv-bn: fold inference BatchNormalization (and per-channel scale/shift) into convs.
+
+Before -> after::
+
+    x -> Conv(W, b) -> BatchNormalization(g, beta, m, v) -> Relu -> y
+    x -> Conv(W', b')                                    -> Relu -> y
+
+    x -> Conv(W, b) -> Mul(c) -> Add(d) -> y      =>   x -> Conv(W*c, b*c + d) -> y
+
+The algebra, per output channel k, computed in float64 and stored in W's dtype::
+
+    s_k  = g_k / sqrt(v_k + eps)
+    W'_k = W_k * s_k
+    b'_k = (b_k - m_k) * s_k + beta_k
+
+For ConvTranspose the output channel is axis 1 of W (per group). Per-channel Mul/Div by
+a constant c scales W and b; Add/Sub of a constant d shifts b. Chains are absorbed until
+the conv's output reaches anything else, so the activation (Relu, Clip, HardSwish, ...)
+ends up directly after the conv, where MIGraphX (rocMLIR/MIOpen) fuses conv+bias+act.
+
+A BatchNormalization that does not follow a conv (DenseNet's BN after Concat) becomes one
+Mul and one Add with per-channel constants, merged with the per-channel Mul/Add after it.
+MIGraphX decomposes BN the same way at parse time; here it is explicit and foldable.
+
+Preconditions (else skipped with a reason in the report):
+
+* the conv output feeds only this BN/Mul/Add and is not a graph output;
+* W, b and the BN parameters are constants; BN is in inference mode (no training_mode,
+  no used mean/var outputs, spatial=1 in old opsets);
+* the constant of Mul/Add broadcasts per channel only (shape [K,1,..], [1,K,1,..] or a
+  scalar), so the result does not change shape;
+* a float dtype.
+
+A weight shared by several convs is copied for the conv being changed, never edited in
+place; the conv keeps its name so plans naming it stay valid, and the BN's output tensor
+name is kept (it becomes the conv's output), so graph outputs and downstream names survive.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from rewriter.ir import iter_graphs
+from rewriter.pass_base import Context, Numerics, Pass, PassResult, Phase
+
+CONVS = ("Conv", "ConvTranspose")
+AFFINE = ("Mul", "Div", "Add", "Sub")
+# Activations MIGraphX fuses into a conv epilogue; counted to show the fused pairs.
+ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "HardSigmoid", "HardSwish", "Sigmoid", "Tanh",
+               "Elu", "Selu", "PRelu")
+
+
+class FuseConvBn(Pass):
+    name = "fuse-conv-bn"
+    phase = Phase.FUSE
+    numerics = Numerics.CLOSE
+    summary = "fold BatchNorm and per-channel Mul/Add into Conv weights; keep the activation next"
+
+    def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
+        res = PassResult()
+        for g in iter_graphs(graph):
+            outs = {id(t) for t in g.outputs}
+            local = {id(n) for n in g.nodes}
+            for node in list(g.nodes):
+                if node.op in CONVS and node.outputs:
+                    self._absorb_into_conv(node, g, outs, local, ctx, res)
+            for node in list(g.nodes):
+                if node.op == "BatchNormalization" and node.outputs:
+                    self._standalone_bn(node, g, outs, local, ctx, res)
+            res.counts["conv+activation pairs"] = (res.counts.get("conv+activation pairs", 0)
+                                                   + _count_pairs(g))
+        return res
+
+    # ------------------------------------------------------------------ conv head
+    def _absorb_into_conv(self, conv, g, outs, local, ctx, res):
+        w = conv.inputs[1] if len(conv.inputs) > 1 else None
+        if not isinstance(w, gs.Constant):
+            _note_blocked(conv, res, "weights-not-constant")
+            return
+        b = conv.inputs[2] if len(conv.inputs) > 2 and conv.inputs[2].name else None
+        if b is not None and not isinstance(b, gs.Constant):
+            _note_blocked(conv, res, "bias-not-constant")
+            return
+        if w.values.dtype.kind != "f":
+            _note_blocked(conv, res, "unsupported-dtype")
+            return
+        group = int(conv.attrs.get("group", 1))
+        k = w.shape[1] * group if conv.op == "ConvTranspose" else w.shape[0]
+        scale = np.ones(k, dtype=np.float64)
+        shift = np.zeros(k, dtype=np.float64)
+        absorbed = []
+        y = conv.outputs[0]
+        rank = len(w.shape)
+        while True:
+            if len(y.outputs) != 1:
+                if any(n.op == "BatchNormalization" for n in y.outputs):
+                    res.skip("conv-output-has-other-consumers")
+                break
+            nxt = y.outputs[0]
+            if id(nxt) not in local:
+                break
+            if id(y) in outs:
+                if nxt.op == "BatchNormalization":
+                    res.skip("conv-output-is-graph-output")
+                break
+            if nxt.op == "BatchNormalization":
+                st, reason = _bn_affine(nxt, k, g.opset)
+            elif nxt.op in AFFINE:
+                st, reason = _channel_affine(nxt, y, k, rank)
+                if reason:  # a Mul/Add that is not per-channel simply ends the chain
+                    break
+            else:
+                break
+            if reason:
+                res.skip(reason)
+                break
+            s, t = st
+            scale, shift = scale * s, shift * s + t
+            absorbed.append(nxt)
+            y = nxt.outputs[0]
+        if not absorbed:
+            return
+        dtype = w.values.dtype
+        wv = w.values.astype(np.float64)
+        if conv.op == "ConvTranspose":
+            cin = wv.shape[0]
+            wv = wv.reshape((group, cin // group, k // group) + wv.shape[2:])
+            wv = wv * scale.reshape((group, 1, k // group) + (1,) * (rank - 2))
+            wv = wv.reshape((cin, k // group) + wv.shape[3:])
+        else:
+            wv = wv * scale.reshape((k,) + (1,) * (rank - 1))
+        bv = (b.values.astype(np.float64) if b is not None else np.zeros(k)) * scale + shift
+        _set_const(conv, 1, wv.astype(dtype), ctx)
+        if b is not None:
+            _set_const(conv, 2, bv.astype(dtype), ctx)
+        else:
+            while len(conv.inputs) < 2:
+                conv.inputs.append(gs.Variable(""))
+            new_b = gs.Constant(ctx.namer(f"{w.name}_bias"), bv.astype(dtype))
+            if len(conv.inputs) == 2:
+                conv.inputs.append(new_b)
+            else:
+                conv.inputs[2] = new_b
+        # The conv takes over the last absorbed node's output tensor (its name survives).
+        last_out = absorbed[-1].outputs[0]
+        for n in absorbed:
+            n.outputs.clear()
+            n.inputs.clear()
+        conv.outputs[0] = last_out
+        res.count("fused-bn", sum(n.op == "BatchNormalization" for n in absorbed))
+        res.count("fused-scale-shift", sum(n.op != "BatchNormalization" for n in absorbed))
+        res.changed = True
+
+    # ------------------------------------------------------------------ BN alone
+    def _standalone_bn(self, bn, g, outs, local, ctx, res):
+        x = bn.inputs[0]
+        c = _channels(bn)
+        if c is None:
+            res.skip("bn-params-not-constant")
+            return
+        st, reason = _bn_affine(bn, c, g.opset)
+        if reason:
+            res.skip(reason)
+            return
+        if x.shape is None or len(x.shape) < 2:
+            res.skip("bn-input-rank-unknown")
+            return
+        rank = len(x.shape)
+        scale, shift = st
+        y = bn.outputs[0]
+        absorbed = [bn]
+        while len(y.outputs) == 1 and id(y) not in outs and id(y.outputs[0]) in local:
+            nxt = y.outputs[0]
+            if nxt.op not in AFFINE:
+                break
+            st2, reason = _channel_affine(nxt, y, c, rank)
+            if reason:
+                break
+            s, t = st2
+            scale, shift = scale * s, shift * s + t
+            absorbed.append(nxt)
+            y = nxt.outputs[0]
+        dtype = np.dtype(bn.inputs[1].values.dtype)
+        shape = (c,) + (1,) * (rank - 2)
+        sc = gs.Constant(ctx.namer(f"{bn.inputs[1].name}_scale"), scale.reshape(shape).astype(dtype))
+        sh = gs.Constant(ctx.namer(f"{bn.inputs[2].name}_shift"), shift.reshape(shape).astype(dtype))
+        mid = gs.Variable(ctx.namer(f"{y.name}_scaled"), dtype=x.dtype, shape=x.shape)
+        last_out = absorbed[-1].outputs[0]
+        for n in absorbed:
+            n.outputs.clear()
+            n.inputs.clear()
+        base = bn.name or last_out.name
+        g.nodes.append(gs.Node("Mul", ctx.namer(f"{base}_mul"), inputs=[x, sc], outputs=[mid]))
+        g.nodes.append(gs.Node("Add", ctx.namer(f"{base}_add"), inputs=[mid, sh], outputs=[last_out]))
+        res.count("bn-to-scale-shift")
+        res.changed = True
+
+
+def _note_blocked(conv, res, reason):
+    y = conv.outputs[0]
+    if len(y.outputs) == 1 and y.outputs[0].op == "BatchNormalization":
+        res.skip(reason)
+
+
+def _channels(bn) -> int | None:
+    params = bn.inputs[1:5]
+    if len(params) < 4 or not all(isinstance(p, gs.Constant) for p in params):
+        return None
+    return int(params[0].values.size)
+
+
+def _bn_affine(bn, k, opset):
+    """((scale, shift), None) for an inference BN with k channels, or (None, reason)."""
+    params = bn.inputs[1:5]
+    if len(params) < 4 or not all(isinstance(p, gs.Constant) for p in params):
+        return None, "bn-params-not-constant"
+    if int(bn.attrs.get("training_mode", 0)) or any(o.outputs for o in bn.outputs[1:]):
+        return None, "bn-training-mode"
+    if int(bn.attrs.get("spatial", 1)) != 1 or int(bn.attrs.get("is_test", 1)) == 0:
+        return None, "bn-training-mode"
+    gamma, beta, mean, var = (p.values.astype(np.float64).ravel() for p in params)
+    if not (gamma.size == beta.size == mean.size == var.size == k):
+        return None, "channel-mismatch"
+    if params[0].values.dtype.kind != "f":
+        return None, "unsupported-dtype"
+    eps = float(bn.attrs.get("epsilon", 1e-5))
+    s = gamma / np.sqrt(var + eps)
+    return (s, beta - mean * s), None
+
+
+def _channel_affine(node, y, k, rank):
+    """Per-channel (scale, shift) of Mul/Div/Add/Sub with a constant, or (None, reason)."""
+    if len(node.inputs) != 2:
+        return None, "not-binary"
+    a, c = node.inputs
+    if a is not y:
+        if node.op in ("Sub", "Div"):  # c - y and c / y are not affine in y's form
+            return None, "not-affine"
+        a, c = c, a
+    if a is not y or not isinstance(c, gs.Constant) or c.values.dtype.kind != "f":
+        return None, "not-constant"
+    v = c.values
+    if v.ndim > rank:
+        return None, "not-per-channel"
+    # Align to the output's dims: [.., K, 1, 1] with channel at axis 1 of the output.
+    full = (1,) * (rank - v.ndim) + tuple(v.shape)
+    if any(d != 1 for i, d in enumerate(full) if i != 1) or full[1] not in (1, k):
+        return None, "not-per-channel"
+    vec = np.broadcast_to(v.astype(np.float64).reshape(-1) if full[1] == k else
+                          v.astype(np.float64).reshape(1), (k,)).copy()
+    if node.op == "Mul":
+        return (vec, np.zeros(k)), None
+    if node.op == "Div":
+        if (vec == 0).any():
+            return None, "division-by-zero"
+        return (1.0 / vec, np.zeros(k)), None
+    if node.op == "Add":
+        return (np.ones(k), vec), None
+    return (np.ones(k), -vec), None
+
+
+def _set_const(node, idx, values, ctx):
+    """Give input ``idx`` new values: in place if only this node uses it, else a copy."""
+    t = node.inputs[idx]
+    if len(t.outputs) == 1 and not t.inputs:
+        t.values = values
+    else:
+        node.inputs[idx] = gs.Constant(ctx.namer(f"{t.name}_fused"), values)
+
+
+def _count_pairs(g) -> int:
+    n = 0
+    for node in g.nodes:
+        if node.op in CONVS and node.outputs:
+            y = node.outputs[0]
+            if any(c.op in ACTIVATIONS for c in y.outputs) or _is_swish(y):
+                n += 1
+    return n
+
+
+def _is_swish(y) -> bool:
+    ops = sorted(c.op for c in y.outputs)
+    return ops == ["Mul", "Sigmoid"]

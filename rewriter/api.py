@@ -1,0 +1,169 @@
+"""The Python API: ``rewrite(model_or_path, ...) -> (onnx.ModelProto, Report)``.
+
+Flow: load (validated, weights not read) -> reference outputs if verifying -> for each
+pass: run, cleanup, structural check, numeric check if it changed the graph -> export ->
+onnx.checker -> final numeric check -> atomic save if an output path was given.
+
+A model passed in memory is copied first: the caller's proto is never modified.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import onnx
+
+from . import ir, registry
+from .errors import InputError, VerificationError
+from .manager import run_pipeline
+from .pass_base import Context, Numerics
+from .report import Report, op_histogram
+
+
+@contextmanager
+def _no_gc():
+    # Graphs are millions of small objects; Python's cyclic GC rescans them over and over
+    # and turns linear passes superlinear. Nothing here makes garbage cycles worth chasing.
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def rewrite(model: str | os.PathLike | onnx.ModelProto,
+            passes: Iterable | str | None = None,
+            *,
+            output: str | os.PathLike | None = None,
+            verify: bool = False,
+            input_shapes: dict[str, list[int]] | None = None,
+            inputs: dict[str, np.ndarray] | None = None,
+            seed: int = 0,
+            options: dict[str, Any] | None = None,
+            base_dir: str | os.PathLike | None = None,
+            data: dict[str, Any] | None = None,
+            ) -> tuple[onnx.ModelProto, Report]:
+    """Rewrite a model with a pipeline of passes (default: fold-constants, fuse-conv-bn).
+
+    Args:
+        model: a path, or an in-memory ModelProto (copied, never modified).
+        passes: pass names (list or "a,b,c"), classes or instances; None = default pipeline.
+        output: where to save atomically (external data beside it when needed).
+        verify: compare with the original in onnxruntime after every changing pass.
+        input_shapes: {input name: dims} for symbolic dims (default 1); for random inputs.
+        inputs: user inputs for verification instead of random ones.
+        options: pass options, e.g. {"fold_size_limit": 1 << 20}.
+        base_dir: folder that resolves external data of an in-memory model.
+        data: precomputed facts for passes (calibration ranges ...), see Context.data.
+
+    Raises:
+        InputError (bad input), PassError (bug in a pass), VerificationError (outputs
+        drift; its ``report`` attribute holds the report).
+    """
+    with _no_gc():
+        return _rewrite(model, passes, output, verify, input_shapes, inputs, seed,
+                        options or {}, base_dir, data or {})
+
+
+def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options, base_dir, data):
+    seconds: dict[str, float] = {}
+    t0 = time.perf_counter()
+    if isinstance(model, onnx.ModelProto):
+        name = "<model>"
+        original = onnx.ModelProto()
+        original.CopyFrom(model)
+        ir.check_model(original)
+    else:
+        name = str(model)
+        original = ir.load(model)
+        base_dir = Path(model).parent if base_dir is None else base_dir
+    if output is not None and not isinstance(model, onnx.ModelProto):
+        if Path(output).exists() and os.path.samefile(output, model):
+            raise InputError(f"{output}: output would overwrite the input; choose another path")
+    pipeline = registry.resolve(passes)
+    report = Report(input=name, output=str(output) if output else None)
+    report.ops_before = op_histogram(original.graph)
+    report.bytes_before = ir.total_weight_bytes(original) if base_dir else original.ByteSize()
+    graph = ir.to_graph(original, base_dir)
+    seconds["load"] = time.perf_counter() - t0
+
+    verifier = None
+    if verify:
+        t = time.perf_counter()
+        from .verify import Verifier, make_feeds
+        feeds = inputs if inputs is not None else make_feeds(original, input_shapes, seed)
+        verifier = Verifier(original, base_dir, feeds)
+        report.verified_with = ("onnxruntime CPU, graph optimisations off, "
+                                + ("user inputs" if inputs is not None else f"random inputs seed {seed}"))
+        seconds["reference"] = time.perf_counter() - t
+
+    ctx = Context(options=options, data=data, namer=ir.Namer(graph))
+    depth = {"n": 0, "worst": Numerics.EXACT}
+    verify_time = [0.0]
+
+    def after_change(p, rec, records):
+        if verifier is None:
+            return
+        t = time.perf_counter()
+        depth["n"] += 1
+        if Numerics.LOSSY in (p.numerics, depth["worst"]):
+            depth["worst"] = Numerics.LOSSY
+        elif p.numerics is Numerics.CLOSE:
+            depth["worst"] = Numerics.CLOSE
+        candidate = ir.to_model(graph, original)
+        metrics = verifier.check(candidate, base_dir, depth["worst"], depth["n"])
+        rec.verification = [m.to_dict() for m in metrics]
+        verify_time[0] += time.perf_counter() - t
+        if not all(m.ok for m in metrics):
+            report.failed_pass = p.name
+            report.verification = rec.verification
+            report.passes = list(records)
+            report.seconds = seconds
+            err = VerificationError(
+                f"outputs drift beyond tolerance after pass '{p.name}' ({_worst(metrics)})")
+            err.report = report
+            raise err
+
+    t = time.perf_counter()
+    records = run_pipeline(graph, pipeline, ctx, after_change)
+    seconds["passes"] = time.perf_counter() - t - verify_time[0]
+    report.passes = records
+
+    t = time.perf_counter()
+    result = ir.to_model(graph, original)
+    ir.check_model(result, "rewritten model")
+    report.ops_after = op_histogram(result.graph)
+    report.bytes_after = ir.total_weight_bytes(result)
+    seconds["export"] = time.perf_counter() - t
+    if verifier is not None:
+        t = time.perf_counter()
+        metrics = verifier.check(result, base_dir, depth["worst"], max(1, depth["n"]))
+        report.verification = [m.to_dict() for m in metrics]
+        seconds["verify"] = verify_time[0] + time.perf_counter() - t
+        if not report.ok:
+            report.failed_pass = report.failed_pass or "(final model)"
+            report.seconds = seconds
+            err = VerificationError(f"rewritten model's outputs drift beyond tolerance ({_worst(metrics)})")
+            err.report = report
+            raise err
+    if output is not None:
+        t = time.perf_counter()
+        ir.save(result, output, base_dir)
+        seconds["save"] = time.perf_counter() - t
+    report.seconds = seconds
+    return result, report
+
+
+def _worst(metrics) -> str:
+    bad = [m for m in metrics if not m.ok] or metrics
+    m = max(bad, key=lambda m: m.max_rel)
+    return (f"output '{m.name}': max_rel {m.max_rel:.2e}, max_abs {m.max_abs:.2e}, "
+            f"cosine {m.cosine:.6f}" + ("" if m.shape_ok else ", shape/dtype differs"))

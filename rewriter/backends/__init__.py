@@ -1,0 +1,1 @@
+"""Execution backends: onnxruntime (default, embedded) and MIGraphX (optional, lazy)."""

@@ -1,0 +1,201 @@
+"""The `rewrite` command line.
+
+    rewrite MODEL -o OUT [--passes a,b] [--verify] [--inputs F.npz] [--input-shape n:1x3x8x8]
+                         [--report R.json] [--target migraphx|none] [-q] [-v]
+    rewrite check MODEL [--target migraphx] [--input-shape ...] [--json]
+    rewrite advise PROFILE [--model M] [--json]
+    rewrite --list-passes
+
+Exit codes: 0 ok, 1 verification failed, 2 usage or bad input, 3 internal error in a pass.
+Errors are one line on stderr; ``-v`` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+
+EXIT_OK, EXIT_VERIFY, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+SUBCOMMANDS = ("check", "advise")
+
+
+class _Parser(argparse.ArgumentParser):
+    # argparse exits 2 on usage errors already; keep its one-line message.
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        raise SystemExit(f"rewrite: error: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="rewrite", description=(
+        "Rewrite an ONNX model for AMD MIGraphX: fold constants, fuse Conv+BN(+activation), "
+        "and check the result against the original in onnxruntime. "
+        f"Subcommands: {', '.join(SUBCOMMANDS)} (see 'rewrite SUBCOMMAND -h')."))
+    p.add_argument("model", nargs="?", help="input .onnx file (never modified)")
+    p.add_argument("-o", "--output", help="output .onnx file (written atomically)")
+    p.add_argument("--passes", help="comma-separated pass names, run in this order "
+                   "(default: fold-constants,fuse-conv-bn)")
+    p.add_argument("--list-passes", action="store_true", help="list the passes and exit")
+    p.add_argument("--verify", action="store_true",
+                   help="compare outputs with the original in onnxruntime after every pass "
+                        "that changed the graph; exit 1 if a tolerance is exceeded")
+    p.add_argument("--inputs", metavar="FILE", help="inputs for --verify: .npz (keys = input "
+                   "names) or .npy (single-input models); default: seeded random inputs")
+    p.add_argument("--input-shape", action="append", metavar="NAME:DIMS",
+                   help="shape for an input with symbolic dims, e.g. input:1x3x224x224 "
+                        "(repeatable; symbolic dims default to 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p.add_argument("--report", metavar="FILE", help="write the report as JSON")
+    p.add_argument("--fold-size-limit", type=int, metavar="BYTES", default=1 << 20,
+                   help="fold-constants leaves results larger than this (and more than 2x "
+                        "their inputs) as nodes unless they are weights (default 1 MiB)")
+    p.add_argument("--target", choices=("migraphx", "none"), default="migraphx",
+                   help="static check of the output against the target (default migraphx)")
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    p.add_argument("-v", "--verbose", action="store_true", help="tracebacks on errors")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        return _subcommand(argv[0], argv[1:])
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+            return EXIT_INPUT
+        return EXIT_OK if e.code in (0, None) else EXIT_INPUT
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        print("rewrite: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - every failure becomes one line + exit code
+        return _fail(e, args.verbose)
+
+
+def _fail(e: BaseException, verbose: bool) -> int:
+    from .errors import RewriteError
+
+    if verbose:
+        traceback.print_exc()
+    code = e.exit_code if isinstance(e, RewriteError) else EXIT_INTERNAL
+    if isinstance(e, MemoryError):
+        msg, code = "out of memory", EXIT_INTERNAL
+    else:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if not isinstance(e, RewriteError):
+        msg = f"internal error: {type(e).__name__}: {msg} (run with -v for the traceback)"
+    print(f"rewrite: error: {msg}", file=sys.stderr)
+    return code
+
+
+def _run(args) -> int:
+    from . import registry
+    from .errors import InputError, VerificationError
+
+    if args.list_passes:
+        for name, summary in registry.describe():
+            print(f"{name:<18} {summary}")
+        return EXIT_OK
+    if not args.model:
+        raise InputError("no input model given (usage: rewrite MODEL -o OUT)")
+    if not args.output:
+        raise InputError("no output given: add -o OUT.onnx")
+    from .api import rewrite
+    from .verify import load_inputs, parse_shape_args
+
+    shapes = parse_shape_args(args.input_shape)
+    passes = registry.resolve(args.passes) if args.passes is not None else None
+    inputs = None
+    if args.inputs:
+        from . import ir
+        inputs = load_inputs(args.inputs, ir.load(args.model, check=False))
+    try:
+        model, report = rewrite(
+            args.model, passes, output=args.output, verify=args.verify or bool(args.inputs),
+            input_shapes=shapes, inputs=inputs, seed=args.seed,
+            options={"fold_size_limit": args.fold_size_limit})
+    except VerificationError as e:
+        report = getattr(e, "report", None)
+        if report is not None:
+            _emit(report, args)
+        print(f"rewrite: error: {e} (output not written)", file=sys.stderr)
+        return EXIT_VERIFY
+    if args.target == "migraphx":
+        _static_check(model, shapes, report)
+    _emit(report, args)
+    return EXIT_OK
+
+
+def _static_check(model, shapes, report) -> None:
+    """Warn about what MIGraphX would refuse or run in float (rewriter.check)."""
+    try:
+        from .check import check_model
+    except ImportError:  # the check module is optional while it is being built
+        return
+    result = check_model(model, input_shapes=shapes)
+    report.extra["migraphx_check"] = result.to_dict()
+    for f in result.findings:
+        if f.severity in ("error", "warning"):
+            report.warnings.append(f"migraphx {f.severity}: {f.code}: {f.node}: {f.message}")
+
+
+def _emit(report, args) -> None:
+    if args.report:
+        from .ir import InputError  # noqa: F401 - same error type for unwritable paths
+        try:
+            with open(args.report, "w") as f:
+                f.write(report.to_json())
+        except OSError as e:
+            print(f"rewrite: warning: cannot write report {args.report}: {e.strerror}",
+                  file=sys.stderr)
+    if not args.quiet:
+        print(report.render())
+
+
+def _subcommand(name: str, argv: list[str]) -> int:
+    if name == "advise":
+        from .advise import main as advise_main
+        return advise_main(argv)
+    if name == "check":
+        return _check_main(argv)
+    return EXIT_INPUT
+
+
+def _check_main(argv: list[str]) -> int:
+    p = _Parser(prog="rewrite check", description=(
+        "Static check of a model against MIGraphX: unsupported ops, QDQ it would run in "
+        "float, dynamic dims, unaligned channels. Exit 1 if errors were found."))
+    p.add_argument("model")
+    p.add_argument("--target", choices=("migraphx",), default="migraphx")
+    p.add_argument("--input-shape", action="append", metavar="NAME:DIMS")
+    p.add_argument("--json", action="store_true", help="print the findings as JSON")
+    p.add_argument("-v", "--verbose", action="store_true")
+    try:
+        args = p.parse_args(argv)
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+        return EXIT_OK if e.code in (0, None) else EXIT_INPUT
+    try:
+        import json
+
+        from . import ir
+        from .check import check_model
+        from .verify import parse_shape_args
+
+        model = ir.load(args.model)
+        result = check_model(model, input_shapes=parse_shape_args(args.input_shape))
+        print(json.dumps(result.to_dict(), indent=2) if args.json else result.render())
+        return EXIT_VERIFY if any(f.severity == "error" for f in result.findings) else EXIT_OK
+    except Exception as e:  # noqa: BLE001
+        return _fail(e, args.verbose)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

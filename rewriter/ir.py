@@ -1,0 +1,422 @@
+"""The one module that converts between ONNX protobuf and the onnx-graphsurgeon graph.
+
+Everything about files lives here too, because files are where models get lost:
+
+* :func:`load` reads a model *without* its external weights, validates every external-data
+  reference (no path outside the model's folder, no symlink out, file present and long
+  enough) and runs onnx's checker, turning every failure into one :class:`InputError` line.
+* :func:`to_graph` imports into onnx-graphsurgeon; external weights become lazily
+  memory-mapped values, so a 2.5 GB model is never read whole and never crosses the 2 GB
+  protobuf limit.
+* :func:`to_model` exports back, reusing untouched weight protos (no copies) and keeping the
+  model-level fields (IR version, opsets, metadata, functions) of the original.
+* :func:`save` writes atomically: temp files beside the target, then ``os.replace``; big
+  or externally stored weights go to ``<output>.data`` beside the output, streamed in chunks.
+
+Helpers the passes share: :class:`Namer` (fresh tensor names), :func:`iter_graphs`
+(a graph and all its If/Loop/Scan bodies), :func:`const_value`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.ir.tensor import LazyValues
+
+from .errors import InputError
+
+# Tensors above this many bytes go to the external data file when we write one.
+EXTERNAL_THRESHOLD = 1024
+# Write external data whenever the weights get close to protobuf's 2 GB hard limit.
+PROTO_LIMIT = 2**31 - 2**26
+
+
+class ExternalValues(LazyValues):
+    """Lazily loaded values of a tensor stored in an external data file.
+
+    onnx-graphsurgeon's own LazyValues would resolve the location against the working
+    directory; this one reads from the validated absolute path, memory-mapped so an
+    untouched weight costs no memory and a read one costs one copy at most.
+    """
+
+    def __init__(self, tensor: onnx.TensorProto, path: str, offset: int, length: int):
+        super().__init__(tensor)
+        self.path, self.offset, self.length = path, offset, length
+
+    def load(self) -> np.ndarray:
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(self.tensor.data_type)
+        count = int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        if count * dtype.itemsize != self.length:
+            raise InputError(
+                f"external data for '{self.tensor.name}' has {self.length} bytes, "
+                f"its shape needs {count * dtype.itemsize}"
+            )
+        if count == 0:
+            return np.zeros(self.shape, dtype=dtype)
+        arr = np.memmap(self.path, dtype=dtype, mode="r", offset=self.offset, shape=(count,))
+        return arr.reshape(self.shape)
+
+    def raw_chunks(self, chunk: int = 64 << 20) -> Iterator[bytes]:
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            left = self.length
+            while left:
+                b = f.read(min(chunk, left))
+                if not b:
+                    raise InputError(f"external data file {self.path} is shorter than declared")
+                left -= len(b)
+                yield b
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _external_info(t: onnx.TensorProto) -> dict[str, str]:
+    return {e.key: e.value for e in t.external_data}
+
+
+def iter_model_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Initializers and Constant-node tensors of a graph and all its subgraphs."""
+    yield from graph.initializer
+    for sp in graph.sparse_initializer:
+        yield sp.values
+    for node in graph.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                yield a.t
+            elif a.type == onnx.AttributeProto.GRAPH:
+                yield from iter_model_tensors(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for sg in a.graphs:
+                    yield from iter_model_tensors(sg)
+
+
+def resolve_external(t: onnx.TensorProto, base_dir: Path) -> tuple[str, int, int]:
+    """Validated (absolute path, offset, length) of an external tensor, or InputError."""
+    info = _external_info(t)
+    loc = info.get("location", "")
+    if not loc:
+        raise InputError(f"tensor '{t.name}' is marked external but names no location")
+    if os.path.isabs(loc) or loc.startswith(("/", "\\")) or ":" in loc.split("/")[0]:
+        raise InputError(f"tensor '{t.name}': external data location '{loc}' is absolute; refused")
+    base = os.path.realpath(base_dir)
+    path = os.path.realpath(os.path.join(base, loc))
+    if os.path.commonpath([base, path]) != base:
+        raise InputError(
+            f"tensor '{t.name}': external data location '{loc}' points outside the model's "
+            "folder; refused"
+        )
+    if not os.path.isfile(path):
+        raise InputError(f"tensor '{t.name}': external data file '{loc}' is missing")
+    try:
+        offset = int(info.get("offset", 0))
+        size = os.path.getsize(path)
+        length = int(info["length"]) if "length" in info else size - offset
+    except ValueError as e:
+        raise InputError(f"tensor '{t.name}': bad external data offset/length ({e})") from None
+    if offset < 0 or length < 0 or offset + length > size:
+        raise InputError(
+            f"tensor '{t.name}': external data '{loc}' is too short "
+            f"(needs bytes {offset}..{offset + length}, file has {size})"
+        )
+    return path, offset, length
+
+
+def load(path: str | os.PathLike, check: bool = True) -> onnx.ModelProto:
+    """Load a model file without its external data, validated; InputError on any problem."""
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{p}: no such file")
+    if not p.is_file():
+        raise InputError(f"{p}: not a file")
+    try:
+        model = onnx.load_model(str(p), load_external_data=False)
+    except Exception as e:  # DecodeError, RuntimeWarning from protobuf, OSError ...
+        raise InputError(f"{p}: not a readable ONNX model ({type(e).__name__}: {_first_line(e)})") from None
+    if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
+        raise InputError(f"{p}: not an ONNX model (no graph; truncated or another file type?)")
+    for t in iter_model_tensors(model.graph):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            resolve_external(t, p.parent)
+    if check:
+        check_model(model, str(p))
+    return model
+
+
+def _first_line(e: BaseException) -> str:
+    s = str(e).strip().splitlines()
+    return s[0][:300] if s else type(e).__name__
+
+
+def check_model(model: onnx.ModelProto, what: str = "model") -> None:
+    """onnx.checker on the structure (weights are not loaded, so this stays cheap)."""
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as e:
+        raise InputError(f"{what}: onnx.checker rejects it: {_first_line(e)}") from None
+    except Exception as e:  # e.g. protobuf size errors
+        raise InputError(f"{what}: cannot be checked: {_first_line(e)}") from None
+
+
+# --------------------------------------------------------------------------- gs graph
+
+
+def iter_graphs(graph: gs.Graph) -> Iterator[gs.Graph]:
+    """The graph and every subgraph (If/Loop/Scan bodies), outermost first."""
+    yield graph
+    for node in graph.nodes:
+        for v in node.attrs.values():
+            if isinstance(v, gs.Graph):
+                yield from iter_graphs(v)
+            elif isinstance(v, list) and v and isinstance(v[0], gs.Graph):
+                for sg in v:
+                    yield from iter_graphs(sg)
+
+
+def shape_info(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
+    """Inferred value infos by name, computed on a weight-free copy of the model.
+
+    Shape inference only needs the dims of big initializers, so they are replaced by
+    empty stubs: no copy of the weights, and it works on models over 2 GB.
+    """
+    stub = onnx.ModelProto()
+    stub.CopyFrom(model) if model.ByteSize() < 64 << 20 else _copy_without_weights(model, stub)
+    for t in stub.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            del t.external_data[:]
+            t.data_location = onnx.TensorProto.DEFAULT
+    try:
+        inferred = onnx.shape_inference.infer_shapes(stub, strict_mode=False, data_prop=True)
+    except Exception:
+        return {}
+    g = inferred.graph
+    return {vi.name: vi for vi in list(g.value_info) + list(g.output) + list(g.input)}
+
+
+def _copy_without_weights(model: onnx.ModelProto, stub: onnx.ModelProto) -> None:
+    keep = onnx.GraphProto()
+    src = model.graph
+    for field in ("node", "input", "output", "value_info", "sparse_initializer"):
+        getattr(keep, field).extend(getattr(src, field))
+    keep.name = src.name
+    for t in src.initializer:
+        s = keep.initializer.add()
+        if t.ByteSize() > 4096:
+            s.name, s.data_type = t.name, t.data_type
+            s.dims.extend(t.dims)
+            # Declared external with no file: shape inference reads dims only.
+            s.data_location = onnx.TensorProto.EXTERNAL
+            s.external_data.add(key="location", value="__stub__")
+        else:
+            s.CopyFrom(t)
+    for field in ("ir_version", "producer_name", "domain"):
+        setattr(stub, field, getattr(model, field))
+    stub.opset_import.extend(model.opset_import)
+    stub.functions.extend(model.functions)
+    stub.graph.CopyFrom(keep)
+
+
+def to_graph(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
+             infer: bool = True) -> gs.Graph:
+    """Import into onnx-graphsurgeon; external weights become memory-mapped lazy values."""
+    graph = gs.import_onnx(model)
+    if base_dir is not None:
+        for g in iter_graphs(graph):
+            for t in g.tensors().values():
+                if (isinstance(t, gs.Constant) and isinstance(t._values, LazyValues)
+                        and not isinstance(t._values, ExternalValues)
+                        and getattr(t._values.tensor, "data_location", 0) == onnx.TensorProto.EXTERNAL):
+                    path, off, length = resolve_external(t._values.tensor, Path(base_dir))
+                    t._values = ExternalValues(t._values.tensor, path, off, length)
+    if infer:
+        infos = shape_info(model)
+        for g in iter_graphs(graph):
+            for name, t in g.tensors().items():
+                vi = infos.get(name)
+                if isinstance(t, gs.Variable) and vi is not None and vi.type.HasField("tensor_type"):
+                    tt = vi.type.tensor_type
+                    if t.dtype is None and tt.elem_type:
+                        t.dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
+                    if t.shape is None and tt.HasField("shape"):
+                        t.shape = [d.dim_value if d.HasField("dim_value") else
+                                   (d.dim_param or None) for d in tt.shape.dim]
+    return graph
+
+
+def to_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
+    """Export, keeping the original's model-level fields and only its value_info names."""
+    model = gs.export_onnx(graph, do_type_check=False)
+    orig_inputs = {i.name for i in original.graph.input}
+    orig_inits = {t.name for t in original.graph.initializer}
+    model.ir_version = original.ir_version
+    if original.ir_version < 4 and orig_inputs & orig_inits:
+        # IR 3 lists initializers as inputs; we treat them as constants and drop them
+        # from the inputs, which IR 4 (opset 9 era) is the first to allow.
+        model.ir_version = 4
+    # gs only knows the default domain's version: the original's opset list is the truth,
+    # plus any domain a pass introduced.
+    added = [op for op in model.opset_import
+             if op.domain not in {o.domain for o in original.opset_import}]
+    del model.opset_import[:]
+    model.opset_import.extend(list(original.opset_import) + added)
+    model.producer_name, model.producer_version = "rewrite", _version()
+    model.doc_string = original.doc_string
+    model.domain, model.model_version = original.domain, original.model_version
+    del model.metadata_props[:]
+    model.metadata_props.extend(original.metadata_props)
+    if not model.functions and original.functions:
+        model.functions.extend(original.functions)
+    model.graph.name = original.graph.name
+    keep_vi = {vi.name for vi in original.graph.value_info}
+    vis = [vi for vi in model.graph.value_info if vi.name in keep_vi]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(vis)
+    return model
+
+
+def _version() -> str:
+    from . import __version__
+    return __version__
+
+
+# --------------------------------------------------------------------------- saving
+
+
+def total_weight_bytes(model: onnx.ModelProto) -> int:
+    n = 0
+    for t in iter_model_tensors(model.graph):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            n += int(_external_info(t).get("length", 0))
+        else:
+            n += t.ByteSize()
+    return n
+
+
+def save(model: onnx.ModelProto, path: str | os.PathLike, source_dir: str | os.PathLike | None,
+         external: bool | None = None) -> list[str]:
+    """Write ``model`` atomically; return the files written.
+
+    External data is used when asked, when the model already referenced external files
+    (``source_dir`` resolves them), or when the weights approach the 2 GB protobuf limit.
+    The model proto is modified: external tensors are repointed at ``<name>.data``.
+    """
+    out = Path(path)
+    folder = out.parent if str(out.parent) else Path(".")
+    if not folder.is_dir():
+        raise InputError(f"{out}: output folder does not exist")
+    if not os.access(folder, os.W_OK):
+        raise InputError(f"{out}: output folder is not writable")
+    tensors = list(iter_model_tensors(model.graph))
+    has_ext = any(t.data_location == onnx.TensorProto.EXTERNAL for t in tensors)
+    if external is None:
+        external = has_ext or total_weight_bytes(model) > PROTO_LIMIT
+    written = []
+    tmp_data = None
+    data_name = out.name + ".data"
+    if external:
+        if source_dir is not None and has_ext:
+            for t in tensors:
+                if t.data_location == onnx.TensorProto.EXTERNAL:
+                    src = resolve_external(t, Path(source_dir))[0]
+                    if os.path.realpath(src) == os.path.realpath(folder / data_name):
+                        raise InputError(
+                            f"{out}: writing would overwrite the input's external data {src}; "
+                            "choose another output name")
+        fd, tmp_data = tempfile.mkstemp(prefix=".rewrite-", suffix=".data.tmp", dir=folder)
+        with os.fdopen(fd, "wb") as f:
+            offset = 0
+            for t in tensors:
+                if t.data_location == onnx.TensorProto.EXTERNAL:
+                    if source_dir is None:
+                        raise InputError(f"tensor '{t.name}' is external but its folder is unknown")
+                    p, off, length = resolve_external(t, Path(source_dir))
+                    chunks = ExternalValues(t, p, off, length).raw_chunks()
+                elif t.ByteSize() > EXTERNAL_THRESHOLD and t.data_type != onnx.TensorProto.STRING:
+                    if not t.HasField("raw_data"):
+                        arr = onnx.numpy_helper.to_array(t)
+                        name = t.name
+                        t.CopyFrom(onnx.numpy_helper.from_array(arr, name))
+                    chunks = iter([t.raw_data])
+                    t.ClearField("raw_data")
+                else:
+                    continue
+                pad = (-offset) % 64  # 64-byte alignment helps memory-mapping readers
+                f.write(b"\0" * pad)
+                offset += pad
+                length = 0
+                for b in chunks:
+                    f.write(b)
+                    length += len(b)
+                del t.external_data[:]
+                t.data_location = onnx.TensorProto.EXTERNAL
+                for k, v in (("location", data_name), ("offset", str(offset)), ("length", str(length))):
+                    t.external_data.add(key=k, value=v)
+                offset += length
+    try:
+        blob = model.SerializeToString()
+    except Exception as e:
+        if tmp_data:
+            os.unlink(tmp_data)
+        raise InputError(f"{out}: cannot serialise the model ({_first_line(e)})") from None
+    fd, tmp_model = tempfile.mkstemp(prefix=".rewrite-", suffix=".onnx.tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+        if tmp_data:
+            os.replace(tmp_data, folder / data_name)
+            written.append(str(folder / data_name))
+        os.replace(tmp_model, out)
+        written.insert(0, str(out))
+    except BaseException:
+        for t in (tmp_model, tmp_data):
+            if t and os.path.exists(t):
+                os.unlink(t)
+        raise
+    return written
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+class Namer:
+    """Fresh, unique tensor/node names for one graph and its subgraphs.
+
+    Two new tensors with one name would export as one and give silently wrong numbers, so
+    every name a pass invents comes from here.
+    """
+
+    def __init__(self, graph: gs.Graph):
+        self.used: set[str] = set()
+        for g in iter_graphs(graph):
+            self.used.update(g.tensors().keys())
+            self.used.update(n.name for n in g.nodes if n.name)
+
+    def __call__(self, base: str) -> str:
+        base = base or "t"
+        name, i = base, 0
+        while name in self.used:
+            i += 1
+            name = f"{base}_{i}"
+        self.used.add(name)
+        return name
+
+
+def const_value(t: gs.Tensor) -> np.ndarray | None:
+    """The values of a constant tensor, else None."""
+    if isinstance(t, gs.Constant):
+        return t.values
+    return None
+
+
+def is_const(t: gs.Tensor) -> bool:
+    return isinstance(t, gs.Constant)
+
+
+def graph_output_names(graph: gs.Graph) -> set[str]:
+    return {t.name for t in graph.outputs}

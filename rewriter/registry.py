@@ -1,0 +1,59 @@
+"""Pass name -> pass class: one explicit list, no import side effects.
+
+Adding a pass means adding one line to ``_PASSES``. Unknown names are an error that
+suggests the closest known one; a misspelled pass is never silently ignored.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+
+from .errors import InputError
+
+# (CLI name, "module:Class"). Modules are imported on first use, to keep start-up cheap.
+_PASSES = [
+    ("fold-constants", "passes.fold_constants:FoldConstants"),
+    ("fuse-conv-bn", "passes.fuse_conv_bn:FuseConvBn"),
+]
+
+DEFAULT_PIPELINE = ["fold-constants", "fuse-conv-bn"]
+
+
+def names() -> list[str]:
+    return [n for n, _ in _PASSES]
+
+
+def get(name: str):
+    """The pass class registered under ``name``; InputError with a suggestion otherwise."""
+    for n, target in _PASSES:
+        if n == name:
+            module, cls = target.split(":")
+            return getattr(importlib.import_module(module), cls)
+    close = difflib.get_close_matches(name, names(), n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else f"; known passes: {', '.join(names())}"
+    raise InputError(f"unknown pass '{name}'{hint}")
+
+
+def resolve(spec) -> list:
+    """Pass instances from a list of names / classes / instances, or a comma string."""
+    if spec is None:
+        spec = DEFAULT_PIPELINE
+    if isinstance(spec, str):
+        spec = [s.strip() for s in spec.split(",") if s.strip()]
+        if not spec:
+            raise InputError("--passes is empty")
+    out = []
+    for item in spec:
+        if isinstance(item, str):
+            out.append(get(item)())
+        elif isinstance(item, type):
+            out.append(item())
+        else:
+            out.append(item)
+    return out
+
+
+def describe() -> list[tuple[str, str]]:
+    """(name, one-line summary) for --list-passes."""
+    return [(n, get(n).summary) for n in names()]

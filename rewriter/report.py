@@ -1,0 +1,140 @@
+"""The one report: what changed, what was skipped and why, how long, how close.
+
+``Report.to_dict()`` is the JSON written by ``--report``; ``Report.render()`` is the
+terminal summary (an OnnxSlim-style before/after op table, then one line per pass).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import onnx
+
+
+def op_histogram(graph: onnx.GraphProto, into: Counter | None = None) -> Counter:
+    """Op types of a graph and all its subgraphs."""
+    c = into if into is not None else Counter()
+    for node in graph.node:
+        c[node.op_type] += 1
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                op_histogram(a.g, c)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for g in a.graphs:
+                    op_histogram(g, c)
+    return c
+
+
+@dataclass
+class PassRecord:
+    name: str
+    seconds: float
+    nodes_before: int
+    nodes_after: int
+    changed: bool
+    counts: dict[str, int]
+    notes: list[str]
+    verification: list[dict] | None = None
+
+    def summary(self) -> str:
+        done = [f"{k} {v}" for k, v in sorted(self.counts.items()) if not k.startswith("skip:")]
+        skips = [f"{k} {v}" for k, v in sorted(self.counts.items()) if k.startswith("skip:")]
+        return "; ".join(done + skips) or ("changed" if self.changed else "nothing to do")
+
+
+@dataclass
+class Report:
+    input: str
+    output: str | None = None
+    ops_before: Counter = field(default_factory=Counter)
+    ops_after: Counter = field(default_factory=Counter)
+    bytes_before: int = 0
+    bytes_after: int = 0
+    passes: list[PassRecord] = field(default_factory=list)
+    verification: list[dict] | None = None
+    verified_with: str | None = None
+    failed_pass: str | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.failed_pass is None and all(m["ok"] for m in self.verification or [])
+
+    def to_dict(self) -> dict:
+        return {
+            "input": self.input,
+            "output": self.output,
+            "ok": self.ok,
+            "ops_before": dict(sorted(self.ops_before.items())),
+            "ops_after": dict(sorted(self.ops_after.items())),
+            "nodes_before": sum(self.ops_before.values()),
+            "nodes_after": sum(self.ops_after.values()),
+            "bytes_before": self.bytes_before,
+            "bytes_after": self.bytes_after,
+            "passes": [vars(p) for p in self.passes],
+            "verification": self.verification,
+            "verified_with": self.verified_with,
+            "failed_pass": self.failed_pass,
+            "seconds": self.seconds,
+            "warnings": self.warnings,
+            **self.extra,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=_json_default)
+
+    def render(self) -> str:
+        lines = []
+        ops = sorted(set(self.ops_before) | set(self.ops_after),
+                     key=lambda o: (-self.ops_before.get(o, 0), o))
+        w = max([len(o) for o in ops] + [10])
+        lines.append(f"{'op':<{w}}  {'before':>7}  {'after':>7}")
+        for o in ops:
+            b, a = self.ops_before.get(o, 0), self.ops_after.get(o, 0)
+            mark = "" if a == b else ("  -" if a < b else "  +")
+            lines.append(f"{o:<{w}}  {b:>7}  {a:>7}{mark}")
+        lines.append(f"{'nodes':<{w}}  {sum(self.ops_before.values()):>7}  "
+                     f"{sum(self.ops_after.values()):>7}")
+        lines.append(f"{'size':<{w}}  {_mb(self.bytes_before):>7}  {_mb(self.bytes_after):>7}")
+        lines.append("")
+        pw = max([len(p.name) for p in self.passes] + [4])
+        for p in self.passes:
+            lines.append(f"{p.name:<{pw}}  {p.seconds * 1000:7.1f} ms  "
+                         f"{p.nodes_before:>5} -> {p.nodes_after:<5}  {p.summary()}")
+            for n in p.notes:
+                lines.append(f"{'':<{pw}}  note: {n}")
+        if self.verification is not None:
+            lines.append("")
+            lines.append(f"verify ({self.verified_with}):")
+            ow = max([len(m["name"]) for m in self.verification] + [6])
+            lines.append(f"  {'output':<{ow}}  {'max_abs':>9}  {'max_rel':>9}  {'cosine':>10}  ok")
+            for m in self.verification:
+                lines.append(f"  {m['name']:<{ow}}  {m['max_abs']:9.2e}  {m['max_rel']:9.2e}  "
+                             f"{m['cosine']:10.7f}  {'yes' if m['ok'] else 'NO'}")
+        if self.failed_pass:
+            lines.append(f"verification failed after pass '{self.failed_pass}'")
+        for w_ in self.warnings:
+            lines.append(f"warning: {w_}")
+        total = sum(self.seconds.values())
+        lines.append(f"time {total:.2f} s (" + ", ".join(
+            f"{k} {v:.2f}" for k, v in self.seconds.items()) + ")")
+        return "\n".join(lines)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f}MB" if n >= 1e5 else f"{n / 1e3:.1f}kB"
+
+
+def _json_default(o):
+    if isinstance(o, Counter):
+        return dict(o)
+    if hasattr(o, "item"):
+        return o.item()
+    if hasattr(o, "to_dict"):
+        return o.to_dict()
+    return str(o)

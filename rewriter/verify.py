@@ -1,0 +1,231 @@
+"""Numeric equivalence: inputs, reference outputs, error metrics and tolerances.
+
+The reference is the *original* model in onnxruntime with graph optimisations disabled,
+run once; every candidate (after each pass that changed the graph, and the final model) runs
+on the same inputs. Per output we report:
+
+* ``max_abs``: max |ref - out|
+* ``max_rel``: max_abs / max |ref|, the error relative to the output's range (an
+  element-wise relative error explodes near zero and says nothing useful)
+* ``cosine``: cosine similarity of the flattened outputs
+* ``mismatch``: share of differing elements, for integer and bool outputs
+
+Tolerances depend on the pass's :class:`Numerics`: EXACT and CLOSE differ only by float
+re-association, so ``max_rel`` must stay at float32 rounding level (1e-5 and 1e-4 times a
+depth allowance); LOSSY passes are judged by the plan's thresholds.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import onnx
+
+from .errors import InputError
+from .pass_base import Numerics
+
+TOLERANCE = {Numerics.EXACT: 1e-5, Numerics.CLOSE: 1e-4}
+MIN_COSINE = {Numerics.EXACT: 0.99999, Numerics.CLOSE: 0.9999}
+
+
+@dataclass
+class OutputMetrics:
+    name: str
+    shape_ok: bool
+    max_abs: float
+    max_rel: float
+    cosine: float
+    mismatch: float
+    ok: bool = True
+    integer: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def parse_shape_args(items: list[str] | None) -> dict[str, list[int]]:
+    """``name:1x3x224x224`` (repeatable) -> {name: [1, 3, 224, 224]}; bare ``1x3x..`` means
+    the first input, stored under the key ``''``."""
+    out: dict[str, list[int]] = {}
+    for item in items or []:
+        name, _, dims = item.rpartition(":")
+        try:
+            shape = [int(d) for d in dims.lower().split("x")]
+        except ValueError:
+            raise InputError(f"--input-shape '{item}': expected name:1x3x224x224") from None
+        if any(d <= 0 for d in shape):
+            raise InputError(f"--input-shape '{item}': dims must be positive")
+        out[name] = shape
+    return out
+
+
+def real_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """Graph inputs that are not initializers (old IR lists weights as inputs too)."""
+    inits = {t.name for t in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in inits]
+
+
+def input_shape(vi: onnx.ValueInfoProto, shapes: dict[str, list[int]], default: int = 1
+                ) -> list[int]:
+    tt = vi.type.tensor_type
+    if vi.name in shapes:
+        return shapes[vi.name]
+    dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+            for d in tt.shape.dim]
+    # A user's bare `1x3x224x224` applies to a single input.
+    if "" in shapes and len(shapes[""]) == len(dims):
+        return shapes[""]
+    return [d if d is not None else default for d in dims]
+
+
+def make_feeds(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = None,
+               seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded random inputs: N(0,1) floats, small non-negative integers, random bools.
+
+    Integer inputs are often indices or lengths, so they get values in [0, 4).
+    """
+    rng = np.random.default_rng(seed)
+    shapes = shapes or {}
+    unknown = set(shapes) - {i.name for i in real_inputs(model)} - {""}
+    if unknown:
+        names = ", ".join(i.name for i in real_inputs(model))
+        raise InputError(f"--input-shape names unknown input(s) {sorted(unknown)}; inputs: {names}")
+    feeds = {}
+    for vi in real_inputs(model):
+        if not vi.type.HasField("tensor_type"):
+            raise InputError(f"input '{vi.name}' is not a tensor; pass it with --inputs")
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+        shape = input_shape(vi, shapes)
+        if np.issubdtype(dtype, np.floating):
+            x = rng.standard_normal(shape).astype(dtype)
+        elif dtype == np.bool_:
+            x = rng.random(shape) < 0.5
+        elif np.issubdtype(dtype, np.integer):
+            x = rng.integers(0, 4, size=shape).astype(dtype)
+        else:
+            raise InputError(f"input '{vi.name}' has dtype {dtype}; pass it with --inputs")
+        feeds[vi.name] = x
+    return feeds
+
+
+def load_inputs(path: str | os.PathLike, model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Inputs from an .npz (keys = input names) or an .npy (single-input models)."""
+    names = [i.name for i in real_inputs(model)]
+    try:
+        if str(path).endswith(".npy"):
+            if len(names) != 1:
+                raise InputError(f"{path}: an .npy file needs a single-input model; inputs: {names}")
+            return {names[0]: np.load(path, allow_pickle=False)}
+        with np.load(path, allow_pickle=False) as z:
+            feeds = {k: z[k] for k in z.files}
+    except InputError:
+        raise
+    except Exception as e:
+        raise InputError(f"{path}: cannot read inputs ({type(e).__name__}: {e})") from None
+    missing = [n for n in names if n not in feeds]
+    if missing:
+        raise InputError(f"{path}: missing input(s) {missing}; has {sorted(feeds)}")
+    return {n: feeds[n] for n in names}
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def compare(name: str, ref: np.ndarray, out: np.ndarray) -> OutputMetrics:
+    ref, out = np.asarray(ref), np.asarray(out)
+    if ref.shape != out.shape or ref.dtype != out.dtype:
+        return OutputMetrics(name, False, float("inf"), float("inf"), 0.0, 1.0, ok=False)
+    if ref.size == 0:
+        return OutputMetrics(name, True, 0.0, 0.0, 1.0, 0.0)
+    if not np.issubdtype(ref.dtype, np.floating):
+        mism = float(np.mean(ref != out))
+        return OutputMetrics(name, True, float(mism > 0), float(mism > 0), 1.0 - mism, mism,
+                             integer=True)
+    r, o = ref.astype(np.float64).ravel(), out.astype(np.float64).ravel()
+    nan_r, nan_o = np.isnan(r), np.isnan(o)
+    if (nan_r != nan_o).any():
+        return OutputMetrics(name, True, float("inf"), float("inf"), 0.0,
+                             float(np.mean(nan_r != nan_o)), ok=False)
+    fin = ~nan_r
+    r, o = r[fin], o[fin]
+    # Infinities must agree exactly; compare the finite rest.
+    inf_r = np.isinf(r)
+    if (r[inf_r] != o[inf_r]).any() or np.isinf(o[~inf_r]).any():
+        return OutputMetrics(name, True, float("inf"), float("inf"), 0.0, 0.0, ok=False)
+    r, o = r[~inf_r], o[~inf_r]
+    if r.size == 0:
+        return OutputMetrics(name, True, 0.0, 0.0, 1.0, 0.0)
+    diff = np.abs(r - o)
+    max_abs = float(diff.max())
+    scale = float(np.abs(r).max())
+    max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
+    nr, no = float(np.linalg.norm(r)), float(np.linalg.norm(o))
+    if nr == 0 and no == 0:
+        cos = 1.0
+    elif nr == 0 or no == 0:
+        cos = 0.0
+    else:
+        cos = float(np.dot(r, o) / (nr * no))
+    return OutputMetrics(name, True, max_abs, max_rel, cos, float(np.mean(diff > 0)))
+
+
+def judge(m: OutputMetrics, numerics: Numerics, depth: int = 1) -> bool:
+    """Within tolerance for a chain of ``depth`` rewrites of this kind?"""
+    if not m.shape_ok:
+        return False
+    if numerics is Numerics.LOSSY:
+        return m.cosine >= 0.99
+    tol = TOLERANCE[numerics] * max(1, depth) ** 0.5
+    if m.integer:
+        # Integer outputs (ArgMax, TopK indices): a few flips are float ties going the
+        # other way after re-association.
+        return m.mismatch <= 0.01
+    return m.max_rel <= tol and m.cosine >= MIN_COSINE[numerics]
+
+
+# --------------------------------------------------------------------------- verifier
+
+
+class Verifier:
+    """Runs the original once, then compares candidates against it, output by output."""
+
+    def __init__(self, original: onnx.ModelProto, base_dir, feeds: dict[str, np.ndarray]):
+        from .backends import ort as backend
+
+        self.backend = backend
+        self.feeds = feeds
+        self.output_names = [o.name for o in original.graph.output]
+        try:
+            sess = backend.session(original, base_dir)
+        except Exception as e:
+            raise InputError(f"onnxruntime cannot load the original model: {_line(e)}") from None
+        try:
+            self.reference = backend.run(sess, feeds)
+        except Exception as e:
+            raise InputError(f"onnxruntime cannot run the original model on these inputs: "
+                             f"{_line(e)} (set shapes with --input-shape or pass --inputs)") from None
+
+    def check(self, model: onnx.ModelProto, base_dir, numerics: Numerics, depth: int = 1
+              ) -> list[OutputMetrics]:
+        sess = self.backend.session(model, base_dir)
+        names = [o.name for o in model.graph.output]
+        if names != self.output_names:
+            return [OutputMetrics(n, False, float("inf"), float("inf"), 0.0, 1.0, ok=False)
+                    for n in self.output_names]
+        outs = self.backend.run(sess, self.feeds)
+        metrics = []
+        for name, r, o in zip(names, self.reference, outs):
+            m = compare(name, r, o)
+            m.ok = m.ok and judge(m, numerics, depth)
+            metrics.append(m)
+        return metrics
+
+
+def _line(e: BaseException) -> str:
+    s = str(e).strip().splitlines()
+    return (s[0] if s else type(e).__name__)[:300]
