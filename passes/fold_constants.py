@@ -36,7 +36,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from rewriter.ir import iter_graphs
+from rewriter.ir import iter_graphs, toposort
 from rewriter.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 NEVER = {
@@ -66,9 +66,9 @@ class FoldConstants(Pass):
         limit = int(ctx.option("fold_size_limit", 1 << 20))
         growth = float(ctx.option("fold_growth", 2.0))
         strict = bool(ctx.option("strict", False))
+        toposort(graph)  # one forward sweep then folds whole constant chains
         for g in iter_graphs(graph):
             outputs = {id(t) for t in g.outputs}
-            g.toposort(recurse_subgraphs=False)
             for node in list(g.nodes):
                 if not node.outputs:
                     continue
@@ -103,7 +103,7 @@ class FoldConstants(Pass):
                 for t, v in zip(node.outputs, values):
                     if t.dtype is not None and np.dtype(t.dtype) != v.dtype:
                         v = v.astype(t.dtype)
-                    t.to_constant(np.ascontiguousarray(v))
+                    t.to_constant(np.array(v, order="C", copy=None))  # ascontiguousarray makes 0-d 1-d
                 node.outputs.clear()
                 node.inputs.clear()
                 res.count("folded")

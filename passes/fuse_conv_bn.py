@@ -59,6 +59,7 @@ class FuseConvBn(Pass):
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()
+        self._reported: set[int] = set()  # BNs whose skip reason is already counted
         for g in iter_graphs(graph):
             outs = {id(t) for t in g.outputs}
             local = {id(n) for n in g.nodes}
@@ -76,14 +77,14 @@ class FuseConvBn(Pass):
     def _absorb_into_conv(self, conv, g, outs, local, ctx, res):
         w = conv.inputs[1] if len(conv.inputs) > 1 else None
         if not isinstance(w, gs.Constant):
-            _note_blocked(conv, res, "weights-not-constant")
+            self._note_blocked(conv, res, "weights-not-constant")
             return
         b = conv.inputs[2] if len(conv.inputs) > 2 and conv.inputs[2].name else None
         if b is not None and not isinstance(b, gs.Constant):
-            _note_blocked(conv, res, "bias-not-constant")
+            self._note_blocked(conv, res, "bias-not-constant")
             return
         if w.values.dtype.kind != "f":
-            _note_blocked(conv, res, "unsupported-dtype")
+            self._note_blocked(conv, res, "unsupported-dtype")
             return
         group = int(conv.attrs.get("group", 1))
         k = w.shape[1] * group if conv.op == "ConvTranspose" else w.shape[0]
@@ -114,6 +115,7 @@ class FuseConvBn(Pass):
                 break
             if reason:
                 res.skip(reason)
+                self._reported.add(id(nxt))
                 break
             s, t = st
             scale, shift = scale * s, shift * s + t
@@ -152,16 +154,20 @@ class FuseConvBn(Pass):
         res.count("fused-scale-shift", sum(n.op != "BatchNormalization" for n in absorbed))
         res.changed = True
 
+    def _note_blocked(self, conv, res, reason):
+        y = conv.outputs[0]
+        if len(y.outputs) == 1 and y.outputs[0].op == "BatchNormalization":
+            res.skip(reason)
+            self._reported.add(id(y.outputs[0]))
+
     # ------------------------------------------------------------------ BN alone
     def _standalone_bn(self, bn, g, outs, local, ctx, res):
         x = bn.inputs[0]
         c = _channels(bn)
-        if c is None:
-            res.skip("bn-params-not-constant")
-            return
-        st, reason = _bn_affine(bn, c, g.opset)
+        st, reason = _bn_affine(bn, c, g.opset) if c is not None else (None, "bn-params-not-constant")
         if reason:
-            res.skip(reason)
+            if id(bn) not in self._reported:
+                res.skip(reason)
             return
         if x.shape is None or len(x.shape) < 2:
             res.skip("bn-input-rank-unknown")
@@ -195,12 +201,6 @@ class FuseConvBn(Pass):
         g.nodes.append(gs.Node("Add", ctx.namer(f"{base}_add"), inputs=[mid, sh], outputs=[last_out]))
         res.count("bn-to-scale-shift")
         res.changed = True
-
-
-def _note_blocked(conv, res, reason):
-    y = conv.outputs[0]
-    if len(y.outputs) == 1 and y.outputs[0].op == "BatchNormalization":
-        res.skip(reason)
 
 
 def _channels(bn) -> int | None:

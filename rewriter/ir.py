@@ -384,6 +384,63 @@ def save(model: onnx.ModelProto, path: str | os.PathLike, source_dir: str | os.P
 # --------------------------------------------------------------------------- helpers
 
 
+def _subgraph_inputs(node: gs.Node) -> list[gs.Tensor]:
+    """Tensors a node's subgraphs read (outer-scope references included)."""
+    found: list[gs.Tensor] = []
+    for v in node.attrs.values():
+        graphs = [v] if isinstance(v, gs.Graph) else (
+            v if isinstance(v, list) and v and isinstance(v[0], gs.Graph) else [])
+        for sg in graphs:
+            for n in sg.nodes:
+                found.extend(n.inputs)
+                found.extend(_subgraph_inputs(n))
+    return found
+
+
+def toposort(graph: gs.Graph) -> None:
+    """Stable topological sort of a graph and its subgraphs.
+
+    Nodes keep their original order wherever the data flow allows it (Kahn's algorithm
+    with the old index as priority): outputs stay readable, diffs small and deterministic.
+    A subgraph's outer-scope reads count as inputs of the node that owns it.
+    """
+    import heapq
+
+    for g in iter_graphs(graph):
+        nodes = g.nodes
+        index = {id(n): i for i, n in enumerate(nodes)}
+        producer = {}
+        for n in nodes:
+            for t in n.outputs:
+                producer[id(t)] = n
+        consumers: dict[int, list[int]] = {}
+        indeg = [0] * len(nodes)
+        for i, n in enumerate(nodes):
+            deps = set()
+            for t in list(n.inputs) + _subgraph_inputs(n):
+                p = producer.get(id(t))
+                if p is not None and p is not n:
+                    deps.add(index[id(p)])
+            indeg[i] = len(deps)
+            for d in deps:
+                consumers.setdefault(d, []).append(i)
+        ready = [i for i, d in enumerate(indeg) if d == 0]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            i = heapq.heappop(ready)
+            order.append(i)
+            for c in consumers.get(i, ()):
+                indeg[c] -= 1
+                if indeg[c] == 0:
+                    heapq.heappush(ready, c)
+        if len(order) != len(nodes):
+            from .errors import InputError
+            raise InputError(f"graph '{g.name}' has a cycle")
+        g.nodes = [nodes[i] for i in order]
+
+
+
 class Namer:
     """Fresh, unique tensor/node names for one graph and its subgraphs.
 

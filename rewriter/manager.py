@@ -14,7 +14,7 @@ from typing import Callable
 import onnx_graphsurgeon as gs
 
 from .errors import PassError, PreconditionError, RewriteError
-from .ir import iter_graphs
+from .ir import iter_graphs, toposort
 from .pass_base import Context, Pass, Phase
 from .report import PassRecord
 
@@ -38,7 +38,7 @@ def check_order(passes: list[Pass]) -> None:
 
 def cleanup(graph: gs.Graph) -> None:
     graph.cleanup(remove_unused_graph_inputs=False, recurse_subgraphs=True)
-    graph.toposort(recurse_subgraphs=True)
+    toposort(graph)
     for g in iter_graphs(graph):
         g.tensors(check_duplicates=True)
 

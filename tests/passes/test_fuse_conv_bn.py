@@ -1,0 +1,234 @@
+"""fuse-conv-bn: positive, numerics vs onnxruntime, one test per skip reason, variants."""
+
+import numpy as np
+import onnx
+import pytest
+from conftest import make_model, ops, run_ort
+
+import rewriter
+from rewriter.errors import VerificationError
+
+BN = {"g": ("pos", (8,)), "b": (8,), "m": (8,), "v": ("pos", (8,))}
+
+
+def conv_bn(act="Relu", bias=True, attrs="pads = [1, 1, 1, 1]", group=1, cin=4, k=3,
+            dims="N, 4, 10, 10", out_dims="N, 8, 10, 10"):
+    binp = ", B" if bias else ""
+    act_line = f"z = {act}(y)" if act else "z = Identity(y)"
+    text = f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[{dims}] x, float[8, {cin // group}, {k}, {k}] W, float[8] B,
+       float[8] g, float[8] b, float[8] m, float[8] v) => (float[{out_dims}] z) {{
+        c = Conv <group = {group}, {attrs}> (x, W{binp})
+        y = BatchNormalization <epsilon = 0.001> (c, g, b, m, v)
+        {act_line}
+    }}"""
+    inits = {"W": (8, cin // group, k, k), **BN}
+    if bias:
+        inits["B"] = (8,)
+    else:
+        text = text.replace("float[8] B,", "")
+    return make_model(text, inits)
+
+
+def feeds(shape=(2, 4, 10, 10), seed=0):
+    return {"x": np.random.default_rng(seed).standard_normal(shape).astype(np.float32)}
+
+
+def check_close(before, after, f, tol=1e-5):
+    (r,), (o,) = run_ort(before, f), run_ort(after, f)
+    assert r.shape == o.shape
+    assert np.max(np.abs(r - o)) <= tol * max(1.0, np.max(np.abs(r)))
+
+
+def test_fuses_bn_and_keeps_relu_after_conv():
+    m = conv_bn()
+    out, rep = rewriter.rewrite(m, ["fuse-conv-bn"], verify=True, input_shapes={"x": [2, 4, 10, 10]})
+    assert ops(out) == ["Conv", "Relu"]
+    rec = rep.passes[0]
+    assert rec.counts["fused-bn"] == 1 and rec.counts["conv+activation pairs"] == 1
+    # The BN's output name survives as the conv's output; the conv keeps its name.
+    assert out.graph.node[0].output[0] == "y"
+    onnx.checker.check_model(out, full_check=True)
+    check_close(m, out, feeds())
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("group", [1, 2, 4])
+def test_numerics_bias_and_groups(bias, group):
+    m = conv_bn(bias=bias, group=group, cin=8 if group == 4 else 4,
+                dims=f"N, {8 if group == 4 else 4}, 10, 10")
+    out, _ = rewriter.rewrite(m, ["fuse-conv-bn"])
+    assert "BatchNormalization" not in ops(out)
+    check_close(m, out, feeds((2, 8 if group == 4 else 4, 10, 10)))
+
+
+def test_conv1d_and_3d():
+    for rank, dims in ((1, "N, 4, 12"), (3, "N, 4, 5, 6, 7")):
+        ks = ", ".join(["3"] * rank)
+        text = f"""
+        <ir_version: 8, opset_import: ["" : 13]>
+        g (float[{dims}] x) => (float[N, 8, ?, ?, ?] z) {{
+            c = Conv (x, W, B)
+            z = BatchNormalization (c, g, b, m, v)
+        }}""".replace("float[N, 8, ?, ?, ?]", "float")
+        m = make_model(text, {"W": (8, 4) + (3,) * rank, "B": (8,), **BN})
+        out, _ = rewriter.rewrite(m, ["fuse-conv-bn"])
+        assert ops(out) == ["Conv"], ks
+        shape = (2, 4) + ((12,) if rank == 1 else (5, 6, 7))
+        check_close(m, out, feeds(shape))
+
+
+def test_conv_transpose_grouped():
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4, 6, 6] x) => (float z) {
+        c = ConvTranspose <group = 2, strides = [2, 2]> (x, W, B)
+        z = BatchNormalization (c, g, b, m, v)
+    }"""
+    # ConvTranspose W is [C_in, K/group, kh, kw]: 4 x 4 x 3 x 3 with group 2 -> K = 8.
+    m = make_model(text, {"W": (4, 4, 3, 3), "B": (8,), **BN})
+    out, _ = rewriter.rewrite(m, ["fuse-conv-bn"])
+    assert ops(out) == ["ConvTranspose"]
+    check_close(m, out, feeds((2, 4, 6, 6)))
+
+
+def test_scale_shift_chain_folds():
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4, 8, 8] x) => (float z) {
+        c = Conv <pads = [1, 1, 1, 1]> (x, W)
+        s = Mul (c, S)
+        t = Add (T, s)
+        u = Div (t, D)
+        z = HardSwish (u)
+    }"""
+    m = make_model(text, {"W": (8, 4, 3, 3), "S": (1, 8, 1, 1), "T": (8, 1, 1),
+                          "D": ("pos", (1, 8, 1, 1))})
+    out, rep = rewriter.rewrite(m, ["fuse-conv-bn"], verify=True)
+    assert ops(out) == ["Conv", "HardSwish"]
+    assert rep.passes[0].counts["fused-scale-shift"] == 3
+    check_close(m, out, feeds((2, 4, 8, 8)))
+
+
+def test_non_per_channel_mul_is_left_alone():
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4, 8, 8] x) => (float z) {
+        c = Conv <pads = [1, 1, 1, 1]> (x, W)
+        z = Mul (c, S)
+    }"""
+    m = make_model(text, {"W": (8, 4, 3, 3), "S": (1, 1, 8, 8)})
+    out, rep = rewriter.rewrite(m, ["fuse-conv-bn"])
+    assert ops(out) == ["Conv", "Mul"]
+    assert not rep.passes[0].changed
+
+
+def test_two_sites_different_weights_and_shared_weight_is_copied():
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4, 8, 8] x) => (float y1, float y2, float y3) {
+        c1 = Conv <pads = [1, 1, 1, 1]> (x, W)
+        y1 = BatchNormalization (c1, g, b, m, v)
+        c2 = Conv <pads = [1, 1, 1, 1]> (x, W)
+        y2 = BatchNormalization (c2, g2, b2, m2, v2)
+        y3 = Conv <pads = [1, 1, 1, 1]> (x, W)
+    }"""
+    m = make_model(text, {"W": (8, 4, 3, 3), **BN, "g2": ("pos", (8,)), "b2": (8,),
+                          "m2": (8,), "v2": ("pos", (8,))})
+    out, rep = rewriter.rewrite(m, ["fuse-conv-bn"], verify=True)
+    assert ops(out) == ["Conv", "Conv", "Conv"]
+    assert rep.passes[0].counts["fused-bn"] == 2
+    # The plain third conv still sees the original W.
+    w = {t.name: onnx.numpy_helper.to_array(t) for t in out.graph.initializer}
+    orig_w = onnx.numpy_helper.to_array(m.graph.initializer[0])
+    assert np.array_equal(w[out.graph.node[2].input[1]], orig_w)
+    assert len({n.input[1] for n in out.graph.node}) == 3
+    f = feeds((2, 4, 8, 8))
+    for r, o in zip(run_ort(m, f), run_ort(out, f)):
+        assert np.allclose(r, o, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case,reason", [
+    ("other-consumer", "conv-output-has-other-consumers"),
+    ("graph-output", "conv-output-is-graph-output"),
+    ("dynamic-weight", "weights-not-constant"),
+    ("training", "bn-training-mode"),
+    ("dynamic-bn", "bn-params-not-constant"),
+])
+def test_skip_reasons(case, reason):
+    outs = "float z"
+    extra = ""
+    bn_attr = ""
+    w_init = True
+    bn_inits = dict(BN)
+    if case == "other-consumer":
+        extra = "q = Relu (c)"
+        outs = "float z, float q"
+    if case == "graph-output":
+        outs = "float z, float c"
+    if case == "training":
+        bn_attr = "<training_mode = 1>"
+    if case == "dynamic-bn":
+        bn_inits.pop("g")
+    if case == "dynamic-weight":
+        w_init = False
+    text = f"""
+    <ir_version: 8, opset_import: ["" : 15]>
+    g (float[N, 4, 8, 8] x, float[8, 4, 3, 3] W, float[8] g) => ({outs}) {{
+        c = Conv <pads = [1, 1, 1, 1]> (x, W)
+        z = BatchNormalization {bn_attr} (c, g, b, m, v)
+        {extra}
+    }}"""
+    inits = {**bn_inits, **({"W": (8, 4, 3, 3)} if w_init else {})}
+    m = make_model(text, inits)
+    out, rep = rewriter.rewrite(m, ["fuse-conv-bn"])
+    assert rep.passes[0].counts.get(f"skip:{reason}") == 1, rep.passes[0].counts
+    assert "Conv" in ops(out)
+
+
+def test_standalone_bn_becomes_mul_add_and_merges_with_following_affine():
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 8, 5, 5] x) => (float z) {
+        p = MaxPool <kernel_shape = [1, 1]> (x)
+        y = BatchNormalization (p, g, b, m, v)
+        s = Mul (y, S)
+        z = Relu (s)
+    }"""
+    m = make_model(text, {**BN, "S": (8, 1, 1)})
+    out, rep = rewriter.rewrite(m, ["fuse-conv-bn"], verify=True)
+    assert ops(out) == ["MaxPool", "Mul", "Add", "Relu"]
+    assert rep.passes[0].counts["bn-to-scale-shift"] == 1
+    check_close(m, out, feeds((2, 8, 5, 5)))
+
+
+def test_idempotent():
+    m = conv_bn()
+    once, _ = rewriter.rewrite(m, ["fuse-conv-bn"])
+    twice, rep = rewriter.rewrite(once, ["fuse-conv-bn"])
+    assert not rep.passes[0].changed
+    assert once.graph.SerializeToString() == twice.graph.SerializeToString()
+
+
+def test_float64_fold_keeps_float32_dtype():
+    out, _ = rewriter.rewrite(conv_bn(), ["fuse-conv-bn"])
+    assert all(t.data_type == onnx.TensorProto.FLOAT for t in out.graph.initializer)
+
+
+def test_verification_catches_a_broken_pass():
+    """The checker itself must be able to fail: a pass that corrupts weights is caught."""
+    from rewriter.pass_base import Numerics, Pass, PassResult, Phase
+
+    class Corrupt(Pass):
+        name, phase, numerics = "corrupt", Phase.FUSE, Numerics.CLOSE
+
+        def run(self, graph, ctx):
+            conv = [n for n in graph.nodes if n.op == "Conv"][0]
+            conv.inputs[1].values = conv.inputs[1].values * 1.001
+            return PassResult(changed=True)
+
+    with pytest.raises(VerificationError) as e:
+        rewriter.rewrite(conv_bn(), [Corrupt()], verify=True)
+    assert "corrupt" in str(e.value)
+    assert e.value.report.failed_pass == "corrupt"
