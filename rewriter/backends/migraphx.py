@@ -1,0 +1,250 @@
+"""MIGraphX: parse, compile and run an ONNX model with AMD's MIGraphX Python API.
+
+The documented route (shared/migraphx/PROFILE.md, and src/py/migraphx_py.cpp upstream):
+
+    prog = migraphx.parse_onnx(path, map_input_dims={"x": [8, 3, 224, 224]})
+    prog.compile(migraphx.get_target("gpu"), offload_copy=True, fast_math=True)
+    outs = prog.run({"x": np.ascontiguousarray(x)})        # in graph-output order
+    y = np.array(outs[0])                                  # copy out of MIGraphX's buffer
+
+``migraphx`` is imported lazily and is optional: :func:`available` says why it is missing,
+and every other entry point raises ``RuntimeError`` with that reason. There is no fallback
+and no mock: a run here is a real MIGraphX run or none.
+
+Why each step is the way it is:
+
+* ``map_input_dims`` always: MIGraphX silently turns a symbolic dim into 1, so the dims come
+  from ``input_shapes`` or, failing that, from the feeds themselves.
+* Feeds must match the parameter dtype and shape exactly (MIGraphX makes no implicit copy
+  or cast); a mismatch is a ``ValueError`` naming the input, not a wrong answer.
+* Op counts come from the compiled program's text (``str(prog)``: ``module: "main"`` then one
+  ``name = op[attrs](args) -> shape`` line per instruction). quant_convolution/quant_dot count
+  the main-module instructions that mention them, which covers ``gpu::quant_convolution``
+  as well as fused rocMLIR kernels named after it (``mlir_quant_convolution...``).
+* ``ref`` is a CPU reference target without the int8 pass: Q/DQ run as float math there, so
+  it checks numerics, never int8 kernel counts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+
+# MIGraphX shape type names -> numpy dtypes, to refuse a feed it would misread.
+_DTYPES = {
+    "float_type": np.float32, "half_type": np.float16, "double_type": np.float64,
+    "int8_type": np.int8, "uint8_type": np.uint8, "int16_type": np.int16,
+    "uint16_type": np.uint16, "int32_type": np.int32, "uint32_type": np.uint32,
+    "int64_type": np.int64, "uint64_type": np.uint64, "bool_type": np.bool_,
+}
+
+_INSTRUCTION = re.compile(r"^(?P<out>\S+) = (?P<op>[^\s\[\(\{]+)(?P<rest>.*)$")
+# Which main-module instructions are which kernel. A fused kernel carries the name of the
+# op it was built around (symbol or module name), so match anywhere in the op/attribute text.
+_KINDS = {
+    "quant_convolution": re.compile(r"quant_convolution"),
+    "quant_dot": re.compile(r"quant_dot"),
+    "convolution": re.compile(r"(?<![A-Za-z])(?<!quant_)convolution(?!_backwards)"),
+    "dot": re.compile(r"(?<![A-Za-z])(?<!quant_)dot(?![A-Za-z])"),
+}
+
+
+@dataclass
+class MigraphxRun:
+    """What one compile-and-run produced."""
+
+    outputs: list[np.ndarray]            # graph-output order
+    output_names: list[str]
+    op_histogram: dict[str, int]         # op name -> instructions, all modules
+    kernel_counts: dict[str, int]        # quant_convolution, quant_dot, convolution, dot
+    compile_seconds: float
+    run_seconds: float
+    target: str
+    fast_math: bool
+    input_dims: dict[str, list[int]]
+    migraphx_version: str
+    program_text: str = field(repr=False, default="")
+
+    @property
+    def quant_convolution(self) -> int:
+        return self.kernel_counts["quant_convolution"]
+
+    @property
+    def quant_dot(self) -> int:
+        return self.kernel_counts["quant_dot"]
+
+
+def _import():
+    try:
+        import migraphx
+    except Exception as e:  # ImportError, or a ROCm install whose shared libraries fail to load
+        return None, f"MIGraphX is not installed (import migraphx failed: {type(e).__name__}: {e})"
+    return migraphx, ""
+
+
+def available() -> tuple[bool, str]:
+    """(True, version) when ``import migraphx`` works, else (False, why not)."""
+    mgx, reason = _import()
+    if mgx is None:
+        return False, reason
+    return True, f"migraphx {getattr(mgx, '__version__', '?')}"
+
+
+def _require():
+    mgx, reason = _import()
+    if mgx is None:
+        raise RuntimeError(reason)
+    return mgx
+
+
+def parse_program_text(text: str) -> dict[str, list[tuple[str, str, str]]]:
+    """Module name -> [(output name, op name, rest of line)] from a printed program."""
+    modules: dict[str, list[tuple[str, str, str]]] = {}
+    current = None
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("module:"):
+            current = line.split(":", 1)[1].strip().strip('"')
+            modules.setdefault(current, [])
+            continue
+        m = _INSTRUCTION.match(line)
+        if m and current is not None:
+            op = m.group("op")
+            if op.startswith("@param"):
+                op = "@param"   # '@param:x' names the parameter; count all as one op
+            modules[current].append((m.group("out"), op, m.group("rest")))
+    return modules
+
+
+def op_histogram(text: str) -> dict[str, int]:
+    """Instructions per op name over all modules of a printed program."""
+    c = Counter(op for instrs in parse_program_text(text).values() for _, op, _ in instrs)
+    return dict(c.most_common())
+
+
+def kernel_counts(text: str) -> dict[str, int]:
+    """quant_convolution / quant_dot / convolution / dot instructions in the main module.
+
+    Only "main" counts: fused kernels print their body as a separate module too, and
+    counting both would count each conv twice.
+    """
+    counts = dict.fromkeys(_KINDS, 0)
+    for _, op, rest in parse_program_text(text).get("main", []):
+        if op in ("@param", "@literal", "@return"):
+            continue
+        head = op + rest.split(" -> ")[0]      # drop the output shape
+        for kind, pattern in _KINDS.items():
+            if pattern.search(head):
+                counts[kind] += 1
+    return counts
+
+
+def _dims(feeds: Mapping[str, np.ndarray], input_shapes) -> dict[str, list[int]]:
+    dims = {k: [int(d) for d in v] for k, v in (input_shapes or {}).items()}
+    for name, x in feeds.items():
+        dims.setdefault(name, [int(d) for d in np.shape(x)])
+    return dims
+
+
+def _compile(mgx, model_path, dims, target: str, fast_math: bool):
+    t0 = time.perf_counter()
+    prog = mgx.parse_onnx(os.fspath(model_path), map_input_dims=dims)
+    prog.compile(mgx.get_target(target), offload_copy=True, fast_math=fast_math)
+    return prog, time.perf_counter() - t0
+
+
+def _params(prog, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Feeds checked against the compiled parameters: same names, dtype and shape."""
+    shapes = prog.get_parameter_shapes()
+    params = {}
+    for name, shape in shapes.items():
+        if name not in feeds:
+            raise ValueError(f"MIGraphX program needs input '{name}' "
+                             f"({shape.type_string()} {list(shape.lens())}); feeds give "
+                             f"{sorted(feeds)}")
+        x = np.asarray(feeds[name])
+        want = _DTYPES.get(shape.type_string())
+        if want is not None and x.dtype != want:
+            raise ValueError(f"input '{name}' is {x.dtype}, MIGraphX expects "
+                             f"{np.dtype(want)} ({shape.type_string()}); cast it explicitly")
+        if list(x.shape) != list(shape.lens()):
+            raise ValueError(f"input '{name}' has shape {list(x.shape)}, the compiled program "
+                             f"expects {list(shape.lens())}: pass input_shapes")
+        params[name] = np.ascontiguousarray(x)
+    return params
+
+
+def _output_names(model_path) -> list[str]:
+    import onnx
+
+    model = onnx.load(os.fspath(model_path), load_external_data=False)
+    return [o.name for o in model.graph.output]
+
+
+def compile_and_run(model_path: str | os.PathLike, feeds: dict[str, np.ndarray],
+                    input_shapes: dict[str, list[int]] | None = None, target: str = "gpu",
+                    fast_math: bool = True, save_mxr: str | None = None) -> MigraphxRun:
+    """Parse, compile for ``target`` ("gpu" or "ref"), run once, and report what compiled."""
+    mgx = _require()
+    dims = _dims(feeds, input_shapes)
+    prog, compile_s = _compile(mgx, model_path, dims, target, fast_math)
+    params = _params(prog, feeds)
+    t0 = time.perf_counter()
+    raw = prog.run(params)
+    run_s = time.perf_counter() - t0
+    outputs = [np.array(o) for o in raw]   # copies: MIGraphX may reuse its buffers
+    text = str(prog)
+    if save_mxr:
+        mgx.save(prog, os.fspath(save_mxr))
+    return MigraphxRun(
+        outputs=outputs, output_names=_output_names(model_path), op_histogram=op_histogram(text),
+        kernel_counts=kernel_counts(text), compile_seconds=compile_s, run_seconds=run_s,
+        target=target, fast_math=fast_math, input_dims=dims,
+        migraphx_version=str(getattr(mgx, "__version__", "?")), program_text=text)
+
+
+def benchmark(model_path: str | os.PathLike, feeds: dict[str, np.ndarray],
+              input_shapes: dict[str, list[int]] | None = None, target: str = "gpu",
+              iterations: int = 100, warmup: int = 10, fast_math: bool = True) -> dict:
+    """Latency and throughput of ``prog.run`` after ``warmup`` runs.
+
+    With offload_copy=True each run includes the host-to-device copies of the inputs and
+    the copy of the outputs back, which is also what makes it return only when done.
+    """
+    if iterations < 1:
+        raise ValueError("iterations must be >= 1")
+    mgx = _require()
+    dims = _dims(feeds, input_shapes)
+    prog, compile_s = _compile(mgx, model_path, dims, target, fast_math)
+    params = _params(prog, feeds)
+    for _ in range(max(0, warmup)):
+        prog.run(params)
+    times = np.empty(iterations)
+    for i in range(iterations):
+        t0 = time.perf_counter()
+        prog.run(params)
+        times[i] = time.perf_counter() - t0
+    ms = times * 1e3
+    first = next(iter(dims.values()), [1])
+    batch = int(first[0]) if first else 1
+    median = float(np.median(ms))
+    return {
+        "backend": "migraphx", "target": target, "fast_math": fast_math,
+        "migraphx_version": str(getattr(mgx, "__version__", "?")),
+        "input_dims": dims, "batch": batch, "iterations": iterations, "warmup": warmup,
+        "compile_seconds": compile_s, "includes_host_device_copies": True,
+        "latency_ms": {"mean": float(ms.mean()), "median": median,
+                       "p90": float(np.percentile(ms, 90)), "p99": float(np.percentile(ms, 99)),
+                       "min": float(ms.min()), "max": float(ms.max()), "std": float(ms.std())},
+        "throughput_per_s": batch / (median / 1e3) if median > 0 else float("inf"),
+    }
+
+
+__all__: Sequence[str] = ("MigraphxRun", "available", "compile_and_run", "benchmark",
+                          "op_histogram", "kernel_counts", "parse_program_text")

@@ -1,0 +1,713 @@
+"""The static MIGraphX check: what MIGraphX will refuse, or silently run in float, before it runs.
+
+It reads a plain ``onnx.ModelProto`` (load it with ``load_external_data=False``: no weight
+data is read, only dims, dtypes and the small scale/zero-point tensors) and interprets the
+target profile, ``rewriter/data/migraphx_profile.json`` (derived from
+shared/migraphx/PROFILE.md). Rules live in that data, so a newer MIGraphX is a data change.
+
+    result = check_model(onnx.load("m.onnx", load_external_data=False),
+                         input_shapes={"x": [8, 3, 224, 224]}, plan_int8_nodes=["conv1"])
+    print(result.render())            # one line per finding, grouped, with counts
+    result.to_dict()                  # for the JSON report
+
+What it finds, each naming the node (or its first output when the node has no name):
+
+* ``unsupported-op``: an op MIGraphX's ONNX parser does not register (it dispatches on
+  op_type only and throws "Unknown operator"), in the main graph and in If/Loop/Scan bodies.
+* partial support: ``pad-mode-refused``, ``resize-mode-refused``, ``input-not-constant`` (an
+  input the parser evaluates at parse time; constant = initializer, Constant, Shape/Size, or
+  an op whose inputs are all constant), ``unsupported-dtype`` (OCP FP8),
+  ``unsupported-value-type`` (sequence/optional/map values).
+* QDQ that MIGraphX silently runs in float: ``qdq-uint8``, ``qdq-not-int8``,
+  ``qdq-no-zero-point``, ``qdq-scale-not-constant``, ``qdq-scale-not-positive``,
+  ``qdq-per-channel-activation``, ``qdq-weight-folded`` / ``qdq-half-quantized`` (a
+  Conv/MatMul/Gemm with only one input from DequantizeLinear), ``qdq-scale-shape-1`` (per-
+  tensor scale [1] instead of 0-d), ``qdq-weight-axis``, ``qdq-per-channel-weight`` (which
+  MIGraphX versions break), ``qdq-fp16-scale``, ``qdq-nonzero-zero-point``.
+* ``dynamic-input-dim``: a symbolic graph-input dim MIGraphX would silently set to 1.
+* ``conv-channels-not-multiple`` (info): C_in per group or C_out off the profile's multiple.
+* ``plan-int8-stays-float``: a node a plan put in INT8 that will not become
+  quant_convolution/quant_dot, with the reasons.
+
+Nothing here imports migraphx except :func:`load_profile`, which, when it is installed,
+takes the op list from ``migraphx.get_onnx_operators()`` instead of the profile's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+PROFILE_PATH = Path(__file__).resolve().parent / "data" / "migraphx_profile.json"
+SCHEMA_VERSION = 1
+SEVERITIES = ("error", "warning", "info")
+
+# Shape inference runs on a copy; initializers bigger than this are replaced by dims-only
+# stubs first, so checking a large inline model never copies its weights.
+_STUB_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Finding:
+    severity: str          # 'error' | 'warning' | 'info'
+    code: str              # kebab-case, stable: tests and reports key on it
+    node: str              # node name, or its first output when the node has no name
+    op_type: str
+    message: str
+    graph: str = ""        # "" for the main graph, "If_0/then_branch" inside a subgraph
+
+
+@dataclass
+class CheckResult:
+    findings: list[Finding] = field(default_factory=list)
+    profile: dict = field(default_factory=dict)   # version summary, not the rules
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing would stop MIGraphX from parsing the model."""
+        return not self.errors
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "error"]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "warning"]
+
+    def counts(self) -> dict[str, int]:
+        c = Counter(f.severity for f in self.findings)
+        return {s: c.get(s, 0) for s in SEVERITIES}
+
+    def codes(self, severity: str | None = None) -> Counter:
+        return Counter(f.code for f in self.findings if severity in (None, f.severity))
+
+    def for_node(self, node: str) -> list[Finding]:
+        return [f for f in self.findings if f.node == node]
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "counts": self.counts(), "profile": dict(self.profile),
+                "findings": [asdict(f) for f in self.findings]}
+
+    def render(self) -> str:
+        return render_text(self)
+
+
+def render_text(result: CheckResult) -> str:
+    """Headline with counts, then one line per finding grouped by severity and code."""
+    c = result.counts()
+    p = result.profile
+    head = (f"MIGraphX check: {c['error']} error(s), {c['warning']} warning(s), {c['info']} info"
+            f" (profile {p.get('profile_version', '?')}, MIGraphX {p.get('migraphx_version', '?')}"
+            f", ops from {p.get('ops_source', 'profile')})")
+    lines = [head]
+    order = {s: i for i, s in enumerate(SEVERITIES)}
+    groups: dict[tuple[str, str], list[Finding]] = {}
+    for f in sorted(result.findings, key=lambda f: (order.get(f.severity, 9), f.code)):
+        groups.setdefault((f.severity, f.code), []).append(f)
+    for (sev, code), items in groups.items():
+        lines.append(f"{sev} {code} ({len(items)})")
+        for f in items:
+            where = f" in {f.graph}" if f.graph else ""
+            lines.append(f"  {f.node} [{f.op_type}]{where}: {f.message}")
+    return "\n".join(lines)
+
+
+def load_profile(path: str | os.PathLike | None = None, use_installed: bool = True) -> dict:
+    """The target profile; the packaged one when ``path`` is None.
+
+    Where migraphx is importable (and ``use_installed``), its ``get_onnx_operators()``
+    replaces the op list, since the installed parser is the truth for this machine.
+    """
+    p = Path(path) if path is not None else PROFILE_PATH
+    try:
+        profile = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read MIGraphX profile {p}: {e}") from e
+    if profile.get("schema_version") != SCHEMA_VERSION:
+        raise ValueError(f"MIGraphX profile {p} has schema_version "
+                         f"{profile.get('schema_version')!r}; this checker reads {SCHEMA_VERSION}")
+    for key in ("onnx_ops", "attribute_rules", "constant_inputs", "qdq", "layout"):
+        if key not in profile:
+            raise ValueError(f"MIGraphX profile {p} lacks '{key}'")
+    profile["ops_source"] = "profile"
+    if use_installed:
+        try:
+            import migraphx  # lazy: optional, and slow to import where present
+
+            ops = list(migraphx.get_onnx_operators())
+            if ops:
+                profile["onnx_ops"] = sorted(ops)
+                version = getattr(migraphx, "__version__", "?")
+                profile["ops_source"] = f"installed migraphx {version}"
+        except Exception:  # not installed, or a version without get_onnx_operators
+            pass
+    return profile
+
+
+def check_model(model: onnx.ModelProto | str | os.PathLike,
+                profile: dict | str | os.PathLike | None = None,
+                input_shapes: Mapping[str, Iterable[int]] | None = None,
+                plan_int8_nodes: Iterable[str] | None = None) -> CheckResult:
+    """Check ``model`` against the MIGraphX profile; see the module docstring."""
+    if not isinstance(model, onnx.ModelProto):
+        model = onnx.load(os.fspath(model), load_external_data=False)
+    if profile is None or isinstance(profile, (str, os.PathLike)):
+        profile = load_profile(profile)
+    checker = _Checker(model, profile, input_shapes or {})
+    checker.run(list(plan_int8_nodes or []))
+    src = profile.get("source", {})
+    summary = {"profile_version": profile.get("profile_version"),
+               "migraphx_version": src.get("migraphx_version"),
+               "ops_commit": src.get("ops_commit"),
+               "ops_source": profile.get("ops_source", "profile"),
+               "shape_inference": checker.inferred}
+    return CheckResult(checker.findings, summary)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _label(node: onnx.NodeProto) -> str:
+    if node.name:
+        return node.name
+    return next((o for o in node.output if o), f"<{node.op_type}>")
+
+
+def _light_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy for shape inference whose big initializers are dims-only stubs."""
+    light = onnx.ModelProto()
+    for fld in ("ir_version", "producer_name", "producer_version", "domain", "model_version"):
+        setattr(light, fld, getattr(model, fld))
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    g, lg = model.graph, light.graph
+    lg.name = g.name
+    for part in ("node", "input", "output", "value_info", "sparse_initializer"):
+        getattr(lg, part).extend(getattr(g, part))
+    for t in g.initializer:
+        if t.data_location == TensorProto.EXTERNAL or t.ByteSize() <= _STUB_BYTES:
+            lg.initializer.append(t)
+        else:
+            stub = lg.initializer.add()
+            stub.name, stub.data_type = t.name, t.data_type
+            stub.dims.extend(t.dims)
+            stub.data_location = TensorProto.EXTERNAL
+            stub.external_data.add(key="location", value="<not loaded by rewriter.check>")
+    return light
+
+
+class _Graph:
+    """One graph's lookups: producers, constants, types; outer scopes chained."""
+
+    def __init__(self, graph: onnx.GraphProto, path: str, outer: "_Graph | None",
+                 profile: dict):
+        self.graph, self.path, self.outer = graph, path, outer
+        self.inits = {t.name: t for t in graph.initializer}
+        self.inits.update({s.values.name: s.values for s in graph.sparse_initializer})
+        self.producer: dict[str, onnx.NodeProto] = {}
+        for n in graph.node:
+            for o in n.output:
+                if o:
+                    self.producer[o] = n
+        self.types: dict[str, onnx.TypeProto] = {}
+        for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
+            if vi.type.WhichOneof("value"):
+                self.types[vi.name] = vi.type
+        self.graph_inputs = {i.name for i in graph.input} - set(self.inits)
+        self.consts = self._constants(profile)
+
+    def _constants(self, profile: dict) -> set[str]:
+        like = set(profile.get("constant_like_ops", {}).get("ops", []))
+        never = set(profile.get("never_constant_ops", []))
+        consts = set(self.inits)
+        changed = True
+        while changed:   # a fixpoint, so graphs that are not topologically sorted work too
+            changed = False
+            for n in self.graph.node:
+                if not n.output or n.output[0] in consts:
+                    continue
+                ins = [i for i in n.input if i]
+                if n.op_type in never:
+                    ok = False
+                elif n.op_type == "Constant" or n.op_type in like:
+                    ok = True
+                else:
+                    ok = all(i in consts or self._outer_const(i) for i in ins)
+                if ok:
+                    consts.update(o for o in n.output if o)
+                    changed = True
+        return consts
+
+    def _outer_const(self, name: str) -> bool:
+        # Names defined in this graph (including a body's own inputs) shadow outer ones.
+        if name in self.producer or name in self.inits or name in self.graph_inputs:
+            return False
+        return self.outer is not None and self.outer.is_const(name)
+
+    def is_const(self, name: str) -> bool:
+        return name in self.consts or self._outer_const(name)
+
+    def find_producer(self, name: str) -> onnx.NodeProto | None:
+        g: _Graph | None = self
+        while g is not None:
+            if name in g.producer:
+                return g.producer[name]
+            if name in g.inits:
+                return None
+            g = g.outer
+        return None
+
+    def tensor(self, name: str) -> TensorProto | None:
+        """The constant tensor behind ``name`` (initializer or Constant value), if any."""
+        g: _Graph | None = self
+        while g is not None:
+            if name in g.inits:
+                return g.inits[name]
+            n = g.producer.get(name)
+            if n is not None:
+                if n.op_type != "Constant":
+                    return None
+                for a in n.attribute:
+                    if a.name == "value":
+                        return a.t
+                    if a.name in ("value_float", "value_int", "value_floats", "value_ints"):
+                        return numpy_helper.from_array(
+                            np.asarray(onnx.helper.get_attribute_value(a),
+                                       np.float32 if "float" in a.name else np.int64), name)
+                return None
+            g = g.outer
+        return None
+
+    def elem_type(self, name: str) -> int | None:
+        t = self.tensor(name)
+        if t is not None:
+            return t.data_type
+        g: _Graph | None = self
+        while g is not None:
+            tp = g.types.get(name)
+            if tp is not None and tp.WhichOneof("value") == "tensor_type":
+                return tp.tensor_type.elem_type or None
+            g = g.outer
+        return None
+
+    def dims(self, name: str) -> list[int] | None:
+        """Static dims of ``name`` where known (None when unknown or symbolic)."""
+        t = self.tensor(name)
+        if t is not None:
+            return list(t.dims)
+        g: _Graph | None = self
+        while g is not None:
+            tp = g.types.get(name)
+            if tp is not None and tp.WhichOneof("value") == "tensor_type":
+                if not tp.tensor_type.HasField("shape"):
+                    return None
+                d = [x.dim_value if x.HasField("dim_value") else -1
+                     for x in tp.tensor_type.shape.dim]
+                return None if any(v < 0 for v in d) else d
+            g = g.outer
+        return None
+
+
+def _value(t: TensorProto | None) -> np.ndarray | None:
+    """The values of a small constant tensor; None when stored externally (not read)."""
+    if t is None or t.data_location == TensorProto.EXTERNAL:
+        return None
+    try:
+        return numpy_helper.to_array(t)
+    except Exception:
+        return None
+
+
+def _attr(node: onnx.NodeProto, name: str, default=None):
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default
+
+
+class _Checker:
+    def __init__(self, model: onnx.ModelProto, profile: dict, input_shapes: Mapping):
+        self.model, self.profile = model, profile
+        self.input_shapes = {k: [int(d) for d in v] for k, v in input_shapes.items()}
+        self.ops = set(profile["onnx_ops"])
+        self.qdq = profile["qdq"]
+        self.findings: list[Finding] = []
+        self._seen: set[tuple] = set()
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+                          0)
+        light = _light_copy(model)
+        try:
+            self.typed = onnx.shape_inference.infer_shapes(light, strict_mode=False)
+            self.inferred = True
+        except Exception as e:   # a broken or exotic model: check without intermediate types
+            self.typed, self.inferred = light, False
+            self.add("info", "shape-inference-failed", "<model>", "", f"types of intermediate "
+                     f"values unknown, dtype checks are partial: {type(e).__name__}: {e}")
+        # Why a DequantizeLinear would not feed an int8 kernel, keyed by its output name.
+        self.dq_blockers: dict[str, list[str]] = {}
+        self.main: _Graph | None = None
+
+    def add(self, severity: str, code: str, node: str, op_type: str, message: str,
+            graph: str = "") -> None:
+        key = (code, node, graph, message)
+        if key not in self._seen:
+            self._seen.add(key)
+            self.findings.append(Finding(severity, code, node, op_type, message, graph))
+
+    # -- driver -------------------------------------------------------------------------------
+
+    def run(self, plan_int8_nodes: list[str]) -> None:
+        self.main = self.visit(self.typed.graph, "", None)
+        self.check_inputs(self.main)
+        self.check_plan(self.main, plan_int8_nodes)
+
+    def visit(self, graph: onnx.GraphProto, path: str, outer: _Graph | None) -> _Graph:
+        g = _Graph(graph, path, outer, self.profile)
+        self.check_values(g)
+        for node in graph.node:
+            self.check_node(g, node)
+        self.check_qdq(g)
+        for node in graph.node:
+            for a in node.attribute:
+                subs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+                for i, sub in enumerate(subs):
+                    name = a.name if len(subs) == 1 else f"{a.name}[{i}]"
+                    sub_path = f"{path}/{_label(node)}/{name}" if path else f"{_label(node)}/{name}"
+                    self.visit(sub, sub_path, g)
+        return g
+
+    # -- values and ops -----------------------------------------------------------------------
+
+    def check_values(self, g: _Graph) -> None:
+        bad_dtypes = self.profile.get("refused_dtypes", {})
+        codes = {int(k): v for k, v in bad_dtypes.get("codes", {}).items()}
+        vt = self.profile.get("unsupported_value_types", {})
+        kinds = set(vt.get("kinds", []))
+        for t in g.inits.values():
+            if t.data_type in codes:
+                self.add(bad_dtypes["severity"], "unsupported-dtype", t.name, "initializer",
+                         f"{codes[t.data_type]} tensor: {bad_dtypes['reason']}", g.path)
+        inputs = {i.name for i in g.graph.input}
+        outputs = {o.name for o in g.graph.output}
+        for name, tp in g.types.items():
+            node = g.producer.get(name)
+            if node is not None and node.op_type not in self.ops:
+                continue   # already reported as an unsupported op
+            where = ("graph input" if name in inputs else "graph output" if name in outputs
+                     else node.op_type if node is not None else "value")
+            label = _label(node) if node is not None else name
+            kind = tp.WhichOneof("value")
+            if kind in kinds:
+                self.add(vt["severity"], "unsupported-value-type", label, where,
+                         f"'{name}' is a {kind.replace('_type', '')} value: {vt['reason']}",
+                         g.path)
+            elif (kind == "tensor_type" and tp.tensor_type.elem_type in codes
+                  and (name in inputs or name in outputs)):
+                # Intermediate values get their FP8 type from an initializer or a dtype
+                # attribute, which are reported where they are; only the boundary is new here.
+                self.add(bad_dtypes["severity"], "unsupported-dtype", label, where,
+                         f"'{name}' is {codes[tp.tensor_type.elem_type]}: "
+                         f"{bad_dtypes['reason']}", g.path)
+
+    def check_node(self, g: _Graph, node: onnx.NodeProto) -> None:
+        label, op = _label(node), node.op_type
+        if op not in self.ops:
+            hint = self.profile.get("op_hints", {}).get(op)
+            dom = f" (domain '{node.domain}')" if node.domain not in ("", "ai.onnx") else ""
+            self.add("error", "unsupported-op", label, op,
+                     f"{op}{dom} is not among the {len(self.ops)} ops MIGraphX's ONNX parser "
+                     f"registers: parsing throws 'Unknown operator'"
+                     + (f"; {hint}" if hint else ""), g.path)
+            return
+        for rule in self.profile["attribute_rules"]:
+            if rule["op_type"] != op:
+                continue
+            value = _attr(node, rule["attribute"], rule.get("default"))
+            if isinstance(value, bytes):
+                value = value.decode()
+            if value in rule["refused"]:
+                self.add(rule["severity"], rule["code"], label, op,
+                         f"{rule['attribute']}={value!r}: {rule['reason']}", g.path)
+        for rule in self.profile["constant_inputs"]:
+            if rule["op_type"] != op:
+                continue
+            for idx, what in rule["inputs"].items():
+                i = int(idx)
+                if i < len(node.input) and node.input[i] and not g.is_const(node.input[i]):
+                    self.add(rule["severity"], "input-not-constant", label, op,
+                             f"input {i} ({what}, '{node.input[i]}') is computed at run time: "
+                             f"{rule['reason']}", g.path)
+        self.check_dtype_attrs(g, node)
+
+    def check_dtype_attrs(self, g: _Graph, node: onnx.NodeProto) -> None:
+        bad = self.profile.get("refused_dtypes", {})
+        codes = {int(k): v for k, v in bad.get("codes", {}).items()}
+        for a in node.attribute:
+            dtype = None
+            if a.type == onnx.AttributeProto.INT and a.name in ("to", "dtype", "output_dtype"):
+                dtype = a.i
+            elif a.type == onnx.AttributeProto.TENSOR:
+                dtype = a.t.data_type
+            if dtype in codes:
+                self.add(bad["severity"], "unsupported-dtype", _label(node), node.op_type,
+                         f"attribute {a.name} is {codes[dtype]}: {bad['reason']}", g.path)
+
+    # -- QDQ ----------------------------------------------------------------------------------
+
+    def _dq_source(self, g: _Graph, name: str) -> onnx.NodeProto | None:
+        """The DequantizeLinear ``name`` comes from (through the profile's pass-through ops)."""
+        through = set(self.qdq.get("passthrough_ops", []))
+        seen = 0
+        node = g.find_producer(name)
+        while node is not None and seen < 16:
+            if node.op_type == "DequantizeLinear":
+                return node
+            if node.op_type not in through or not node.input:
+                return None
+            node, seen = g.find_producer(node.input[0]), seen + 1
+        return None
+
+    def check_qdq(self, g: _Graph) -> None:
+        q = self.qdq
+        for node in g.graph.node:
+            if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+                self.check_qdq_node(g, node)
+        kernels = q["int8_kernels"]
+        for node in g.graph.node:
+            if node.op_type not in kernels or len(node.input) < 2:
+                continue
+            label = _label(node)
+            a, b = (self._dq_source(g, node.input[i]) for i in (0, 1))
+            if a is not None and b is None:
+                if g.is_const(node.input[1]) and self._is_float(g, node.input[1]):
+                    r = q["folded_weight"]
+                    self.add(r["severity"], "qdq-weight-folded", label, node.op_type,
+                             f"activation '{node.input[0]}' is dequantized but weight "
+                             f"'{node.input[1]}' is a float constant: {r['reason']}", g.path)
+                else:
+                    r = q["half_quantized"]
+                    self.add(r["severity"], "qdq-half-quantized", label, node.op_type,
+                             f"input 1 '{node.input[1]}' does not come from DequantizeLinear: "
+                             f"{r['reason']}", g.path)
+            elif b is not None and a is None:
+                r = q["half_quantized"]
+                self.add(r["severity"], "qdq-half-quantized", label, node.op_type,
+                         f"input 0 '{node.input[0]}' does not come from DequantizeLinear: "
+                         f"{r['reason']}", g.path)
+            if b is not None and g.is_const(b.input[0]):
+                self.check_weight_scale(g, node, b)
+
+    def _is_float(self, g: _Graph, name: str) -> bool:
+        return g.elem_type(name) in (TensorProto.FLOAT, TensorProto.FLOAT16,
+                                     TensorProto.BFLOAT16, TensorProto.DOUBLE)
+
+    def check_qdq_node(self, g: _Graph, node: onnx.NodeProto) -> None:
+        q, label, op = self.qdq, _label(node), node.op_type
+        ins = list(node.input) + [""] * (3 - len(node.input))
+        x, scale, zp = ins[0], ins[1], ins[2]
+        blockers: list[str] = []
+
+        def flag(rule: dict, code: str, message: str, blocks: bool = True) -> None:
+            self.add(rule["severity"], code, label, op, f"{message}: {rule['reason']}", g.path)
+            if blocks:
+                blockers.append(f"{label}: {message}")
+
+        if not zp:
+            flag(q["require_zero_point"], "qdq-no-zero-point", "no zero-point input")
+        # The quantized dtype: the zero point's, else Q's output_dtype (uint8 by default),
+        # else the DequantizeLinear input's.
+        if zp:
+            qtype = g.elem_type(zp)
+        elif op == "QuantizeLinear":
+            qtype = _attr(node, "output_dtype", 0) or TensorProto.UINT8
+        else:
+            qtype = g.elem_type(x)
+        dt = q["dtype"]
+        name = TensorProto.DataType.Name(qtype) if qtype else "?"
+        if qtype in dt["uint8"]:
+            self.add(dt["uint8_severity"], "qdq-uint8", label, op,
+                     f"quantized type is uint8: {dt['uint8_reason']}", g.path)
+            blockers.append(f"{label}: uint8")
+        elif (qtype and qtype not in dt["int8"]
+              and not (op == "DequantizeLinear" and qtype in dt["dequantize_also_fine"])):
+            self.add(dt["other_severity"], "qdq-not-int8", label, op,
+                     f"quantized type is {name}: {dt['other_reason']}", g.path)
+            blockers.append(f"{label}: {name}")
+        for what, value_name, code in (("scale", scale, "qdq-scale-not-constant"),
+                                       ("zero point", zp, "qdq-zero-point-not-constant")):
+            if value_name and not g.is_const(value_name):
+                flag(q["constant_scale"], code, f"{what} '{value_name}' is computed at run time")
+        if scale and g.is_const(scale):
+            t = g.tensor(scale)
+            v = _value(t)
+            if t is not None and v is None:
+                self.add("info", "qdq-scale-not-checked", label, op,
+                         f"scale '{scale}' is stored externally: its values were not checked",
+                         g.path)
+            elif v is not None and not (np.all(np.isfinite(v)) and np.all(v > 0)):
+                flag(q["positive_scale"], "qdq-scale-not-positive",
+                     f"scale '{scale}' has values <= 0 or not finite (min {np.min(v):g})")
+        if zp and g.is_const(zp) and qtype in dt["int8"]:
+            v = _value(g.tensor(zp))
+            if v is not None and np.any(v != 0):
+                r = q["nonzero_zero_point"]
+                self.add(r["severity"], "qdq-nonzero-zero-point", label, op,
+                         f"zero point '{zp}' is not 0: {r['reason']}", g.path)
+        rank = q.get("per_tensor_rank", 0)
+        for what, value_name in (("scale", scale), ("zero point", zp)):
+            d = g.dims(value_name) if value_name else None
+            if d == [1] and rank == 0:
+                r = q["scale_shape_1"]
+                self.add(r["severity"], "qdq-scale-shape-1", label, op,
+                         f"per-tensor {what} '{value_name}' has shape [1], not 0-d: "
+                         f"{r['reason']}", g.path)
+        sd = g.dims(scale) if scale else None
+        if sd is not None and int(np.prod(sd)) > 1 and not g.is_const(x):
+            flag(q["per_channel_activation"], "qdq-per-channel-activation",
+                 f"activation '{x}' has a per-channel scale of shape {sd}")
+        fp = q.get("fp16_input_fp32_scale")
+        if (fp and op == "QuantizeLinear" and self.opset >= fp["min_opset"]
+                and g.elem_type(x) == TensorProto.FLOAT16
+                and g.elem_type(scale) == TensorProto.FLOAT):
+            flag(fp, "qdq-fp16-scale", f"fp16 input '{x}' with an fp32 scale at opset {self.opset}")
+        if op == "DequantizeLinear":
+            # An activation DQ inherits what is wrong with the Q feeding it.
+            src = g.find_producer(x)
+            if src is not None and src.op_type == "QuantizeLinear":
+                blockers += self.dq_blockers.get(f"Q:{src.output[0]}", [])
+            self.dq_blockers[node.output[0]] = blockers
+        else:
+            self.dq_blockers[f"Q:{node.output[0]}"] = blockers
+
+    def check_weight_scale(self, g: _Graph, node: onnx.NodeProto, dq: onnx.NodeProto) -> None:
+        q, label = self.qdq, _label(node)
+        spec = q["weight_axis"].get(node.op_type)
+        scale = dq.input[1] if len(dq.input) > 1 else ""
+        sd = g.dims(scale) if scale else None
+        wd = g.dims(dq.input[0])
+        if spec is None or sd is None or int(np.prod(sd)) <= 1:
+            return
+        rank = len(wd) if wd is not None else None
+        want = spec["axis"]
+        if node.op_type == "Gemm" and _attr(node, "transB", 0) and "axis_if_transB" in spec:
+            want = spec["axis_if_transB"]
+        axis = _attr(dq, "axis", 1)
+        if rank:
+            want, axis = want % rank, axis % rank
+        if axis != want:
+            r = q["weight_axis"]
+            self.add(r["severity"], "qdq-weight-axis", label, node.op_type,
+                     f"weight '{dq.input[0]}' is per-channel on axis {axis}, expected {want}: "
+                     f"{r['reason']}", g.path)
+            self.dq_blockers.setdefault(dq.output[0], []).append(
+                f"{_label(dq)}: per-channel weight axis {axis}")
+        r = q["per_channel_weights"]
+        grouped = node.op_type == "Conv" and _attr(node, "group", 1) > 1
+        sev = r["severity_grouped_conv"] if grouped else r["severity_other"]
+        kind = "grouped/depthwise conv" if grouped else node.op_type
+        self.add(sev, "qdq-per-channel-weight", label, node.op_type,
+                 f"{kind} with per-channel weight scales ({sd[0] if sd else '?'}): "
+                 f"{r['breaks_on']}; {r['not_affected']}; {r['advice']}", g.path)
+
+    # -- main-graph checks --------------------------------------------------------------------
+
+    def check_inputs(self, g: _Graph) -> None:
+        dd = self.profile.get("dynamic_dims", {})
+        inits = set(g.inits)
+        names = set()
+        for vi in g.graph.input:
+            if vi.name in inits:
+                continue   # old-IR models list weights as inputs too
+            names.add(vi.name)
+            tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
+            if tt is None:
+                continue
+            dims = ([d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+                     for d in tt.shape.dim] if tt.HasField("shape") else None)
+            given = self.input_shapes.get(vi.name)
+            if given is not None:
+                if dims is not None and (len(given) != len(dims) or any(
+                        isinstance(d, int) and d > 0 and d != v for d, v in zip(dims, given))):
+                    self.add("warning", "input-shape-mismatch", vi.name, "graph input",
+                             f"--input-shape {given} does not match the model's {dims}")
+                continue
+            if dims is None:
+                self.add(dd.get("severity", "warning"), "dynamic-input-dim", vi.name,
+                         "graph input", f"rank unknown: {dd.get('note', '')}; pass --input-shape")
+                continue
+            bad = [i for i, d in enumerate(dims) if not isinstance(d, int) or d <= 0]
+            if bad:
+                shown = "x".join(str(d) for d in dims)
+                self.add(dd.get("severity", "warning"), "dynamic-input-dim", vi.name,
+                         "graph input",
+                         f"dims {shown}: position(s) {bad} are symbolic and MIGraphX silently "
+                         f"uses {dd.get('silent_value', 1)}; pass --input-shape "
+                         f"{vi.name}=<{len(dims)} dims> ({dd.get('note', '')})")
+        for name in sorted(set(self.input_shapes) - names):
+            self.add("warning", "input-shape-unknown-input", name, "graph input",
+                     f"--input-shape names '{name}', which is not a graph input "
+                     f"(inputs: {sorted(names)})")
+        self.check_channels(g)
+
+    def check_channels(self, g: _Graph) -> None:
+        lay = self.profile["layout"]
+        m = int(lay.get("channel_multiple", 0) or 0)
+        if m <= 1:
+            return
+        for node in g.graph.node:
+            if node.op_type != "Conv" or len(node.input) < 2:
+                continue
+            w = node.input[1]
+            dq = self._dq_source(g, w)
+            wd = g.dims(w) or (g.dims(dq.input[0]) if dq is not None else None)
+            if not wd or len(wd) < 2:
+                continue
+            c_out, c_in_g = wd[0], wd[1]
+            off = []
+            if c_in_g > 1 and c_in_g % m:
+                off.append(f"C_in per group {c_in_g}")
+            if c_out % m:
+                off.append(f"C_out {c_out}")
+            if off:
+                self.add(lay.get("severity", "info"), "conv-channels-not-multiple", _label(node),
+                         "Conv", f"{' and '.join(off)} not a multiple of {m}: {lay['note']}",
+                         g.path)
+
+    def check_plan(self, g: _Graph, names: list[str]) -> None:
+        if not names:
+            return
+        kernels = self.qdq["int8_kernels"]
+        by_label = {_label(n): n for n in g.graph.node}
+        by_label.update({n.name: n for n in g.graph.node if n.name})
+        for name in names:
+            node = by_label.get(name)
+            if node is None:
+                self.add("warning", "plan-node-not-found", name, "",
+                         "the plan puts this node in INT8 but the model has no such node")
+                continue
+            if node.op_type not in kernels:
+                self.add("warning", "plan-int8-stays-float", name, node.op_type,
+                         f"the plan puts a {node.op_type} in INT8; MIGraphX makes int8 kernels "
+                         f"only for {sorted(kernels)}")
+                continue
+            reasons = []
+            for i in (0, 1):
+                dq = self._dq_source(g, node.input[i]) if i < len(node.input) else None
+                if dq is None:
+                    reasons.append(f"input {i} '{node.input[i] if i < len(node.input) else ''}'"
+                                   f" is not dequantized")
+                else:
+                    reasons += self.dq_blockers.get(dq.output[0], [])
+            if reasons:
+                self.add("warning", "plan-int8-stays-float", name, node.op_type,
+                         f"the plan puts it in INT8 but it will not become "
+                         f"{kernels[node.op_type]} (runs in float): {'; '.join(reasons)}")

@@ -1,0 +1,460 @@
+"""Tests for the static MIGraphX check (rewriter/check.py) and its profile data.
+
+One small model per problem kind, written in ONNX text syntax with seeded, distinct
+initializer values; each test asserts the finding's code and the node it names. The clean
+QDQ model in MIGraphX's form must produce no QDQ findings, and the light model-zoo models
+shipped in the onnx wheel must parse (no unsupported op).
+"""
+
+from __future__ import annotations
+
+import copy
+import glob
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.parser
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from rewriter.check import CheckResult, Finding, load_profile, render_text
+from rewriter.check import check_model as _check_model
+
+REPO = Path(__file__).resolve().parents[1]
+OPS_TXT = Path("/work/shared/migraphx/onnx_ops.txt")
+HEAD = '<ir_version: 10, opset_import: ["" : 21]>'
+RNG = np.random.default_rng(0)
+# The packaged profile, not an installed MIGraphX's op list: these tests pin its data.
+PROFILE = load_profile(use_installed=False)
+
+
+def check_model(model, **kw) -> CheckResult:
+    kw.setdefault("profile", PROFILE)
+    return _check_model(model, **kw)
+
+
+def build(text: str, head: str = HEAD, **inits: np.ndarray) -> onnx.ModelProto:
+    """Parse a model, add initializers, name every node '<first output>_node', validate."""
+    model = onnx.parser.parse_model(f"{head}\n{text}")
+    for name, value in inits.items():
+        model.graph.initializer.append(numpy_helper.from_array(np.asarray(value), name))
+    for node in model.graph.node:
+        node.name = node.name or f"{node.output[0]}_node"
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def codes(result: CheckResult, severity: str | None = None) -> set[str]:
+    return set(result.codes(severity))
+
+
+def named(result: CheckResult, code: str) -> list[str]:
+    return [f.node for f in result.findings if f.code == code]
+
+
+def qdq_conv(*, w_scale=None, w_zp=np.int8(0), x_scale=np.float32(0.05), x_zp=np.int8(0),
+             group=1, c_in=4, c_out=8, w_axis=0) -> onnx.ModelProto:
+    """x -> Q -> DQ -> Conv <- DQ <- int8 weight: MIGraphX's int8 form unless overridden."""
+    w = RNG.integers(-127, 128, size=(c_out, c_in // group, 3, 3), dtype=np.int8)
+    if w_scale is None:
+        w_scale = np.float32(0.01)
+    inits = dict(w=w, ws=np.asarray(w_scale, np.float32), xs=np.asarray(x_scale, np.float32))
+    xz = ", xz" if x_zp is not None else ""
+    wz = ", wz" if w_zp is not None else ""
+    if x_zp is not None:
+        inits["xz"] = np.asarray(x_zp)
+    if w_zp is not None:
+        inits["wz"] = np.asarray(w_zp)
+    text = f"""
+    g (float[1,{c_in},8,8] x) => (float[1,{c_out},8,8] y) {{
+        xq = QuantizeLinear(x, xs{xz})
+        xd = DequantizeLinear(xq, xs{xz})
+        wd = DequantizeLinear <axis={w_axis}> (w, ws{wz})
+        y = Conv <pads=[1,1,1,1], group={group}> (xd, wd)
+    }}"""
+    return build(text, **inits)
+
+
+# -- the clean form ------------------------------------------------------------------------------
+
+
+def test_clean_qdq_conv_has_no_qdq_findings_and_runs_in_onnxruntime():
+    import onnxruntime as ort
+
+    model = qdq_conv()
+    result = check_model(model, plan_int8_nodes=["y_node"])
+    assert result.ok
+    assert not [f for f in result.findings if f.code.startswith(("qdq-", "plan-"))], \
+        result.render()
+    # The model is a real, runnable QDQ model, not just something the checker likes.
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model.SerializeToString(), so,
+                                providers=["CPUExecutionProvider"])
+    (y,) = sess.run(None, {"x": RNG.standard_normal((1, 4, 8, 8)).astype(np.float32)})
+    assert y.shape == (1, 8, 8, 8) and np.isfinite(y).all()
+
+
+def test_dq_feeding_non_conv_ops_is_fine():
+    model = build("""
+    g (float[1,4] x) => (float[1,4] y) {
+        xq = QuantizeLinear(x, s, z)
+        xd = DequantizeLinear(xq, s, z)
+        r = Relu(xd)
+        y = Add(r, b)
+    }""", s=np.float32(0.1), z=np.int8(0), b=RNG.standard_normal((1, 4)).astype(np.float32))
+    assert check_model(model).findings == []
+
+
+# -- unsupported ops ------------------------------------------------------------------------------
+
+
+def test_unsupported_op_is_named():
+    model = build("""
+    g (float[1,4] x) => (float[1,4] y) {
+        m = Mish(x)
+        y = Relu(m)
+    }""")
+    result = check_model(model)
+    assert not result.ok
+    (f,) = result.errors
+    assert (f.code, f.node, f.op_type) == ("unsupported-op", "m_node", "Mish")
+    assert "Tanh(Softplus(x))" in f.message          # the profile's hint
+
+
+def test_unsupported_op_in_if_branch_is_found():
+    model = build("""
+    g (bool c, float[2] x) => (float[2] y) {
+        y = If (c) <
+            then_branch = t () => (float[2] a) { a = Mish(x) },
+            else_branch = e () => (float[2] b) { b = Relu(x) }
+        >
+    }""")
+    result = check_model(model)
+    (f,) = [f for f in result.findings if f.code == "unsupported-op"]
+    assert f.op_type == "Mish" and f.node == "a" and f.graph == "y_node/then_branch"
+
+
+def test_unnamed_node_is_named_by_its_output():
+    model = build("""
+    g (float[1,4] x) => (float[1,4] y) { y = Mish(x) }""")
+    model.graph.node[0].name = ""
+    assert named(check_model(model), "unsupported-op") == ["y"]
+
+
+def test_light_model_zoo_models_have_no_unsupported_op():
+    paths = sorted(glob.glob(os.path.join(os.path.dirname(onnx.__file__),
+                                          "backend/test/data/light/*.onnx")))
+    assert paths, "onnx wheel ships no light models"
+    for path in paths:
+        result = check_model(onnx.load(path, load_external_data=False))
+        assert "unsupported-op" not in codes(result), (path, result.render())
+        assert result.ok, (path, result.render())
+
+
+# -- partial support ------------------------------------------------------------------------------
+
+
+def test_pad_wrap_refused_reflect_accepted():
+    text = """
+    g (float[1,1,4,4] x) => (float[1,1,6,6] y, float[1,1,6,6] z) {
+        y = Pad <mode="wrap"> (x, p)
+        z = Pad <mode="reflect"> (x, p)
+    }"""
+    result = check_model(build(text, p=np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64)))
+    assert named(result, "pad-mode-refused") == ["y_node"]
+    assert [f.severity for f in result.findings] == ["error"]
+
+
+def test_resize_modes_refused():
+    text = """
+    g (float[1,1,4,4] x) => (float[1,1,8,8] a, float[1,1,8,8] b, float[1,1,8,8] c,
+                             float[1,1,8,8] d) {
+        a = Resize <mode="cubic"> (x, , s)
+        b = Resize <mode="linear", coordinate_transformation_mode="tf_crop_and_resize">
+                   (x, roi, s)
+        c = Resize <mode="linear", exclude_outside=1> (x, , s)
+        d = Resize <mode="linear"> (x, , s)
+    }"""
+    model = build(text, s=np.array([1, 1, 2, 2], np.float32),
+                  roi=np.array([0, 0, 0, 0, 1, 1, 1, 1], np.float32))
+    result = check_model(model)
+    assert sorted(named(result, "resize-mode-refused")) == ["a_node", "b_node", "c_node"]
+
+
+def test_shape_inputs_constant_through_chains_and_computed_ones_found():
+    text = """
+    g (float[2,3,4] x, int64[2] shp, int64[3] reps) => (float[2,12] a, float[2,12] b,
+                                                          float[4,9,8] c, int64[5] r) {
+        sx = Shape(x)
+        n = Gather <axis=0> (sx, zero)
+        n1 = Unsqueeze(n, zero1)
+        s2 = Concat <axis=0> (n1, minus1)
+        a = Reshape(x, s2)
+        b = Reshape(x, shp)
+        c = Tile(x, reps)
+        lim = Add(four, one)
+        r = Range(zs, lim, one)
+    }"""
+    model = build(text, zero=np.array(0, np.int64), zero1=np.array([0], np.int64),
+                  minus1=np.array([-1], np.int64), four=np.array(4, np.int64),
+                  one=np.array(1, np.int64), zs=np.array(0, np.int64))
+    result = check_model(model)
+    found = {f.node: f.severity for f in result.findings if f.code == "input-not-constant"}
+    # Shape -> Gather -> Unsqueeze -> Concat is constant for MIGraphX (static shapes);
+    # so is Add of two constants. Only the inputs fed by graph inputs are reported.
+    assert found == {"b_node": "warning", "c_node": "error"}
+
+
+def test_constant_nodes_count_as_constant():
+    model = build("""
+    g (float[4] x, int64[1] kin) => (float[2] y, float[2] y2) {
+        k = Constant <value = int64[1] {2}> ()
+        y, i = TopK(x, k)
+        y2, i2 = TopK(x, kin)
+    }""")
+    assert named(check_model(model), "input-not-constant") == ["y2_node"]
+
+
+def test_sequence_and_optional_values_found():
+    seq = helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, [2])
+    opt = helper.make_value_info("o", helper.make_optional_type_proto(
+        helper.make_tensor_type_proto(TensorProto.FLOAT, [2])))
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    nodes = [helper.make_node("SequenceAt", ["s", "i"], ["a"], name="at"),
+             helper.make_node("OptionalGetElement", ["o"], ["b"], name="get"),
+             helper.make_node("Add", ["a", "b"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "g", [seq, opt], [y],
+                              [numpy_helper.from_array(np.array(0, np.int64), "i")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    result = check_model(model)
+    assert sorted(named(result, "unsupported-value-type")) == ["o", "s"]
+    assert sorted(named(result, "unsupported-op")) == ["at", "get"]
+
+
+def test_ocp_fp8_refused_fnuz_accepted():
+    w8 = helper.make_tensor("w8", TensorProto.FLOAT8E4M3FN, [2], [1.0, 2.0])
+    wz = helper.make_tensor("wz", TensorProto.FLOAT8E4M3FNUZ, [2], [1.0, 2.0])
+    nodes = [helper.make_node("Cast", ["w8"], ["a"], to=TensorProto.FLOAT, name="c1"),
+             helper.make_node("Cast", ["wz"], ["b"], to=TensorProto.FLOAT, name="c2"),
+             helper.make_node("Add", ["a", "b"], ["s"], name="add"),
+             helper.make_node("Cast", ["s"], ["y"], to=TensorProto.FLOAT8E5M2, name="c3")]
+    graph = helper.make_graph(nodes, "g", [], [helper.make_tensor_value_info(
+        "y", TensorProto.FLOAT8E5M2, [2])], [w8, wz])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    result = check_model(model)
+    found = sorted(named(result, "unsupported-dtype"))
+    assert "w8" in found and "c3" in found
+    assert "wz" not in found and "c2" not in found
+
+
+# -- QDQ that would run in float ------------------------------------------------------------------
+
+
+def test_uint8_qdq_found_and_plan_warned():
+    model = qdq_conv(x_zp=np.uint8(128))
+    result = check_model(model, plan_int8_nodes=["y_node"])
+    assert set(named(result, "qdq-uint8")) == {"xq_node", "xd_node"}
+    (f,) = [f for f in result.findings if f.code == "plan-int8-stays-float"]
+    assert f.node == "y_node" and "uint8" in f.message and "quant_convolution" in f.message
+
+
+def test_missing_zero_point_found():
+    result = check_model(qdq_conv(w_zp=None), plan_int8_nodes=["y_node"])
+    assert named(result, "qdq-no-zero-point") == ["wd_node"]
+    assert named(result, "plan-int8-stays-float") == ["y_node"]
+
+
+def test_computed_scale_found():
+    model = build("""
+    g (float[1,4] x, float s) => (float[1,4] y) {
+        xq = QuantizeLinear(x, s, z)
+        y = DequantizeLinear(xq, s, z)
+    }""", z=np.int8(0))
+    assert set(named(check_model(model), "qdq-scale-not-constant")) == {"xq_node", "y_node"}
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.5])
+def test_zero_or_negative_scale_is_an_error(bad):
+    result = check_model(qdq_conv(x_scale=np.float32(bad)))
+    assert set(named(result, "qdq-scale-not-positive")) == {"xq_node", "xd_node"}
+    assert {f.severity for f in result.findings if f.code == "qdq-scale-not-positive"} == {"error"}
+
+
+def test_per_channel_activation_scale_found():
+    model = build("""
+    g (float[1,4,2,2] x) => (float[1,4,2,2] y) {
+        xq = QuantizeLinear <axis=1> (x, s, z)
+        y = DequantizeLinear <axis=1> (xq, s, z)
+    }""", s=np.array([0.1, 0.2, 0.3, 0.4], np.float32), z=np.zeros(4, np.int8))
+    assert set(named(check_model(model), "qdq-per-channel-activation")) == {"xq_node", "y_node"}
+
+
+def test_folded_weight_found_and_plan_names_the_conv():
+    w = RNG.standard_normal((8, 4, 3, 3)).astype(np.float32)
+    model = build("""
+    g (float[1,4,8,8] x) => (float[1,8,8,8] y) {
+        xq = QuantizeLinear(x, xs, xz)
+        xd = DequantizeLinear(xq, xs, xz)
+        y = Conv <pads=[1,1,1,1]> (xd, w)
+    }""", w=w, xs=np.float32(0.05), xz=np.int8(0))
+    result = check_model(model, plan_int8_nodes=["y_node"])
+    assert named(result, "qdq-weight-folded") == ["y_node"]
+    (f,) = [f for f in result.findings if f.code == "plan-int8-stays-float"]
+    assert f.node == "y_node" and "input 1 'w' is not dequantized" in f.message
+
+
+def test_only_weight_dequantized_found():
+    model = build("""
+    g (float[2,4] a) => (float[2,3] y) {
+        bd = DequantizeLinear(b, bs, bz)
+        y = MatMul(a, bd)
+    }""", b=RNG.integers(-127, 128, (4, 3), dtype=np.int8), bs=np.float32(0.02), bz=np.int8(0))
+    result = check_model(model, plan_int8_nodes=["y_node"])
+    assert named(result, "qdq-half-quantized") == ["y_node"]
+    assert "quant_dot" in result.for_node("y_node")[-1].message
+
+
+def test_scale_shape_one_warned():
+    result = check_model(qdq_conv(x_scale=np.array([0.05], np.float32)))
+    assert set(named(result, "qdq-scale-shape-1")) == {"xq_node", "xd_node"}
+    assert result.ok
+
+
+def test_per_channel_weights_depthwise_warned_plain_info_wrong_axis_warned():
+    scales = (np.arange(8, dtype=np.float32) + 1) / 100
+    dw = check_model(qdq_conv(w_scale=scales, w_zp=np.zeros(8, np.int8), group=4, c_in=4))
+    (f,) = [f for f in dw.findings if f.code == "qdq-per-channel-weight"]
+    assert (f.node, f.severity) == ("y_node", "warning") and "2.16.0" in f.message
+    plain = check_model(qdq_conv(w_scale=scales, w_zp=np.zeros(8, np.int8)))
+    assert [f.severity for f in plain.findings if f.code == "qdq-per-channel-weight"] == ["info"]
+    assert "qdq-weight-axis" not in codes(plain)
+    wrong = check_model(qdq_conv(w_scale=scales[:4], w_zp=np.zeros(4, np.int8), w_axis=1))
+    assert named(wrong, "qdq-weight-axis") == ["y_node"]
+
+
+def test_nonzero_zero_point_is_info():
+    result = check_model(qdq_conv(x_zp=np.int8(3)))
+    assert {f.severity for f in result.findings} == {"info"}
+    assert set(named(result, "qdq-nonzero-zero-point")) == {"xq_node", "xd_node"}
+
+
+def test_fp16_input_with_fp32_scale_is_an_error():
+    # Valid ONNX only from opset 23 (before, x and y_scale share one type); MIGraphX refuses it.
+    model = build("""
+    g (float16[1,4] x) => (float16[1,4] y) {
+        xq = QuantizeLinear(x, s, z)
+        xd = DequantizeLinear(xq, s, z)
+        y = Cast <to=10> (xd)
+    }""", head='<ir_version: 10, opset_import: ["" : 23]>', s=np.float32(0.1), z=np.int8(0))
+    assert named(check_model(model), "qdq-fp16-scale") == ["xq_node"]
+
+
+def test_external_scale_not_checked(tmp_path):
+    model = qdq_conv()
+    onnx.save(model, tmp_path / "m.onnx", save_as_external_data=True,
+              all_tensors_to_one_file=True, location="m.data", size_threshold=0)
+    loaded = onnx.load(tmp_path / "m.onnx", load_external_data=False)
+    result = check_model(loaded)
+    assert "qdq-scale-not-checked" in codes(result, "info")
+    assert "qdq-scale-not-positive" not in codes(result)
+
+
+# -- inputs, channels, plans ----------------------------------------------------------------------
+
+
+def test_dynamic_dims_need_input_shape():
+    model = build("""
+    g (float[N,3,H,8] x) => (float[N,3,H,8] y) { y = Relu(x) }""")
+    (f,) = check_model(model).findings
+    assert (f.code, f.node, f.severity) == ("dynamic-input-dim", "x", "warning")
+    assert "[0, 2]" in f.message and "--input-shape" in f.message
+    assert check_model(model, input_shapes={"x": [2, 3, 5, 8]}).findings == []
+    other = check_model(model, input_shapes={"x": [2, 3, 5, 8], "z": [1]})
+    assert named(other, "input-shape-unknown-input") == ["z"]
+    wrong = check_model(model, input_shapes={"x": [2, 4, 5, 8]})
+    assert named(wrong, "input-shape-mismatch") == ["x"]
+
+
+def test_conv_channels_not_multiple_is_info():
+    def conv(c_in, c_out):
+        w = RNG.standard_normal((c_out, c_in, 1, 1)).astype(np.float32)
+        return build(f"""
+        g (float[1,{c_in},4,4] x) => (float[1,{c_out},4,4] y) {{ y = Conv(x, w) }}""", w=w)
+
+    (f,) = check_model(conv(3, 6)).findings
+    assert (f.code, f.node, f.severity) == ("conv-channels-not-multiple", "y_node", "info")
+    assert "C_in per group 3" in f.message and "C_out 6" in f.message
+    assert check_model(conv(8, 16)).findings == []
+    # Depthwise: C_in per group is 1, only C_out matters.
+    assert check_model(qdq_conv(group=4, c_in=4, c_out=4)).findings == []
+
+
+def test_plan_names_unknown_and_non_conv_nodes():
+    model = build("""
+    g (float[1,4] x) => (float[1,4] y) { y = Relu(x) }""")
+    result = check_model(model, plan_int8_nodes=["nope", "y_node"])
+    assert named(result, "plan-node-not-found") == ["nope"]
+    assert named(result, "plan-int8-stays-float") == ["y_node"]
+
+
+# -- profile as data, reporting -------------------------------------------------------------------
+
+
+def test_profile_is_data(tmp_path):
+    profile = load_profile(use_installed=False)
+    assert len(profile["onnx_ops"]) == 185 and "Conv" in profile["onnx_ops"]
+    assert "Mish" not in profile["onnx_ops"]
+    assert profile["source"]["ops_commit"].startswith("f729a52")
+    # A MIGraphX that parses Mish and refuses 'reflect' padding is a data change only.
+    newer = copy.deepcopy(profile)
+    newer["onnx_ops"].append("Mish")
+    newer["attribute_rules"][0]["refused"].append("reflect")
+    path = tmp_path / "newer.json"
+    path.write_text(json.dumps(newer))
+    model = build("""
+    g (float[1,1,4,4] x) => (float[1,1,6,6] y) {
+        m = Mish(x)
+        y = Pad <mode="reflect"> (m, p)
+    }""", p=np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64))
+    assert codes(check_model(model, profile=load_profile(use_installed=False))) == {
+        "unsupported-op"}
+    assert codes(check_model(model, profile=load_profile(path, use_installed=False))) == {
+        "pad-mode-refused"}
+
+
+def test_bad_profile_schema_is_refused(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"schema_version": 99}))
+    with pytest.raises(ValueError, match="schema_version"):
+        load_profile(path)
+
+
+def test_render_and_to_dict():
+    result = check_model(qdq_conv(x_zp=np.uint8(128)), plan_int8_nodes=["y_node"])
+    text = render_text(result)
+    lines = text.splitlines()
+    assert lines[0].startswith("MIGraphX check: 0 error(s), 3 warning(s)")
+    assert "warning qdq-uint8 (2)" in lines
+    assert any(line.startswith("  y_node [Conv]: ") for line in lines)
+    d = json.loads(json.dumps(result.to_dict()))
+    assert d["ok"] is True and d["counts"]["warning"] == 3
+    assert d["profile"]["migraphx_version"] == "2.16.0"
+    assert Finding(**d["findings"][0]) == result.findings[0]
+
+
+def test_check_model_accepts_a_path(tmp_path):
+    onnx.save(qdq_conv(), tmp_path / "m.onnx")
+    assert check_model(str(tmp_path / "m.onnx")).findings == []
+
+
+@pytest.mark.skipif(not OPS_TXT.exists(), reason="shared/migraphx/onnx_ops.txt not present")
+def test_packaged_op_list_is_reproducible_from_onnx_ops_txt():
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "make_migraphx_profile.py"),
+                           str(OPS_TXT), "--check"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
