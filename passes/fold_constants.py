@@ -136,10 +136,19 @@ def _static(t: gs.Tensor) -> bool:
     return t.shape is not None and all(isinstance(d, (int, np.integer)) and d >= 0 for d in t.shape)
 
 
-def _only_weight_use(t: gs.Tensor) -> bool:
-    if not t.outputs:
+# Ops that only re-lay out or re-type a weight on its way to the op that uses it.
+WEIGHT_PATH = {"Reshape", "Transpose", "Cast", "Squeeze", "Unsqueeze", "Flatten", "Identity"}
+
+
+def _only_weight_use(t: gs.Tensor, depth: int = 0) -> bool:
+    """Does every use of ``t`` end, through layout ops, in a weight slot?"""
+    if not t.outputs or depth > 8:
         return False
     for consumer in t.outputs:
+        if consumer.op in WEIGHT_PATH and consumer.inputs and consumer.inputs[0] is t:
+            if not all(_only_weight_use(o, depth + 1) for o in consumer.outputs):
+                return False
+            continue
         slots = WEIGHT_SLOTS.get(consumer.op, set())
         if not any(i in slots for i, x in enumerate(consumer.inputs) if x is t):
             return False

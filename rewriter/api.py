@@ -50,6 +50,7 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
             options: dict[str, Any] | None = None,
             base_dir: str | os.PathLike | None = None,
             data: dict[str, Any] | None = None,
+            materialize: bool = True,
             ) -> tuple[onnx.ModelProto, Report]:
     """Rewrite a model with a pipeline of passes (default: fold-constants, fuse-conv-bn).
 
@@ -63,6 +64,8 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
         options: pass options, e.g. {"fold_size_limit": 1 << 20}.
         base_dir: folder that resolves external data of an in-memory model.
         data: precomputed facts for passes (calibration ranges ...), see Context.data.
+        materialize: return the model with every weight inline; False returns it with
+            big weights as stubs (what the CLI uses: nothing is copied that is not needed).
 
     Raises:
         InputError (bad input), PassError (bug in a pass), VerificationError (outputs
@@ -70,10 +73,11 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
     """
     with _no_gc():
         return _rewrite(model, passes, output, verify, input_shapes, inputs, seed,
-                        options or {}, base_dir, data or {})
+                        options or {}, base_dir, data or {}, materialize)
 
 
-def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options, base_dir, data):
+def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options, base_dir, data,
+             materialize):
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     if isinstance(model, onnx.ModelProto):
@@ -91,7 +95,7 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
     pipeline = registry.resolve(passes)
     report = Report(input=name, output=str(output) if output else None)
     report.ops_before = op_histogram(original.graph)
-    report.bytes_before = ir.total_weight_bytes(original) if base_dir else original.ByteSize()
+    report.bytes_before = ir.total_weight_bytes(original)
     graph = ir.to_graph(original, base_dir)
     seconds["load"] = time.perf_counter() - t0
 
@@ -100,7 +104,8 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
         t = time.perf_counter()
         from .verify import Verifier, make_feeds
         feeds = inputs if inputs is not None else make_feeds(original, input_shapes, seed)
-        verifier = Verifier(original, base_dir, feeds)
+        verifier = Verifier(original, base_dir, feeds,
+                            path=None if isinstance(model, onnx.ModelProto) else str(model))
         report.verified_with = ("onnxruntime CPU, graph optimisations off, "
                                 + ("user inputs" if inputs is not None else f"random inputs seed {seed}"))
         seconds["reference"] = time.perf_counter() - t
@@ -118,8 +123,7 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
             depth["worst"] = Numerics.LOSSY
         elif p.numerics is Numerics.CLOSE:
             depth["worst"] = Numerics.CLOSE
-        candidate = ir.to_model(graph, original)
-        metrics = verifier.check(candidate, base_dir, depth["worst"], depth["n"])
+        metrics = verifier.check(ir.export(graph, original, base_dir), depth["worst"], depth["n"])
         rec.verification = [m.to_dict() for m in metrics]
         verify_time[0] += time.perf_counter() - t
         if not all(m.ok for m in metrics):
@@ -138,14 +142,15 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
     report.passes = records
 
     t = time.perf_counter()
-    result = ir.to_model(graph, original)
-    ir.check_model(result, "rewritten model")
+    exported = ir.export(graph, original, base_dir)
+    ir.check_model(exported.checkable(), "rewritten model")
+    result = exported.model
     report.ops_after = op_histogram(result.graph)
     report.bytes_after = ir.total_weight_bytes(result)
     seconds["export"] = time.perf_counter() - t
     if verifier is not None:
         t = time.perf_counter()
-        metrics = verifier.check(result, base_dir, depth["worst"], max(1, depth["n"]))
+        metrics = verifier.check(exported, depth["worst"], max(1, depth["n"]))
         report.verification = [m.to_dict() for m in metrics]
         seconds["verify"] = verify_time[0] + time.perf_counter() - t
         if not report.ok:
@@ -156,9 +161,11 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
             raise err
     if output is not None:
         t = time.perf_counter()
-        ir.save(result, output, base_dir)
+        ir.save(exported, output)
         seconds["save"] = time.perf_counter() - t
     report.seconds = seconds
+    if materialize:
+        result = exported.materialize()
     return result, report
 
 

@@ -50,6 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fold-size-limit", type=int, metavar="BYTES", default=1 << 20,
                    help="fold-constants leaves results larger than this (and more than 2x "
                         "their inputs) as nodes unless they are weights (default 1 MiB)")
+    p.add_argument("--pad-multiple", type=int, choices=(4, 8, 16, 32), default=4,
+                   metavar="N", help="pad-channels: channel multiple, 4 (default), 8, 16 or 32")
+    p.add_argument("--pad-sides", choices=("in", "out", "both"), default="both",
+                   help="pad-channels: pad conv inputs, outputs or both (default both)")
+    p.add_argument("--pad-max-overhead", type=float, default=0.5, metavar="SHARE",
+                   help="pad-channels: skip a conv whose FLOPs or weight bytes would grow by "
+                        "more than this share (default 0.5 = +50%%)")
     p.add_argument("--target", choices=("migraphx", "none"), default="migraphx",
                    help="static check of the output against the target (default migraphx)")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
@@ -119,7 +126,10 @@ def _run(args) -> int:
         model, report = rewrite(
             args.model, passes, output=args.output, verify=args.verify or bool(args.inputs),
             input_shapes=shapes, inputs=inputs, seed=args.seed,
-            options={"fold_size_limit": args.fold_size_limit})
+            options={"fold_size_limit": args.fold_size_limit,
+                     "pad_multiple": args.pad_multiple, "pad_sides": args.pad_sides,
+                     "pad_max_overhead": args.pad_max_overhead},
+            materialize=False)
     except VerificationError as e:
         report = getattr(e, "report", None)
         if report is not None:

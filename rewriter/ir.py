@@ -249,22 +249,125 @@ def to_graph(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
     return graph
 
 
+MEMORY = "__rewrite_memory__"  # location of a weight stub whose bytes live in Exported.weights
+
+
+class Exported:
+    """A model whose big weights are stubs, plus where each stub's bytes are.
+
+    ``model`` is small (no big weights inside), so checking, verifying and saving it never
+    copy the weights through protobuf; a stub is a TensorProto with external data at
+    location ``MEMORY``; ``weights[name]`` is a numpy array or lazy values to stream.
+    """
+
+    def __init__(self, model: onnx.ModelProto, weights: dict, source_dir):
+        self.model, self.weights, self.source_dir = model, weights, source_dir
+
+    def array(self, name: str) -> np.ndarray:
+        w = self.weights[name]
+        return w if isinstance(w, np.ndarray) else w.load()
+
+    def ort_initializers(self) -> tuple[list[str], list[np.ndarray]]:
+        names = sorted(self.weights)
+        return names, [np.ascontiguousarray(self.array(n)) for n in names]
+
+    def checkable(self) -> onnx.ModelProto:
+        """A copy onnx.checker accepts: stubs become empty tensors (structure only)."""
+        m = onnx.ModelProto()
+        m.CopyFrom(self.model)
+        for t in m.graph.initializer:
+            if _is_stub(t):
+                del t.external_data[:]
+                t.data_location = onnx.TensorProto.DEFAULT
+                del t.dims[:]
+                t.dims.append(0)
+        return m
+
+    def materialize(self) -> onnx.ModelProto:
+        """The full ModelProto with every stub's bytes inline (for the Python API)."""
+        m = onnx.ModelProto()
+        m.CopyFrom(self.model)
+        for t in m.graph.initializer:
+            if _is_stub(t):
+                del t.external_data[:]
+                t.data_location = onnx.TensorProto.DEFAULT
+                t.raw_data = _raw_bytes(self.weights[t.name])
+        return m
+
+
+def _is_stub(t: onnx.TensorProto) -> bool:
+    return (t.data_location == onnx.TensorProto.EXTERNAL and len(t.external_data) == 1
+            and t.external_data[0].value == MEMORY)
+
+
+def _raw_bytes(w) -> bytes:
+    if isinstance(w, np.ndarray):
+        return np.ascontiguousarray(w).tobytes()
+    if isinstance(w, ExternalValues):
+        return b"".join(w.raw_chunks())
+    t = w.tensor
+    return t.raw_data if t.HasField("raw_data") else onnx.numpy_helper.to_array(t).tobytes()
+
+
+def _stub(name: str, dtype: int, dims) -> onnx.TensorProto:
+    t = onnx.TensorProto(name=name, data_type=dtype, data_location=onnx.TensorProto.EXTERNAL)
+    t.dims.extend(int(d) for d in dims)
+    t.external_data.add(key="location", value=MEMORY)
+    return t
+
+
+def export(graph: gs.Graph, original: onnx.ModelProto, source_dir=None) -> Exported:
+    """Export with big top-level weights as stubs (see :class:`Exported`).
+
+    Untouched weights are never copied: their original proto or memory map is what gets
+    streamed at save time. Weights in original external files stay references to them.
+    """
+    weights: dict = {}
+    swapped = []
+    for t in graph.tensors().values():
+        if not isinstance(t, gs.Constant) or t.name in weights:
+            continue
+        v = t._values
+        if isinstance(v, ExternalValues):
+            continue  # keeps its reference to the source file
+        if isinstance(v, LazyValues):
+            if v.tensor.data_type == onnx.TensorProto.STRING or v.nbytes <= EXTERNAL_THRESHOLD:
+                continue
+            src, dtype, dims = v, v.tensor.data_type, v.shape
+        else:
+            arr = t.values
+            if arr.dtype.kind in "OSU" or arr.nbytes <= EXTERNAL_THRESHOLD:
+                continue
+            src, dtype, dims = arr, onnx.helper.np_dtype_to_tensor_dtype(arr.dtype), arr.shape
+        weights[t.name] = src
+        swapped.append((t, v))
+        t._values = LazyValues(_stub(t.name, dtype, dims))
+    try:
+        model = to_model(graph, original)
+    finally:
+        for t, v in swapped:  # the graph stays as it was
+            t._values = v
+    return Exported(model, weights, source_dir)
+
+
 def to_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
     """Export, keeping the original's model-level fields and only its value_info names."""
     model = gs.export_onnx(graph, do_type_check=False)
-    orig_inputs = {i.name for i in original.graph.input}
-    orig_inits = {t.name for t in original.graph.initializer}
     model.ir_version = original.ir_version
-    if original.ir_version < 4 and orig_inputs & orig_inits:
-        # IR 3 lists initializers as inputs; we treat them as constants and drop them
-        # from the inputs, which IR 4 (opset 9 era) is the first to allow.
+    graph_inputs = {i.name for i in model.graph.input}
+    if original.ir_version < 4 and any(t.name not in graph_inputs for t in model.graph.initializer):
+        # IR 3 requires every initializer to be a graph input; we treat weights as constants
+        # (dropping IR-3 weight inputs, adding folded initializers), which IR 4 allows.
         model.ir_version = 4
     # gs only knows the default domain's version: the original's opset list is the truth,
-    # plus any domain a pass introduced.
+    # plus any domain a pass introduced, and a default-domain bump a pass made.
     added = [op for op in model.opset_import
              if op.domain not in {o.domain for o in original.opset_import}]
+    opsets = [onnx.helper.make_opsetid(o.domain, max(o.version, graph.opset)
+                                       if o.domain in ("", "ai.onnx") else o.version)
+              for o in original.opset_import]
     del model.opset_import[:]
-    model.opset_import.extend(list(original.opset_import) + added)
+    model.opset_import.extend(opsets + added)
     model.producer_name, model.producer_version = "rewrite", _version()
     model.doc_string = original.doc_string
     model.domain, model.model_version = original.domain, original.model_version
@@ -292,19 +395,61 @@ def total_weight_bytes(model: onnx.ModelProto) -> int:
     n = 0
     for t in iter_model_tensors(model.graph):
         if t.data_location == onnx.TensorProto.EXTERNAL:
-            n += int(_external_info(t).get("length", 0))
+            info = _external_info(t)
+            if info.get("location") == MEMORY:
+                n += int(np.prod(t.dims, dtype=np.int64)) * onnx.helper.tensor_dtype_to_np_dtype(
+                    t.data_type).itemsize
+            else:
+                n += int(info.get("length", 0))
         else:
             n += t.ByteSize()
     return n
 
 
-def save(model: onnx.ModelProto, path: str | os.PathLike, source_dir: str | os.PathLike | None,
-         external: bool | None = None) -> list[str]:
-    """Write ``model`` atomically; return the files written.
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
 
-    External data is used when asked, when the model already referenced external files
-    (``source_dir`` resolves them), or when the weights approach the 2 GB protobuf limit.
-    The model proto is modified: external tensors are repointed at ``<name>.data``.
+
+def _source_chunks(t: onnx.TensorProto, exp: Exported) -> tuple[int, object]:
+    """(byte length, chunk iterator) of a big tensor's data, wherever it lives."""
+    if _is_stub(t):
+        w = exp.weights[t.name]
+        if isinstance(w, np.ndarray):
+            arr = np.ascontiguousarray(w)
+            return arr.nbytes, iter([memoryview(arr).cast("B")])
+        b = _raw_bytes(w)
+        return len(b), iter([b])
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        p, off, length = resolve_external(t, Path(exp.source_dir))
+        return length, ExternalValues(t, p, off, length).raw_chunks()
+    if not t.HasField("raw_data"):
+        b = onnx.numpy_helper.to_array(t).tobytes()
+    else:
+        b = t.raw_data
+    return len(b), iter([b])
+
+
+def _is_big(t: onnx.TensorProto) -> bool:
+    return (t.data_location == onnx.TensorProto.EXTERNAL
+            or (t.data_type != onnx.TensorProto.STRING and t.ByteSize() > EXTERNAL_THRESHOLD))
+
+
+def save(exp: Exported, path: str | os.PathLike, external: bool | None = None) -> list[str]:
+    """Write atomically; return the files written.
+
+    Inline (one .onnx file) unless asked, unless the input used external data, or unless
+    the weights approach protobuf's 2 GB limit; then weights go to ``<name>.data``. Either
+    way big tensors are streamed from where they live: the protobuf encoding is written by
+    hand around them (a model is its fields, then the graph field; a graph is its fields,
+    then each initializer), so no serialized copy of the weights is ever made.
     """
     out = Path(path)
     folder = out.parent if str(out.parent) else Path(".")
@@ -312,73 +457,104 @@ def save(model: onnx.ModelProto, path: str | os.PathLike, source_dir: str | os.P
         raise InputError(f"{out}: output folder does not exist")
     if not os.access(folder, os.W_OK):
         raise InputError(f"{out}: output folder is not writable")
-    tensors = list(iter_model_tensors(model.graph))
-    has_ext = any(t.data_location == onnx.TensorProto.EXTERNAL for t in tensors)
+    model = exp.model
+    inits = list(model.graph.initializer)
+    has_ext = any(t.data_location == onnx.TensorProto.EXTERNAL and not _is_stub(t) for t in inits)
     if external is None:
         external = has_ext or total_weight_bytes(model) > PROTO_LIMIT
-    written = []
-    tmp_data = None
     data_name = out.name + ".data"
-    if external:
-        if source_dir is not None and has_ext:
-            for t in tensors:
-                if t.data_location == onnx.TensorProto.EXTERNAL:
-                    src = resolve_external(t, Path(source_dir))[0]
-                    if os.path.realpath(src) == os.path.realpath(folder / data_name):
-                        raise InputError(
-                            f"{out}: writing would overwrite the input's external data {src}; "
-                            "choose another output name")
-        fd, tmp_data = tempfile.mkstemp(prefix=".rewrite-", suffix=".data.tmp", dir=folder)
-        with os.fdopen(fd, "wb") as f:
-            offset = 0
-            for t in tensors:
-                if t.data_location == onnx.TensorProto.EXTERNAL:
-                    if source_dir is None:
-                        raise InputError(f"tensor '{t.name}' is external but its folder is unknown")
-                    p, off, length = resolve_external(t, Path(source_dir))
-                    chunks = ExternalValues(t, p, off, length).raw_chunks()
-                elif t.ByteSize() > EXTERNAL_THRESHOLD and t.data_type != onnx.TensorProto.STRING:
-                    if not t.HasField("raw_data"):
-                        arr = onnx.numpy_helper.to_array(t)
-                        name = t.name
-                        t.CopyFrom(onnx.numpy_helper.from_array(arr, name))
-                    chunks = iter([t.raw_data])
-                    t.ClearField("raw_data")
-                else:
-                    continue
-                pad = (-offset) % 64  # 64-byte alignment helps memory-mapping readers
-                f.write(b"\0" * pad)
+    if external and has_ext:
+        for t in inits:
+            if t.data_location == onnx.TensorProto.EXTERNAL and not _is_stub(t):
+                src = resolve_external(t, Path(exp.source_dir))[0]
+                if os.path.realpath(src) == os.path.realpath(folder / data_name):
+                    raise InputError(f"{out}: writing would overwrite the input's external data "
+                                     f"{src}; choose another output name")
+    # The model and graph without initializers; initializers are appended after them.
+    shell = onnx.ModelProto()
+    _copy_shell(model, shell)
+    tmps: list[str] = []
+    try:
+        data_f = None
+        if external:
+            fd, tmp_data = tempfile.mkstemp(prefix=".rewrite-", suffix=".data.tmp", dir=folder)
+            tmps.append(tmp_data)
+            data_f = os.fdopen(fd, "wb")
+        fd, tmp_model = tempfile.mkstemp(prefix=".rewrite-", suffix=".onnx.tmp", dir=folder)
+        tmps.append(tmp_model)
+        pieces = []  # per initializer: (header bytes, length, chunks or None)
+        offset = 0
+        for t in inits:
+            if not _is_big(t):
+                pieces.append((t.SerializeToString(), 0, None))
+                continue
+            n, chunks = _source_chunks(t, exp)
+            head = onnx.TensorProto(name=t.name, data_type=t.data_type)
+            head.dims.extend(t.dims)
+            if external:
+                pad = (-offset) % 64  # aligned for memory-mapping readers
+                data_f.write(b"\0" * pad)
                 offset += pad
-                length = 0
-                for b in chunks:
-                    f.write(b)
-                    length += len(b)
-                del t.external_data[:]
-                t.data_location = onnx.TensorProto.EXTERNAL
-                for k, v in (("location", data_name), ("offset", str(offset)), ("length", str(length))):
-                    t.external_data.add(key=k, value=v)
-                offset += length
-    try:
-        blob = model.SerializeToString()
-    except Exception as e:
-        if tmp_data:
-            os.unlink(tmp_data)
-        raise InputError(f"{out}: cannot serialise the model ({_first_line(e)})") from None
-    fd, tmp_model = tempfile.mkstemp(prefix=".rewrite-", suffix=".onnx.tmp", dir=folder)
-    try:
+                for c in chunks:
+                    data_f.write(c)
+                head.data_location = onnx.TensorProto.EXTERNAL
+                for k, v in (("location", data_name), ("offset", str(offset)), ("length", str(n))):
+                    head.external_data.add(key=k, value=v)
+                offset += n
+                pieces.append((head.SerializeToString(), 0, None))
+            else:
+                # raw_data is field 9, length-delimited: tag 0x4A
+                pieces.append((head.SerializeToString() + b"\x4a" + _varint(n), n, chunks))
+        if data_f is not None:
+            data_f.close()
+        graph_body = shell.graph.SerializeToString()
+        graph_len = len(graph_body) + sum(
+            1 + len(_varint(len(h) + n)) + len(h) + n for h, n, _ in pieces)
+        g = shell.graph
+        shell.ClearField("graph")
         with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-        if tmp_data:
-            os.replace(tmp_data, folder / data_name)
+            f.write(shell.SerializeToString())
+            f.write(b"\x3a" + _varint(graph_len))  # ModelProto.graph: field 7
+            f.write(graph_body)
+            for h, n, chunks in pieces:
+                f.write(b"\x2a" + _varint(len(h) + n))  # GraphProto.initializer: field 5
+                f.write(h)
+                if chunks is not None:
+                    for c in chunks:
+                        f.write(c)
+        shell.graph.CopyFrom(g)
+        written = []
+        if external:
+            os.replace(tmps[0], folder / data_name)
             written.append(str(folder / data_name))
         os.replace(tmp_model, out)
-        written.insert(0, str(out))
+        return [str(out)] + written
     except BaseException:
-        for t in (tmp_model, tmp_data):
-            if t and os.path.exists(t):
+        for t in tmps:
+            if os.path.exists(t):
                 os.unlink(t)
         raise
-    return written
+
+
+def _copy_fields(src, dst, skip: str) -> None:
+    for fd, value in src.ListFields():
+        if fd.name == skip:
+            continue
+        repeated = getattr(fd, "is_repeated", None)  # protobuf >= 6 dropped .label
+        if repeated is None:
+            repeated = fd.label == fd.LABEL_REPEATED
+        if repeated:
+            getattr(dst, fd.name).extend(value)
+        elif fd.type == fd.TYPE_MESSAGE:
+            getattr(dst, fd.name).CopyFrom(value)
+        else:
+            setattr(dst, fd.name, value)
+
+
+def _copy_shell(model: onnx.ModelProto, shell: onnx.ModelProto) -> None:
+    """Copy everything but the graph's initializers (no weight bytes are touched)."""
+    _copy_fields(model, shell, "graph")
+    _copy_fields(model.graph, shell.graph, "initializer")
 
 
 # --------------------------------------------------------------------------- helpers

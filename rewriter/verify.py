@@ -194,14 +194,16 @@ def judge(m: OutputMetrics, numerics: Numerics, depth: int = 1) -> bool:
 class Verifier:
     """Runs the original once, then compares candidates against it, output by output."""
 
-    def __init__(self, original: onnx.ModelProto, base_dir, feeds: dict[str, np.ndarray]):
+    def __init__(self, original: onnx.ModelProto, base_dir, feeds: dict[str, np.ndarray],
+                 path: str | None = None):
         from .backends import ort as backend
 
         self.backend = backend
         self.feeds = feeds
         self.output_names = [o.name for o in original.graph.output]
         try:
-            sess = backend.session(original, base_dir)
+            # From the file when there is one: onnxruntime reads it without a protobuf copy.
+            sess = backend.session(path) if path else backend.session(original, base_dir)
         except Exception as e:
             raise InputError(f"onnxruntime cannot load the original model: {_line(e)}") from None
         try:
@@ -210,9 +212,11 @@ class Verifier:
             raise InputError(f"onnxruntime cannot run the original model on these inputs: "
                              f"{_line(e)} (set shapes with --input-shape or pass --inputs)") from None
 
-    def check(self, model: onnx.ModelProto, base_dir, numerics: Numerics, depth: int = 1
-              ) -> list[OutputMetrics]:
-        sess = self.backend.session(model, base_dir)
+    def check(self, exported, numerics: Numerics, depth: int = 1) -> list[OutputMetrics]:
+        """Compare an :class:`rewriter.ir.Exported` model with the reference."""
+        model = exported.model
+        sess = self.backend.session(model, exported.source_dir,
+                                    initializers=exported.ort_initializers())
         names = [o.name for o in model.graph.output]
         if names != self.output_names:
             return [OutputMetrics(n, False, float("inf"), float("inf"), 0.0, 1.0, ok=False)

@@ -14,10 +14,13 @@ import numpy as np
 
 
 def session(model, base_dir: str | os.PathLike | None = None, optimize: bool = False,
-            threads: int = 0, providers: Sequence[str] = ("CPUExecutionProvider",)):
+            threads: int = 0, providers: Sequence[str] = ("CPUExecutionProvider",),
+            initializers: tuple[list[str], list[np.ndarray]] | None = None):
     """An InferenceSession for a ModelProto, serialized bytes or a path.
 
-    ``base_dir`` resolves external data referenced by an in-memory model.
+    ``base_dir`` resolves external data referenced by an in-memory model;
+    ``initializers`` (names, arrays) supplies weights the model holds as stubs, without
+    copying them through protobuf.
     """
     import onnxruntime as ort
 
@@ -25,16 +28,25 @@ def session(model, base_dir: str | os.PathLike | None = None, optimize: bool = F
     so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_BASIC if optimize
                                    else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     so.log_severity_level = 3
+    # Spinning worker threads burn the other core between the many tiny runs that
+    # verification makes on this kind of 2-core machine.
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if threads:
         so.intra_op_num_threads = threads
     if base_dir is not None:
         so.add_session_config_entry("session.model_external_initializers_file_folder_path",
                                     str(base_dir))
+    keep = None
+    if initializers is not None and initializers[0]:
+        keep = [ort.OrtValue.ortvalue_from_numpy(a) for a in initializers[1]]
+        so.add_external_initializers(list(initializers[0]), keep)
     if hasattr(model, "SerializeToString"):
         model = model.SerializeToString()
     elif isinstance(model, os.PathLike):
         model = str(model)
-    return ort.InferenceSession(model, so, providers=list(providers))
+    sess = ort.InferenceSession(model, so, providers=list(providers))
+    sess._rewrite_keepalive = keep  # the OrtValues must outlive the session
+    return sess
 
 
 def run(sess, feeds: dict[str, np.ndarray], output_names: Sequence[str] | None = None
