@@ -73,8 +73,10 @@ Options (Context.option):
   outputs and carry them; consumers absorb them), "both" (default).
 * ``pad_max_overhead``: cost guard, default 0.5. A conv whose FLOPs or weight bytes would
   grow by more than this share is not padded (skip:cost-guard): first the output side is
-  judged alone, then input and output together; padding that arrives from a producer is
-  sliced back for a conv it would push over the limit. 0.5 lets the RGB stem conv through
+  judged alone, then input and output together. If together they are over the limit, the
+  input side gives way (a planned Pad is dropped, padding from a producer is sliced back)
+  and, when the input side alone would have passed, the output side too: a second run sees
+  padded counts as true ones, and this keeps the pass idempotent. 0.5 lets the RGB stem conv through
   (3 -> 4 channels, +33%), which is the case channel padding exists for, and stops the
   cases where the padded kernel would have to be more than 1.5x faster just to break even
   (1 -> 4 channels is +300%; at N = 32, 3 -> 32 is +967%). MIGraphX itself no longer pads
@@ -351,7 +353,10 @@ class _GraphPadder:
                 if not pad_in:
                     self._slice(node, 0)
                 in_layout, pad_in, pin = None, False, cin
-                if depthwise:
+                # A second run sees padded counts as true ones. If the input side alone
+                # would pass, keeping the output padded would let that run pad the input
+                # too: leave both sides as they are, so the decision is a fixpoint.
+                if depthwise or round_up(cin, n) / cin - 1 <= self.max_over + 1e-9:
                     out_layout, pout = None, cout
         if in_layout is None and out_layout is None:
             self._row(node, info, cin, cout, cin, cout, group,

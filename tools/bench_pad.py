@@ -46,10 +46,22 @@ def default_models() -> list[str]:
 
 
 def with_batch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
-    """The model with a symbolic batch dim on inputs and outputs (value_info dropped)."""
+    """The model with a symbolic batch dim on inputs and outputs (value_info dropped).
+
+    Model-zoo graphs often reshape to a constant [1, -1]: a constant Reshape target whose
+    first entry is 1 becomes 0 ("copy the input's dim"), the same edit in both variants.
+    """
     m = onnx.ModelProto()
     m.CopyFrom(model)
     inits = {t.name for t in m.graph.initializer}
+    by_name = {t.name: t for t in m.graph.initializer}
+    for node in m.graph.node:
+        if node.op_type == "Reshape" and len(node.input) > 1 and node.input[1] in by_name:
+            t = by_name[node.input[1]]
+            shape = onnx.numpy_helper.to_array(t).copy()
+            if shape.ndim == 1 and shape.size and shape[0] == 1:
+                shape[0] = 0
+                t.CopyFrom(onnx.numpy_helper.from_array(shape, t.name))
     for vi in list(m.graph.input) + list(m.graph.output):
         if vi.name in inits or not vi.type.tensor_type.shape.dim:
             continue

@@ -574,12 +574,29 @@ def test_symbolic_batch_and_spatial_dims():
         same_outputs(m, out, x_feed(shape))
 
 
-def test_idempotent():
-    for m in (chain(), stem(), residual(False)[0]):
-        once, _, _ = pad(m)
-        twice, rep, _ = pad(once)
-        assert not rep.passes[0].changed
-        assert ops(twice) == ops(once) and conv_weights(twice) == conv_weights(once)
+@pytest.mark.parametrize("case", ["chain", "stem", "residual", "stem-3-10", "stem-n32"])
+def test_idempotent(case):
+    opts = {}
+    if case == "chain":
+        m = chain()
+    elif case == "stem":
+        m = stem()
+    elif case == "residual":
+        m = residual(False)[0]
+    elif case == "stem-3-10":
+        # in 3->4 (+33%) and out 10->12 (+20%) pass alone, not together (+60%): both
+        # sides stay, else a second run would see 12 "true" outputs and pad the input.
+        m = stem(cout=10)
+    else:
+        m = stem(cout=16)
+        opts = {"pad_multiple": 32, "pad_max_overhead": 20}
+    once, rep1, _ = pad(m, options=opts)
+    twice, rep, _ = pad(once, options=opts)
+    assert not rep.passes[0].changed
+    assert ops(twice) == ops(once) and conv_weights(twice) == conv_weights(once)
+    if case.startswith("stem-"):
+        assert rep1.passes[0].counts["skip:cost-guard"] == 1
+        assert conv_weights(once) == conv_weights(m)
 
 
 def test_opset_9_uses_attribute_forms():
