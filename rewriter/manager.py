@@ -44,11 +44,14 @@ def cleanup(graph: gs.Graph) -> None:
 
 
 def run_pipeline(graph: gs.Graph, passes: list[Pass], ctx: Context,
-                 after_change: Callable[[Pass, PassRecord, list[PassRecord]], None] | None = None) -> list[PassRecord]:
+                 after_change: Callable[[Pass, PassRecord, list[PassRecord]], None] | None = None,
+                 before: list[str] | None = None) -> list[PassRecord]:
+    """Run ``passes`` in order; ``before`` names passes that already ran (for errors)."""
     check_order(passes)
     records: list[PassRecord] = []
+    before = list(before or [])
     for i, p in enumerate(passes):
-        before = count_nodes(graph)
+        nodes_before = count_nodes(graph)
         t0 = time.perf_counter()
         p.requires(graph, ctx)
         try:
@@ -58,8 +61,8 @@ def run_pipeline(graph: gs.Graph, passes: list[Pass], ctx: Context,
         except RewriteError:
             raise
         except Exception as e:  # a bug in the pass, not the user's fault
-            raise PassError(p.name, [q.name for q in passes[:i]], e) from e
-        rec = PassRecord(p.name, time.perf_counter() - t0, before, count_nodes(graph),
+            raise PassError(p.name, before + [q.name for q in passes[:i]], e) from e
+        rec = PassRecord(p.name, time.perf_counter() - t0, nodes_before, count_nodes(graph),
                          result.changed, dict(result.counts), list(result.notes))
         records.append(rec)
         if result.changed and after_change is not None:

@@ -40,6 +40,8 @@ class OutputMetrics:
     mismatch: float
     ok: bool = True
     integer: bool = False
+    sqnr_db: float = float("inf")
+    top1: float | None = None  # argmax agreement over the last axis, for classifier outputs
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -171,15 +173,33 @@ def compare(name: str, ref: np.ndarray, out: np.ndarray) -> OutputMetrics:
         cos = 0.0
     else:
         cos = float(np.dot(r, o) / (nr * no))
-    return OutputMetrics(name, True, max_abs, max_rel, cos, float(np.mean(diff > 0)))
+    noise = float(np.sum((r - o) ** 2))
+    sqnr = float("inf") if noise == 0 else 10.0 * np.log10(max(float(np.sum(r * r)), 1e-300) / noise)
+    top1 = None
+    if ref.ndim >= 2 and ref.shape[-1] > 1 and np.isfinite(ref).all() and np.isfinite(out).all():
+        top1 = float(np.mean(np.argmax(ref, axis=-1) == np.argmax(out, axis=-1)))
+    return OutputMetrics(name, True, max_abs, max_rel, cos, float(np.mean(diff > 0)),
+                         sqnr_db=sqnr, top1=top1)
 
 
-def judge(m: OutputMetrics, numerics: Numerics, depth: int = 1) -> bool:
-    """Within tolerance for a chain of ``depth`` rewrites of this kind?"""
+LOSSY_DEFAULT = {"min_cosine": 0.99, "min_top1": 0.99, "min_sqnr_db": 15.0}
+
+
+def judge(m: OutputMetrics, numerics: Numerics, depth: int = 1,
+          lossy: dict | None = None) -> bool:
+    """Within tolerance for a chain of ``depth`` rewrites of this kind?
+
+    LOSSY (reduced precision) is judged by the plan's thresholds: cosine, SQNR and, for
+    classifier-shaped outputs, top-1 agreement.
+    """
     if not m.shape_ok:
         return False
     if numerics is Numerics.LOSSY:
-        return m.cosine >= 0.99
+        t = dict(LOSSY_DEFAULT, **(lossy or {}))
+        if m.integer:
+            return 1.0 - m.mismatch >= t["min_top1"]
+        ok = m.cosine >= t["min_cosine"] and m.sqnr_db >= t["min_sqnr_db"]
+        return ok and (m.top1 is None or m.top1 >= t["min_top1"])
     tol = TOLERANCE[numerics] * max(1, depth) ** 0.5
     if m.integer:
         # Integer outputs (ArgMax, TopK indices): a few flips are float ties going the
@@ -192,14 +212,19 @@ def judge(m: OutputMetrics, numerics: Numerics, depth: int = 1) -> bool:
 
 
 class Verifier:
-    """Runs the original once, then compares candidates against it, output by output."""
+    """Runs the original once, then compares candidates against it, output by output.
 
-    def __init__(self, original: onnx.ModelProto, base_dir, feeds: dict[str, np.ndarray],
-                 path: str | None = None):
+    ``feeds`` is one input dict or a list of them (e.g. held-out calibration samples);
+    outputs of several sets are concatenated along the batch axis before comparing.
+    """
+
+    def __init__(self, original: onnx.ModelProto, base_dir, feeds,
+                 path: str | None = None, lossy: dict | None = None):
         from .backends import ort as backend
 
         self.backend = backend
-        self.feeds = feeds
+        self.feed_sets = feeds if isinstance(feeds, list) else [feeds]
+        self.lossy = lossy
         self.output_names = [o.name for o in original.graph.output]
         try:
             # From the file when there is one: onnxruntime reads it without a protobuf copy.
@@ -207,7 +232,7 @@ class Verifier:
         except Exception as e:
             raise InputError(f"onnxruntime cannot load the original model: {_line(e)}") from None
         try:
-            self.reference = backend.run(sess, feeds)
+            self.reference = _stack([backend.run(sess, f) for f in self.feed_sets])
         except Exception as e:
             raise InputError(f"onnxruntime cannot run the original model on these inputs: "
                              f"{_line(e)} (set shapes with --input-shape or pass --inputs)") from None
@@ -221,13 +246,26 @@ class Verifier:
         if names != self.output_names:
             return [OutputMetrics(n, False, float("inf"), float("inf"), 0.0, 1.0, ok=False)
                     for n in self.output_names]
-        outs = self.backend.run(sess, self.feeds)
+        outs = _stack([self.backend.run(sess, f) for f in self.feed_sets])
         metrics = []
         for name, r, o in zip(names, self.reference, outs):
             m = compare(name, r, o)
-            m.ok = m.ok and judge(m, numerics, depth)
+            m.ok = m.ok and judge(m, numerics, depth, self.lossy)
             metrics.append(m)
         return metrics
+
+
+def _stack(runs: list[list[np.ndarray]]) -> list[np.ndarray]:
+    """Per output, the runs concatenated on axis 0 (flattened if shapes disagree)."""
+    if len(runs) == 1:
+        return runs[0]
+    out = []
+    for arrays in zip(*runs):
+        try:
+            out.append(np.concatenate([np.asarray(a) for a in arrays], axis=0))
+        except ValueError:
+            out.append(np.concatenate([np.asarray(a).ravel() for a in arrays]))
+    return out
 
 
 def _line(e: BaseException) -> str:

@@ -1,0 +1,147 @@
+"""convert-fp16: run the plan's FP16 layers, and what follows them, in float16 regions.
+
+Before -> after, for a Conv the plan puts in FP16::
+
+    x -> Conv(W, b) -> Relu -> y -> (fp32 consumers)
+    x -> Cast(fp16) -> Conv(W16, b16) -> Relu -> y_fp16 -> Cast(fp32) -> y -> (fp32 consumers)
+
+A region starts at each FP16 layer and grows forward through ops that are safe in float16
+(activations, pooling, elementwise, Concat, reshapes) whose float inputs all come from the
+region or are constants. Adjacent FP16 layers therefore share one region and no Cast pair
+stands back to back between them. At the region's edge: one Cast to float16 per incoming
+tensor, one Cast back to float32 per outgoing tensor; the float32 side keeps the original
+tensor name (graph outputs and plans stay valid), the float16 side gets ``<name>_fp16``.
+
+Constants inside a region become float16 (a constant also used outside gets a float16
+copy); values beyond the float16 range (|x| > 65504) are clamped and counted, because
+they would otherwise become inf. Q/DQ nodes are never in a region: next to INT8 layers the
+Q/DQ and their scales stay float32, with the Casts around them (MIGraphX PR #3053 pattern;
+from opset 19 a float16 input with a float32 scale does not even parse). So run it after
+insert-qdq. Subgraphs (If/Loop bodies) are left in float32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from rewriter.errors import PreconditionError
+from rewriter.pass_base import Context, Numerics, Pass, PassResult, Phase
+from rewriter.plan import node_id
+
+FP16_MAX = float(np.finfo(np.float16).max)
+# Ops whose float inputs and outputs may all be float16 (same-type semantics).
+SAFE = {
+    "Relu", "Clip", "LeakyRelu", "HardSigmoid", "HardSwish", "Sigmoid", "Tanh", "Elu", "PRelu",
+    "Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "MaxPool", "AveragePool",
+    "GlobalAveragePool", "GlobalMaxPool", "Concat", "Flatten", "Reshape", "Transpose",
+    "Squeeze", "Unsqueeze", "Identity", "Neg", "Abs", "Pad", "Slice", "Split",
+}
+
+
+class ConvertFp16(Pass):
+    name = "convert-fp16"
+    phase = Phase.QUANTIZE
+    numerics = Numerics.LOSSY
+    summary = "FP16 layers of a plan (and their activations) -> float16 regions with shared Casts"
+
+    def requires(self, graph, ctx):
+        if "assignment" not in ctx.data:
+            raise PreconditionError("convert-fp16 needs a plan: use --plan")
+
+    def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
+        res = PassResult()
+        assignment = ctx.data["assignment"]
+        plan = ctx.data.get("plan")
+        clamp = plan.fp16.get("clamp", True) if plan is not None else True
+        region: set[int] = set()
+        producer = {id(t): n for n in graph.nodes for t in n.outputs}
+        for node in graph.nodes:  # topological: one forward sweep grows every region
+            fp = _float_inputs(node)
+            typed = all(isinstance(t, gs.Constant) or t.dtype is not None or not t.name
+                        for t in node.inputs)
+            if assignment.precision.get(node_id(node)) == "fp16":
+                if not typed:
+                    res.skip("unknown-input-dtype")  # a Cast could not be placed right
+                    continue
+                w = node.inputs[1] if len(node.inputs) > 1 else None
+                if isinstance(w, gs.Constant) and w.values.dtype != np.float32:
+                    res.skip("not-fp32")
+                    continue
+                region.add(id(node))
+                res.count(f"fp16-{node.op.lower()}")
+            elif node.op in SAFE and typed and fp and all(
+                    isinstance(t, gs.Constant) or id(producer.get(id(t))) in region for t in fp
+            ) and any(not isinstance(t, gs.Constant) for t in fp):
+                region.add(id(node))
+                res.count("fp16-follower")
+        if not region:
+            return res
+        members = [n for n in graph.nodes if id(n) in region]
+        to16: dict[str, gs.Tensor] = {}
+        const16: dict[str, gs.Constant] = {}
+        outputs = {id(t) for t in graph.outputs}
+        # Inputs: constants become float16, activations get one Cast per tensor.
+        for n in members:
+            for i, t in enumerate(n.inputs):
+                if not _is_float32(t):
+                    continue
+                if isinstance(t, gs.Constant):
+                    if t.name not in const16:
+                        v = t.values.astype(np.float64)
+                        over = int(np.count_nonzero(np.abs(v) > FP16_MAX))
+                        if over:
+                            res.count("fp16-clamped-values", over)
+                            if not clamp:
+                                res.notes.append(f"{t.name}: {over} values overflow float16 to inf")
+                        if clamp:
+                            v = np.clip(v, -FP16_MAX, FP16_MAX)
+                        v16 = v.astype(np.float16)
+                        if all(id(c) in region for c in t.outputs) and id(t) not in outputs:
+                            t.values = v16
+                            const16[t.name] = t
+                        else:
+                            const16[t.name] = gs.Constant(ctx.namer(f"{t.name}_fp16"), v16)
+                    n.inputs[i] = const16[t.name]
+                elif id(producer.get(id(t))) not in region:
+                    if t.name not in to16:
+                        c = gs.Variable(ctx.namer(f"{t.name}_fp16"), dtype=np.float16, shape=t.shape)
+                        graph.nodes.append(gs.Node("Cast", ctx.namer(f"{t.name}_Cast_fp16"),
+                                                   attrs={"to": onnx.TensorProto.FLOAT16},
+                                                   inputs=[t], outputs=[c]))
+                        to16[t.name] = c
+                        res.count("casts-in")
+                    n.inputs[i] = to16[t.name]
+        # Outputs: float16 inside; a Cast back to float32 keeps the original name outside.
+        for n in members:
+            for j, t in enumerate(list(n.outputs)):
+                if not _is_float32(t):
+                    continue
+                outside = [c for c in t.outputs if id(c) not in region] or id(t) in outputs
+                if not outside:
+                    t.dtype = np.float16
+                    continue
+                t16 = gs.Variable(ctx.namer(f"{t.name}_fp16"), dtype=np.float16, shape=t.shape)
+                for c in list(t.outputs):
+                    if id(c) in region:
+                        for k, x in enumerate(c.inputs):
+                            if x is t:
+                                c.inputs[k] = t16
+                n.outputs[j] = t16
+                graph.nodes.append(gs.Node("Cast", ctx.namer(f"{t.name}_Cast_fp32"),
+                                           attrs={"to": onnx.TensorProto.FLOAT},
+                                           inputs=[t16], outputs=[t]))
+                res.count("casts-out")
+        res.changed = True
+        return res
+
+
+def _float_inputs(node) -> list:
+    return [t for t in node.inputs if _is_float32(t)]
+
+
+def _is_float32(t) -> bool:
+    if isinstance(t, gs.Constant):
+        return t.values.dtype == np.float32
+    return t.dtype is not None and np.dtype(t.dtype) == np.float32

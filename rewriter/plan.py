@@ -1,0 +1,276 @@
+"""Mixed-precision plans: load, validate, and resolve to a precision per layer.
+
+A plan says, per layer (Conv, ConvTranspose, MatMul, Gemm), ``fp32``, ``fp16`` or ``int8``::
+
+    version: 1
+    default: fp32                       # layers no rule matches
+    rules:                              # first matching rule wins
+      - {match: {position: first_conv}, precision: fp16}
+      - {match: {position: last_conv},  precision: fp16}
+      - {match: {position: classifier}, precision: fp16}
+      - {match: {op: [Conv, MatMul, Gemm]}, precision: int8}
+    overrides: {"conv_17": fp32}         # by node name; always win
+    int8:
+      calibration: {method: minmax, percentile: 99.999, num_bins: 2048, samples: 200}
+      weights: per-channel                # or per-tensor (MIGraphX 2.16 aborts on per-channel
+                                          # depthwise weights: see shared PROFILE.md)
+      bias: float                         # or int32
+    fp16: {clamp: true}
+    verify: {min_cosine: 0.99, min_top1: 0.99, min_sqnr_db: 15}
+    preprocess: {...}                    # for image calibration folders (rewriter.calibrate)
+
+Matchers (all given keys must hold): ``name`` (exact node name), ``regex`` (re.search on
+the name), ``op`` (op type or list), ``position`` (first_conv, last_conv, classifier = the
+last Gemm/MatMul). A ``name`` or override that matches no node is an error listing the
+closest names, so a typo never silently leaves a layer in the wrong precision.
+
+Nodes are identified by name, or by their first output's name when the name is empty.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import InputError
+
+PRECISIONS = ("fp32", "fp16", "int8")
+LAYER_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
+INT8_OPS = ("Conv", "MatMul", "Gemm")  # what MIGraphX turns into quant_convolution/quant_dot
+POSITIONS = ("first_conv", "last_conv", "classifier")
+METHODS = ("minmax", "percentile", "entropy")
+
+_DEFAULT_INT8 = {"calibration": {"method": "minmax", "percentile": 99.999, "num_bins": 2048,
+                                 "samples": 200},
+                 "weights": "per-channel", "bias": "float"}
+_DEFAULT_VERIFY = {"min_cosine": 0.99, "min_top1": 0.99, "min_sqnr_db": 15.0}
+
+BUILTIN = {
+    # The classic recipe: first and last conv FP16, middle convs/matmuls INT8, classifier FP16.
+    "default": {"version": 1, "default": "fp32", "rules": [
+        {"match": {"position": "first_conv"}, "precision": "fp16"},
+        {"match": {"position": "last_conv"}, "precision": "fp16"},
+        {"match": {"position": "classifier"}, "precision": "fp16"},
+        {"match": {"op": list(INT8_OPS)}, "precision": "int8"},
+    ]},
+    "int8": {"version": 1, "default": "fp32", "rules": [
+        {"match": {"op": list(INT8_OPS)}, "precision": "int8"}]},
+    "fp16": {"version": 1, "default": "fp16", "rules": []},
+}
+
+
+@dataclass
+class Plan:
+    default: str = "fp32"
+    rules: list[dict] = field(default_factory=list)
+    overrides: dict[str, str] = field(default_factory=dict)
+    int8: dict[str, Any] = field(default_factory=lambda: copy.deepcopy(_DEFAULT_INT8))
+    fp16: dict[str, Any] = field(default_factory=lambda: {"clamp": True})
+    verify: dict[str, Any] = field(default_factory=lambda: dict(_DEFAULT_VERIFY))
+    preprocess: dict[str, Any] | None = None
+    source: str = "<dict>"
+
+    def to_dict(self) -> dict:
+        d = {"version": 1, "default": self.default, "rules": self.rules,
+             "overrides": self.overrides, "int8": self.int8, "fp16": self.fp16,
+             "verify": self.verify}
+        if self.preprocess:
+            d["preprocess"] = self.preprocess
+        return d
+
+    @property
+    def per_channel(self) -> bool:
+        return self.int8.get("weights", "per-channel") == "per-channel"
+
+
+def load(spec: str | os.PathLike | dict | Plan) -> Plan:
+    """A Plan from a built-in name ('default', 'int8', 'fp16'), a YAML/JSON file or a dict."""
+    if isinstance(spec, Plan):
+        return spec
+    if isinstance(spec, dict):
+        return from_dict(spec, "<dict>")
+    s = str(spec)
+    if s in BUILTIN:
+        return from_dict(copy.deepcopy(BUILTIN[s]), f"built-in '{s}'")
+    if not os.path.isfile(s):
+        raise InputError(f"plan '{s}': no such file (built-in plans: {', '.join(BUILTIN)}, auto)")
+    try:
+        with open(s, encoding="utf-8") as f:
+            text = f.read()
+        if s.endswith(".json"):
+            data = json.loads(text)
+        else:
+            import yaml
+            data = yaml.safe_load(text)
+    except Exception as e:
+        raise InputError(f"plan {s}: cannot parse ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    return from_dict(data, s)
+
+
+def from_dict(d: Any, source: str) -> Plan:
+    if not isinstance(d, dict):
+        raise InputError(f"plan {source}: expected a mapping at the top level")
+    known = {"version", "default", "rules", "overrides", "int8", "fp16", "verify", "preprocess"}
+    _no_unknown(d, known, f"plan {source}")
+    if d.get("version", 1) != 1:
+        raise InputError(f"plan {source}: unsupported version {d.get('version')} (expected 1)")
+    p = Plan(source=source)
+    p.default = _precision(d.get("default", "fp32"), f"plan {source}: default")
+    rules = d.get("rules", []) or []
+    if not isinstance(rules, list):
+        raise InputError(f"plan {source}: 'rules' must be a list")
+    for i, r in enumerate(rules):
+        where = f"plan {source}: rules[{i}]"
+        if not isinstance(r, dict) or "match" not in r or "precision" not in r:
+            raise InputError(f"{where}: expected {{match: {{...}}, precision: fp32|fp16|int8}}")
+        _no_unknown(r, {"match", "precision"}, where)
+        m = r["match"]
+        if not isinstance(m, dict) or not m:
+            raise InputError(f"{where}: 'match' must be a non-empty mapping")
+        _no_unknown(m, {"name", "regex", "op", "position"}, f"{where}.match")
+        if "position" in m and m["position"] not in POSITIONS:
+            raise InputError(f"{where}: position '{m['position']}' is not one of {', '.join(POSITIONS)}")
+        if "regex" in m:
+            try:
+                re.compile(m["regex"])
+            except re.error as e:
+                raise InputError(f"{where}: bad regex {m['regex']!r} ({e})") from None
+        if "op" in m:
+            ops = m["op"] if isinstance(m["op"], list) else [m["op"]]
+            bad = [o for o in ops if o not in LAYER_OPS]
+            if bad:
+                raise InputError(f"{where}: op {bad} is not a layer op ({', '.join(LAYER_OPS)})")
+        p.rules.append({"match": dict(m), "precision": _precision(r["precision"], where)})
+    ov = d.get("overrides", {}) or {}
+    if not isinstance(ov, dict):
+        raise InputError(f"plan {source}: 'overrides' must map node names to precisions")
+    p.overrides = {str(k): _precision(v, f"plan {source}: overrides[{k}]") for k, v in ov.items()}
+    int8 = d.get("int8", {}) or {}
+    _no_unknown(int8, set(_DEFAULT_INT8), f"plan {source}: int8")
+    cal = dict(_DEFAULT_INT8["calibration"], **(int8.get("calibration") or {}))
+    _no_unknown(cal, set(_DEFAULT_INT8["calibration"]), f"plan {source}: int8.calibration")
+    if cal["method"] not in METHODS:
+        raise InputError(f"plan {source}: calibration method '{cal['method']}' is not one of "
+                         f"{', '.join(METHODS)}")
+    if not 50.0 < float(cal["percentile"]) <= 100.0:
+        raise InputError(f"plan {source}: percentile must be in (50, 100]")
+    p.int8 = {"calibration": cal,
+              "weights": int8.get("weights", "per-channel"),
+              "bias": int8.get("bias", "float")}
+    if p.int8["weights"] not in ("per-channel", "per-tensor"):
+        raise InputError(f"plan {source}: int8.weights must be per-channel or per-tensor")
+    if p.int8["bias"] not in ("float", "int32"):
+        raise InputError(f"plan {source}: int8.bias must be float or int32")
+    fp16 = d.get("fp16", {}) or {}
+    _no_unknown(fp16, {"clamp"}, f"plan {source}: fp16")
+    p.fp16 = {"clamp": bool(fp16.get("clamp", True))}
+    ver = d.get("verify", {}) or {}
+    _no_unknown(ver, set(_DEFAULT_VERIFY), f"plan {source}: verify")
+    p.verify = {k: float(ver.get(k, v)) for k, v in _DEFAULT_VERIFY.items()}
+    p.preprocess = d.get("preprocess")
+    return p
+
+
+def _no_unknown(d: dict, known: set, where: str) -> None:
+    for k in d:
+        if k not in known:
+            close = difflib.get_close_matches(str(k), sorted(known), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else f"; known: {', '.join(sorted(known))}"
+            raise InputError(f"{where}: unknown key '{k}'{hint}")
+
+
+def _precision(v: Any, where: str) -> str:
+    if v not in PRECISIONS:
+        raise InputError(f"{where}: precision '{v}' is not one of {', '.join(PRECISIONS)}")
+    return v
+
+
+# --------------------------------------------------------------------------- resolving
+
+
+def node_id(node) -> str:
+    """A node's name, or its first output's name when unnamed (works on gs and proto nodes)."""
+    name = getattr(node, "name", "") or ""
+    if name:
+        return name
+    outs = node.outputs if hasattr(node, "outputs") else node.output
+    first = outs[0] if outs else ""
+    return getattr(first, "name", first) or ""
+
+
+@dataclass
+class Assignment:
+    precision: dict[str, str]           # node id -> fp32/fp16/int8, for every layer
+    why: dict[str, str]                 # node id -> "rule 3" / "override" / "default"
+    order: list[str]                    # layers in graph order
+    op: dict[str, str]                  # node id -> op type
+    notes: list[str] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        c = {p: 0 for p in PRECISIONS}
+        for v in self.precision.values():
+            c[v] += 1
+        return c
+
+
+def resolve(plan: Plan, nodes: list) -> Assignment:
+    """Precision of every layer among ``nodes`` (topological order), by the plan's rules."""
+    layers = [n for n in nodes if _op(n) in LAYER_OPS]
+    ids = [node_id(n) for n in layers]
+    ops = {i: _op(n) for i, n in zip(ids, layers)}
+    all_names = [node_id(n) for n in nodes]
+    convs = [i for i in ids if ops[i] in ("Conv", "ConvTranspose")]
+    mats = [i for i in ids if ops[i] in ("MatMul", "Gemm")]
+    positions = {"first_conv": convs[:1], "last_conv": convs[-1:], "classifier": mats[-1:]}
+    for r in plan.rules:
+        name = r["match"].get("name")
+        if name is not None and name not in ids:
+            raise InputError(_missing(name, ids, all_names, plan.source))
+    for name in plan.overrides:
+        if name not in ids:
+            raise InputError(_missing(name, ids, all_names, plan.source))
+    prec, why = {}, {}
+    for i in ids:
+        if i in plan.overrides:
+            prec[i], why[i] = plan.overrides[i], "override"
+            continue
+        for k, r in enumerate(plan.rules):
+            if _matches(r["match"], i, ops[i], positions):
+                prec[i], why[i] = r["precision"], f"rule {k + 1}"
+                break
+        else:
+            prec[i], why[i] = plan.default, "default"
+    notes = []
+    for i in ids:
+        if prec[i] == "int8" and ops[i] not in INT8_OPS:
+            notes.append(f"{i}: {ops[i]} has no int8 kernel in MIGraphX; kept fp32")
+            prec[i], why[i] = "fp32", why[i] + " (no int8 kernel)"
+    return Assignment(prec, why, ids, ops, notes)
+
+
+def _op(node) -> str:
+    return getattr(node, "op", None) or node.op_type
+
+
+def _matches(m: dict, i: str, op: str, positions: dict) -> bool:
+    if "name" in m and m["name"] != i:
+        return False
+    if "regex" in m and not re.search(m["regex"], i):
+        return False
+    if "op" in m and op not in (m["op"] if isinstance(m["op"], list) else [m["op"]]):
+        return False
+    if "position" in m and i not in positions[m["position"]]:
+        return False
+    return True
+
+
+def _missing(name: str, ids: list[str], all_names: list[str], source: str) -> str:
+    close = difflib.get_close_matches(name, ids, n=3, cutoff=0.4)
+    where = "is not a layer (Conv/MatMul/Gemm)" if name in all_names else "does not exist"
+    hint = f"; closest layers: {', '.join(close)}" if close else ""
+    return f"plan {source}: node '{name}' {where}{hint}"

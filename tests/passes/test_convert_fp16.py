@@ -1,0 +1,133 @@
+"""convert-fp16: float16 regions with shared casts, next to INT8 layers in MIGraphX's form."""
+
+import numpy as np
+import onnx
+from conftest import make_model, ops, run_ort
+
+import rewriter
+from rewriter import plan as plan_mod
+
+CHAIN = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 4, 8, 8] x) => (float[N, 8, 8, 8] z, float[N, 8, 8, 8] a) {
+    a = Conv <pads = [1, 1, 1, 1]> (x, W1, B1)
+    r = Relu (a)
+    b = Conv <pads = [1, 1, 1, 1]> (r, W2)
+    h = HardSwish (b)
+    c = Conv <pads = [1, 1, 1, 1]> (h, W3)
+    z = Clip (c, lo, hi)
+}"""
+INITS = {"W1": (8, 4, 3, 3), "B1": (8,), "W2": (8, 8, 3, 3), "W3": (8, 8, 3, 3),
+         "lo": np.array(0, np.float32), "hi": np.array(6, np.float32)}
+
+
+def run(m, plan, passes=("convert-fp16",), ranges=None):
+    p = plan_mod.load(plan)
+    a = plan_mod.resolve(p, list(m.graph.node))
+    return rewriter.rewrite(m, list(passes), data={"plan": p, "assignment": a,
+                                                    "ranges": ranges or {}})
+
+
+def x_feed(seed=0):
+    return {"x": np.random.default_rng(seed).standard_normal((2, 4, 8, 8)).astype(np.float32)}
+
+
+def cos(a, b):
+    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
+    return a @ b / np.linalg.norm(a) / np.linalg.norm(b)
+
+
+def test_adjacent_fp16_layers_share_one_region():
+    m = make_model(CHAIN, INITS)
+    out, rep = run(m, "fp16")
+    o = ops(out)
+    # One Cast in (x), one Cast out per tensor leaving the region (a is a graph output, z).
+    assert o.count("Cast") == 3
+    assert o[0] == "Cast"
+    # No Cast stands between two region members.
+    prod = {t: n for n in out.graph.node for t in n.output}
+    for n in out.graph.node:
+        if n.op_type == "Cast":
+            assert prod.get(n.input[0]) is None or prod[n.input[0]].op_type != "Cast"
+    # Interface: names and float32 dtypes kept.
+    assert [(o.name, o.type.tensor_type.elem_type) for o in out.graph.output] == \
+        [("z", onnx.TensorProto.FLOAT), ("a", onnx.TensorProto.FLOAT)]
+    assert out.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    w = {t.name: t for t in out.graph.initializer}
+    assert w["W2"].data_type == onnx.TensorProto.FLOAT16
+    assert w["lo"].data_type == onnx.TensorProto.FLOAT16  # Clip bounds follow their input
+    onnx.checker.check_model(out, full_check=True)
+    f = x_feed()
+    for r, o_ in zip(run_ort(m, f), run_ort(out, f)):
+        assert o_.dtype == np.float32 and cos(r, o_) > 0.9999
+
+
+def test_recipe_mix_fp16_int8_keeps_qdq_in_fp32_with_casts():
+    m = make_model(CHAIN, INITS)
+    plan = {"rules": [{"match": {"name": "a"}, "precision": "fp16"},
+                      {"match": {"name": "b"}, "precision": "int8"},
+                      {"match": {"name": "c"}, "precision": "fp16"}]}
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(m)
+    exposed.graph.output.append(onnx.helper.make_tensor_value_info("r", 1, None))
+    amax = float(np.abs(run_ort(exposed, x_feed(1))[2]).max())  # calibrated on another batch
+    out, rep = run(m, plan, ("insert-qdq", "convert-fp16"), {"r": amax})
+    prod = {t: n for n in out.graph.node for t in n.output}
+    q = [n for n in out.graph.node if n.op_type == "QuantizeLinear"][0]
+    # The Q reads a float32 Cast of the fp16 region's output: scales stay fp32.
+    assert prod[q.input[0]].op_type == "Cast"
+    init = {t.name: t for t in out.graph.initializer}
+    assert init[q.input[1]].data_type == onnx.TensorProto.FLOAT
+    conv_b = [n for n in out.graph.node if n.op_type == "Conv"][1]
+    assert prod[conv_b.input[0]].op_type == "DequantizeLinear"
+    assert prod[conv_b.input[1]].op_type == "DequantizeLinear"
+    # The INT8 conv's activation (HardSwish) is not in the fp16 region: it follows the conv.
+    hs = [n for n in out.graph.node if n.op_type == "HardSwish"][0]
+    assert prod[hs.input[0]] is conv_b
+    onnx.checker.check_model(out, full_check=True)
+    f = x_feed()
+    # One int8 layer with random (untrained) weights between two fp16 ones.
+    assert cos(run_ort(m, f)[0], run_ort(out, f)[0]) > 0.97
+
+
+def test_shared_activation_feeds_fp16_and_fp32_consumers_and_shared_constant_is_copied():
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4, 8, 8] x) => (float[N, 8, 8, 8] y, float[N, 8, 8, 8] z) {
+        y = Conv <pads = [1, 1, 1, 1]> (x, W)
+        z = Conv <pads = [1, 1, 1, 1]> (x, W)
+    }"""
+    m = make_model(text, {"W": (8, 4, 3, 3)})
+    plan = {"rules": [{"match": {"name": "y"}, "precision": "fp16"}]}
+    out, _ = run(m, plan)
+    w = {t.name: t.data_type for t in out.graph.initializer}
+    assert w["W"] == onnx.TensorProto.FLOAT and w["W_fp16"] == onnx.TensorProto.FLOAT16
+    convs = [n for n in out.graph.node if n.op_type == "Conv"]
+    assert {c.input[1] for c in convs} == {"W", "W_fp16"}
+    f = x_feed()
+    r, o = run_ort(m, f), run_ort(out, f)
+    assert np.array_equal(r[1], o[1])  # the fp32 conv is untouched
+    assert cos(r[0], o[0]) > 0.9999
+
+
+def test_out_of_range_weights_are_clamped_and_counted():
+    w = np.random.default_rng(0).standard_normal((8, 4, 3, 3)).astype(np.float32)
+    w[0, 0, 0, 0] = 1e6
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4, 8, 8] x) => (float[N, 8, 8, 8] y) {
+        y = Conv <pads = [1, 1, 1, 1]> (x, W)
+    }"""
+    out, rep = run(make_model(text, {"W": w}), "fp16")
+    assert rep.passes[0].counts["fp16-clamped-values"] == 1
+    v = onnx.numpy_helper.to_array([t for t in out.graph.initializer if t.name == "W"][0])
+    assert np.isfinite(v).all() and v.max() == np.float16(65504)
+
+
+def test_no_fp16_layers_changes_nothing_and_is_idempotent():
+    m = make_model(CHAIN, INITS)
+    out, rep = run(m, "int8", ("convert-fp16",))
+    assert not rep.passes[0].changed and "Cast" not in ops(out)
+    once, _ = run(m, "fp16")
+    twice, rep2 = run(once, "fp16")
+    assert not rep2.passes[0].changed

@@ -1,0 +1,172 @@
+"""insert-qdq: Q/DQ exactly where the plan says, in MIGraphX's int8 form."""
+
+import numpy as np
+import onnx
+import pytest
+from conftest import make_model, ops, run_ort
+
+import rewriter
+from passes.insert_qdq import quantize_weight, safe_scale
+from rewriter import plan as plan_mod
+from rewriter.errors import PreconditionError
+
+TWO_CONVS = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 4, 8, 8] x) => (float[N, 10] z) {
+    a = Conv <pads = [1, 1, 1, 1]> (x, W1, B1)
+    r = Relu (a)
+    b = Conv <pads = [1, 1, 1, 1]> (r, W2)
+    c = Conv (r, W3)
+    s = Add (b, c)
+    f = Flatten (s)
+    z = Gemm <transB = 1> (f, G, GB)
+}"""
+INITS = {"W1": (8, 4, 3, 3), "B1": (8,), "W2": (8, 8, 3, 3), "W3": (8, 8, 1, 1),
+         "G": (10, 512), "GB": (10,)}
+
+
+def quantize(m, plan, ranges):
+    p = plan_mod.load(plan)
+    a = plan_mod.resolve(p, list(m.graph.node))
+    return rewriter.rewrite(m, ["insert-qdq"], data={"plan": p, "assignment": a, "ranges": ranges})
+
+
+def by_name(m):
+    return {t.name: onnx.numpy_helper.to_array(t) for t in m.graph.initializer}
+
+
+def test_int8_form_exactly_as_planned():
+    m = make_model(TWO_CONVS, INITS)
+    plan = {"rules": [{"match": {"name": "b"}, "precision": "int8"},
+                      {"match": {"name": "c"}, "precision": "int8"}]}
+    # Nodes parsed from text are unnamed: their id is their first output's name.
+    out, rep = quantize(m, plan, {"r": 6.35})
+    o = ops(out)
+    assert o.count("QuantizeLinear") == 1  # r feeds two INT8 convs: one shared pair
+    assert o.count("DequantizeLinear") == 3  # activation + two weights
+    init = by_name(out)
+    q = [n for n in out.graph.node if n.op_type == "QuantizeLinear"][0]
+    assert init[q.input[1]].shape == () and init[q.input[1]].dtype == np.float32
+    assert np.isclose(init[q.input[1]], 6.35 / 127)
+    assert init[q.input[2]].dtype == np.int8 and init[q.input[2]] == 0
+    for n in out.graph.node:
+        if n.op_type == "DequantizeLinear":
+            assert len(n.input) == 3  # explicit zero point, always
+            assert init[n.input[2]].dtype == np.int8
+    convs = [n for n in out.graph.node if n.op_type == "Conv"]
+    prod = {o: n for n in out.graph.node for o in n.output}
+    for c in convs[1:]:
+        assert prod[c.input[0]].op_type == "DequantizeLinear"
+        wdq = prod[c.input[1]]
+        assert wdq.op_type == "DequantizeLinear"
+        assert {a.name: a.i for a in wdq.attribute}["axis"] == 0
+        assert init[wdq.input[0]].dtype == np.int8
+        assert init[wdq.input[1]].shape == (8,)
+    # The first conv and the Gemm stay float; Relu follows its conv directly.
+    assert prod[convs[0].input[0]].op_type if convs[0].input[0] in prod else True
+    assert all(c.op_type != "Gemm" or c.input[1] == "G" for c in out.graph.node)
+    assert rep.passes[0].counts["int8-conv"] == 2
+    onnx.checker.check_model(out, full_check=True)
+
+
+def test_numerics_bounded_by_the_scales():
+    m = make_model(TWO_CONVS, INITS)
+    x = np.random.default_rng(3).standard_normal((2, 4, 8, 8)).astype(np.float32)
+    r = np.maximum(run_ort(_expose(m, "r"), {"x": x})[1], 0)
+    out, _ = quantize(m, "int8", {"x": float(np.abs(x).max()), "r": float(r.max()),
+                                  "f": 1e3})
+    ref, got = run_ort(m, {"x": x})[0], run_ort(out, {"x": x})[0]
+    cos = np.dot(ref.ravel(), got.ravel()) / np.linalg.norm(ref) / np.linalg.norm(got)
+    assert cos > 0.99
+    assert not np.array_equal(ref, got)  # it really is quantised
+
+
+def _expose(m, name):
+    m2 = onnx.ModelProto()
+    m2.CopyFrom(m)
+    m2.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    return m2
+
+
+def test_per_tensor_weights_are_0d():
+    m = make_model(TWO_CONVS, INITS)
+    plan = {"rules": [{"match": {"name": "b"}, "precision": "int8"}],
+            "int8": {"weights": "per-tensor"}}
+    out, _ = quantize(m, plan, {"r": 1.0})
+    init = by_name(out)
+    for n in out.graph.node:
+        if n.op_type == "DequantizeLinear":
+            assert init[n.input[1]].shape == ()
+            assert not [a for a in n.attribute if a.name == "axis"]
+
+
+def test_gemm_and_matmul_axes():
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 16] x) => (float y, float z) {
+        y = Gemm <transB = 1> (x, G)
+        z = MatMul (x, M)
+    }"""
+    m = make_model(text, {"G": (5, 16), "M": (16, 7)})
+    out, _ = quantize(m, "int8", {"x": 3.0})
+    init = by_name(out)
+    dq = {n.output[0]: n for n in out.graph.node if n.op_type == "DequantizeLinear"}
+    gemm = [n for n in out.graph.node if n.op_type == "Gemm"][0]
+    mm = [n for n in out.graph.node if n.op_type == "MatMul"][0]
+    assert init[dq[gemm.input[1]].input[1]].shape == (5,)
+    assert {a.name: a.i for a in dq[gemm.input[1]].attribute}["axis"] == 0
+    assert init[dq[mm.input[1]].input[1]].shape == (7,)
+    assert {a.name: a.i for a in dq[mm.input[1]].attribute}["axis"] == 1
+
+
+def test_zero_channel_gets_a_safe_scale():
+    w = np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32)
+    w[2] = 0
+    q, s = quantize_weight(w, 0)
+    assert (s > 0).all() and np.isfinite(s).all() and s[2] == 1.0
+    assert (q[2] == 0).all()
+    assert np.all(np.abs(q.astype(np.float32) * s.reshape(-1, 1, 1, 1) - w)
+                  <= s.reshape(-1, 1, 1, 1) / 2 + 1e-7)
+    assert (safe_scale([0.0, -1.0, np.nan, np.inf, 1e-30]) >= 1e-12).all()
+
+
+def test_skip_reasons_and_missing_range():
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4, 8, 8] x, float[8, 4, 3, 3] Wd) => (float y, float z) {
+        y = Conv (x, Wd)
+        z = Conv (x, W)
+    }"""
+    m = make_model(text, {"W": (8, 4, 3, 3)})
+    out, rep = quantize(m, "int8", {})
+    c = rep.passes[0].counts
+    assert c["skip:weights-not-constant"] == 1 and c["skip:no-calibration-range"] == 1
+    assert "QuantizeLinear" not in ops(out)
+
+
+def test_needs_a_plan():
+    m = make_model(TWO_CONVS, INITS)
+    with pytest.raises(PreconditionError):
+        rewriter.rewrite(m, ["insert-qdq"])
+
+
+def test_idempotent_on_already_quantised_model():
+    m = make_model(TWO_CONVS, INITS)
+    once, _ = quantize(m, "int8", {"x": 2.0, "r": 2.0, "f": 2.0})
+    twice, rep = quantize(once, "int8", {"x": 2.0, "r": 2.0, "f": 2.0})
+    # Weights are now DQ outputs, not constants: nothing is quantised twice.
+    assert rep.passes[0].counts.get("int8-conv", 0) == 0
+    assert ops(twice).count("QuantizeLinear") == ops(once).count("QuantizeLinear")
+
+
+def test_int32_bias():
+    m = make_model(TWO_CONVS, INITS)
+    plan = {"rules": [{"match": {"name": "a"}, "precision": "int8"}], "int8": {"bias": "int32"}}
+    out, _ = quantize(m, plan, {"x": 4.0})
+    init = by_name(out)
+    conv = [n for n in out.graph.node if n.op_type == "Conv"][0]
+    bdq = [n for n in out.graph.node if n.output[0] == conv.input[2]][0]
+    assert init[bdq.input[0]].dtype == np.int32
+    x = np.random.default_rng(0).standard_normal((1, 4, 8, 8)).astype(np.float32)
+    ref, got = run_ort(m, {"x": x})[0], run_ort(out, {"x": x})[0]
+    assert np.dot(ref.ravel(), got.ravel()) / np.linalg.norm(ref) / np.linalg.norm(got) > 0.99
