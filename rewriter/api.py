@@ -21,7 +21,7 @@ import onnx
 
 from . import ir, registry
 from .errors import InputError, VerificationError
-from .manager import run_pipeline
+from .manager import check_order, run_pipeline
 from .pass_base import Context, Numerics
 from .report import Report, op_histogram
 
@@ -51,6 +51,9 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
             base_dir: str | os.PathLike | None = None,
             data: dict[str, Any] | None = None,
             materialize: bool = True,
+            plan: Any = None,
+            calib: Any = None,
+            progress: bool = False,
             ) -> tuple[onnx.ModelProto, Report]:
     """Rewrite a model with a pipeline of passes (default: fold-constants, fuse-conv-bn).
 
@@ -64,6 +67,12 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
         options: pass options, e.g. {"fold_size_limit": 1 << 20}.
         base_dir: folder that resolves external data of an in-memory model.
         data: precomputed facts for passes (calibration ranges ...), see Context.data.
+        plan: a mixed-precision plan (built-in name, file, dict or Plan): after the FP32
+            passes, its INT8 layers get Q/DQ (insert-qdq) and its FP16 layers float16
+            regions (convert-fp16).
+        calib: calibration data for the plan's INT8 layers: a folder or an iterable of input
+            dicts (see rewriter.calibrate); a held-out part of it is used for verification.
+        progress: show progress bars (calibration).
         materialize: return the model with every weight inline; False returns it with
             big weights as stubs (what the CLI uses: nothing is copied that is not needed).
 
@@ -73,11 +82,12 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
     """
     with _no_gc():
         return _rewrite(model, passes, output, verify, input_shapes, inputs, seed,
-                        options or {}, base_dir, data or {}, materialize)
+                        options or {}, base_dir, dict(data or {}), materialize, plan, calib,
+                        progress)
 
 
 def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options, base_dir, data,
-             materialize):
+             materialize, plan, calib, progress):
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     if isinstance(model, onnx.ModelProto):
@@ -93,6 +103,24 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
         if Path(output).exists() and os.path.samefile(output, model):
             raise InputError(f"{output}: output would overwrite the input; choose another path")
     pipeline = registry.resolve(passes)
+    quantize: list = []
+    calib_data = eval_feeds = None
+    if plan is not None:
+        from . import plan as plan_mod
+        plan = plan_mod.load(plan)
+        data["plan"] = plan
+        quantize = registry.resolve(["insert-qdq", "convert-fp16"])
+        pipeline = [p for p in pipeline if p.name not in ("insert-qdq", "convert-fp16")]
+        if calib is not None:
+            from .calibrate import load_calibration
+            calib_data = load_calibration(calib, original, preprocess=plan.preprocess,
+                                          limit=int(plan.int8["calibration"]["samples"]))
+            if verify and inputs is None and len(calib_data) >= 8:
+                # Hold out a quarter (at most 64 samples) to judge accuracy on data the
+                # scales were not computed from.
+                n_eval = min(64, len(calib_data) // 4)
+                calib_data, held_out = calib_data.split(n_eval)
+                eval_feeds = list(held_out)
     report = Report(input=name, output=str(output) if output else None)
     report.ops_before = op_histogram(original.graph)
     report.bytes_before = ir.total_weight_bytes(original)
@@ -103,11 +131,16 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
     if verify:
         t = time.perf_counter()
         from .verify import Verifier, make_feeds
-        feeds = inputs if inputs is not None else make_feeds(original, input_shapes, seed)
+        if inputs is not None:
+            feeds, what = inputs, "user inputs"
+        elif eval_feeds:
+            feeds, what = eval_feeds, f"{len(eval_feeds)} held-out calibration samples"
+        else:
+            feeds, what = make_feeds(original, input_shapes, seed), f"random inputs seed {seed}"
         verifier = Verifier(original, base_dir, feeds,
-                            path=None if isinstance(model, onnx.ModelProto) else str(model))
-        report.verified_with = ("onnxruntime CPU, graph optimisations off, "
-                                + ("user inputs" if inputs is not None else f"random inputs seed {seed}"))
+                            path=None if isinstance(model, onnx.ModelProto) else str(model),
+                            lossy=plan.verify if plan is not None else None)
+        report.verified_with = "onnxruntime CPU, graph optimisations off, " + what
         seconds["reference"] = time.perf_counter() - t
 
     ctx = Context(options=options, data=data, namer=ir.Namer(graph))
@@ -136,9 +169,15 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
             err.report = report
             raise err
 
-    t = time.perf_counter()
+    check_order(pipeline + quantize)
     records = run_pipeline(graph, pipeline, ctx, after_change)
-    seconds["passes"] = time.perf_counter() - t - verify_time[0]
+    if plan is not None:
+        t = time.perf_counter()
+        _prepare_plan(graph, original, base_dir, ctx, plan, calib_data, progress, report)
+        seconds["calibrate"] = time.perf_counter() - t
+        records += run_pipeline(graph, quantize, ctx, after_change,
+                                before=[r.name for r in records])
+    seconds["passes"] = sum(r.seconds for r in records)
     report.passes = records
 
     t = time.perf_counter()
@@ -167,6 +206,41 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
     if materialize:
         result = exported.materialize()
     return result, report
+
+
+def _prepare_plan(graph, original, base_dir, ctx, plan, calib_data, progress, report) -> None:
+    """Resolve the plan on the FP32-rewritten graph and calibrate its INT8 inputs."""
+    from .plan import resolve
+
+    assignment = resolve(plan, list(graph.nodes))
+    ctx.data["assignment"] = assignment
+    report.extra["plan"] = {"source": plan.source, "layers": {
+        i: {"op": assignment.op[i], "precision": assignment.precision[i], "why": assignment.why[i]}
+        for i in assignment.order}, "counts": assignment.counts()}
+    report.warnings.extend(assignment.notes)
+    int8 = [n for n in graph.nodes if assignment.precision.get(_nid(n)) == "int8"]
+    if not int8:
+        return
+    if calib_data is None:
+        raise InputError(f"the plan puts {len(int8)} layers in INT8: calibration data is needed "
+                         "(--calib DIR), or use a plan without INT8 layers")
+    from .calibrate import collect_ranges
+
+    cal = plan.int8["calibration"]
+    tensors = sorted({n.inputs[0].name for n in int8})
+    exported = ir.export(graph, original, base_dir)
+    ctx.data["ranges"] = collect_ranges(
+        exported.model, tensors, calib_data, method=cal["method"],
+        percentile=float(cal["percentile"]), num_bins=int(cal["num_bins"]),
+        base_dir=exported.source_dir, initializers=exported.ort_initializers(),
+        progress=progress)
+    report.extra["calibration"] = {"method": cal["method"], "samples": len(calib_data),
+                                   "tensors": len(tensors)}
+
+
+def _nid(node) -> str:
+    from .plan import node_id
+    return node_id(node)
 
 
 def _worst(metrics) -> str:

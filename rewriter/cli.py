@@ -57,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pad-max-overhead", type=float, default=0.5, metavar="SHARE",
                    help="pad-channels: skip a conv whose FLOPs or weight bytes would grow by "
                         "more than this share (default 0.5 = +50%%)")
+    p.add_argument("--plan", metavar="PLAN",
+                   help="mixed-precision plan: a YAML/JSON file, or built-in 'default' (first "
+                        "and last conv + classifier FP16, the rest INT8), 'int8', 'fp16'")
+    p.add_argument("--calib", metavar="DIR",
+                   help="calibration data for the plan's INT8 layers: .npy, .npz or images")
     p.add_argument("--target", choices=("migraphx", "none"), default="migraphx",
                    help="static check of the output against the target (default migraphx)")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
@@ -129,7 +134,8 @@ def _run(args) -> int:
             options={"fold_size_limit": args.fold_size_limit,
                      "pad_multiple": args.pad_multiple, "pad_sides": args.pad_sides,
                      "pad_max_overhead": args.pad_max_overhead},
-            materialize=False)
+            materialize=False, plan=args.plan, calib=args.calib,
+            progress=not args.quiet and sys.stderr.isatty())
     except VerificationError as e:
         report = getattr(e, "report", None)
         if report is not None:

@@ -15,6 +15,9 @@ from .errors import InputError
 _PASSES = [
     ("fold-constants", "passes.fold_constants:FoldConstants"),
     ("fuse-conv-bn", "passes.fuse_conv_bn:FuseConvBn"),
+    ("pad-channels", "passes.pad_channels:PadChannels"),
+    ("insert-qdq", "passes.insert_qdq:InsertQdq"),
+    ("convert-fp16", "passes.convert_fp16:ConvertFp16"),
 ]
 
 DEFAULT_PIPELINE = ["fold-constants", "fuse-conv-bn"]
