@@ -651,7 +651,7 @@ class _Checker:
                          "graph input",
                          f"dims {shown}: position(s) {bad} are symbolic and MIGraphX silently "
                          f"uses {dd.get('silent_value', 1)}; pass --input-shape "
-                         f"{vi.name}=<{len(dims)} dims> ({dd.get('note', '')})")
+                         f"{vi.name}:{'x'.join(str(d) if isinstance(d, int) and d > 0 else 'N' for d in dims)}")
         for name in sorted(set(self.input_shapes) - names):
             self.add("warning", "input-shape-unknown-input", name, "graph input",
                      f"--input-shape names '{name}', which is not a graph input "

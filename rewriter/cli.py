@@ -64,6 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="calibration data for the plan's INT8 layers: .npy, .npz or images")
     p.add_argument("--target", choices=("migraphx", "none"), default="migraphx",
                    help="static check of the output against the target (default migraphx)")
+    p.add_argument("--backend", choices=("migraphx", "ort-migraphx"), default="migraphx",
+                   help="with --target migraphx: compile through MIGraphX's Python API "
+                        "(default) or ONNX Runtime's MIGraphX execution provider")
+    p.add_argument("--migraphx-target", choices=("gpu", "ref"), default="gpu",
+                   help="MIGraphX target: gpu (default) or ref, its CPU reference")
+    p.add_argument("--save-mxr", metavar="FILE", help="save the compiled MIGraphX program")
+    p.add_argument("--require-backend", action="store_true",
+                   help="fail (exit 2) when the backend is not installed, instead of "
+                        "skipping compilation with a note")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     p.add_argument("-v", "--verbose", action="store_true", help="tracebacks on errors")
     return p
@@ -144,8 +153,31 @@ def _run(args) -> int:
         return EXIT_VERIFY
     if args.target == "migraphx":
         _static_check(model, shapes, report)
+        info = _compile(args, model, shapes, inputs, report)
+        _emit(report, args)
+        if not args.quiet:
+            from .target import render
+            print(render(info))
+        return EXIT_OK if info.get("ok", True) else EXIT_VERIFY
     _emit(report, args)
     return EXIT_OK
+
+
+def _compile(args, model, shapes, inputs, report) -> dict:
+    """MIGraphX compile + compare where installed; a plain 'skipped' note elsewhere."""
+    from .pass_base import Numerics
+    from .target import compile_and_compare
+    from .verify import make_feeds
+
+    plan = report.extra.get("plan")
+    int8 = sum(1 for v in (plan or {}).get("layers", {}).values() if v["precision"] == "int8")
+    feeds = inputs if inputs is not None else make_feeds(model, shapes, args.seed)
+    info = compile_and_compare(
+        args.output, args.model, feeds, shapes, Numerics.LOSSY if plan else Numerics.CLOSE,
+        backend=args.backend, device=args.migraphx_target, save_mxr=args.save_mxr,
+        require=args.require_backend, int8_requested=int8)
+    report.extra["compile"] = info
+    return info
 
 
 def _static_check(model, shapes, report) -> None:
@@ -154,7 +186,9 @@ def _static_check(model, shapes, report) -> None:
         from .check import check_model
     except ImportError:  # the check module is optional while it is being built
         return
-    result = check_model(model, input_shapes=shapes)
+    plan = report.extra.get("plan") or {}
+    int8 = [k for k, v in plan.get("layers", {}).items() if v["precision"] == "int8"]
+    result = check_model(model, input_shapes=shapes, plan_int8_nodes=int8)
     report.extra["migraphx_check"] = result.to_dict()
     for f in result.findings:
         if f.severity in ("error", "warning"):

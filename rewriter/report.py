@@ -40,8 +40,8 @@ class PassRecord:
     verification: list[dict] | None = None
 
     def summary(self) -> str:
-        done = [f"{k} {v}" for k, v in sorted(self.counts.items()) if not k.startswith("skip:")]
-        skips = [f"{k} {v}" for k, v in sorted(self.counts.items()) if k.startswith("skip:")]
+        done = [f"{k} {v}" for k, v in sorted(self.counts.items()) if v and not k.startswith("skip:")]
+        skips = [f"{k} {v}" for k, v in sorted(self.counts.items()) if v and k.startswith("skip:")]
         return "; ".join(done + skips) or ("changed" if self.changed else "nothing to do")
 
 
