@@ -27,7 +27,7 @@ def session(model, base_dir: str | os.PathLike | None = None, optimize: bool = F
     so = ort.SessionOptions()
     so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_BASIC if optimize
                                    else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # our error line carries the message; no ORT log spam
     # Spinning worker threads burn the other core between the many tiny runs that
     # verification makes on this kind of 2-core machine.
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")

