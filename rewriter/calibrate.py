@@ -1,0 +1,916 @@
+"""Calibration: real inputs in, one symmetric activation range (amax) per tensor out.
+
+Two halves, kept apart so the planner can hold samples out and the quantiser never runs a
+model:
+
+* :func:`load_calibration` turns a folder (``.npy``, ``.npz`` or images with a
+  :class:`Preprocess`) or an iterable of ``{input_name: array}`` dicts into
+  :class:`CalibrationData`: a re-iterable, lazily loaded, validated stream of feed dicts.
+* :func:`collect_ranges` runs the model over that stream and reduces each requested tensor
+  to ``amax``, the symmetric range. ``scale = amax / 127`` is the quantiser's business.
+
+Methods (see docs/calibration.md for what each costs):
+
+``minmax``
+    ``amax = max |x|`` over every batch. Exact, cheapest, sensitive to outliers.
+``percentile``
+    a histogram of ``|x|`` (onnxruntime's ``HistogramCollector``, ``symmetric=True``) and
+    the left edge of the bin where the cumulative share reaches ``percentile``; never above
+    ``max |x|``.
+``entropy`` (alias ``kl``)
+    a signed histogram (``HistogramCollector``, method "entropy") and onnxruntime's KL
+    search over thresholds with 128 quantized bins (TensorRT's algorithm). The search tries
+    every bin from ``num_bins/2 - 64`` outward, so ``num_bins`` must be well above 128:
+    through ``quantize_static`` onnxruntime's own default of 128 bins leaves a single
+    candidate and "entropy" silently equals minmax (FACTS.md). Default here: 2048.
+
+Memory bound: activations are never all exposed at once. Tensors are split into chunks of
+at most ``chunk``; for each chunk ONE augmented model (the original graph with the chunk's
+tensors as extra outputs) is built and every calibration batch is streamed through it,
+reducing each output before the next batch. Peak memory is the model's weights in
+onnxruntime plus one batch's activations for ``chunk`` tensors plus a histogram of
+``num_bins`` int64 counts per tensor of the chunk. Time is ``ceil(tensors / chunk)`` full
+inference passes over the data (onnxruntime runs the whole graph even when the requested
+outputs need only a prefix of it), plus, for entropy, onnxruntime's KL search: about 1 s
+per tensor at 2048 bins (it is quadratic in bins, so histograms that grew are merged back to
+at most ``num_bins`` first).
+
+Measured on models/mobilenet_mini.onnx, all 38 float tensors (one chunk), 200 photo crops
+at 64x64 read from .npy files one at a time, 2 cores (2026-12): minmax 1.1 s, percentile
+4.5 s, entropy 45 s (44 s of it the KL search); peak RSS of the whole process 87, 100 and
+101 MB (53 MB before the call: Python, numpy, onnx). minmax with chunk=4 (10 passes): 4.1 s.
+
+Determinism: files are read in sorted order, reductions run in batch order, and a tensor's
+result does not depend on which chunk it is in, so the same data gives identical floats
+(and chunk=1 equals chunk=64).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import itertools
+import math
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import onnx
+
+from .errors import InputError
+
+NPY, NPZ, IMAGE = "npy", "npz", "image"
+IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
+METHODS = ("minmax", "percentile", "entropy")
+# onnxruntime's default for the KL search (int8: 128 levels on each side of a signed
+# histogram would be 256; onnxruntime uses 128 and so do we, to match its results).
+NUM_QUANTIZED_BINS = 128
+# Below this the KL search has too few candidates to mean anything (128 bins: one).
+MIN_ENTROPY_BINS = 256
+
+
+# --------------------------------------------------------------------------- preprocess
+
+_INTERPOLATION = ("nearest", "bilinear", "bicubic", "lanczos", "box")
+_RESIZE = ("stretch", "center-crop")
+_DTYPES = ("float32", "float16", "float64", "uint8", "int8")
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """How an image file becomes a model input: ``x = (pixel * scale - mean) / std``.
+
+    Fields (all optional; the plan's ``preprocess:`` section uses the same names):
+
+    ``size``
+        (h, w) of the model input; None takes the input's static dims.
+    ``resize``
+        ``stretch`` (straight to (h, w)) or ``center-crop`` (scale so the image covers
+        (h, w) keeping its aspect ratio, then cut out the centre).
+    ``interpolation``
+        nearest, bilinear (default), bicubic, lanczos or box (Pillow's filters).
+    ``mean``, ``std``
+        one value or one per channel, in the units *after* ``scale`` and in the model's
+        channel order (after a BGR swap) (ImageNet RGB: mean 0.485 0.456 0.406, std 0.229
+        0.224 0.225 with scale 1/255).
+    ``scale``
+        multiplies the 0..255 pixel first; default 1/255. ``"1/255"`` is accepted as text.
+    ``layout``
+        NCHW or NHWC; None reads it from the input's static dims (channels 1 or 3),
+        falling back to NCHW.
+    ``channel_order``
+        RGB (default) or BGR. One-channel inputs get greyscale (Pillow's "L").
+    ``dtype``
+        None takes the model input's; integer dtypes (raw pixels) need scale 1, mean 0,
+        std 1.
+    """
+
+    size: tuple[int, int] | None = None
+    resize: str = "stretch"
+    interpolation: str = "bilinear"
+    mean: tuple[float, ...] = (0.0,)
+    std: tuple[float, ...] = (1.0,)
+    scale: float = 1.0 / 255.0
+    layout: str | None = None
+    channel_order: str = "RGB"
+    dtype: str | None = None
+
+    def __post_init__(self):
+        # Validate here so that Preprocess(...) from Python fails as clearly as a plan file.
+        set_ = lambda k, v: object.__setattr__(self, k, v)
+        set_("size", _parse_size(self.size))
+        set_("resize", _choice("resize", self.resize, _RESIZE))
+        set_("interpolation", _choice("interpolation", self.interpolation, _INTERPOLATION))
+        set_("mean", _floats("mean", self.mean))
+        set_("std", _floats("std", self.std))
+        if any(not s > 0 for s in self.std):
+            raise InputError(f"preprocess.std must be > 0, got {list(self.std)}")
+        set_("scale", _number("scale", self.scale))
+        if not self.scale > 0:
+            raise InputError(f"preprocess.scale must be > 0, got {self.scale}")
+        if self.layout is not None:
+            set_("layout", _choice("layout", self.layout, ("NCHW", "NHWC"), upper=True))
+        set_("channel_order", _choice("channel_order", self.channel_order, ("RGB", "BGR"),
+                                      upper=True))
+        if self.dtype is not None:
+            try:
+                name = np.dtype(self.dtype).name
+            except TypeError:
+                name = str(self.dtype)
+            set_("dtype", _choice("dtype", name, _DTYPES))
+        # A mean in 0..255 units with the default 1/255 scale gives garbage ranges silently.
+        if self.scale * 255.0 <= 1.0 + 1e-6 and max(abs(m) for m in self.mean) > 1.5:
+            raise InputError(
+                f"preprocess.mean {list(self.mean)} looks like 0..255 units but scale is "
+                f"{self.scale:g} (pixels in 0..1); set scale: 1 or give mean in 0..1 units")
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> Preprocess:
+        """From the plan's ``preprocess:`` mapping; InputError on unknown keys or bad values."""
+        if d is None:
+            return cls()
+        if isinstance(d, Preprocess):
+            return d
+        if not isinstance(d, dict):
+            raise InputError(f"preprocess: expected a mapping of settings, got {type(d).__name__}")
+        fields = [f.name for f in dataclasses.fields(cls)]
+        for k in d:
+            if k not in fields:
+                near = difflib.get_close_matches(str(k), fields, n=1)
+                hint = f"; did you mean '{near[0]}'?" if near else f"; known: {', '.join(fields)}"
+                raise InputError(f"preprocess: unknown key '{k}'{hint}")
+        return cls(**d)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _choice(key: str, v, options: Sequence[str], upper: bool = False) -> str:
+    s = str(v).upper() if upper else str(v).lower()
+    if s not in options:
+        raise InputError(f"preprocess.{key}: '{v}' is not one of {', '.join(options)}")
+    return s
+
+
+def _number(key: str, v) -> float:
+    if isinstance(v, str) and "/" in v:  # YAML has no fractions: "1/255"
+        a, _, b = v.partition("/")
+        try:
+            return float(a) / float(b)
+        except (ValueError, ZeroDivisionError):
+            raise InputError(f"preprocess.{key}: '{v}' is not a number") from None
+    if isinstance(v, bool):
+        raise InputError(f"preprocess.{key}: '{v}' is not a number")
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise InputError(f"preprocess.{key}: '{v}' is not a number") from None
+    if not math.isfinite(f):
+        raise InputError(f"preprocess.{key}: '{v}' is not finite")
+    return f
+
+
+def _floats(key: str, v) -> tuple[float, ...]:
+    items = list(v) if isinstance(v, (list, tuple, np.ndarray)) else [v]
+    if not items:
+        raise InputError(f"preprocess.{key}: needs one value or one per channel")
+    return tuple(_number(key, x) for x in items)
+
+
+def _parse_size(v) -> tuple[int, int] | None:
+    if v is None:
+        return None
+    if isinstance(v, str):
+        parts = v.lower().replace(",", "x").split("x")
+    elif isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        parts = [v, v]
+    elif isinstance(v, (list, tuple)):
+        parts = list(v)
+    else:
+        raise InputError(f"preprocess.size: '{v}' is not [h, w], an int or 'HxW'")
+    try:
+        hw = tuple(int(str(p).strip()) for p in parts)
+    except ValueError:
+        raise InputError(f"preprocess.size: '{v}' is not [h, w], an int or 'HxW'") from None
+    if len(hw) != 2 or min(hw) < 1:
+        raise InputError(f"preprocess.size: '{v}' must be two positive ints [h, w]")
+    return hw
+
+
+# --------------------------------------------------------------------------- model inputs
+
+
+@dataclass(frozen=True)
+class _Input:
+    name: str
+    dtype: np.dtype
+    dims: tuple  # int for a static dim, None for a symbolic/unknown one
+
+    def shape_text(self) -> str:
+        return "[" + ", ".join("?" if d is None else str(d) for d in self.dims) + "]"
+
+    def check(self, arr: np.ndarray, where: str) -> None:
+        if arr.dtype != self.dtype:
+            raise InputError(f"{where}: input '{self.name}' has dtype {arr.dtype}, the model "
+                             f"expects {self.dtype} (convert with .astype(np.{self.dtype}))")
+        ok = arr.ndim == len(self.dims) and all(
+            d is None or d == s for d, s in zip(self.dims, arr.shape))
+        if not ok:
+            hint = ""
+            if arr.ndim == len(self.dims) - 1:
+                hint = " (batch dimension missing? each sample must include it)"
+            raise InputError(f"{where}: input '{self.name}' has shape {list(arr.shape)}, the "
+                             f"model expects {self.shape_text()} (? = any){hint}")
+
+
+def _model_inputs(model: onnx.ModelProto) -> list[_Input]:
+    from .verify import real_inputs
+
+    out = []
+    for vi in real_inputs(model):
+        if not vi.type.HasField("tensor_type"):
+            raise InputError(f"input '{vi.name}' is not a tensor; calibration feeds tensors only")
+        tt = vi.type.tensor_type
+        dims = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+                     for d in tt.shape.dim)
+        out.append(_Input(vi.name, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)),
+                          dims))
+    if not out:
+        raise InputError("the model has no inputs to calibrate with")
+    return out
+
+
+def _proto(model) -> onnx.ModelProto:
+    from .ir import Exported
+
+    return model.model if isinstance(model, Exported) else model
+
+
+# --------------------------------------------------------------------------- readers
+
+
+def _npy_header(f) -> tuple[tuple, np.dtype]:
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+    else:
+        shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+    return tuple(shape), np.dtype(dtype)
+
+
+def _describe(e: BaseException) -> str:
+    s = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {s[0][:200]}" if s else type(e).__name__
+
+
+def _read_npy(path: Path, header_only: bool):
+    try:
+        if header_only:
+            with open(path, "rb") as f:
+                return _npy_header(f)
+        return np.load(path, allow_pickle=False)
+    except Exception as e:  # noqa: BLE001 - any decoder error is a bad file
+        raise InputError(f"{path}: not a readable .npy file ({_describe(e)})") from None
+
+
+def _read_npz(path: Path, names: list[str], header_only: bool):
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            missing = [n for n in names if n not in z.files]
+            if missing:
+                raise InputError(f"{path}: missing input(s) {missing}; the file has "
+                                 f"{sorted(z.files)} (keys must be the model's input names)")
+            if not header_only:
+                return {n: z[n] for n in names}
+            out = {}
+            for n in names:
+                with z.zip.open(n + ".npy") as f:
+                    out[n] = _npy_header(f)
+            return out
+    except InputError:
+        raise
+    except Exception as e:  # noqa: BLE001 - BadZipFile, ValueError, OSError, EOFError ...
+        raise InputError(f"{path}: not a readable .npz file ({_describe(e)})") from None
+
+
+def _pillow():
+    try:
+        from PIL import Image, ImageOps
+    except ImportError:
+        raise InputError("reading an image folder needs Pillow: pip install pillow") from None
+    return Image, ImageOps
+
+
+class _ImageReader:
+    """One image file -> one (C, H, W) or (H, W, C) array, per :class:`Preprocess`."""
+
+    def __init__(self, spec: _Input, pre: Preprocess):
+        if len(spec.dims) != 4:
+            raise InputError(f"an image folder needs a 4-D image input; '{spec.name}' is "
+                             f"{spec.shape_text()}")
+        d = spec.dims
+        layout = pre.layout
+        if layout is None:  # channels 1 or 3 at one place and not the other says which
+            layout = "NHWC" if d[3] in (1, 3) and d[1] not in (1, 3) else "NCHW"
+        c, h, w = (d[1], d[2], d[3]) if layout == "NCHW" else (d[3], d[1], d[2])
+        if c is None:
+            c = 3
+        if c not in (1, 3):
+            raise InputError(f"input '{spec.name}' {spec.shape_text()} has {c} channels in "
+                             f"{layout} layout; images give 1 or 3 (set preprocess.layout?)")
+        if pre.size is not None:
+            if (h is not None and h != pre.size[0]) or (w is not None and w != pre.size[1]):
+                raise InputError(f"preprocess.size {list(pre.size)} does not fit input "
+                                 f"'{spec.name}' {spec.shape_text()} ({layout})")
+            h, w = pre.size
+        elif h is None or w is None:
+            raise InputError(f"input '{spec.name}' {spec.shape_text()} has no static height "
+                             "and width; set preprocess.size: [h, w]")
+        dtype = np.dtype(pre.dtype) if pre.dtype is not None else spec.dtype
+        if dtype != spec.dtype:
+            raise InputError(f"preprocess.dtype {dtype} differs from input '{spec.name}' "
+                             f"dtype {spec.dtype}")
+        for key, v in (("mean", pre.mean), ("std", pre.std)):
+            if len(v) not in (1, c):
+                raise InputError(f"preprocess.{key} has {len(v)} values; input '{spec.name}' "
+                                 f"has {c} channels")
+        identity = pre.scale == 1.0 and set(pre.mean) == {0.0} and set(pre.std) == {1.0}
+        if dtype.kind in "iu" and not identity:
+            raise InputError(f"input '{spec.name}' is {dtype}: raw pixels only; set scale: 1, "
+                             "mean: 0, std: 1")
+        if dtype.kind not in "iuf":
+            raise InputError(f"input '{spec.name}' is {dtype}; images give numbers")
+        self.spec, self.pre, self.layout, self.dtype = spec, pre, layout, dtype
+        self.c, self.h, self.w = c, h, w
+        self.mean = np.asarray(pre.mean, np.float32)
+        self.std = np.asarray(pre.std, np.float32)
+
+    def sample_shape(self) -> tuple[int, ...]:
+        return (self.c, self.h, self.w) if self.layout == "NCHW" else (self.h, self.w, self.c)
+
+    def check_header(self, path: Path) -> None:
+        Image, _ = _pillow()
+        try:
+            with Image.open(path) as im:
+                im.size  # noqa: B018 (Image.open reads the header only)
+        except Exception as e:  # noqa: BLE001 - any decoder error is a bad file
+            raise InputError(f"{path}: not a readable image ({_describe(e)})") from None
+
+    def __call__(self, path: Path) -> np.ndarray:
+        Image, ImageOps = _pillow()
+        try:
+            with Image.open(path) as im:
+                im = ImageOps.exif_transpose(im)
+                im = im.convert("L" if self.c == 1 else "RGB")
+                im = self._resize(im, Image)
+                pix = np.asarray(im, dtype=np.float32)
+        except InputError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any decoder error is a bad file
+            raise InputError(f"{path}: cannot decode image ({_describe(e)})") from None
+        if pix.ndim == 2:
+            pix = pix[:, :, None]
+        if self.c == 3 and self.pre.channel_order == "BGR":
+            pix = pix[:, :, ::-1]
+        if self.dtype.kind == "f":
+            pix = (pix * np.float32(self.pre.scale) - self.mean) / self.std
+        if self.layout == "NCHW":
+            pix = pix.transpose(2, 0, 1)
+        return np.ascontiguousarray(pix.astype(self.dtype))
+
+    def _resize(self, im, Image):
+        f = getattr(Image.Resampling, self.pre.interpolation.upper())
+        h, w = self.h, self.w
+        if self.pre.resize == "center-crop":
+            iw, ih = im.size
+            s = max(w / iw, h / ih)
+            nw, nh = max(w, round(iw * s)), max(h, round(ih * s))
+            im = im.resize((nw, nh), f)
+            left, top = (nw - w) // 2, (nh - h) // 2
+            return im.crop((left, top, left + w, top + h))
+        return im.resize((w, h), f)
+
+
+# --------------------------------------------------------------------------- dataset
+
+
+class CalibrationData:
+    """A re-iterable stream of feed dicts ``{input_name: array}`` for one model.
+
+    Items are what the user supplied (a file, an image, a dict); iteration groups them into
+    batches of ``batch_size`` and loads one batch at a time, so a folder of any size costs
+    one batch of memory. ``len()`` is the number of feed dicts one iteration yields;
+    ``n_samples`` the number of items. Every feed has been checked against the model's
+    inputs (dtype, rank, static dims); errors name the file.
+    """
+
+    def __init__(self, items: list, kind: str, inputs: list[_Input], load: Callable,
+                 batch_size: int = 1, drop_last: bool = False, source: str = "",
+                 ignored: Sequence[str] = ()):
+        self._items, self.kind, self._inputs, self._load = list(items), kind, inputs, load
+        self.batch_size, self._drop_last, self.source = batch_size, drop_last, source
+        self.ignored = list(ignored)
+
+    @property
+    def names(self) -> list[str]:
+        """The model input names every feed dict holds, in graph order."""
+        return [i.name for i in self._inputs]
+
+    @property
+    def n_samples(self) -> int:
+        return len(self._items)
+
+    @property
+    def files(self) -> list[Path]:
+        """The files in reading order (empty for in-memory data)."""
+        return [p for p in self._items if isinstance(p, Path)]
+
+    def __len__(self) -> int:
+        n, b = len(self._items), self.batch_size
+        return n // b if self._drop_last else -(-n // b)
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        for i in range(len(self)):
+            group = self._items[i * self.batch_size:(i + 1) * self.batch_size]
+            yield self._feed(group)
+
+    def _feed(self, group: list) -> dict[str, np.ndarray]:
+        parts = [self._load(item) for item in group]
+        where = _where(group[0]) if len(group) == 1 else f"{_where(group[0])}..{_where(group[-1])}"
+        if self.kind == IMAGE:
+            feeds = {self._inputs[0].name: np.stack(parts)}
+        elif len(parts) == 1:
+            feeds = parts[0]
+        else:
+            feeds = {n: np.concatenate([p[n] for p in parts]) for n in self.names}
+        for spec in self._inputs:
+            spec.check(feeds[spec.name], where)
+        return {n: np.ascontiguousarray(feeds[n]) for n in self.names}
+
+    def _subset(self, items: list) -> CalibrationData:
+        return CalibrationData(items, self.kind, self._inputs, self._load, self.batch_size,
+                               self._drop_last, self.source, self.ignored)
+
+    def split(self, n_eval: int) -> tuple[CalibrationData, CalibrationData]:
+        """(calibration, held-out) with ``n_eval`` items held out, evenly spaced.
+
+        Evenly spaced rather than the last ones: folders sorted by name are often sorted by
+        class, and a held-out tail would be one class. Deterministic.
+        """
+        n = len(self._items)
+        if not 0 <= n_eval < n:
+            raise InputError(f"cannot hold out {n_eval} of {n} calibration samples "
+                             "(need 0 <= n_eval < samples)")
+        held = {int((i + 0.5) * n / n_eval) for i in range(n_eval)} if n_eval else set()
+        keep = [x for j, x in enumerate(self._items) if j not in held]
+        out = [x for j, x in enumerate(self._items) if j in held]
+        return self._subset(keep), self._subset(out)
+
+    def limit(self, n: int | None) -> CalibrationData:
+        """The first ``n`` items (all when None)."""
+        return self if n is None else self._subset(self._items[:n])
+
+    def __repr__(self) -> str:
+        return (f"CalibrationData({self.kind}, {self.n_samples} samples in {len(self)} "
+                f"batches of {self.batch_size}, inputs={self.names}"
+                + (f", from {self.source}" if self.source else "") + ")")
+
+
+def _where(item) -> str:
+    return str(item) if isinstance(item, Path) else "calibration sample"
+
+
+def _classify(path: Path) -> str | None:
+    ext = path.suffix.lower()
+    if ext == ".npy":
+        return NPY
+    if ext == ".npz":
+        return NPZ
+    if ext in IMAGE_EXTS:
+        return IMAGE
+    return None
+
+
+def _scan(root: Path) -> tuple[list[Path], str, list[str]]:
+    """Data files under ``root`` (recursively, sorted by relative path), their kind, and
+    the names of files that were skipped (manifests, notes, hidden files)."""
+    if root.is_file():
+        kind = _classify(root)
+        if kind is None:
+            raise InputError(f"{root}: not a calibration file (.npy, .npz or an image)")
+        return [root], kind, []
+    if not root.is_dir():
+        raise InputError(f"{root}: no such calibration folder")
+    found: dict[str, list[Path]] = {NPY: [], NPZ: [], IMAGE: []}
+    ignored = []
+    for p in sorted(root.rglob("*"), key=lambda q: q.relative_to(root).as_posix()):
+        rel = p.relative_to(root)
+        if any(part.startswith(".") for part in rel.parts) or not p.is_file():
+            continue
+        kind = _classify(p)
+        if kind is None:
+            ignored.append(rel.as_posix())
+        else:
+            found[kind].append(p)
+    kinds = [k for k, v in found.items() if v]
+    if not kinds:
+        extra = f" (it has {', '.join(ignored[:5])}{', ...' if len(ignored) > 5 else ''})" \
+            if ignored else ""
+        raise InputError(f"{root}: no calibration files (.npy, .npz, or "
+                         f"{'/'.join(e[1:] for e in IMAGE_EXTS)} images){extra}")
+    if len(kinds) > 1:
+        mix = ", ".join(f"{len(found[k])} {k}" for k in kinds)
+        raise InputError(f"{root}: mixes kinds of calibration files ({mix}); use one kind "
+                         "per folder")
+    return found[kinds[0]], kinds[0], ignored
+
+
+def load_calibration(source, model: onnx.ModelProto, preprocess: Preprocess | dict | None = None,
+                     limit: int | None = None, batch_size: int = 1) -> CalibrationData:
+    """Calibration samples for ``model``, validated up front, loaded lazily.
+
+    ``source`` is one of:
+
+    * a folder (or a single file) of ``.npy`` files, one array per file with its batch
+      dimension (single-input models only);
+    * ``.npz`` files, one batch per file, keys = input names (extra keys are ignored);
+    * images (jpg, png, bmp, webp, tif), one sample per file, made into the model's single
+      image input by ``preprocess`` (a :class:`Preprocess` or the plan's mapping);
+    * an iterable of ``{input_name: array}`` dicts (the Python API). A list or tuple is kept
+      as is; another iterable is read once, up to ``limit``.
+    * a :class:`CalibrationData` (``limit`` applies).
+
+    Folders are searched recursively; files are taken in sorted order of their relative
+    path; hidden files and other kinds (``manifest.json``, notes) are skipped. A mix of
+    kinds, an empty folder, an unreadable file or a wrong dtype, rank or static dim is an
+    :class:`InputError` naming the file and the expected shape. Symbolic dims take any size.
+
+    ``limit`` keeps the first ``limit`` items (files, images or dicts). ``batch_size`` > 1
+    concatenates that many items per feed, which needs a symbolic first dim on every input;
+    for images a static batch dim B sets the batch size (leftover images are dropped).
+    """
+    if limit is not None and (not isinstance(limit, int) or limit < 1):
+        raise InputError(f"calibration limit must be a positive integer, got {limit!r}")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise InputError(f"calibration batch_size must be a positive integer, got {batch_size!r}")
+    if isinstance(source, CalibrationData):
+        return source.limit(limit)
+    model = _proto(model)
+    inputs = _model_inputs(model)
+    names = [i.name for i in inputs]
+
+    if isinstance(source, (str, os.PathLike)):
+        root = Path(source)
+        files, kind, ignored = _scan(root)
+        files = files[:limit] if limit is not None else files
+        drop_last = False
+        if kind == IMAGE:
+            if len(inputs) != 1:
+                raise InputError(f"{root}: an image folder needs a single-input model; "
+                                 f"inputs: {names}")
+            reader = _ImageReader(inputs[0], Preprocess.from_dict(preprocess))
+            b0 = inputs[0].dims[0]
+            if b0 is not None:
+                if batch_size not in (1, b0):
+                    raise InputError(f"batch_size {batch_size} does not fit input '{names[0]}' "
+                                     f"{inputs[0].shape_text()}")
+                batch_size, drop_last = b0, True
+                if len(files) < b0:
+                    raise InputError(f"{root}: {len(files)} image(s), the model's batch "
+                                     f"dimension needs {b0}")
+            for p in files:
+                reader.check_header(p)
+            load: Callable = reader
+        else:
+            _check_batching(inputs, batch_size)
+            if kind == NPY:
+                if len(inputs) != 1:
+                    raise InputError(f"{root}: .npy files need a single-input model; inputs: "
+                                     f"{names}; use .npz files with one key per input")
+                for p in files:
+                    _check_header(inputs[0], *_read_npy(p, True), p)
+                load = lambda p: {names[0]: _read_npy(p, False)}
+            else:
+                for p in files:
+                    for spec, (shape, dtype) in zip(inputs, _read_npz(p, names, True).values()):
+                        _check_header(spec, shape, dtype, p)
+                load = lambda p: _read_npz(p, names, False)
+        return CalibrationData(files, kind, inputs, load, batch_size, drop_last, str(root),
+                               ignored)
+
+    if isinstance(source, dict):
+        raise InputError("calibration data: expected an iterable of {input_name: array} "
+                         "dicts, got one dict (wrap it in a list)")
+    try:
+        it = iter(source)
+    except TypeError:
+        raise InputError(f"calibration data: expected a folder path or an iterable of dicts, "
+                         f"got {type(source).__name__}") from None
+    items = list(source) if isinstance(source, (list, tuple)) else list(itertools.islice(it, limit))
+    items = items[:limit] if limit is not None else items
+    if not items:
+        raise InputError("calibration data: the iterable gave no samples")
+    _check_batching(inputs, batch_size)
+    checked = []
+    for j, d in enumerate(items):
+        if not isinstance(d, dict):
+            raise InputError(f"calibration sample {j}: expected a dict {{input_name: array}}, "
+                             f"got {type(d).__name__}")
+        missing = [n for n in names if n not in d]
+        if missing:
+            raise InputError(f"calibration sample {j}: missing input(s) {missing}; has "
+                             f"{sorted(map(str, d))}")
+        feed = {n: np.asarray(d[n]) for n in names}
+        for spec in inputs:
+            spec.check(feed[spec.name], f"calibration sample {j}")
+        checked.append(feed)
+    return CalibrationData(checked, "api", inputs, lambda d: d, batch_size)
+
+
+def _check_batching(inputs: list[_Input], batch_size: int) -> None:
+    if batch_size > 1:
+        fixed = [i.name for i in inputs if not i.dims or i.dims[0] is not None]
+        if fixed:
+            raise InputError(f"batch_size {batch_size} concatenates samples along the first "
+                             f"dim, but input(s) {fixed} have a static first dim")
+
+
+def _check_header(spec: _Input, shape: tuple, dtype: np.dtype, path: Path) -> None:
+    # A zero-size stand-in array carries dtype and shape through the same check as a feed.
+    spec.check(np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape, [0] * len(shape)),
+               str(path))
+
+
+# --------------------------------------------------------------------------- ranges
+
+
+def collect_ranges(model, tensors: list[str], data, method: str = "minmax",
+                   percentile: float = 99.999, num_bins: int = 2048, chunk: int = 64,
+                   base_dir=None, initializers=None, progress: bool = True) -> dict[str, float]:
+    """The symmetric range ``amax`` (>= 0) of each tensor over the calibration data.
+
+    ``model`` is a ModelProto or a :class:`rewriter.ir.Exported` (weights as stubs; its
+    ``ort_initializers()`` and ``source_dir`` are used unless ``initializers`` /
+    ``base_dir`` are given). ``tensors`` names graph inputs or outputs of main-graph nodes;
+    they must be float. ``data`` is a :class:`CalibrationData` or anything
+    :func:`load_calibration` takes.
+
+    ``method``: ``minmax``, ``percentile`` (``percentile`` in (0, 100]) or ``entropy``
+    (``kl``); ``num_bins`` is the histogram size of the last two (entropy needs an even
+    number >= 256). Non-finite values (e.g. -inf attention masks) are left out; a tensor
+    that is zero everywhere gets 0.0, which the quantiser must not turn into a zero scale.
+
+    Memory: at most ``chunk`` tensors are exposed per augmented model, and each batch is
+    reduced before the next one runs (see the module docstring for the bound and for
+    measured time and memory). Results are identical for any ``chunk``.
+    """
+    from .ir import Exported
+
+    method = {"kl": "entropy", "max": "minmax"}.get(str(method).lower(), str(method).lower())
+    if method not in METHODS:
+        raise InputError(f"calibration method '{method}' is not one of {', '.join(METHODS)} "
+                         "(or kl)")
+    if method == "percentile" and not 0 < percentile <= 100:
+        raise InputError(f"percentile must be in (0, 100], got {percentile}")
+    if method != "minmax":
+        if not isinstance(num_bins, int) or num_bins < 2:
+            raise InputError(f"num_bins must be an integer >= 2, got {num_bins!r}")
+        if method == "entropy" and (num_bins < MIN_ENTROPY_BINS or num_bins % 2):
+            raise InputError(f"entropy calibration needs an even num_bins >= "
+                             f"{MIN_ENTROPY_BINS} (with 128 the KL search has one candidate "
+                             f"and equals minmax), got {num_bins}")
+    if not isinstance(chunk, int) or chunk < 1:
+        raise InputError(f"chunk must be a positive integer, got {chunk!r}")
+    if isinstance(model, Exported):
+        if initializers is None:
+            initializers = model.ort_initializers()
+        if base_dir is None:
+            base_dir = model.source_dir
+    proto = _proto(model)
+    if not isinstance(data, CalibrationData):
+        data = load_calibration(data, proto)
+    if len(data) == 0:
+        raise InputError("calibration data holds no complete batch")
+
+    tensors = list(dict.fromkeys(tensors))
+    graph_inputs, produced = _classify_tensors(proto, tensors)
+    if not tensors:
+        return {}
+    # Node order is topological: chunks of neighbouring tensors.
+    order = {n: i for i, n in enumerate(produced)}
+    inner = sorted((t for t in tensors if t not in graph_inputs), key=order.__getitem__)
+    chunks = [inner[i:i + chunk] for i in range(0, len(inner), chunk)] or [[]]
+
+    reducer = _Reducer(method, percentile, num_bins)
+    bar = _bar(progress, total=len(chunks) * len(data), desc=f"calibrate ({method})",
+               unit="batch")
+    try:
+        for k, names in enumerate(chunks):
+            bar.set_postfix_str(f"chunk {k + 1}/{len(chunks)}, {len(names)} tensors")
+            sess = _augmented_session(proto, names, base_dir, initializers) if names else None
+            first = k == 0
+            for feeds in data:
+                outs = sess.run(names, feeds) if sess is not None else []
+                for n, a in zip(names, outs):
+                    reducer.update(n, a)
+                if first:  # graph-input tensors ride along with the first pass
+                    for n in graph_inputs:
+                        reducer.update(n, feeds[n])
+                bar.update(1)
+            del sess
+            # Finishing each chunk here frees its histograms before the next chunk runs.
+            reducer.finish(names + (graph_inputs if first else []), progress)
+    finally:
+        bar.close()
+    return {t: reducer.result[t] for t in tensors}
+
+
+def _bar(progress: bool, **kw):
+    from tqdm.auto import tqdm
+
+    stream = sys.stderr
+    on = progress and hasattr(stream, "isatty") and stream.isatty()
+    return tqdm(disable=not on, file=stream, leave=False, **kw)
+
+
+def _classify_tensors(proto: onnx.ModelProto, tensors: list[str]) -> tuple[list[str], list[str]]:
+    """(requested graph inputs, every main-graph node output in node order); InputError on
+    names that are weights, unknown, or only inside subgraphs, and on non-float types."""
+    from .ir import shape_info
+    from .verify import real_inputs
+
+    inputs = [i.name for i in real_inputs(proto)]
+    produced = [o for node in proto.graph.node for o in node.output if o]
+    known = set(inputs) | set(produced)
+    weights = {t.name for t in proto.graph.initializer}
+    for t in tensors:
+        if t in known:
+            continue
+        if t in weights:
+            raise InputError(f"tensor '{t}' is a weight; weights are quantised from their "
+                             "values, not calibrated")
+        near = difflib.get_close_matches(t, sorted(known), n=1)
+        hint = f"; did you mean '{near[0]}'?" if near else ""
+        raise InputError(f"tensor '{t}' is not an input or a node output of the main graph"
+                         f"{hint}")
+    infos = shape_info(proto)
+    for t in tensors:
+        vi = infos.get(t)
+        if vi is not None and vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+            dt = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
+            if dt.kind != "f":
+                raise InputError(f"tensor '{t}' is {dt}; only float tensors have "
+                                 "quantisation ranges")
+    return [t for t in tensors if t in set(inputs)], produced
+
+
+def _augmented_session(proto: onnx.ModelProto, names: list[str], base_dir, initializers):
+    """An onnxruntime session of ``proto`` with ``names`` as extra graph outputs.
+
+    The outputs are appended to the caller's proto only for as long as it takes to
+    serialise it, and removed again: no copy of the model is made (its weights may be
+    large when it is not an Exported), and the caller sees it unchanged.
+    """
+    from .backends import ort
+
+    g = proto.graph
+    have = {o.name for o in g.output}
+    extra = [onnx.ValueInfoProto(name=n) for n in names if n not in have]
+    n_before = len(g.output)
+    g.output.extend(extra)
+    try:
+        blob = proto.SerializeToString()
+    finally:
+        del g.output[n_before:]
+    try:
+        return ort.session(blob, base_dir=base_dir, initializers=initializers)
+    except Exception as e:  # noqa: BLE001 - onnxruntime refuses the model: say where and why
+        raise InputError(f"onnxruntime cannot load the model for calibration: "
+                         f"{_describe(e)}") from None
+
+
+class _Reducer:
+    """Per-tensor streaming reduction: running max |x|, or onnxruntime histograms."""
+
+    def __init__(self, method: str, percentile: float, num_bins: int):
+        self.method, self.percentile, self.num_bins = method, percentile, num_bins
+        self.amax: dict[str, float] = {}
+        self.result: dict[str, float] = {}
+        self.collector = None
+
+    def _new_collector(self):
+        from onnxruntime.quantization.calibrate import HistogramCollector
+
+        return HistogramCollector(method=self.method, symmetric=True, num_bins=self.num_bins,
+                                  num_quantized_bins=NUM_QUANTIZED_BINS,
+                                  percentile=self.percentile, scenario="same")
+
+    def update(self, name: str, a: np.ndarray) -> None:
+        a = np.asarray(a)
+        if a.dtype.kind != "f":
+            raise InputError(f"tensor '{name}' is {a.dtype}; only float tensors have "
+                             "quantisation ranges")
+        if a.size == 0:
+            return
+        # onnxruntime's collector refuses float64 and float16 edges drift: reduce in float32.
+        a = a.astype(np.float32, copy=False).ravel()
+        m = float(np.max(np.abs(a)))
+        if not math.isfinite(m):
+            a = a[np.isfinite(a)]
+            if a.size == 0:
+                return
+            m = float(np.max(np.abs(a)))
+        self.amax[name] = max(self.amax.get(name, 0.0), m)
+        if self.method == "minmax":
+            return
+        if self.collector is None:
+            self.collector = self._new_collector()
+        # The public collect() prints on every call; these are what it dispatches to.
+        if self.method == "percentile":
+            self.collector.collect_absolute_value({name: a})
+        else:
+            self.collector.collect_value({name: a})
+
+    def finish(self, names: list[str], progress: bool) -> None:
+        hists = self.collector.histogram_dict if self.collector is not None else {}
+        todo = [n for n in names if n in hists]
+        bar = _bar(progress and self.method == "entropy", total=len(todo),
+                   desc="entropy search", unit="tensor")
+        for n in names:
+            amax = self.amax.get(n, 0.0)
+            if self.method == "minmax" or n not in hists or amax == 0.0:
+                self.result[n] = amax
+            elif self.method == "percentile":
+                self.result[n] = min(_percentile_edge(hists[n], self.percentile), amax)
+            else:
+                h = _rebin(hists[n], self.num_bins)
+                lo, hi = self.collector.get_entropy_threshold(h, NUM_QUANTIZED_BINS)
+                self.result[n] = min(max(abs(float(lo)), abs(float(hi))), amax)
+                bar.update(1)
+            hists.pop(n, None)
+        bar.close()
+
+
+def _percentile_edge(histogram: tuple, percentile: float) -> float:
+    """onnxruntime's symmetric percentile threshold (compute_percentile) from a histogram
+    of |x|: the left edge of the bin where the cumulative share reaches ``percentile``.
+
+    Not called through onnxruntime because it then clips the threshold to the *signed*
+    maximum, which for a tensor that is never positive gives a negative range; the caller
+    clips to max |x| instead.
+    """
+    hist, edges = histogram[0], histogram[1]
+    cdf = np.cumsum(hist / hist.sum())
+    idx = int(np.searchsorted(cdf, percentile / 100.0))
+    return float(edges[min(idx, len(edges) - 1)])
+
+
+def _rebin(histogram: tuple, num_bins: int) -> tuple:
+    """Merge a signed histogram that grew past ``num_bins`` back to at most ``num_bins``.
+
+    onnxruntime's collector keeps the first batch's bin width and adds bins when a later
+    batch reaches further, so a dark first image can leave 10x the bins, and the KL search
+    is quadratic in bins. Bins are merged ``k`` at a time outward from zero (both halves
+    padded with empty bins to a multiple of ``k``), so zero stays a bin edge.
+    """
+    hist, edges, lo, hi = histogram[:4]
+    n = len(hist)
+    if n <= num_bins:
+        return histogram
+    k = -(-n // num_bins)
+    half = n // 2
+    pad = (-half) % k
+    width = edges[1] - edges[0]
+    steps = np.arange(1, pad + 1, dtype=edges.dtype) * width
+    edges = np.concatenate([edges[0] - steps[::-1], edges, edges[-1] + steps]).astype(edges.dtype)
+    hist = np.concatenate([np.zeros(pad, hist.dtype), hist, np.zeros(pad, hist.dtype)])
+    hist = hist.reshape(-1, k).sum(axis=1)
+    edges = edges[::k]
+    return (hist, edges, lo, hi, edges[-1])
+
+
+__all__ = ["METHODS", "CalibrationData", "Preprocess", "collect_ranges", "load_calibration"]
