@@ -156,25 +156,40 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
             depth["worst"] = Numerics.LOSSY
         elif p.numerics is Numerics.CLOSE:
             depth["worst"] = Numerics.CLOSE
-        metrics = verifier.check(ir.export(graph, original, base_dir), depth["worst"], depth["n"])
+        exported = ir.export(graph, original, base_dir)
+        metrics = verifier.check(exported, depth["worst"], depth["n"])
         rec.verification = [m.to_dict() for m in metrics]
         verify_time[0] += time.perf_counter() - t
+        if p.numerics is Numerics.LOSSY and p is not quantize[-1]:
+            return  # a plan is judged as a whole: its FP16 part comes after its INT8 part
         if not all(m.ok for m in metrics):
             report.failed_pass = p.name
             report.verification = rec.verification
-            report.passes = list(records)
+            report.passes = done[0] + list(records)
+            report.ops_after = op_histogram(exported.model.graph)
+            report.bytes_after = ir.total_weight_bytes(exported.model)
             report.seconds = seconds
-            err = VerificationError(
-                f"outputs drift beyond tolerance after pass '{p.name}' ({_worst(metrics)})")
+            msg = f"outputs drift beyond tolerance after pass '{p.name}' ({_worst(metrics, verifier)})"
+            if p.numerics is Numerics.LOSSY and fp32_snapshot[0] is not None:
+                layer = _first_divergence(fp32_snapshot[0], exported, graph, verifier, plan)
+                if layer:
+                    report.extra["first_divergent_layer"] = layer
+                    msg += f"; first layer beyond budget: {layer}"
+            err = VerificationError(msg)
             err.report = report
             raise err
 
+    done: list = [[]]              # records of the FP32 part, for a failure's report
+    fp32_snapshot: list = [None]   # the FP32-rewritten model, to locate a lossy divergence
     check_order(pipeline + quantize)
     records = run_pipeline(graph, pipeline, ctx, after_change)
     if plan is not None:
+        done[0] = list(records)
         t = time.perf_counter()
         _prepare_plan(graph, original, base_dir, ctx, plan, calib_data, progress, report)
         seconds["calibrate"] = time.perf_counter() - t
+        if verifier is not None:
+            fp32_snapshot[0] = ir.export(graph, original, base_dir)
         records += run_pipeline(graph, quantize, ctx, after_change,
                                 before=[r.name for r in records])
     seconds["passes"] = sum(r.seconds for r in records)
@@ -195,7 +210,13 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
         if not report.ok:
             report.failed_pass = report.failed_pass or "(final model)"
             report.seconds = seconds
-            err = VerificationError(f"rewritten model's outputs drift beyond tolerance ({_worst(metrics)})")
+            msg = f"rewritten model's outputs drift beyond tolerance ({_worst(metrics, verifier)})"
+            if plan is not None and fp32_snapshot[0] is not None:
+                layer = _first_divergence(fp32_snapshot[0], exported, graph, verifier, plan)
+                if layer:
+                    report.extra["first_divergent_layer"] = layer
+                    msg += f"; first layer beyond budget: {layer}"
+            err = VerificationError(msg)
             err.report = report
             raise err
     if output is not None:
@@ -243,8 +264,33 @@ def _nid(node) -> str:
     return node_id(node)
 
 
-def _worst(metrics) -> str:
+def _worst(metrics, verifier=None) -> str:
     bad = [m for m in metrics if not m.ok] or metrics
     m = max(bad, key=lambda m: m.max_rel)
-    return (f"output '{m.name}': max_rel {m.max_rel:.2e}, max_abs {m.max_abs:.2e}, "
-            f"cosine {m.cosine:.6f}" + ("" if m.shape_ok else ", shape/dtype differs"))
+    s = (f"output '{m.name}': max_rel {m.max_rel:.2e}, max_abs {m.max_abs:.2e}, "
+         f"cosine {m.cosine:.6f}")
+    if m.top1 is not None:
+        s += f", top-1 agreement {m.top1:.4f}"
+    if m.sqnr_db != float("inf"):
+        s += f", SQNR {m.sqnr_db:.1f} dB"
+    if verifier is not None and verifier.lossy:
+        s += " vs budget " + ", ".join(f"{k} {v:g}" for k, v in verifier.lossy.items())
+    return s + ("" if m.shape_ok else ", shape/dtype differs")
+
+
+def _first_divergence(ref_exp, new_exp, graph, verifier, plan) -> str | None:
+    """The first layer (graph order) whose output's cosine with FP32 is below budget."""
+    from .plan import LAYER_OPS, node_id
+    from .verify import layer_divergence
+
+    names, labels, dtypes = [], {}, {}
+    for n in graph.nodes:
+        if n.op in LAYER_OPS and n.outputs:
+            t = n.outputs[0]
+            # convert-fp16 renames the float16 side of a region exit to <name>_fp16; the
+            # float32 name is the Cast's output, which both models have.
+            base = t.name[:-5] if t.name.endswith("_fp16") and t.dtype == np.float16 else t.name
+            names.append(base)
+            labels[base] = node_id(n)
+    budget = (plan.verify["min_cosine"] if plan is not None else 0.99)
+    return layer_divergence(ref_exp, new_exp, names, verifier.feed_sets[:8], budget, labels)

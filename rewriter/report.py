@@ -112,10 +112,17 @@ class Report:
             lines.append("")
             lines.append(f"verify ({self.verified_with}):")
             ow = max([len(m["name"]) for m in self.verification] + [6])
-            lines.append(f"  {'output':<{ow}}  {'max_abs':>9}  {'max_rel':>9}  {'cosine':>10}  ok")
+            lossy = any(m.get("top1") is not None or m.get("sqnr_db", float("inf")) < 200
+                        for m in self.verification)
+            extra = f"  {'SQNR dB':>8}  {'top-1':>6}" if lossy else ""
+            lines.append(f"  {'output':<{ow}}  {'max_abs':>9}  {'max_rel':>9}  {'cosine':>10}{extra}  ok")
             for m in self.verification:
+                more = ""
+                if lossy:
+                    top1 = "-" if m.get("top1") is None else f"{m['top1']:.4f}"
+                    more = f"  {m.get('sqnr_db', float('inf')):8.1f}  {top1:>6}"
                 lines.append(f"  {m['name']:<{ow}}  {m['max_abs']:9.2e}  {m['max_rel']:9.2e}  "
-                             f"{m['cosine']:10.7f}  {'yes' if m['ok'] else 'NO'}")
+                             f"{m['cosine']:10.7f}{more}  {'yes' if m['ok'] else 'NO'}")
         if self.failed_pass:
             lines.append(f"verification failed after pass '{self.failed_pass}'")
         for w_ in self.warnings:

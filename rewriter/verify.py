@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import onnx
 
+from . import ir
 from .errors import InputError
 from .pass_base import Numerics
 
@@ -88,6 +89,9 @@ def input_shape(vi: onnx.ValueInfoProto, shapes: dict[str, list[int]], default: 
     return [d if d is not None else default for d in dims]
 
 
+MAX_FEED_BYTES = 1 << 30
+
+
 def make_feeds(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = None,
                seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded random inputs: N(0,1) floats, small non-negative integers, random bools.
@@ -106,6 +110,10 @@ def make_feeds(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = Non
             raise InputError(f"input '{vi.name}' is not a tensor; pass it with --inputs")
         dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
         shape = input_shape(vi, shapes)
+        # Declared dims can be absurd (2^40): refuse before numpy tries to allocate them.
+        if float(np.prod([float(d) for d in shape])) * np.dtype(dtype).itemsize > MAX_FEED_BYTES:
+            raise InputError(f"input '{vi.name}' of shape {shape} is too large for random "
+                             f"inputs (over {MAX_FEED_BYTES >> 20} MB); set --input-shape")
         if np.issubdtype(dtype, np.floating):
             x = rng.standard_normal(shape).astype(dtype)
         elif dtype == np.bool_:
@@ -236,6 +244,13 @@ class Verifier:
         self.feed_sets = feeds if isinstance(feeds, list) else [feeds]
         self.lossy = lossy
         self.output_names = [o.name for o in original.graph.output]
+        if ir.duplicate_node_names(original):
+            # onnxruntime refuses two nodes of one name; the rewrite renames them (the
+            # output loads), so the reference runs a renamed copy.
+            renamed = onnx.ModelProto()
+            renamed.CopyFrom(original)
+            ir.unique_node_names(renamed)
+            original, path = renamed, None
         try:
             # From the file when there is one: onnxruntime reads it without a protobuf copy.
             sess = backend.session(path) if path else backend.session(original, base_dir)
@@ -281,3 +296,46 @@ def _stack(runs: list[list[np.ndarray]]) -> list[np.ndarray]:
 def _line(e: BaseException) -> str:
     s = str(e).strip().splitlines()
     return (s[0] if s else type(e).__name__)[:300]
+
+
+def layer_divergence(ref_exp, new_exp, names: list[str], feed_sets: list[dict],
+                     min_cosine: float, labels: dict[str, str] | None = None,
+                     chunk: int = 32) -> str | None:
+    """First of ``names`` (in order) whose values in ``new_exp`` fall below ``min_cosine``
+    against ``ref_exp``; compared ``chunk`` tensors at a time, so two full copies of every
+    activation are never held. Returns the layer label and its cosine, or None."""
+    from .backends import ort
+
+    def augmented(exp, chunk_names):
+        m = onnx.ModelProto()
+        m.CopyFrom(exp.model)
+        have = {o.name for o in m.graph.output}
+        produced = {o for n in m.graph.node for o in n.output}
+        for n in chunk_names:
+            if n not in have and n in produced:
+                m.graph.output.append(onnx.ValueInfoProto(name=n))
+        return m
+
+    for i in range(0, len(names), chunk):
+        part = names[i:i + chunk]
+        results = []
+        for exp in (ref_exp, new_exp):
+            m = augmented(exp, part)
+            outs = [o.name for o in m.graph.output]
+            sess = ort.session(m, exp.source_dir, initializers=exp.ort_initializers())
+            want = [n for n in part if n in outs]
+            vals = {n: [] for n in want}
+            for f in feed_sets:
+                for n, v in zip(want, ort.run(sess, f, want)):
+                    vals[n].append(np.asarray(v, np.float64).ravel())
+            results.append(vals)
+        for n in part:
+            if n in results[0] and n in results[1]:
+                a, b = np.concatenate(results[0][n]), np.concatenate(results[1][n])
+                if a.shape != b.shape:
+                    continue
+                na, nb = np.linalg.norm(a), np.linalg.norm(b)
+                cos = float(a @ b / (na * nb)) if na > 0 and nb > 0 else float(na == nb)
+                if cos < min_cosine:
+                    return f"{(labels or {}).get(n, n)} (cosine {cos:.5f})"
+    return None
