@@ -10,7 +10,8 @@ What is measured, and how
 -------------------------
 * Every tool runs as its own whole process per model (start-up and imports included, as a
   user pays them), started with ``subprocess.Popen`` and reaped with ``os.wait4``: wall clock
-  from fork to exit, peak RSS from the child's own ``rusage.ru_maxrss``. Console scripts are
+  from fork to exit, peak RSS of the tool process alone from GNU time's ``%M`` (a child's own
+  ``ru_maxrss`` would include the pre-exec image of its parent). Console scripts are
   resolved beside ``sys.executable``, never through pyenv's bash shims (which add ~50-100 ms
   of their own to every command).
 * Each (model, tool) runs R times (``--repeat``, default 3), interleaved round-robin across
@@ -57,6 +58,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 PY = sys.executable
+TIME_BIN = "/usr/bin/time" if os.access("/usr/bin/time", os.X_OK) else None
 
 # onnxoptimizer: the passes a user would pick for an inference graph. fuse_bn_into_conv is
 # the one that matters here; the eliminations are the ones its README recommends.
@@ -116,14 +118,23 @@ EQUIV_TOL = 1e-3
 # ------------------------------------------------------------------------ measuring
 
 
-def run_measured(cmd: list[str], timeout: float, log_dir: Path, tag: str) -> dict:
+def run_measured(cmd: list[str], timeout: float, log_dir: Path, tag: str,
+                 env: dict | None = None) -> dict:
     """Run one whole process; wall seconds, peak RSS bytes, exit code, error line."""
+    load = os.getloadavg()[0]
     out_p, err_p = log_dir / f"{tag}.stdout", log_dir / f"{tag}.stderr"
+    rss_p = log_dir / f"{tag}.maxrss"
+    rss_p.unlink(missing_ok=True)
+    if TIME_BIN:
+        # Linux keeps the pre-exec image's peak in the child's ru_maxrss: a child forked from
+        # a big parent reports at least the parent's RSS. GNU time is a tiny C parent, so
+        # its %M is the tool's own peak.
+        cmd = [TIME_BIN, "-f", "%M", "-o", str(rss_p)] + cmd
     timed_out = threading.Event()
     with open(out_p, "wb") as fo, open(err_p, "wb") as fe:
         t0 = time.perf_counter()
         p = subprocess.Popen(cmd, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL,
-                             start_new_session=True, cwd=str(log_dir))
+                             start_new_session=True, cwd=str(log_dir), env=env)
 
         def kill():
             timed_out.set()
@@ -140,8 +151,14 @@ def run_measured(cmd: list[str], timeout: float, log_dir: Path, tag: str) -> dic
             timer.cancel()
         wall = time.perf_counter() - t0
         p.returncode = os.waitstatus_to_exitcode(status)
-    rec = {"wall": wall, "rss": ru.ru_maxrss * 1024, "rc": p.returncode,
-           "user": ru.ru_utime, "sys": ru.ru_stime}
+    rss = ru.ru_maxrss * 1024
+    if TIME_BIN:
+        try:
+            rss = int(rss_p.read_text().split()[-1]) * 1024
+        except (OSError, ValueError, IndexError):
+            pass  # killed before GNU time wrote it: keep the upper bound
+    rec = {"wall": wall, "rss": rss, "rc": p.returncode,
+           "user": ru.ru_utime, "sys": ru.ru_stime, "load": load}
     if timed_out.is_set():
         rec["error"] = f"timeout after {timeout:.0f} s"
     elif p.returncode != 0:
@@ -322,8 +339,9 @@ def _make_models_module():
 
 
 def light_dir() -> Path:
-    import onnx
-    return Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+    import importlib.util  # not `import onnx`: the parent stays small (see run_measured)
+    spec = importlib.util.find_spec("onnx")
+    return Path(list(spec.submodule_search_locations)[0]) / "backend" / "test" / "data" / "light"
 
 
 def plan_models(args) -> list[dict]:
@@ -352,11 +370,22 @@ def plan_models(args) -> list[dict]:
 
 
 def materialise(m: dict, work: Path) -> str:
+    """Path of the model's file; generated ones are built in a child process, so that the
+    benchmark process itself never holds a model (its RSS would leak into the children's)."""
     if "path" in m:
         return m["path"]
+    path = work / f"{m['name']}.onnx"
+    spec_p = work / f"{m['name']}.build.json"
+    spec_p.write_text(json.dumps({k: v for k, v in m.items() if k != "tools"}))
+    subprocess.run([PY, __file__, "--_build", str(spec_p), str(path)], check=True,
+                   capture_output=True, timeout=1800)
+    m.update(json.loads(spec_p.read_text()))
+    return str(path)
+
+
+def _build(m: dict, path: Path) -> None:
     import onnx
 
-    path = work / f"{m['name']}.onnx"
     mm = _make_models_module()
     fn = getattr(mm, m["build"], None) if mm else None
     if fn is None:
@@ -366,7 +395,6 @@ def materialise(m: dict, work: Path) -> str:
         m["source"] = f"models/make_models.py:{m['build']}"
     model = fn(m["n_blocks"]) if "n_blocks" in m else fn()
     onnx.save(model, str(path))
-    return str(path)
 
 
 def _fallback_chain(n_blocks: int, channels: int = 8, hw: int = 8, seed: int = 42):
@@ -440,6 +468,31 @@ def machine_info() -> dict:
             "loadavg_start": os.getloadavg()}
 
 
+def snapshot_ours(spec: str, work: Path) -> tuple[dict | None, str]:
+    """The code "ours" runs: a snapshot of the committed tree, byte-compiled.
+
+    Other people edit rewriter/ and passes/ while a run lasts; a snapshot keeps every run of
+    one benchmark on one version. It is byte-compiled as ``pip install`` does for the peers'
+    wheels (this environment sets PYTHONDONTWRITEBYTECODE, so an editable checkout would
+    recompile our modules in every process; see the start-up table). ``worktree`` runs the
+    checkout as it is instead.
+    """
+    if spec == "worktree":
+        return None, "working tree (editable install, as is)"
+    src = work / "src"
+    shutil.rmtree(src, ignore_errors=True)
+    src.mkdir(parents=True)
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", spec],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    arch = subprocess.run(["git", "-C", str(REPO), "archive", commit, "rewriter", "passes"],
+                          capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(src)], input=arch, check=True)
+    subprocess.run([PY, "-m", "compileall", "-q", str(src)], check=True,
+                   env={**os.environ, "PYTHONDONTWRITEBYTECODE": ""})
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    return env, f"commit {commit} (git archive into the work folder, byte-compiled)"
+
+
 def available_tools(names: list[str]) -> tuple[list[str], dict[str, str]]:
     import importlib.util
 
@@ -454,7 +507,8 @@ def available_tools(names: list[str]) -> tuple[list[str], dict[str, str]]:
     return ok, missing
 
 
-def startup_floor(tools: list[str], work: Path, repeat: int, timeout: float) -> dict:
+def startup_floor(tools: list[str], work: Path, repeat: int, timeout: float,
+                  ours_env: dict | None) -> dict:
     """Whole-process cost of doing nothing but importing, to separate start-up from work."""
     cmds = {"python -c pass": [PY, "-c", "pass"],
             "import numpy": [PY, "-c", "import numpy"],
@@ -464,11 +518,22 @@ def startup_floor(tools: list[str], work: Path, repeat: int, timeout: float) -> 
     mods = {"ours": "rewriter.cli, rewriter.api, passes.fold_constants, passes.fuse_conv_bn",
             "onnxsim": "onnxsim", "onnxslim": "onnxslim", "onnxoptimizer": "onnx, onnxoptimizer",
             "ort-basic": "onnxruntime"}
+    envs = {}
     for t in tools:
         cmds[f"{t}: import {mods[t]}"] = [PY, "-c", f"import {mods[t]}"]
+        if t == "ours":
+            envs[f"{t}: import {mods[t]}"] = ours_env
+            if ours_env is not None:
+                # What an editable checkout pays here: our modules compiled in every process.
+                label = "ours, not byte-compiled (editable checkout): same imports"
+                cmds[label] = [PY, "-c", f"import {mods[t]}"]
+                envs[label] = {**os.environ, "PYTHONPATH": str(REPO)}
+            cmds["ours: rewrite --list-passes"] = [_script("rewrite"), "--list-passes"]
+            envs["ours: rewrite --list-passes"] = ours_env
     out = {}
     for label, cmd in cmds.items():
-        runs = [run_measured(cmd, timeout, work, "startup") for _ in range(repeat)]
+        runs = [run_measured(cmd, timeout, work, "startup", envs.get(label))
+                for _ in range(repeat)]
         good = [r for r in runs if "error" not in r]
         out[label] = {"wall": statistics.median(r["wall"] for r in good) if good else None,
                       "rss": max(r["rss"] for r in good) if good else None,
@@ -485,23 +550,32 @@ def bench(args) -> dict:
     results = {"machine": machine_info(), "command": args.command, "repeat": args.repeat,
                "timeout": args.timeout, "tools": tool_names, "missing_tools": missing,
                "equiv_tol": EQUIV_TOL, "onnxoptimizer_passes": ONNXOPTIMIZER_PASSES,
-               "models": [], "workdir": str(work)}
+               "models": [], "workdir": str(work),
+               "rss_source": "time" if TIME_BIN else "wait4"}
 
     def save():
         raw_p.write_text(json.dumps(results, indent=1))
 
+    ours_env, results["ours_code"] = snapshot_ours(args.ours_code, work)
+    envs = {t: (ours_env if t == "ours" else None) for t in tool_names}
+    log(f"ours: {results['ours_code']}")
     log(f"workdir {work}; tools {', '.join(tool_names)}"
         + (f"; missing {missing}" if missing else ""))
     if not args.no_startup:
         log("start-up floor ...")
-        results["startup"] = startup_floor(tool_names, work / "logs", max(3, args.repeat),
-                                           args.timeout)
+        results["startup"] = startup_floor(tool_names, work / "logs", max(5, args.repeat),
+                                           args.timeout, ours_env)
         save()
     timed_out_chain: dict[str, int] = {}
     for m in plan_models(args):
         log(f"model {m['name']} ...")
         try:
             inp = materialise(m, work)
+        except subprocess.CalledProcessError as e:
+            m["error"] = "could not build: " + error_line(e.stderr.decode(errors="replace"))
+            results["models"].append(m)
+            save()
+            continue
         except Exception as e:  # noqa: BLE001
             m["error"] = f"could not build: {type(e).__name__}: {e}"
             results["models"].append(m)
@@ -522,7 +596,7 @@ def bench(args) -> dict:
                 for p in Path(outs[t]).parent.glob(Path(outs[t]).name + "*"):
                     p.unlink()
                 run = run_measured(TOOLS[t][2](inp, outs[t]), args.timeout, work / "logs",
-                                   f"{m['name']}.{t}.{r}")
+                                   f"{m['name']}.{t}.{r}", envs[t])
                 if "error" not in run and not Path(outs[t]).exists():
                     run["error"] = "exit 0 but no output file"
                 rec["runs"].append(run)
@@ -653,13 +727,15 @@ def render(res: dict) -> str:
              f"{mi['loadavg_start'][0]:.2f} at start, "
              f"{mi.get('loadavg_end', [float('nan')])[0]:.2f} at end). Versions: "
              + ", ".join(f"{k} {v}" for k, v in mi["versions"].items()) + ".\n")
+    if res.get("ours_code"):
+        L.append(f"Our code: {res['ours_code']}.\n")
     if res.get("missing_tools"):
         L.append("Not measured: " + "; ".join(f"{k} ({v})" for k, v in
                                                res["missing_tools"].items()) + ".\n")
     L.append(
         "How: every tool is a separate whole process per model (start-up and imports "
         f"included), R = {res['repeat']} runs interleaved across tools, median wall time; peak "
-        "RSS from the child's own rusage (`os.wait4`). Commands: "
+        f"RSS from {'GNU time %M (the tool process alone)' if res.get('rss_source') == 'time' else 'the child rusage (os.wait4)'}. Commands: "
         "`rewrite IN -o OUT --target none`; `onnxsim IN OUT`; `onnxslim IN OUT`; "
         "onnxoptimizer: `python -c` load, `onnxoptimizer.optimize(model, "
         f"{res['onnxoptimizer_passes']})`, save; onnxruntime basic: `python -c` "
@@ -756,6 +832,11 @@ def _short(err: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--_build"]:
+        m = json.loads(Path(argv[1]).read_text())
+        _build(m, Path(argv[2]))
+        Path(argv[1]).write_text(json.dumps(m))
+        return 0
     if argv[:1] == ["--_eval"]:
         spec = json.loads(Path(argv[1]).read_text())
         Path(argv[2]).write_text(json.dumps(evaluate(spec)))
@@ -778,6 +859,9 @@ def main(argv: list[str] | None = None) -> int:
                     "(default: a new temp folder)")
     ap.add_argument("--keep-outputs", action="store_true", help="keep the tools' outputs")
     ap.add_argument("--no-startup", action="store_true", help="skip the start-up floor")
+    ap.add_argument("--ours-code", default="HEAD", metavar="REV|worktree",
+                    help="which code 'ours' runs: a byte-compiled snapshot of a git revision "
+                    "(default HEAD) or the working tree as it is ('worktree')")
     ap.add_argument("--render", metavar="RESULTS_JSON", help="only render a finished run")
     args = ap.parse_args(argv)
     if args.render:
