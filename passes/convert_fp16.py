@@ -27,6 +27,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from rewriter.errors import PreconditionError
+from rewriter.ir import set_values
 from rewriter.pass_base import Context, Numerics, Pass, PassResult, Phase
 from rewriter.plan import node_id
 
@@ -99,7 +100,7 @@ class ConvertFp16(Pass):
                             v = np.clip(v, -FP16_MAX, FP16_MAX)
                         v16 = v.astype(np.float16)
                         if all(id(c) in region for c in t.outputs) and id(t) not in outputs:
-                            t.values = v16
+                            set_values(t, v16)
                             const16[t.name] = t
                         else:
                             const16[t.name] = gs.Constant(ctx.namer(f"{t.name}_fp16"), v16)

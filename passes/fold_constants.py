@@ -22,7 +22,10 @@ What is never folded, and why:
   results that grow: a result over ``fold_size_limit`` bytes (default 1 MiB) and more than
   ``fold_growth`` (default 2) times its inputs stays a node (skip:size-guard), unless every
   consumer uses it as a weight (Conv/Gemm/MatMul/BN parameters), which a backend has to
-  materialise anyway.
+  materialise anyway. Sizes are estimated *before* evaluating (from the constant inputs of
+  ConstantOfShape/Expand/Tile/Range, else the inferred output shapes), and nothing over
+  ``fold_max_bytes`` (default 1 GiB) is ever evaluated, weight or not (skip:too-large): a
+  hostile ConstantOfShape would otherwise exhaust memory before any guard saw its result.
 
 Dead code: Identity and inference Dropout are bypassed (kept when both sides are graph
 inputs/outputs); unused nodes and initializers go in the manager's cleanup. Graph inputs
@@ -47,6 +50,9 @@ NEVER = {
     "SequenceLength", "SequenceMap", "SplitToSequence", "ConcatFromSequence",
     "Optional", "OptionalGetElement", "OptionalHasElement",
 }
+# No folded result may exceed this, weight or not: a 1 GB constant made from a 12-byte
+# ConstantOfShape is a hostile or broken model, and evaluating it would exhaust memory.
+MAX_BYTES = 1 << 30
 # Input slots that hold parameters a backend must have as constants anyway.
 WEIGHT_SLOTS = {
     "Conv": {1, 2}, "ConvTranspose": {1, 2}, "Gemm": {1, 2}, "MatMul": {1},
@@ -65,6 +71,7 @@ class FoldConstants(Pass):
         res = PassResult()
         limit = int(ctx.option("fold_size_limit", 1 << 20))
         growth = float(ctx.option("fold_growth", 2.0))
+        max_bytes = int(ctx.option("fold_max_bytes", MAX_BYTES))
         strict = bool(ctx.option("strict", False))
         toposort(graph)  # one forward sweep then folds whole constant chains
         for g in iter_graphs(graph):
@@ -85,6 +92,16 @@ class FoldConstants(Pass):
                     if reason:
                         res.skip(reason)
                     continue
+                in_bytes = sum(t.values.nbytes for t in node.inputs
+                               if isinstance(t, gs.Constant))
+                est = _estimate_bytes(node)
+                if est is not None and est > max_bytes:
+                    res.skip("too-large")
+                    continue
+                if est is not None and est > limit and est > growth * in_bytes and not all(
+                        _only_weight_use(t) for t in node.outputs):
+                    res.skip("size-guard")
+                    continue
                 try:
                     values = _evaluate(node, g.opset)
                 except Exception as e:
@@ -94,8 +111,6 @@ class FoldConstants(Pass):
                     res.notes.append(f"{node.op} '{node.name}': {type(e).__name__}: {e}"[:200])
                     continue
                 out_bytes = sum(v.nbytes for v in values)
-                in_bytes = sum(t.values.nbytes for t in node.inputs
-                               if isinstance(t, gs.Constant))
                 if out_bytes > limit and out_bytes > growth * in_bytes and not all(
                         _only_weight_use(t) for t in node.outputs):
                     res.skip("size-guard")
@@ -130,6 +145,56 @@ def _check(node: gs.Node, graph_outputs: set[int]) -> str | None:
     if any(id(t) in graph_outputs for t in node.outputs):
         return "graph-output"
     return None
+
+
+def _estimate_bytes(node: gs.Node) -> int | None:
+    """Bytes a node's outputs will take, known *before* evaluating it, or None.
+
+    The ops that build big tensors from small constants (ConstantOfShape, Expand, Tile,
+    Range) are sized from their constant inputs; others from their inferred static output
+    shapes. A hostile model can ask ConstantOfShape for 2^60 elements: evaluating first
+    and measuring after would exhaust memory before the size guard ever saw the result.
+    """
+    def vals(i):
+        t = node.inputs[i] if len(node.inputs) > i else None
+        return np.asarray(t.values) if isinstance(t, gs.Constant) else None
+
+    try:
+        if node.op == "ConstantOfShape":
+            shape, value = vals(0), node.attrs.get("value")
+            item = np.asarray(value.values).dtype.itemsize if isinstance(value, gs.Constant) else 4
+            return None if shape is None else int(_prod(shape)) * item
+        if node.op in ("Expand", "Tile") and isinstance(node.inputs[0], gs.Constant):
+            x, arg = vals(0), vals(1)
+            if arg is None:
+                return None
+            if node.op == "Tile":
+                return int(x.nbytes * _prod(arg))
+            dims = list(x.shape)
+            arg = [int(d) for d in arg.ravel()]
+            n = max(len(dims), len(arg))
+            dims = [1] * (n - len(dims)) + dims
+            arg = [1] * (n - len(arg)) + arg
+            return int(_prod([max(a, b) for a, b in zip(dims, arg)]) * x.dtype.itemsize)
+        if node.op == "Range":
+            start, limit, delta = vals(0), vals(1), vals(2)
+            if start is None or limit is None or delta is None or float(delta) == 0:
+                return None
+            n = max(0.0, np.ceil((float(limit) - float(start)) / float(delta)))
+            return int(min(n, 2.0**62)) * start.dtype.itemsize
+    except (TypeError, ValueError, OverflowError):
+        return None
+    total = 0
+    for t in node.outputs:
+        if t.dtype is None or not _static(t):
+            return None
+        total += _prod(t.shape) * np.dtype(t.dtype).itemsize
+    return int(min(total, 2.0**62))
+
+
+def _prod(dims) -> float:
+    # float: absurd dims must not wrap around like int64 products do
+    return float(np.prod([max(float(d), 0.0) for d in np.asarray(dims).ravel()]))
 
 
 def _static(t: gs.Tensor) -> bool:

@@ -41,7 +41,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rewriter.ir import iter_graphs
+from rewriter.ir import iter_graphs, set_values
 from rewriter.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 CONVS = ("Conv", "ConvTranspose")
@@ -264,7 +264,7 @@ def _set_const(node, idx, values, ctx):
     """Give input ``idx`` new values: in place if only this node uses it, else a copy."""
     t = node.inputs[idx]
     if len(t.outputs) == 1 and not t.inputs:
-        t.values = values
+        set_values(t, values)
     else:
         node.inputs[idx] = gs.Constant(ctx.namer(f"{t.name}_fused"), values)
 

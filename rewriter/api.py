@@ -105,6 +105,15 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
     pipeline = registry.resolve(passes)
     quantize: list = []
     calib_data = eval_feeds = None
+    if isinstance(plan, str) and plan == "auto":
+        if calib is None:
+            raise InputError("--plan auto measures layer sensitivities on data: give --calib DIR")
+        from .planner import plan_auto
+        t = time.perf_counter()
+        plan, planner_report = plan_auto(original, calib, base_dir=base_dir,
+                                         settings=options.get("planner"), progress=progress)
+        data["planner"] = planner_report
+        seconds["plan"] = time.perf_counter() - t
     if plan is not None:
         from . import plan as plan_mod
         plan = plan_mod.load(plan)
@@ -116,16 +125,21 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
             calib_data = load_calibration(calib, original, preprocess=plan.preprocess,
                                           limit=int(plan.int8["calibration"]["samples"]))
             if verify and inputs is None and len(calib_data) >= 8:
-                # Hold out a quarter (at most 64 samples) to judge accuracy on data the
-                # scales were not computed from.
-                n_eval = min(64, len(calib_data) // 4)
-                calib_data, held_out = calib_data.split(n_eval)
+                # Judge accuracy on samples the scales were not computed from (the
+                # planner holds out the same ones).
+                from .calibrate import held_out_count
+                calib_data, held_out = calib_data.split(held_out_count(len(calib_data)))
                 eval_feeds = list(held_out)
     report = Report(input=name, output=str(output) if output else None)
+    if "planner" in data:
+        pr = data["planner"]
+        report.extra["planner"] = {"measured": pr.measured, "int8_flop_share": pr.int8_flop_share,
+                                   "predicted_speedup": pr.predicted_speedup,
+                                   "evaluations": pr.evaluations, "seconds": pr.seconds}
     report.ops_before = op_histogram(original.graph)
     report.bytes_before = ir.total_weight_bytes(original)
     graph = ir.to_graph(original, base_dir)
-    seconds["load"] = time.perf_counter() - t0
+    seconds["load"] = time.perf_counter() - t0 - seconds.get("plan", 0.0)
 
     verifier = None
     if verify:
@@ -186,6 +200,13 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
     if plan is not None:
         done[0] = list(records)
         t = time.perf_counter()
+        from .plan import resolve
+        if plan.per_channel and graph.opset < 13 and "int8" in resolve(
+                plan, list(graph.nodes)).precision.values():
+            # Per-axis Q/DQ needs opset 13; converting first is exact (shared FACTS.md).
+            graph, original = ir.upgrade_opset(graph, original, base_dir, 13)
+            ctx.namer = ir.Namer(graph)
+            report.warnings.append("model converted to opset 13 for per-channel weight scales")
         _prepare_plan(graph, original, base_dir, ctx, plan, calib_data, progress, report)
         seconds["calibrate"] = time.perf_counter() - t
         if verifier is not None:

@@ -914,3 +914,9 @@ def _rebin(histogram: tuple, num_bins: int) -> tuple:
 
 
 __all__ = ["METHODS", "CalibrationData", "Preprocess", "collect_ranges", "load_calibration"]
+
+
+def held_out_count(n: int) -> int:
+    """How many of ``n`` samples the planner and --verify hold out for evaluation (the same
+    rule in both, so the plan the planner measured is the plan that gets verified)."""
+    return max(4, min(128, n // 3))

@@ -17,7 +17,7 @@ import sys
 import traceback
 
 EXIT_OK, EXIT_VERIFY, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
-SUBCOMMANDS = ("check", "advise")
+SUBCOMMANDS = ("check", "plan", "advise")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -59,9 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "more than this share (default 0.5 = +50%%)")
     p.add_argument("--plan", metavar="PLAN",
                    help="mixed-precision plan: a YAML/JSON file, or built-in 'default' (first "
-                        "and last conv + classifier FP16, the rest INT8), 'int8', 'fp16'")
+                        "and last conv + classifier FP16, the rest INT8), 'int8', 'fp16', or "
+                        "'auto' (the planner chooses, see 'rewrite plan -h')")
     p.add_argument("--calib", metavar="DIR",
                    help="calibration data for the plan's INT8 layers: .npy, .npz or images")
+    _planner_args(p)
     p.add_argument("--target", choices=("migraphx", "none"), default="migraphx",
                    help="static check of the output against the target (default migraphx)")
     p.add_argument("--backend", choices=("migraphx", "ort-migraphx"), default="migraphx",
@@ -141,6 +143,7 @@ def _run(args) -> int:
             args.model, passes, output=args.output, verify=args.verify or bool(args.inputs),
             input_shapes=shapes, inputs=inputs, seed=args.seed,
             options={"fold_size_limit": args.fold_size_limit,
+                     "planner": _planner_settings(args),
                      "pad_multiple": args.pad_multiple, "pad_sides": args.pad_sides,
                      "pad_max_overhead": args.pad_max_overhead},
             materialize=False, plan=args.plan, calib=args.calib,
@@ -214,7 +217,99 @@ def _subcommand(name: str, argv: list[str]) -> int:
         return advise_main(argv)
     if name == "check":
         return _check_main(argv)
+    if name == "plan":
+        return _plan_main(argv)
     return EXIT_INPUT
+
+
+def _planner_args(p) -> None:
+    g = p.add_argument_group("planner (also used by --plan auto)")
+    g.add_argument("--min-top1", type=float, default=0.99,
+                   help="top-1 agreement with FP32 the plan must keep (default 0.99)")
+    g.add_argument("--min-cosine", type=float, default=0.995,
+                   help="output cosine with FP32 the plan must keep (default 0.995)")
+    g.add_argument("--alpha", type=float, default=0.7, help="weight of FP16 loss (default 0.7)")
+    g.add_argument("--beta", type=float, default=0.3, help="weight of INT8 loss (default 0.3)")
+    g.add_argument("--int8-speed", type=float, default=None,
+                   help="INT8 speed relative to FP32 for the speed model (default 1.74)")
+    g.add_argument("--fp16-speed", type=float, default=None,
+                   help="FP16 speed relative to FP32 (default 1.5, an assumption)")
+    g.add_argument("--target-speedup", type=float, default=None,
+                   help="report the INT8 FLOP share this speedup needs")
+    g.add_argument("--method", choices=("minmax", "percentile", "entropy"), default="percentile",
+                   help="calibration method (default percentile)")
+    g.add_argument("--percentile", type=float, default=99.99, help="for percentile (99.99)")
+    g.add_argument("--weights", choices=("per-channel", "per-tensor"), default="per-channel")
+    g.add_argument("--samples", type=int, default=256,
+                   help="calibration samples used at most; a third is held out (default 256)")
+
+
+def _planner_settings(args) -> dict:
+    return {"min_top1": args.min_top1, "min_cosine": args.min_cosine, "alpha": args.alpha,
+            "beta": args.beta, "int8_speed": args.int8_speed, "fp16_speed": args.fp16_speed,
+            "target_speedup": args.target_speedup, "method": args.method,
+            "percentile": args.percentile, "weights": args.weights, "samples": args.samples}
+
+
+def _plan_main(argv: list[str]) -> int:
+    p = _Parser(prog="rewrite plan", description=(
+        "Measure each layer's sensitivity to INT8 and FP16 on calibration data and write a "
+        "mixed-precision plan that keeps the accuracy budget, with a sensitivity table and "
+        "plot beside it."))
+    p.add_argument("model")
+    p.add_argument("--calib", required=True, metavar="DIR", help="calibration data")
+    p.add_argument("-o", "--output", required=True, help="plan file to write (.yaml or .json)")
+    p.add_argument("--input-shape", action="append", metavar="NAME:DIMS")
+    _planner_args(p)
+    p.add_argument("-q", "--quiet", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true")
+    try:
+        args = p.parse_args(argv)
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+        return EXIT_OK if e.code in (0, None) else EXIT_INPUT
+    try:
+        import json
+        from pathlib import Path
+
+        from .planner import plan_auto, write_plot
+
+        plan, rep = plan_auto(args.model, args.calib, settings=_planner_settings(args),
+                              progress=not args.quiet and sys.stderr.isatty())
+        out = Path(args.output)
+        text = (json.dumps(rep.plan, indent=2) if out.suffix == ".json"
+                else _yaml(rep.plan))
+        _atomic_write(out, text)
+        stem = out.with_suffix("")
+        _atomic_write(Path(f"{stem}.sensitivity.json"), json.dumps(rep.to_dict(), indent=2))
+        plotted = write_plot(rep, f"{stem}.sensitivity.png")
+        if not args.quiet:
+            print(rep.render())
+            print(f"wrote {out}, {stem}.sensitivity.json"
+                  + (f", {stem}.sensitivity.png" if plotted else
+                     " (no plot: pip install matplotlib)"))
+        return EXIT_OK
+    except Exception as e:  # noqa: BLE001
+        return _fail(e, args.verbose)
+
+
+def _yaml(d: dict) -> str:
+    import yaml
+
+    return ("# written by `rewrite plan`; see docs/plans.md\n"
+            + yaml.safe_dump(d, sort_keys=False, default_flow_style=False))
+
+
+def _atomic_write(path, text: str) -> None:
+    import os
+    import tempfile
+
+    folder = path.parent if str(path.parent) else "."
+    fd, tmp = tempfile.mkstemp(prefix=".rewrite-", dir=folder)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def _check_main(argv: list[str]) -> int:

@@ -31,6 +31,10 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from .errors import InputError
 
+# onnx-graphsurgeon prints its warnings on *stdout* (e.g. a multi-line dump of every pair of
+# nodes sharing a name): that breaks `-q` and one-line errors. Its errors still raise.
+gs.logger.G_LOGGER.severity = max(gs.logger.G_LOGGER.severity, gs.logger.G_LOGGER.ERROR)
+
 # Tensors above this many bytes go to the external data file when we write one.
 EXTERNAL_THRESHOLD = 1024
 # Write external data whenever the weights get close to protobuf's 2 GB hard limit.
@@ -150,18 +154,41 @@ def load(path: str | os.PathLike, check: bool = True) -> onnx.ModelProto:
 
 
 def _first_line(e: BaseException) -> str:
-    s = str(e).strip().splitlines()
-    return s[0][:300] if s else type(e).__name__
+    # onnx.checker spreads one message over lines ("input 'x' of node:\nname: ...\n is not
+    # output of any previous nodes."): keep all of it, as one line.
+    s = " ".join(str(e).split())
+    return s[:300] if s else type(e).__name__
 
 
 def check_model(model: onnx.ModelProto, what: str = "model") -> None:
-    """onnx.checker on the structure (weights are not loaded, so this stays cheap)."""
+    """onnx.checker on the structure (weights are not loaded, so this stays cheap).
+
+    External tensors are checked on a copy where they are empty: for a ModelProto, the
+    checker looks for external data files relative to the *working directory*, so a model
+    loaded from another folder would be refused. Their files were validated by
+    :func:`resolve_external` already (path inside the folder, file long enough).
+    """
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in iter_model_tensors(model.graph)):
+        model = _structure_only(model)
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as e:
         raise InputError(f"{what}: onnx.checker rejects it: {_first_line(e)}") from None
     except Exception as e:  # e.g. protobuf size errors
         raise InputError(f"{what}: cannot be checked: {_first_line(e)}") from None
+
+
+def _structure_only(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy whose external tensors are empty (dims [0]); the model proto is small then."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for t in iter_model_tensors(m.graph):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            del t.external_data[:]
+            t.data_location = onnx.TensorProto.DEFAULT
+            del t.dims[:]
+            t.dims.append(0)
+    return m
 
 
 # --------------------------------------------------------------------------- gs graph
@@ -380,7 +407,54 @@ def to_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
     vis = [vi for vi in model.graph.value_info if vi.name in keep_vi]
     del model.graph.value_info[:]
     model.graph.value_info.extend(vis)
+    unique_node_names(model)
     return model
+
+
+def _graph_protos(g: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    yield g
+    for n in g.node:
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                yield from _graph_protos(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for sg in a.graphs:
+                    yield from _graph_protos(sg)
+
+
+def duplicate_node_names(model: onnx.ModelProto) -> bool:
+    """Does any graph have two nodes with one (non-empty) name? onnxruntime refuses those."""
+    for g in _graph_protos(model.graph):
+        names = [n.name for n in g.node if n.name]
+        if len(names) != len(set(names)):
+            return True
+    return False
+
+
+def unique_node_names(model: onnx.ModelProto) -> int:
+    """Rename the second and later nodes sharing a name within a graph (``name_1`` ...).
+
+    ONNX only says node names are for diagnostics, but onnxruntime refuses a graph with two
+    nodes of one name. The first keeps its name (plans name nodes). Returns how many changed.
+    """
+    changed = 0
+    for g in _graph_protos(model.graph):
+        names = [n.name for n in g.node if n.name]
+        if len(names) == len(set(names)):
+            continue
+        used, seen = set(names), set()
+        for n in g.node:
+            if not n.name:
+                continue
+            if n.name in seen:
+                i = 1
+                while f"{n.name}_{i}" in used:
+                    i += 1
+                n.name = f"{n.name}_{i}"
+                used.add(n.name)
+                changed += 1
+            seen.add(n.name)
+    return changed
 
 
 def _version() -> str:
@@ -457,17 +531,31 @@ def save(exp: Exported, path: str | os.PathLike, external: bool | None = None) -
         raise InputError(f"{out}: output folder does not exist")
     if not os.access(folder, os.W_OK):
         raise InputError(f"{out}: output folder is not writable")
+    if out.is_dir():
+        raise InputError(f"{out}: is a folder; give an output file name")
+    try:
+        return _save(exp, out, folder, external)
+    except OSError as e:
+        # ENOSPC, EROFS, EACCES for root on odd filesystems ...: the user's to fix (exit 2).
+        raise InputError(f"{out}: cannot write the output ({e.strerror or e})") from None
+
+
+def _save(exp: Exported, out: Path, folder: Path, external: bool | None) -> list[str]:
     model = exp.model
     inits = list(model.graph.initializer)
     has_ext = any(t.data_location == onnx.TensorProto.EXTERNAL and not _is_stub(t) for t in inits)
     if external is None:
         external = has_ext or total_weight_bytes(model) > PROTO_LIMIT
     data_name = out.name + ".data"
-    if external and has_ext:
+    if has_ext:
+        # The input's weights are streamed from its data files while the output is written,
+        # and the input is never modified: neither output file may be one of them.
+        targets = {os.path.realpath(out)} | ({os.path.realpath(folder / data_name)}
+                                             if external else set())
         for t in inits:
             if t.data_location == onnx.TensorProto.EXTERNAL and not _is_stub(t):
                 src = resolve_external(t, Path(exp.source_dir))[0]
-                if os.path.realpath(src) == os.path.realpath(folder / data_name):
+                if os.path.realpath(src) in targets:
                     raise InputError(f"{out}: writing would overwrite the input's external data "
                                      f"{src}; choose another output name")
     # The model and graph without initializers; initializers are appended after them.
@@ -523,6 +611,10 @@ def save(exp: Exported, path: str | os.PathLike, external: bool | None = None) -
                     for c in chunks:
                         f.write(c)
         shell.graph.CopyFrom(g)
+        # mkstemp creates 0600 files; an output is an ordinary file (0666 minus the umask).
+        mode = 0o666 & ~_umask()
+        for t in tmps:
+            os.chmod(t, mode)
         written = []
         if external:
             os.replace(tmps[0], folder / data_name)
@@ -534,6 +626,12 @@ def save(exp: Exported, path: str | os.PathLike, external: bool | None = None) -
             if os.path.exists(t):
                 os.unlink(t)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _copy_fields(src, dst, skip: str) -> None:
@@ -638,6 +736,29 @@ class Namer:
             name = f"{base}_{i}"
         self.used.add(name)
         return name
+
+
+def upgrade_opset(graph: gs.Graph, original: onnx.ModelProto, base_dir, target: int
+                  ) -> tuple[gs.Graph, onnx.ModelProto]:
+    """The graph converted to default-domain opset ``target`` with onnx's version converter
+    (per-axis QuantizeLinear/DequantizeLinear need opset 13); (graph, new original)."""
+    model = export(graph, original, base_dir).materialize()
+    try:
+        converted = onnx.version_converter.convert_version(model, target)
+    except Exception as e:
+        raise InputError(f"cannot convert the model to opset {target}: {_first_line(e)}") from None
+    new_original = onnx.ModelProto()
+    new_original.CopyFrom(original)
+    del new_original.opset_import[:]
+    new_original.opset_import.extend(converted.opset_import)
+    return to_graph(converted, base_dir), new_original
+
+
+def set_values(t: gs.Constant, values: np.ndarray) -> None:
+    """Replace a constant's values (and dtype). Graph.copy() pins export_dtype to the old
+    dtype, which would make the exporter refuse a new one."""
+    t.values = values
+    t._export_dtype = None
 
 
 def const_value(t: gs.Tensor) -> np.ndarray | None:

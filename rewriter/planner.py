@@ -23,8 +23,10 @@
 4. Choice: start from every INT8-capable layer in INT8; order INT8 layers by measured INT8
    loss; find, by bisection with real measurements of the whole plan, the fewest of the
    most sensitive layers to move out of INT8 (to FP16, or FP32 where FP16 hurts too) so
-   that the plan meets the budget (top-1 agreement and cosine on the held-out samples).
-   The predicted loss ranks candidates; the decision is always measured.
+   that the plan meets the budget (top-1 agreement and cosine on the held-out samples);
+   then try to bring each of the (at most ``refine``) least sensitive demoted layers back
+   to INT8, keeping the budget. The accuracy model ranks candidates; every decision is
+   measured.
 
 Outputs: a plan (YAML, explicit per-layer overrides), a sensitivity table (text/JSON) and
 a PNG plot (layer vs INT8/FP16 loss) when matplotlib is installed.
@@ -43,7 +45,7 @@ from .errors import InputError
 from .plan import INT8_OPS, LAYER_OPS, Assignment, Plan, node_id
 
 DEFAULTS = {"alpha": 0.7, "beta": 0.3, "int8_speed": 2176 / 1248, "fp16_speed": 1.5,
-            "min_top1": 0.99, "min_cosine": 0.995, "fp16_ok_loss": 1e-4}
+            "min_top1": 0.99, "min_cosine": 0.995, "fp16_ok_loss": 1e-4, "refine": 32}
 
 
 @dataclass
@@ -236,9 +238,12 @@ def plan_auto(model, calib, *, input_shapes=None, settings: dict | None = None,
     data = load_calibration(calib, original, preprocess=s["preprocess"], limit=int(s["samples"]))
     if len(data) < 8:
         raise InputError(f"the planner needs at least 8 calibration samples ({len(data)} given)")
-    n_eval = max(4, min(128, len(data) // 3))
+    from .calibrate import held_out_count
+    n_eval = held_out_count(len(data))
     cal_data, eval_data = data.split(n_eval)
     eval_feeds = list(eval_data)
+    if s["weights"] == "per-channel" and graph.opset < 13:
+        graph, original = ir.upgrade_opset(graph, original, base_dir, 13)
     layers = [n for n in graph.nodes if n.op in LAYER_OPS]
     if not layers:
         raise InputError("the model has no Conv/MatMul/Gemm layers to plan")
@@ -297,7 +302,16 @@ def plan_auto(model, calib, *, input_shapes=None, settings: dict | None = None,
                 lo = mid + 1
         notes = []
     k, measured = best
-    choice = assign({r.id for r in ranked[:k]})
+    demoted = {r.id for r in ranked[:k]}
+    # Refine: bisection assumes sensitivity adds up in rank order; it does not quite, so try
+    # to bring each demoted layer back to INT8, least sensitive first, keeping the budget.
+    if k and meets(measured):
+        for r in reversed(ranked[:k][-int(s["refine"]):]):
+            m = ev.measure(assign(demoted - {r.id}))
+            if meets(m):
+                demoted.discard(r.id)
+                measured = m
+    choice = assign(demoted)
     for r in results:
         r.choice = choice[r.id]
     total = sum(r.flops for r in results) or 1.0
