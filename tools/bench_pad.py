@@ -5,9 +5,11 @@
 
 Both variants go through the same front half of the pipeline (fold-constants,
 fuse-conv-bn), so the only difference measured is pad-channels. They are timed side by side
-in one process: for every model and batch size the two sessions are created, warmed up, then
-run alternately (unpadded, padded, unpadded, ...) so that clock and thermal drift hit both
-alike; the table shows medians. onnxruntime runs with its full graph optimisations
+in one process: for every model and batch size three sessions are created (unpadded, padded,
+and a second unpadded one), warmed up, then run in turn, round after round, so that clock,
+thermal and load drift hit all alike; the table shows medians. The A/A column (second
+unpadded / first unpadded) is the noise floor: a padded/unpadded ratio inside the A/A
+spread is no measured difference. onnxruntime runs with its full graph optimisations
 (ORT_ENABLE_ALL), as a deployment would; ``--threads`` fixes the intra-op thread count.
 
 The FLOPs column is the conv FLOPs overhead of pad-channels with the default cost guard
@@ -94,19 +96,20 @@ def feeds_for(sess, batch: int, seed: int = 0) -> dict:
     return out
 
 
-def timed_pair(a, b, feeds, min_runs: int, budget: float) -> tuple[float, float]:
-    """Median latency (ms) of two sessions run alternately on the same inputs."""
-    for s in (a, b):
+def timed(sessions, feeds, min_runs: int, budget: float) -> list[float]:
+    """Median latency (ms) of sessions run in turn, round after round, on the same inputs."""
+    for s in sessions:
         for _ in range(2):
             s.run(None, feeds)
-    ta, tb = [], []
+    times = [[] for _ in sessions]
     start = time.perf_counter()
-    while len(ta) < min_runs or (time.perf_counter() - start < budget and len(ta) < 200):
-        for s, acc in ((a, ta), (b, tb)):
+    while len(times[0]) < min_runs or (time.perf_counter() - start < budget
+                                       and len(times[0]) < 200):
+        for s, acc in zip(sessions, times):
             t = time.perf_counter()
             s.run(None, feeds)
             acc.append((time.perf_counter() - t) * 1000)
-    return statistics.median(ta), statistics.median(tb)
+    return [statistics.median(t) for t in times]
 
 
 def bench_model(path: str, n: int, batches, threads: int, min_runs: int, budget: float) -> dict:
@@ -126,9 +129,11 @@ def bench_model(path: str, n: int, batches, threads: int, min_runs: int, budget:
     }
     for batch in batches:
         try:
-            a, b = (session(with_batch(m, batch), threads) for m in (base, padded))
-            feeds = feeds_for(a, batch)
-            res["lat"][batch] = timed_pair(a, b, feeds, min_runs, budget)
+            # a second, identical unpadded session is the A/A control: its ratio to the
+            # first is the noise floor of this machine at this moment.
+            sess = [session(with_batch(m, batch), threads) for m in (base, padded, base)]
+            feeds = feeds_for(sess[0], batch)
+            res["lat"][batch] = tuple(timed(sess, feeds, min_runs, budget))
         except Exception as e:  # noqa: BLE001 - a model that cannot run at this batch
             res["lat"][batch] = None
             res.setdefault("notes", []).append(f"batch {batch}: {type(e).__name__}")
@@ -145,9 +150,10 @@ def render(results: list[dict], batches, threads: int) -> str:
         "",
     ]
     head = "| model | N | convs aligned | padded / skipped | conv FLOPs | "
-    head += " | ".join(f"b{b} unpadded ms | b{b} padded ms | b{b} ratio" for b in batches) + " |"
+    head += " | ".join(f"b{b} unpadded ms | b{b} padded ms | b{b} padded/unpadded | "
+                       f"b{b} A/A" for b in batches) + " |"
     lines.append(head)
-    lines.append("|" + "---|" * (5 + 3 * len(batches)))
+    lines.append("|" + "---|" * (5 + 4 * len(batches)))
     for r in results:
         cells = [r["model"].replace(".onnx", ""), str(r["n"]), f"{r['aligned']}/{r['convs']}",
                  f"{r['padded']} / {r['skipped']}",
@@ -155,9 +161,10 @@ def render(results: list[dict], batches, threads: int) -> str:
         for b in batches:
             lat = r["lat"].get(b)
             if lat is None:
-                cells += ["n/a", "n/a", "n/a"]
+                cells += ["n/a"] * 4
             else:
-                cells += [f"{lat[0]:.2f}", f"{lat[1]:.2f}", f"{lat[1] / lat[0]:.3f}"]
+                cells += [f"{lat[0]:.2f}", f"{lat[1]:.2f}", f"{lat[1] / lat[0]:.3f}",
+                          f"{lat[2] / lat[0]:.3f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
