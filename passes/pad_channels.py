@@ -148,10 +148,10 @@ class Layout:
     def prefix(self) -> bool:
         return self.pos == tuple(range(len(self.pos)))
 
-    def same(self, o: "Layout") -> bool:
+    def same(self, o: Layout) -> bool:
         return self.size == o.size and self.pos == o.pos and self.rank == o.rank
 
-    def with_zero(self, zero: bool) -> "Layout":
+    def with_zero(self, zero: bool) -> Layout:
         return Layout(self.size, self.pos, self.rank, zero)
 
 
@@ -380,7 +380,7 @@ class _GraphPadder:
             ipos = np.asarray(in_layout.pos if in_layout is not None else range(cin))
             opos = np.asarray(out_layout.pos if out_layout is not None else range(cout))
             cg, og = cin // group, cout // group
-            pg_in, pg_out = pin // group, pout // group
+            pg_in = pin // group
             new_w = np.zeros((pout, pg_in) + wv.shape[2:], dtype=wv.dtype)
             for k in range(group):
                 rows = opos[k * og:(k + 1) * og]

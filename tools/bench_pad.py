@@ -37,8 +37,8 @@ import onnx
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import rewriter  # noqa: E402
-from passes.pad_channels import PadChannels  # noqa: E402
+import rewriter
+from passes.pad_channels import PadChannels
 
 
 def default_models() -> list[str]:
@@ -144,9 +144,10 @@ def render(results: list[dict], batches, threads: int) -> str:
     import onnxruntime as ort
 
     lines = [
-        f"onnxruntime {ort.__version__} CPU, ORT_ENABLE_ALL, "
-        f"{threads or os.cpu_count()} intra-op threads, {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} logical CPUs; medians of alternating runs.",
+        (f"onnxruntime {ort.__version__} CPU, ORT_ENABLE_ALL, "
+         f"{threads or os.cpu_count()} intra-op threads, "
+         f"{platform.processor() or platform.machine()}, "
+         f"{os.cpu_count()} logical CPUs; medians of alternating runs."),
         "",
     ]
     head = "| model | N | convs aligned | padded / skipped | conv FLOPs | "

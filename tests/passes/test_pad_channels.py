@@ -82,7 +82,7 @@ def stem(cin=3, cout=16, dims="N, 3, 16, 16"):
 def test_first_conv_with_3_channels_pads_inside_the_graph():
     m = stem()
     out, rep, p = pad(m, shapes={"x": [2, 3, 16, 16]})
-    assert ops(out) == ["Pad", "Conv", "Relu"]
+    assert ops(out) == ["Pad", "Conv", "Relu"] and p.rows
     assert conv_weights(out) == [((16, 4, 3, 3), 1)]
     assert interface(out) == interface(m)
     # The added input column is exactly zero; the original columns are unchanged.
@@ -99,7 +99,7 @@ def test_first_conv_with_3_channels_pads_inside_the_graph():
 
 def test_cost_guard_skips_one_channel_input():
     m = stem(cin=1, dims="N, 1, 16, 16")
-    out, rep, p = pad(m)
+    out, rep, _p = pad(m)
     assert ops(out) == ["Conv", "Relu"]
     assert rep.passes[0].counts["skip:cost-guard"] == 1
     assert not rep.passes[0].changed
@@ -183,7 +183,7 @@ def test_conv_as_graph_output_keeps_name_and_shape():
         z = Sigmoid(y)
     }}"""
     m = make_model(text, {"W": (6, 4, 3, 3)})
-    out, rep, _ = pad(m)
+    out, _rep, _ = pad(m)
     assert interface(out) == interface(m)
     assert conv_weights(out) == [((8, 4, 3, 3), 1)]
     # The sliced tensors carry the original names; Sigmoid still reads the padded one.
@@ -260,7 +260,7 @@ def test_residual_add_both_branches_padded():
 
 def test_residual_add_one_branch_padded():
     m, cin = residual(False)
-    out, rep, _ = pad(m)
+    out, _rep, _ = pad(m)
     # x is padded once (shared by the first conv and the Add); no Slice is needed.
     assert ops(out).count("Pad") == 1 and "Slice" not in ops(out)
     assert conv_weights(out) == [((12, 12, 3, 3), 1), ((8, 12, 1, 1), 1)]
@@ -548,7 +548,7 @@ def test_conv_transpose_and_dynamic_weights_are_skipped_with_reasons():
         z = Conv (x, Wd)
     }}"""
     m = make_model(text, {"Wt": (6, 5, 3, 3)})
-    out, rep, p = pad(m, shapes={"x": [1, 6, 4, 4], "Wd": [5, 6, 1, 1]})
+    _out, rep, p = pad(m, shapes={"x": [1, 6, 4, 4], "Wd": [5, 6, 1, 1]})
     c = rep.passes[0].counts
     assert c["skip:conv-transpose"] == 1 and c["skip:weights-not-constant"] == 1
     assert {r.status for r in p.rows} == {"skip:conv-transpose", "skip:weights-not-constant"}
