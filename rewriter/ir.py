@@ -124,12 +124,41 @@ def resolve_external(t: onnx.TensorProto, base_dir: Path) -> tuple[str, int, int
         length = int(info["length"]) if "length" in info else size - offset
     except ValueError as e:
         raise InputError(f"tensor '{t.name}': bad external data offset/length ({e})") from None
+    need = _data_bytes(t)
+    if need is not None:
+        if "length" not in info:
+            length = need  # "rest of the file" may hold other tensors after this one
+        elif length != need:
+            raise InputError(f"tensor '{t.name}': external data length {length} does not match "
+                             f"its shape {list(t.dims)} ({need} bytes)")
     if offset < 0 or length < 0 or offset + length > size:
         raise InputError(
             f"tensor '{t.name}': external data '{loc}' is too short "
             f"(needs bytes {offset}..{offset + length}, file has {size})"
         )
     return path, offset, length
+
+
+def _data_bytes(t: onnx.TensorProto) -> int | None:
+    """Bytes a fixed-size tensor's raw data takes (None for strings and unknown types)."""
+    try:
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(t.data_type)
+    except Exception:  # noqa: BLE001 - unknown or undefined data type
+        return None
+    if dtype.kind in "OSU":
+        return None
+    n = 1
+    for d in t.dims:
+        if d < 0:
+            return None  # the checker reports negative dims with its own message
+        n *= d
+    bits = {getattr(onnx.TensorProto, k): b for k, b in SUB_BYTE.items()
+            if hasattr(onnx.TensorProto, k)}.get(t.data_type)
+    return (n * bits + 7) // 8 if bits else n * dtype.itemsize
+
+
+# Packed types: several elements per byte in raw data (numpy holds one per byte).
+SUB_BYTE = {"INT4": 4, "UINT4": 4, "FLOAT4E2M1": 4, "INT2": 2, "UINT2": 2}
 
 
 def load(path: str | os.PathLike, check: bool = True) -> onnx.ModelProto:
