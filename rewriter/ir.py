@@ -290,6 +290,17 @@ def to_graph(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
                         and getattr(t._values.tensor, "data_location", 0) == onnx.TensorProto.EXTERNAL):
                     path, off, length = resolve_external(t._values.tensor, Path(base_dir))
                     t._values = ExternalValues(t._values.tensor, path, off, length)
+            for node in g.nodes:
+                for v in node.attrs.values():
+                    # A Constant node's tensor stored outside (save_model(convert_attribute=
+                    # True)): read it now. Exported as it came, its location would be
+                    # resolved against the *output* folder, and it could not be folded.
+                    if (isinstance(v, gs.Constant) and isinstance(v._values, LazyValues)
+                            and v._values.tensor.data_location == onnx.TensorProto.EXTERNAL):
+                        path, off, length = resolve_external(v._values.tensor, Path(base_dir))
+                        v.values = np.array(
+                            ExternalValues(v._values.tensor, path, off, length).load())
+                        v.data_location = None
     if infer:
         infos = shape_info(model)
         for g in iter_graphs(graph):
