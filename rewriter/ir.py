@@ -391,6 +391,12 @@ def export(graph: gs.Graph, original: onnx.ModelProto, source_dir=None) -> Expor
     """
     weights: dict = {}
     swapped = []
+    for g in iter_graphs(graph):
+        for t in g.tensors().values():
+            if isinstance(t, gs.Constant) and not isinstance(t._values, LazyValues):
+                # gs keeps the imported data_location and writes it on export: a weight that
+                # was external and got new values would be "external" with inline bytes.
+                t.data_location = None
     for t in graph.tensors().values():
         if not isinstance(t, gs.Constant) or t.name in weights:
             continue
