@@ -29,7 +29,8 @@ Preconditions (else skipped with a reason in the report):
   no used mean/var outputs, spatial=1 in old opsets);
 * the constant of Mul/Add broadcasts per channel only (shape [K,1,..], [1,K,1,..] or a
   scalar), so the result does not change shape;
-* a float dtype.
+* a float dtype;
+* var + epsilon > 0 for every channel (otherwise BN outputs NaN and stays as it is).
 
 A weight shared by several convs is copied for the conv being changed, never edited in
 place; the conv keeps its name so plans naming it stay valid, and the BN's output tensor
@@ -225,6 +226,10 @@ def _bn_affine(bn, k, opset):
     if params[0].values.dtype.kind != "f":
         return None, "unsupported-dtype"
     eps = float(bn.attrs.get("epsilon", 1e-5))
+    if not np.all(var + eps > 0):
+        # BN itself yields NaN there; keep that visible as a BN rather than NaN weights
+        # (and no numpy warning on stderr).
+        return None, "bn-nonpositive-variance"
     s = gamma / np.sqrt(var + eps)
     return (s, beta - mean * s), None
 
