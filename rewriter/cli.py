@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
+import warnings
 
 EXIT_OK, EXIT_VERIFY, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 SUBCOMMANDS = ("check", "plan", "advise")
@@ -93,7 +94,12 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_INPUT
         return EXIT_OK if e.code in (0, None) else EXIT_INPUT
     try:
-        return _run(args)
+        with warnings.catch_warnings():
+            if not args.verbose:
+                # numpy's RuntimeWarnings (overflow while folding a hostile model) and
+                # libraries' DeprecationWarnings would break "one line on stderr".
+                warnings.simplefilter("ignore")
+            return _run(args)
     except KeyboardInterrupt:
         print("rewrite: interrupted", file=sys.stderr)
         return 130
