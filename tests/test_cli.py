@@ -1,0 +1,341 @@
+"""The `rewrite` command line: exit codes, one-line errors, atomic output, determinism.
+
+Contract: 0 ok, 1 verification failed, 2 usage or bad input, 3 a bug inside a pass. A
+failure prints exactly one line on stderr (``rewrite: error: ...``) and no traceback
+unless ``-v``; it never leaves a partial output (nor replaces an existing one); the input
+file is never modified; two runs give the same bytes; rewriting an output changes nothing.
+Everything runs ``main([...])`` in-process; ``capfd`` sees the file descriptors, so
+onnxruntime's C++ log would be caught too.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import importlib.util
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from rewriter.backends import ort
+from rewriter.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+RESNET = ROOT / "models" / "resnet_mini.onnx"
+MOBILENET = ROOT / "models" / "mobilenet_mini.onnx"
+
+
+def _fuzz():
+    name = "_rewrite_fuzz"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / "fuzz.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def run(capfd, *argv) -> tuple[int, str, list[str]]:
+    """(exit code, stdout, non-empty stderr lines)."""
+    code = main([str(a) for a in argv])
+    out, err = capfd.readouterr()
+    return code, out, [ln for ln in err.splitlines() if ln.strip()]
+
+
+def assert_one_line(err: list[str], *fragments: str) -> None:
+    assert len(err) == 1, err
+    assert err[0].startswith("rewrite: error: "), err
+    assert "Traceback" not in err[0]
+    for f in fragments:
+        assert f in err[0], err
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def leftovers(folder: Path) -> list[str]:
+    return [p.name for p in folder.iterdir() if p.name.startswith(".rewrite-")]
+
+
+@pytest.fixture
+def ext_model(tmp_path) -> Path:
+    """A Conv+BN model with external data (weights over the 1 kB inline threshold)."""
+    folder = tmp_path / "src"
+    folder.mkdir()
+    path = folder / "model.onnx"
+    onnx.save_model(_fuzz().conv_bn_model(17, seed=11, c=16), path, save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="model.onnx.data", size_threshold=0)
+    return path
+
+
+# --------------------------------------------------------------------------- bad input: exit 2
+
+
+def _bad_files(tmp: Path) -> dict[str, tuple[Path, str]]:
+    good = RESNET.read_bytes()
+    files = {
+        "missing": (tmp / "nope.onnx", "no such file"),
+        "folder": (tmp, "not a file"),
+        "text": (tmp / "t.onnx", "not a readable ONNX model"),
+        "empty": (tmp / "e.onnx", "not an ONNX model"),
+        "truncated": (tmp / "tr.onnx", "not a readable ONNX model"),
+        "random": (tmp / "r.onnx", "not a readable ONNX model"),
+    }
+    (tmp / "t.onnx").write_text("hello, I am not a model\n")
+    (tmp / "e.onnx").write_bytes(b"")
+    (tmp / "tr.onnx").write_bytes(good[: len(good) // 3])
+    (tmp / "r.onnx").write_bytes(np.random.default_rng(0).bytes(5000))
+    g = helper.make_graph([helper.make_node("Relu", ["zz"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+                          [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+    onnx.save(helper.make_model(g), tmp / "dangling.onnx")
+    files["checker"] = (tmp / "dangling.onnx", "onnx.checker rejects it")
+    g = helper.make_graph([helper.make_node("Add", ["x", "b"], ["a"]),
+                           helper.make_node("Relu", ["a"], ["b"])], "g",
+                          [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+                          [helper.make_tensor_value_info("b", onnx.TensorProto.FLOAT, [1])])
+    onnx.save(helper.make_model(g), tmp / "cycle.onnx")
+    files["cycle"] = (tmp / "cycle.onnx", "topologically sorted")
+    return files
+
+
+@pytest.mark.parametrize("kind", ["missing", "folder", "text", "empty", "truncated", "random",
+                                  "checker", "cycle"])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capfd, kind):
+    src, fragment = _bad_files(tmp_path)[kind]
+    out = tmp_path / "out.onnx"
+    code, stdout, err = run(capfd, src, "-o", out, "-q")
+    assert code == 2
+    assert_one_line(err, fragment)
+    assert stdout == "" and not out.exists() and not leftovers(tmp_path)
+
+
+def test_verbose_adds_the_traceback(tmp_path, capfd):
+    (tmp_path / "t.onnx").write_text("not a model")
+    code, _, err = run(capfd, tmp_path / "t.onnx", "-o", tmp_path / "o.onnx", "-v")
+    assert code == 2
+    assert any("Traceback" in ln for ln in err) and err[-1].startswith("rewrite: error:")
+
+
+@pytest.mark.parametrize("target,fragment", [
+    ("no_folder/o.onnx", "output folder does not exist"),
+    (".", "is a folder"),
+])
+def test_unwritable_output_path(tmp_path, capfd, target, fragment):
+    code, _, err = run(capfd, RESNET, "-o", tmp_path / target, "-q")
+    assert code == 2
+    assert_one_line(err, fragment)
+    assert not leftovers(tmp_path)
+
+
+def test_write_failure_leaves_nothing_and_keeps_the_old_output(tmp_path, capfd, monkeypatch):
+    out = tmp_path / "o.onnx"
+    out.write_bytes(b"previous output")
+
+    def full_disk(src, dst):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    code, _, err = run(capfd, RESNET, "-o", out, "-q")
+    assert code == 2
+    assert_one_line(err, "cannot write the output", "No space left")
+    assert out.read_bytes() == b"previous output"
+    assert not leftovers(tmp_path)
+
+
+def test_output_may_not_be_the_input(tmp_path, capfd):
+    src = tmp_path / "m.onnx"
+    src.write_bytes(RESNET.read_bytes())
+    before = sha(src)
+    code, _, err = run(capfd, src, "-o", src, "-q")
+    assert code == 2
+    assert_one_line(err, "overwrite the input")
+    assert sha(src) == before
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["--passes", "fold-constant"], "did you mean 'fold-constants'"),
+    (["--passes", "fuse-bn-conv"], "did you mean 'fuse-conv-bn'"),
+    (["--passes", ","], "--passes is empty"),
+    (["--input-shape", "input:1xAx3"], "--input-shape"),
+    (["--input-shape", "nope:1x3x64x64", "--verify"], "unknown input"),
+])
+def test_usage_errors(tmp_path, capfd, argv, fragment):
+    code, _, err = run(capfd, RESNET, "-o", tmp_path / "o.onnx", "-q", *argv)
+    assert code == 2
+    assert_one_line(err, fragment)
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_missing_arguments(capfd, tmp_path):
+    code, _, err = run(capfd, RESNET)
+    assert code == 2
+    assert_one_line(err, "no output given")
+    code, _, err = run(capfd)
+    assert code == 2
+    assert_one_line(err, "no input model")
+    code, _, err = run(capfd, RESNET, "-o", tmp_path / "o.onnx", "--no-such-option")
+    assert code == 2 and err[-1].startswith("rewrite: error:")
+
+
+def test_model_onnxruntime_cannot_run_is_exit_2(tmp_path, capfd):
+    text = """
+    <ir_version: 8, opset_import: ["" : 17, "custom" : 1]>
+    g (float[2] x) => (float[2] y) { y = custom.Thing(x) }
+    """
+    src = tmp_path / "c.onnx"
+    onnx.save(onnx.parser.parse_model(text), src)
+    code, _, err = run(capfd, src, "-o", tmp_path / "o.onnx", "-q", "--verify")
+    assert code == 2
+    assert_one_line(err, "onnxruntime cannot load the original model")
+    # Without --verify the custom op simply passes through.
+    code, _, err = run(capfd, src, "-o", tmp_path / "o.onnx", "-q")
+    assert code == 0 and err == []
+
+
+# --------------------------------------------------------------------------- exit 1 and 3
+
+
+def test_bug_in_a_pass_is_exit_3(tmp_path, capfd, monkeypatch):
+    from passes import fold_constants
+
+    def broken(self, graph, ctx):
+        raise ZeroDivisionError("boom")
+
+    monkeypatch.setattr(fold_constants.FoldConstants, "run", broken)
+    out = tmp_path / "o.onnx"
+    out.write_bytes(b"old")
+    code, _, err = run(capfd, RESNET, "-o", out, "-q")
+    assert code == 3
+    assert_one_line(err, "pass 'fold-constants' failed", "ZeroDivisionError")
+    assert out.read_bytes() == b"old" and not leftovers(tmp_path)
+    code, _, err = run(capfd, RESNET, "-o", out, "-q", "-v")
+    assert code == 3 and any("Traceback" in ln for ln in err)
+
+
+def test_verification_failure_is_exit_1_and_writes_nothing(tmp_path, capfd, monkeypatch):
+    from passes import fuse_conv_bn
+
+    real = fuse_conv_bn._bn_affine
+
+    def off_by_ten_percent(*a):
+        st, reason = real(*a)
+        return ((st[0] * 1.1, st[1]), None) if st else (st, reason)
+
+    monkeypatch.setattr(fuse_conv_bn, "_bn_affine", off_by_ten_percent)
+    out = tmp_path / "o.onnx"
+    code, stdout, err = run(capfd, RESNET, "-o", out, "-q", "--verify",
+                            "--report", tmp_path / "r.json")
+    assert code == 1
+    assert_one_line(err, "after pass 'fuse-conv-bn'", "output not written")
+    assert not out.exists() and not leftovers(tmp_path)
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["failed_pass"] == "fuse-conv-bn" and report["ok"] is False
+
+
+# --------------------------------------------------------------------------- success paths
+
+
+def test_input_untouched_and_output_deterministic_and_idempotent(tmp_path, capfd):
+    for src in (RESNET, MOBILENET):
+        before = sha(src)
+        a, b, c = tmp_path / "a.onnx", tmp_path / "b.onnx", tmp_path / "c.onnx"
+        assert run(capfd, src, "-o", a, "-q", "--verify")[0] == 0
+        assert run(capfd, src, "-o", b, "-q")[0] == 0
+        assert sha(src) == before
+        assert a.read_bytes() == b.read_bytes()  # --verify does not change the output
+        assert run(capfd, a, "-o", c, "-q", "--verify")[0] == 0
+        assert c.read_bytes() == a.read_bytes()  # a rewritten model is a fixed point
+
+
+def test_external_data_round_trip(ext_model, tmp_path, capfd, monkeypatch):
+    data = ext_model.parent / "model.onnx.data"
+    before = (sha(ext_model), sha(data))
+    outdir = tmp_path / "out"
+    outdir.mkdir()
+    monkeypatch.chdir(tmp_path)  # neither the input's nor the output's folder
+    code, _, err = run(capfd, ext_model, "-o", outdir / "o.onnx", "-q", "--verify")
+    assert code == 0 and err == []
+    assert (sha(ext_model), sha(data)) == before
+    assert sorted(p.name for p in outdir.iterdir()) == ["o.onnx", "o.onnx.data"]
+    # Output files are ordinary files (not mkstemp's 0600).
+    for p in outdir.iterdir():
+        assert stat.S_IMODE(p.stat().st_mode) & 0o044 == 0o044 & ~_umask()
+    x = np.random.default_rng(0).standard_normal((1, 16, 4, 4)).astype(np.float32)
+    ref = ort.run(ort.session(str(ext_model)), {"x": x})[0]
+    new = ort.run(ort.session(str(outdir / "o.onnx")), {"x": x})[0]
+    np.testing.assert_allclose(new, ref, rtol=1e-4, atol=1e-5)
+    # Twice: same bytes, model and data.
+    again = tmp_path / "again"
+    again.mkdir()
+    assert run(capfd, ext_model, "-o", again / "o.onnx", "-q")[0] == 0
+    for name in ("o.onnx", "o.onnx.data"):
+        assert (again / name).read_bytes() == (outdir / name).read_bytes()
+
+
+def _umask() -> int:
+    m = os.umask(0o022)
+    os.umask(m)
+    return m
+
+
+def test_report_json(tmp_path, capfd):
+    code, stdout, err = run(capfd, RESNET, "-o", tmp_path / "o.onnx", "--verify",
+                            "--report", tmp_path / "r.json", "--target", "none")
+    assert code == 0 and err == []
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert r["ok"] is True and r["input"] == str(RESNET)
+    assert r["ops_before"]["BatchNormalization"] > 0 and "BatchNormalization" not in r["ops_after"]
+    assert [p["name"] for p in r["passes"]] == ["fold-constants", "fuse-conv-bn"]
+    assert all(m["ok"] for m in r["verification"])
+    assert "fuse-conv-bn" in stdout  # the table is printed without -q
+
+
+def test_list_passes(capfd):
+    code, stdout, err = run(capfd, "--list-passes")
+    assert code == 0 and err == []
+    names = [ln.split()[0] for ln in stdout.splitlines() if ln.strip()]
+    assert {"fold-constants", "fuse-conv-bn"} <= set(names)
+
+
+def test_input_shape_and_inputs_files(tmp_path, capfd):
+    out = tmp_path / "o.onnx"
+    code, _, err = run(capfd, RESNET, "-o", out, "-q", "--verify",
+                       "--input-shape", "input:2x3x64x64", "--report", tmp_path / "r.json")
+    assert code == 0 and err == []
+    x = np.random.default_rng(3).standard_normal((2, 3, 64, 64)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    np.savez(tmp_path / "x.npz", input=x)
+    np.savez(tmp_path / "wrong.npz", other=x)
+    (tmp_path / "bad.npz").write_bytes(b"PK\x03\x04 nope")
+    for f in ("x.npy", "x.npz"):
+        code, _, err = run(capfd, RESNET, "-o", out, "-q", "--inputs", tmp_path / f)
+        assert code == 0 and err == [], err
+    code, _, err = run(capfd, RESNET, "-o", out, "-q", "--inputs", tmp_path / "wrong.npz")
+    assert code == 2
+    assert_one_line(err, "missing input")
+    code, _, err = run(capfd, RESNET, "-o", out, "-q", "--inputs", tmp_path / "bad.npz")
+    assert code == 2
+    assert_one_line(err, "cannot read inputs")
+    code, _, err = run(capfd, RESNET, "-o", out, "-q", "--inputs", tmp_path / "none.npz")
+    assert code == 2 and len(err) == 1
+
+
+def test_duplicate_node_names_rewrite_and_verify(tmp_path, capfd):
+    m = _fuzz().conv_bn_model(17, seed=12)
+    for n in m.graph.node:
+        n.name = "n"
+    onnx.save(m, tmp_path / "d.onnx")
+    code, _, err = run(capfd, tmp_path / "d.onnx", "-o", tmp_path / "o.onnx", "-q", "--verify")
+    assert code == 0 and err == []
+    names = [n.name for n in onnx.load(tmp_path / "o.onnx").graph.node]
+    assert len(set(names)) == len(names)
+    ort.session(str(tmp_path / "o.onnx"))  # onnxruntime loads it
