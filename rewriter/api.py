@@ -183,15 +183,10 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
             report.ops_after = op_histogram(exported.model.graph)
             report.bytes_after = ir.total_weight_bytes(exported.model)
             report.seconds = seconds
-            msg = f"outputs drift beyond tolerance after pass '{p.name}' ({_worst(metrics, verifier)})"
-            if p.numerics is Numerics.LOSSY and fp32_snapshot[0] is not None:
-                layer = _first_divergence(fp32_snapshot[0], exported, graph, verifier, plan)
-                if layer:
-                    report.extra["first_divergent_layer"] = layer
-                    msg += f"; first layer beyond budget: {layer}"
-            err = VerificationError(msg)
-            err.report = report
-            raise err
+            raise _verification_error(
+                f"outputs drift beyond tolerance after pass '{p.name}'", metrics, verifier,
+                report, fp32_snapshot[0] if p.numerics is Numerics.LOSSY else None,
+                exported, graph, plan)
 
     done: list = [[]]              # records of the FP32 part, for a failure's report
     fp32_snapshot: list = [None]   # the FP32-rewritten model, to locate a lossy divergence
@@ -231,15 +226,10 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
         if not report.ok:
             report.failed_pass = report.failed_pass or "(final model)"
             report.seconds = seconds
-            msg = f"rewritten model's outputs drift beyond tolerance ({_worst(metrics, verifier)})"
-            if plan is not None and fp32_snapshot[0] is not None:
-                layer = _first_divergence(fp32_snapshot[0], exported, graph, verifier, plan)
-                if layer:
-                    report.extra["first_divergent_layer"] = layer
-                    msg += f"; first layer beyond budget: {layer}"
-            err = VerificationError(msg)
-            err.report = report
-            raise err
+            raise _verification_error("rewritten model's outputs drift beyond tolerance",
+                                      metrics, verifier, report,
+                                      fp32_snapshot[0] if plan is not None else None,
+                                      exported, graph, plan)
     if output is not None:
         t = time.perf_counter()
         ir.save(exported, output)
@@ -283,6 +273,20 @@ def _prepare_plan(graph, original, base_dir, ctx, plan, calib_data, progress, re
 def _nid(node) -> str:
     from .plan import node_id
     return node_id(node)
+
+
+def _verification_error(what, metrics, verifier, report, fp32_exported, exported, graph, plan):
+    """The error (with the report attached); for a lossy failure it names the first layer
+    whose activations leave the budget."""
+    msg = f"{what} ({_worst(metrics, verifier)})"
+    if fp32_exported is not None:
+        layer = _first_divergence(fp32_exported, exported, graph, verifier, plan)
+        if layer:
+            report.extra["first_divergent_layer"] = layer
+            msg += f"; first layer beyond budget: {layer}"
+    err = VerificationError(msg)
+    err.report = report
+    return err
 
 
 def _worst(metrics, verifier=None) -> str:

@@ -228,6 +228,16 @@ def _subcommand(name: str, argv: list[str]) -> int:
     return EXIT_INPUT
 
 
+def _parse(p, argv):
+    """Parsed args, or the exit code when argparse ended the run (-h, usage error)."""
+    try:
+        return p.parse_args(argv)
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+        return EXIT_OK if e.code in (0, None) else EXIT_INPUT
+
+
 def _planner_args(p) -> None:
     g = p.add_argument_group("planner (also used by --plan auto)")
     g.add_argument("--min-top1", type=float, default=0.99,
@@ -269,12 +279,9 @@ def _plan_main(argv: list[str]) -> int:
     _planner_args(p)
     p.add_argument("-q", "--quiet", action="store_true")
     p.add_argument("-v", "--verbose", action="store_true")
-    try:
-        args = p.parse_args(argv)
-    except SystemExit as e:
-        if isinstance(e.code, str):
-            print(e.code, file=sys.stderr)
-        return EXIT_OK if e.code in (0, None) else EXIT_INPUT
+    args = _parse(p, argv)
+    if isinstance(args, int):
+        return args
     try:
         import json
         from pathlib import Path
@@ -327,12 +334,9 @@ def _check_main(argv: list[str]) -> int:
     p.add_argument("--input-shape", action="append", metavar="NAME:DIMS")
     p.add_argument("--json", action="store_true", help="print the findings as JSON")
     p.add_argument("-v", "--verbose", action="store_true")
-    try:
-        args = p.parse_args(argv)
-    except SystemExit as e:
-        if isinstance(e.code, str):
-            print(e.code, file=sys.stderr)
-        return EXIT_OK if e.code in (0, None) else EXIT_INPUT
+    args = _parse(p, argv)
+    if isinstance(args, int):
+        return args
     try:
         import json
 

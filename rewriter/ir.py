@@ -340,25 +340,25 @@ class Exported:
 
     def checkable(self) -> onnx.ModelProto:
         """A copy onnx.checker accepts: stubs become empty tensors (structure only)."""
-        m = onnx.ModelProto()
-        m.CopyFrom(self.model)
-        for t in m.graph.initializer:
-            if _is_stub(t):
-                del t.external_data[:]
-                t.data_location = onnx.TensorProto.DEFAULT
-                del t.dims[:]
-                t.dims.append(0)
-        return m
+        def empty(t):
+            del t.dims[:]
+            t.dims.append(0)
+        return self._copy_replacing_stubs(empty)
 
     def materialize(self) -> onnx.ModelProto:
         """The full ModelProto with every stub's bytes inline (for the Python API)."""
+        def fill(t):
+            t.raw_data = _raw_bytes(self.weights[t.name])
+        return self._copy_replacing_stubs(fill)
+
+    def _copy_replacing_stubs(self, fix) -> onnx.ModelProto:
         m = onnx.ModelProto()
         m.CopyFrom(self.model)
         for t in m.graph.initializer:
             if _is_stub(t):
                 del t.external_data[:]
                 t.data_location = onnx.TensorProto.DEFAULT
-                t.raw_data = _raw_bytes(self.weights[t.name])
+                fix(t)
         return m
 
 

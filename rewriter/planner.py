@@ -267,10 +267,16 @@ def plan_auto(model, calib, *, input_shapes=None, settings: dict | None = None,
         bar.update(1)
     bar.close()
 
+    fp32_set: set[str] = set()
+
     def assign(demoted: set[str]) -> dict[str, str]:
+        """INT8 unless demoted; a demoted layer runs FP16 unless FP16 hurts (or was
+        pushed to FP32 in the first stage)."""
         out = {}
         for r in results:
-            if r.int8_loss is not None and r.id not in demoted:
+            if r.id in fp32_set:
+                out[r.id] = "fp32"
+            elif r.int8_loss is not None and r.id not in demoted:
                 out[r.id] = "int8"
             elif r.fp16_loss <= s["fp16_ok_loss"]:
                 out[r.id] = "fp16"
@@ -281,27 +287,41 @@ def plan_auto(model, calib, *, input_shapes=None, settings: dict | None = None,
     def meets(m):
         return m["top1"] >= s["min_top1"] and m["cosine"] >= s["min_cosine"]
 
-    ranked = sorted((r for r in results if r.int8_loss is not None),
-                    key=lambda r: -(s["beta"] * r.int8_loss - s["alpha"] * r.fp16_loss))
-    # Bisection on k = how many of the most sensitive INT8 layers leave INT8.
-    lo, hi = 0, len(ranked)
-    best = None
-    m_hi = ev.measure(assign({r.id for r in ranked}))
-    if not meets(m_hi):
-        notes = ["even with no INT8 layer the budget is not met (FP16 losses): FP32 kept where "
-                 "FP16 hurts"]
-        best = (hi, m_hi)
-    else:
-        best = (hi, m_hi)
+    def bisect(ranked_ids: list[str], plan_for) -> tuple[int, dict]:
+        """Fewest k of ranked_ids (most harmful first) to move so the plan meets the budget
+        (k = len when even moving all of them does not)."""
+        lo, hi = 0, len(ranked_ids)
+        best = (hi, ev.measure(plan_for(hi)))
+        if not meets(best[1]):
+            return best
         while lo < hi:
             mid = (lo + hi) // 2
-            m = ev.measure(assign({r.id for r in ranked[:mid]}))
+            m = ev.measure(plan_for(mid))
             if meets(m):
                 hi, best = mid, (mid, m)
             else:
                 lo = mid + 1
-        notes = []
-    k, measured = best
+        return best
+
+    ranked = sorted((r for r in results if r.int8_loss is not None),
+                    key=lambda r: -(s["beta"] * r.int8_loss - s["alpha"] * r.fp16_loss))
+    all_int8_out = {r.id for r in ranked}
+    notes: list[str] = []
+    # Stage 1: with no layer in INT8, which FP16 layers must stay FP32 for the budget?
+    by_fp16 = sorted(results, key=lambda r: -r.fp16_loss)
+    m0 = ev.measure(assign(all_int8_out))
+    if not meets(m0):
+        j, _ = bisect([r.id for r in by_fp16],
+                      lambda j: (fp32_set.clear(), fp32_set.update(r.id for r in by_fp16[:j]),
+                                 assign(all_int8_out))[2])
+        fp32_set.clear()
+        fp32_set.update(r.id for r in by_fp16[:j])
+        notes.append(f"FP16 everywhere misses the budget: {j} most FP16-sensitive layers kept FP32")
+    # Stage 2: the fewest most INT8-sensitive layers to keep out of INT8.
+    ranked = [r for r in ranked if r.id not in fp32_set]
+    k, measured = bisect([r.id for r in ranked], lambda k: assign({r.id for r in ranked[:k]}))
+    if not meets(measured):
+        notes.append("the budget is not met even in FP32 on these samples (check the data)")
     demoted = {r.id for r in ranked[:k]}
     # Refine: bisection assumes sensitivity adds up in rank order; it does not quite, so try
     # to bring each demoted layer back to INT8, least sensitive first, keeping the budget.
