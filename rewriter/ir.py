@@ -182,6 +182,69 @@ def load(path: str | os.PathLike, check: bool = True) -> onnx.ModelProto:
     return model
 
 
+_DATA_TYPES = frozenset(onnx.TensorProto.DataType.values())
+
+
+def _bad_text_or_type(model: onnx.ModelProto) -> str | None:
+    """What onnx.checker lets through but breaks later, as a message, or None.
+
+    protobuf does not validate proto2 strings: a name with invalid UTF-8 reads back as
+    bytes and fails when written into a new proto. The checker does not check a tensor's
+    data_type against the enum either (onnx-graphsurgeon then fails with a KeyError).
+    """
+    def text(*values):
+        for v in values:
+            if isinstance(v, bytes):
+                return f"a name is not valid UTF-8 ({v[:40]!r})"
+        return None
+
+    def tensor(t):
+        if t.data_type not in _DATA_TYPES or t.data_type == onnx.TensorProto.UNDEFINED:
+            return f"tensor {t.name!r} has an unknown data type {t.data_type}"
+        return text(t.name)
+
+    def vinfo(v):
+        tt = v.type.tensor_type if v.type.HasField("tensor_type") else None
+        if tt is not None and tt.elem_type not in _DATA_TYPES:
+            return f"value {v.name!r} has an unknown element type {tt.elem_type}"
+        return text(v.name)
+
+    def graph(g):
+        msg = text(g.name)
+        for t in list(g.initializer) + [sp.values for sp in g.sparse_initializer]:
+            msg = msg or tensor(t)
+        for v in list(g.input) + list(g.output) + list(g.value_info):
+            msg = msg or vinfo(v)
+        for n in g.node:
+            msg = msg or nodes(n)
+            if msg:
+                return msg
+        return msg
+
+    def nodes(n):
+        msg = text(n.name, n.op_type, n.domain, *n.input, *n.output)
+        for a in n.attribute:
+            msg = msg or text(a.name)
+            if a.type == onnx.AttributeProto.TENSOR:
+                msg = msg or tensor(a.t)
+            elif a.type == onnx.AttributeProto.TENSORS:
+                for t in a.tensors:
+                    msg = msg or tensor(t)
+            elif a.type == onnx.AttributeProto.GRAPH:
+                msg = msg or graph(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for sg in a.graphs:
+                    msg = msg or graph(sg)
+        return msg
+
+    msg = text(*(o.domain for o in model.opset_import))
+    for f in model.functions:
+        msg = msg or text(f.name, f.domain, *f.input, *f.output)
+        for n in f.node:
+            msg = msg or nodes(n)
+    return msg or graph(model.graph)
+
+
 def _first_line(e: BaseException) -> str:
     # onnx.checker spreads one message over lines ("input 'x' of node:\nname: ...\n is not
     # output of any previous nodes."): keep all of it, as one line.
@@ -197,6 +260,9 @@ def check_model(model: onnx.ModelProto, what: str = "model") -> None:
     loaded from another folder would be refused. Their files were validated by
     :func:`resolve_external` already (path inside the folder, file long enough).
     """
+    bad = _bad_text_or_type(model)
+    if bad:
+        raise InputError(f"{what}: {bad}")
     if any(t.data_location == onnx.TensorProto.EXTERNAL for t in iter_model_tensors(model.graph)):
         model = _structure_only(model)
     try:
