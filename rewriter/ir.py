@@ -174,6 +174,9 @@ def load(path: str | os.PathLike, check: bool = True) -> onnx.ModelProto:
         raise InputError(f"{p}: not a readable ONNX model ({type(e).__name__}: {_first_line(e)})") from None
     if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
         raise InputError(f"{p}: not an ONNX model (no graph; truncated or another file type?)")
+    bad = _bad_text_or_type(model)  # before reading external_data entries
+    if bad:
+        raise InputError(f"{p}: {bad}")
     for t in iter_model_tensors(model.graph):
         if t.data_location == onnx.TensorProto.EXTERNAL:
             resolve_external(t, p.parent)
@@ -195,13 +198,13 @@ def _bad_text_or_type(model: onnx.ModelProto) -> str | None:
     def text(*values):
         for v in values:
             if isinstance(v, bytes):
-                return f"a name is not valid UTF-8 ({v[:40]!r})"
+                return f"a name or string is not valid UTF-8 ({v[:40]!r})"
         return None
 
     def tensor(t):
         if t.data_type not in _DATA_TYPES or t.data_type == onnx.TensorProto.UNDEFINED:
             return f"tensor {t.name!r} has an unknown data type {t.data_type}"
-        return text(t.name)
+        return text(t.name, *(x for e in t.external_data for x in (e.key, e.value)))
 
     def vinfo(v):
         tt = v.type.tensor_type if v.type.HasField("tensor_type") else None
@@ -210,7 +213,7 @@ def _bad_text_or_type(model: onnx.ModelProto) -> str | None:
         return text(v.name)
 
     def graph(g):
-        msg = text(g.name)
+        msg = text(g.name, g.doc_string)
         for t in list(g.initializer) + [sp.values for sp in g.sparse_initializer]:
             msg = msg or tensor(t)
         for v in list(g.input) + list(g.output) + list(g.value_info):
@@ -237,7 +240,9 @@ def _bad_text_or_type(model: onnx.ModelProto) -> str | None:
                     msg = msg or graph(sg)
         return msg
 
-    msg = text(*(o.domain for o in model.opset_import))
+    msg = text(model.doc_string, model.domain, model.producer_name, model.producer_version,
+               *(o.domain for o in model.opset_import),
+               *(x for e in model.metadata_props for x in (e.key, e.value)))
     for f in model.functions:
         msg = msg or text(f.name, f.domain, *f.input, *f.output)
         for n in f.node:
