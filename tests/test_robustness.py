@@ -449,6 +449,13 @@ def test_checker_blind_spots_are_input_errors(tmp_path, patch, what):
         rewriter.rewrite(src, verify=True)
 
 
+def test_external_location_not_utf8(ext_model):
+    data = ext_model.read_bytes().replace(b"model.onnx.data", b"model.onnx.d\xa4ta", 1)
+    ext_model.write_bytes(data)
+    with pytest.raises(InputError, match="not valid UTF-8"):
+        rewriter.rewrite(ext_model)
+
+
 def test_bn_with_nonpositive_variance_left_alone():
     model = fuzz.conv_bn_model(17, seed=8)
     for a in model.graph.node[1].attribute:
