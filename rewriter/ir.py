@@ -268,6 +268,9 @@ def check_model(model: onnx.ModelProto, what: str = "model") -> None:
     bad = _bad_text_or_type(model)
     if bad:
         raise InputError(f"{what}: {bad}")
+    # The structure is what is checked: serialising the weights into the C++ checker would
+    # cost a copy of them (and external tensors would be looked up relative to the cwd).
+    model = weight_free_copy(model, for_checker=True)
     if any(t.data_location == onnx.TensorProto.EXTERNAL for t in iter_model_tensors(model.graph)):
         model = _structure_only(model)
     try:
@@ -312,8 +315,7 @@ def shape_info(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     Shape inference only needs the dims of big initializers, so they are replaced by
     empty stubs: no copy of the weights, and it works on models over 2 GB.
     """
-    stub = onnx.ModelProto()
-    stub.CopyFrom(model) if model.ByteSize() < 64 << 20 else _copy_without_weights(model, stub)
+    stub = weight_free_copy(model)
     for t in stub.graph.initializer:
         if t.data_location == onnx.TensorProto.EXTERNAL:
             del t.external_data[:]
@@ -326,27 +328,39 @@ def shape_info(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     return {vi.name: vi for vi in list(g.value_info) + list(g.output) + list(g.input)}
 
 
-def _copy_without_weights(model: onnx.ModelProto, stub: onnx.ModelProto) -> None:
-    keep = onnx.GraphProto()
-    src = model.graph
-    for field in ("node", "input", "output", "value_info", "sparse_initializer"):
-        getattr(keep, field).extend(getattr(src, field))
-    keep.name = src.name
-    for t in src.initializer:
-        s = keep.initializer.add()
-        if t.ByteSize() > 4096:
-            s.name, s.data_type = t.name, t.data_type
+def tensor_nbytes(t: onnx.TensorProto) -> int:
+    """Data size from dims and dtype: no copy (reading raw_data would copy the bytes)."""
+    if t.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
+        return 0
+    try:
+        item = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    except Exception:
+        return 0
+    return int(np.prod(t.dims, dtype=np.int64)) * item
+
+
+def weight_free_copy(model: onnx.ModelProto, for_checker: bool = False) -> onnx.ModelProto:
+    """A copy of ``model`` whose big top-level initializers carry no data.
+
+    For shape inference they keep their dims (declared external, with no file: inference
+    reads dims only); for onnx.checker they become empty tensors (dims [0]), since the
+    checker would look for an external file. Weights are never copied or serialised.
+    """
+    stub = onnx.ModelProto()
+    _copy_fields(model, stub, "graph")
+    _copy_fields(model.graph, stub.graph, "initializer")
+    for t in model.graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL and tensor_nbytes(t) <= 4096:
+            stub.graph.initializer.add().CopyFrom(t)
+            continue
+        s = stub.graph.initializer.add(name=t.name, data_type=t.data_type)
+        if for_checker:
+            s.dims.append(0)
+        else:
             s.dims.extend(t.dims)
-            # Declared external with no file: shape inference reads dims only.
             s.data_location = onnx.TensorProto.EXTERNAL
             s.external_data.add(key="location", value="__stub__")
-        else:
-            s.CopyFrom(t)
-    for field in ("ir_version", "producer_name", "domain"):
-        setattr(stub, field, getattr(model, field))
-    stub.opset_import.extend(model.opset_import)
-    stub.functions.extend(model.functions)
-    stub.graph.CopyFrom(keep)
+    return stub
 
 
 def to_graph(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
@@ -593,7 +607,7 @@ def total_weight_bytes(model: onnx.ModelProto) -> int:
             else:
                 n += int(info.get("length", 0))
         else:
-            n += t.ByteSize()
+            n += tensor_nbytes(t) if t.data_type != onnx.TensorProto.STRING else t.ByteSize()
     return n
 
 
@@ -630,7 +644,7 @@ def _source_chunks(t: onnx.TensorProto, exp: Exported) -> tuple[int, object]:
 
 def _is_big(t: onnx.TensorProto) -> bool:
     return (t.data_location == onnx.TensorProto.EXTERNAL
-            or (t.data_type != onnx.TensorProto.STRING and t.ByteSize() > EXTERNAL_THRESHOLD))
+            or (t.data_type != onnx.TensorProto.STRING and tensor_nbytes(t) > EXTERNAL_THRESHOLD))
 
 
 def save(exp: Exported, path: str | os.PathLike, external: bool | None = None) -> list[str]:
