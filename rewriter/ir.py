@@ -270,6 +270,11 @@ def check_model(model: onnx.ModelProto, what: str = "model") -> None:
         raise InputError(f"{what}: {bad}")
     # The structure is what is checked: serialising the weights into the C++ checker would
     # cost a copy of them (and external tensors would be looked up relative to the cwd).
+    # The checker then cannot see the stubbed tensors' sizes: those are checked here.
+    for t in model.graph.initializer:
+        bad = _size_problem(t)
+        if bad:
+            raise InputError(f"{what}: {bad}")
     model = weight_free_copy(model, for_checker=True)
     if any(t.data_location == onnx.TensorProto.EXTERNAL for t in iter_model_tensors(model.graph)):
         model = _structure_only(model)
@@ -279,6 +284,31 @@ def check_model(model: onnx.ModelProto, what: str = "model") -> None:
         raise InputError(f"{what}: onnx.checker rejects it: {_first_line(e)}") from None
     except Exception as e:  # e.g. protobuf size errors
         raise InputError(f"{what}: cannot be checked: {_first_line(e)}") from None
+
+
+def _size_problem(t: onnx.TensorProto) -> str | None:
+    """Negative dims, or inline raw data whose length disagrees with dims x dtype."""
+    if any(d < 0 for d in t.dims):
+        return f"tensor {t.name!r} has a negative dimension {list(t.dims)}"
+    if t.data_location == onnx.TensorProto.EXTERNAL or not t.HasField("raw_data"):
+        return None  # external: resolve_external checks it; typed fields: the checker does
+    need = _data_bytes(t)
+    have = _raw_len(t)
+    if need is not None and have != need:
+        return (f"tensor {t.name!r} has {have} bytes of data, its shape {list(t.dims)} "
+                f"needs {need}")
+    return None
+
+
+def _raw_len(t: onnx.TensorProto) -> int:
+    """len(t.raw_data) without reading it (reading copies the bytes): from the sizes."""
+    head = onnx.TensorProto()
+    _copy_fields(t, head, "raw_data")
+    rest = t.ByteSize() - head.ByteSize() - 1  # minus raw_data's tag byte
+    for k in range(1, 11):  # the length varint takes k bytes
+        if len(_varint(rest - k)) == k:
+            return rest - k
+    return -1
 
 
 def _structure_only(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -350,7 +380,10 @@ def weight_free_copy(model: onnx.ModelProto, for_checker: bool = False) -> onnx.
     _copy_fields(model, stub, "graph")
     _copy_fields(model.graph, stub.graph, "initializer")
     for t in model.graph.initializer:
-        if t.data_location != onnx.TensorProto.EXTERNAL and tensor_nbytes(t) <= 4096:
+        if t.data_location != onnx.TensorProto.EXTERNAL and (
+                tensor_nbytes(t) <= 4096 or (for_checker and not t.HasField("raw_data"))):
+            # (typed-field data, float_data etc., is rare for big tensors: the checker
+            # validates its count)
             stub.graph.initializer.add().CopyFrom(t)
             continue
         s = stub.graph.initializer.add(name=t.name, data_type=t.data_type)
