@@ -449,6 +449,19 @@ def test_checker_blind_spots_are_input_errors(tmp_path, patch, what):
         rewriter.rewrite(src, verify=True)
 
 
+@pytest.mark.parametrize("n,dims", [(3000, [4000]), (4, [2**62])])
+def test_wrong_initializer_size_refused_even_when_big(tmp_path, n, dims):
+    """The checker sees weight-free copies of big initializers: sizes are checked apart."""
+    t = numpy_helper.from_array(np.ones(n, np.float32), "w")
+    t.dims[:] = dims
+    g = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g",
+                          [fuzz._vi("x", [4000])], [fuzz._vi("y", [4000])], [t])
+    src = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
+    with pytest.raises(InputError, match="bytes of data, its shape"):
+        rewriter.rewrite(src)
+
+
 def test_external_location_not_utf8(ext_model):
     data = ext_model.read_bytes().replace(b"model.onnx.data", b"model.onnx.d\xa4ta", 1)
     ext_model.write_bytes(data)

@@ -36,8 +36,10 @@ HERE = Path(__file__).resolve().parent
 
 TOOLS = {
     # name: argv template ({src} input model, {out} output model)
-    "rewrite": ["rewrite", "{src}", "-o", "{out}", "--target", "none", "-q"],
-    "rewrite-verify": ["rewrite", "{src}", "-o", "{out}", "--target", "none", "-q", "--verify"],
+    "rewrite": ["rewrite", "{src}", "-o", "{out}", "--target", "none", "-q",
+                "--report", "{out}.report.json"],
+    "rewrite-verify": ["rewrite", "{src}", "-o", "{out}", "--target", "none", "-q", "--verify",
+                       "--report", "{out}.report.json"],
     "onnxsim": ["onnxsim", "{src}", "{out}", "--save-as-external-data"],
     "onnxslim": ["onnxslim", "{src}", "{out}", "--save-as-external-data"],
 }
@@ -92,7 +94,7 @@ def check_output(out: Path) -> dict:
             "print(sum(n.op_type=='BatchNormalization' for n in m.graph.node))")
     r = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True)
     data = sorted(p for p in out.parent.iterdir()
-                  if p.name.startswith(out.name) and p != out)
+                  if p.name.startswith(out.name) and p != out and not p.name.endswith(".json"))
     return {"checker": "ok" if r.returncode == 0 else (r.stderr.strip().splitlines() or ["?"])[-1][:200],
             "bn_left": int(r.stdout.strip()) if r.returncode == 0 and r.stdout.strip() else None,
             "output_bytes": out.stat().st_size + sum(p.stat().st_size for p in data)}
@@ -128,10 +130,16 @@ def main(argv: list[str] | None = None) -> int:
         out = outdir / "model.onnx"
         cmd = [a.format(src=src, out=out) for a in TOOLS[name]]
         print(f"{name}: {' '.join(cmd)}", flush=True)
-        r = run_one(cmd, args.timeout, args.dir)
+        # Not the model's folder: external data must resolve from anywhere.
+        r = run_one(cmd, args.timeout, HERE.parent)
         r["command"] = " ".join(cmd)
         if r["exit"] == 0:
             r.update(check_output(out))
+        report = Path(f"{out}.report.json")
+        if report.exists():  # our own phases: load, reference, passes, verify, save
+            r["phases"] = {k: round(v, 1) for k, v in
+                           json.loads(report.read_text()).get("seconds", {}).items()}
+            report.unlink()
         r["within_budget"] = r["peak_rss_mb"] <= budget_mb
         results["tools"][name] = r
         print(f"  exit {r['exit']}  {r['seconds']} s  peak {r['peak_rss_mb']:.0f} MB"
@@ -160,6 +168,10 @@ def markdown(results: dict) -> str:
                    f"output {r.get('output_bytes', 0) / 1e9:.3f} GB"
         lines.append(f"| {name} | {r['exit']} | {r['seconds']} | {r['peak_rss_mb']:.0f} | "
                      f"{ratio:.2f}x | {what} |")
+    for name, r in results["tools"].items():
+        if r.get("phases"):
+            lines.append(f"\n{name} phases (s): " + ", ".join(f"{k} {v}" for k, v in
+                                                            r["phases"].items()))
     return "\n".join(lines)
 
 
