@@ -191,11 +191,13 @@ _DATA_TYPES = frozenset(onnx.TensorProto.DataType.values())
 def _bad_text_or_type(model: onnx.ModelProto) -> str | None:
     """What onnx.checker lets through but breaks later, as a message, or None.
 
-    protobuf does not validate proto2 strings: a name with invalid UTF-8 reads back as
-    bytes and fails when written into a new proto. The checker does not check a tensor's
-    data_type against the enum either (onnx-graphsurgeon then fails with a KeyError).
+    protobuf does not validate proto2 strings: a name (or dim_param, location, doc string
+    ...) with invalid UTF-8 reads back as bytes and fails when written into a new proto.
+    The checker does not check a tensor's data_type against the enum either
+    (onnx-graphsurgeon then fails with a KeyError). Every string field of the model is
+    visited; tensor data is not (reading raw_data would copy it).
     """
-    def text(*values):
+    def text(values):
         for v in values:
             if isinstance(v, bytes):
                 return f"a name or string is not valid UTF-8 ({v[:40]!r})"
@@ -204,50 +206,33 @@ def _bad_text_or_type(model: onnx.ModelProto) -> str | None:
     def tensor(t):
         if t.data_type not in _DATA_TYPES or t.data_type == onnx.TensorProto.UNDEFINED:
             return f"tensor {t.name!r} has an unknown data type {t.data_type}"
-        return text(t.name, *(x for e in t.external_data for x in (e.key, e.value)))
+        return text([t.name, t.doc_string]
+                    + [x for e in t.external_data for x in (e.key, e.value)])
 
-    def vinfo(v):
-        tt = v.type.tensor_type if v.type.HasField("tensor_type") else None
-        if tt is not None and tt.elem_type not in _DATA_TYPES:
-            return f"value {v.name!r} has an unknown element type {tt.elem_type}"
-        return text(v.name)
+    def walk(msg):
+        if isinstance(msg, onnx.TensorProto):
+            return tensor(msg)
+        for fd, value in msg.ListFields():
+            repeated = getattr(fd, "is_repeated", None)
+            if repeated is None:
+                repeated = fd.label == fd.LABEL_REPEATED
+            values = value if repeated else [value]
+            if fd.type == fd.TYPE_STRING:
+                bad = text(values)
+            elif fd.type == fd.TYPE_MESSAGE:
+                bad = None
+                for v in values:
+                    bad = bad or walk(v)
+            elif fd.name == "elem_type" and isinstance(msg, onnx.TypeProto.Tensor):
+                bad = (None if value in _DATA_TYPES else
+                       f"a value has an unknown element type {value}")
+            else:
+                bad = None
+            if bad:
+                return bad
+        return None
 
-    def graph(g):
-        msg = text(g.name, g.doc_string)
-        for t in list(g.initializer) + [sp.values for sp in g.sparse_initializer]:
-            msg = msg or tensor(t)
-        for v in list(g.input) + list(g.output) + list(g.value_info):
-            msg = msg or vinfo(v)
-        for n in g.node:
-            msg = msg or nodes(n)
-            if msg:
-                return msg
-        return msg
-
-    def nodes(n):
-        msg = text(n.name, n.op_type, n.domain, *n.input, *n.output)
-        for a in n.attribute:
-            msg = msg or text(a.name)
-            if a.type == onnx.AttributeProto.TENSOR:
-                msg = msg or tensor(a.t)
-            elif a.type == onnx.AttributeProto.TENSORS:
-                for t in a.tensors:
-                    msg = msg or tensor(t)
-            elif a.type == onnx.AttributeProto.GRAPH:
-                msg = msg or graph(a.g)
-            elif a.type == onnx.AttributeProto.GRAPHS:
-                for sg in a.graphs:
-                    msg = msg or graph(sg)
-        return msg
-
-    msg = text(model.doc_string, model.domain, model.producer_name, model.producer_version,
-               *(o.domain for o in model.opset_import),
-               *(x for e in model.metadata_props for x in (e.key, e.value)))
-    for f in model.functions:
-        msg = msg or text(f.name, f.domain, *f.input, *f.output)
-        for n in f.node:
-            msg = msg or nodes(n)
-    return msg or graph(model.graph)
+    return walk(model)
 
 
 def _first_line(e: BaseException) -> str:
