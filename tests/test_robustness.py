@@ -462,6 +462,15 @@ def test_wrong_initializer_size_refused_even_when_big(tmp_path, n, dims):
         rewriter.rewrite(src)
 
 
+def test_dim_param_not_utf8(tmp_path):
+    model = fuzz.conv_bn_model(17, seed=12)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batchdim"
+    src = tmp_path / "m.onnx"
+    src.write_bytes(model.SerializeToString().replace(b"batchdim", b"batc\x9c\xddim"))
+    with pytest.raises(InputError, match="not valid UTF-8"):
+        rewriter.rewrite(src)
+
+
 def test_external_location_not_utf8(ext_model):
     data = ext_model.read_bytes().replace(b"model.onnx.data", b"model.onnx.d\xa4ta", 1)
     ext_model.write_bytes(data)
