@@ -30,7 +30,10 @@ Preconditions (else skipped with a reason in the report):
 * the constant of Mul/Add broadcasts per channel only (shape [K,1,..], [1,K,1,..] or a
   scalar), so the result does not change shape;
 * a float dtype;
-* var + epsilon > 0 for every channel (otherwise BN outputs NaN and stays as it is).
+* var + epsilon > 0 for every channel (otherwise BN outputs NaN and stays as it is);
+* the weights, before and after folding, stay below sqrt(max) of their dtype (1.8e19 for
+  float32, 256 for float16): near the top of the range the conv's sums overflow, and
+  folding would move which ones do (skip:weights-near-overflow).
 
 A weight shared by several convs is copied for the conv being changed, never edited in
 place; the conv keeps its name so plans naming it stay valid, and the BN's output tensor
@@ -61,6 +64,7 @@ class FuseConvBn(Pass):
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()
         self._reported: set[int] = set()  # BNs whose skip reason is already counted
+        self._keep: set[int] = set()  # BNs to leave exactly as they are
         for g in iter_graphs(graph):
             outs = {id(t) for t in g.outputs}
             local = {id(n) for n in g.nodes}
@@ -134,6 +138,16 @@ class FuseConvBn(Pass):
         else:
             wv = wv * scale.reshape((k,) + (1,) * (rank - 1))
         bv = (b.values.astype(np.float64) if b is not None else np.zeros(k)) * scale + shift
+        # Weights near the top of the dtype's range: the conv's sums overflow in the original
+        # already, and folding moves which ones do (inf where BN gave a finite value, or the
+        # reverse). Real weights are nowhere near; a broken or hostile file is.
+        limit = float(np.finfo(dtype).max) ** 0.5
+        if not (np.isfinite(wv).all() and np.isfinite(bv).all()) or max(
+                float(np.abs(wv).max(initial=0)), float(np.abs(w.values).max(initial=0)),
+                float(np.abs(bv).max(initial=0))) > limit:
+            res.skip("weights-near-overflow")
+            self._keep.update(id(n) for n in absorbed)  # not as Mul+Add either
+            return
         _set_const(conv, 1, wv.astype(dtype), ctx)
         if b is not None:
             _set_const(conv, 2, bv.astype(dtype), ctx)
@@ -163,6 +177,8 @@ class FuseConvBn(Pass):
 
     # ------------------------------------------------------------------ BN alone
     def _standalone_bn(self, bn, g, outs, local, ctx, res):
+        if id(bn) in self._keep:
+            return
         x = bn.inputs[0]
         c = _channels(bn)
         st, reason = _bn_affine(bn, c, g.opset) if c is not None else (None, "bn-params-not-constant")
