@@ -488,6 +488,18 @@ def test_bn_with_nonpositive_variance_left_alone():
     assert report.passes[1].counts.get("skip:bn-nonpositive-variance") == 1
 
 
+def test_weights_near_float_max_not_fused():
+    """W ~ 3e38: the conv's float32 sums overflow; folding BN would move which ones do."""
+    model = fuzz.conv_bn_model(17, seed=13)
+    w = model.graph.initializer[0]
+    arr = numpy_helper.to_array(w).copy()
+    arr.flat[5] = 3.1e38
+    w.CopyFrom(numpy_helper.from_array(arr, "W"))
+    out, report = rewriter.rewrite(model, verify=True)
+    assert report.passes[1].counts.get("skip:weights-near-overflow") == 1
+    assert _ops(out)[:2] == ["Conv", "BatchNormalization"]  # left exactly as it was
+
+
 def test_external_data_model_streams_not_copies(tmp_path):
     """A 64 MB external-data model: peak memory stays near one copy of the weights."""
     src = big.write_big_model(tmp_path / "m", 0.064, channels=256, name="mid")
