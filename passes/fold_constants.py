@@ -67,6 +67,13 @@ class FoldConstants(Pass):
     numerics = Numerics.EXACT
     summary = "evaluate constant subgraphs (never Q/DQ), drop Identity/Dropout and dead nodes"
 
+    def needs_shapes(self, model) -> bool:
+        # Only Shape/Size folding reads inferred shapes.
+        from rewriter.report import op_histogram
+
+        ops = op_histogram(model.graph)
+        return bool(ops.get("Shape") or ops.get("Size"))
+
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()
         limit = int(ctx.option("fold_size_limit", 1 << 20))

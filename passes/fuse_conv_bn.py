@@ -61,6 +61,13 @@ class FuseConvBn(Pass):
     numerics = Numerics.CLOSE
     summary = "fold BatchNorm and per-channel Mul/Add into Conv weights; keep the activation next"
 
+    def needs_shapes(self, model) -> bool:
+        # Only a BatchNormalization that does not follow a conv needs its input's rank.
+        prod = {o: n.op_type for n in model.graph.node for o in n.output}
+        return any(n.op_type == "BatchNormalization" and prod.get(n.input[0]) not in CONVS
+                   for n in model.graph.node) or any(
+            a.type in (a.GRAPH, a.GRAPHS) for n in model.graph.node for a in n.attribute)
+
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()
         self._reported: set[int] = set()  # BNs whose skip reason is already counted

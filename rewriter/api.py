@@ -138,7 +138,9 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
                                    "evaluations": pr.evaluations, "seconds": pr.seconds}
     report.ops_before = op_histogram(original.graph)
     report.bytes_before = ir.total_weight_bytes(original)
-    graph = ir.to_graph(original, base_dir)
+    # Shape inference only when a pass needs it: on long graphs it is the memory peak.
+    infer = plan is not None or any(p.needs_shapes(original) for p in pipeline)
+    graph = ir.to_graph(original, base_dir, infer=infer)
     seconds["load"] = time.perf_counter() - t0 - seconds.get("plan", 0.0)
 
     verifier = None

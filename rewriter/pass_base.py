@@ -73,6 +73,12 @@ class Pass:
     numerics: ClassVar[Numerics] = Numerics.EXACT
     summary: ClassVar[str] = ""
 
+    def needs_shapes(self, model) -> bool:
+        """Does this pass need inferred shapes/dtypes on ``model`` (an onnx.ModelProto)?
+        Shape inference costs time and memory on long graphs, so passes that can tell
+        they do not need it say so; the default is the safe answer."""
+        return True
+
     def requires(self, graph: gs.Graph, ctx: Context) -> None:
         """Raise PreconditionError when the graph is not fit for this pass."""
 
