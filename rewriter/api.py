@@ -174,6 +174,7 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
             depth["worst"] = Numerics.CLOSE
         exported = ir.export(graph, original, base_dir)
         metrics = verifier.check(exported, depth["worst"], depth["n"])
+        last_metrics[0] = metrics
         rec.verification = [m.to_dict() for m in metrics]
         verify_time[0] += time.perf_counter() - t
         if p.numerics is Numerics.LOSSY and p is not quantize[-1]:
@@ -191,6 +192,7 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
                 exported, graph, plan)
 
     done: list = [[]]              # records of the FP32 part, for a failure's report
+    last_metrics: list = [None]    # the check after the last pass that changed the graph
     fp32_snapshot: list = [None]   # the FP32-rewritten model, to locate a lossy divergence
     check_order(pipeline + quantize)
     records = run_pipeline(graph, pipeline, ctx, after_change)
@@ -203,6 +205,7 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
             # Per-axis Q/DQ needs opset 13; converting first is exact (shared FACTS.md).
             graph, original = ir.upgrade_opset(graph, original, base_dir, 13)
             ctx.namer = ir.Namer(graph)
+            last_metrics[0] = None  # the graph changed outside a pass: check it again
             report.warnings.append("model converted to opset 13 for per-channel weight scales")
         _prepare_plan(graph, original, base_dir, ctx, plan, calib_data, progress, report)
         seconds["calibrate"] = time.perf_counter() - t
@@ -222,7 +225,8 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
     seconds["export"] = time.perf_counter() - t
     if verifier is not None:
         t = time.perf_counter()
-        metrics = verifier.check(exported, depth["worst"], max(1, depth["n"]))
+        # Passes that changed nothing leave the graph as the last check saw it: reuse it.
+        metrics = last_metrics[0] or verifier.check(exported, depth["worst"], max(1, depth["n"]))
         report.verification = [m.to_dict() for m in metrics]
         seconds["verify"] = verify_time[0] + time.perf_counter() - t
         if not report.ok:
