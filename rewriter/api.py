@@ -111,6 +111,7 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
         from .planner import plan_auto
         t = time.perf_counter()
         plan, planner_report = plan_auto(original, calib, base_dir=base_dir,
+                                         input_shapes=input_shapes,
                                          settings=options.get("planner"), progress=progress)
         data["planner"] = planner_report
         seconds["plan"] = time.perf_counter() - t
@@ -124,12 +125,14 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
             from .calibrate import load_calibration
             calib_data = load_calibration(calib, original, preprocess=plan.preprocess,
                                           limit=int(plan.int8["calibration"]["samples"]))
-            if verify and inputs is None and len(calib_data) >= 8:
-                # Judge accuracy on samples the scales were not computed from (the
-                # planner holds out the same ones).
+            if len(calib_data) >= 8:
+                # The same samples are held out with or without --verify, and by the
+                # planner: the model written is the model the planner measured, and
+                # --verify judges it on samples its scales were not computed from.
                 from .calibrate import held_out_count
                 calib_data, held_out = calib_data.split(held_out_count(len(calib_data)))
-                eval_feeds = list(held_out)
+                if verify and inputs is None:
+                    eval_feeds = list(held_out)
     report = Report(input=name, output=str(output) if output else None)
     if "planner" in data:
         pr = data["planner"]

@@ -288,7 +288,10 @@ def _plan_main(argv: list[str]) -> int:
 
         from .planner import plan_auto, write_plot
 
+        from .verify import parse_shape_args
+
         plan, rep = plan_auto(args.model, args.calib, settings=_planner_settings(args),
+                              input_shapes=parse_shape_args(args.input_shape),
                               progress=not args.quiet and sys.stderr.isatty())
         out = Path(args.output)
         text = (json.dumps(rep.plan, indent=2) if out.suffix == ".json"

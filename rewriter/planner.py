@@ -20,8 +20,9 @@
    MIGraphX FP32 as published; fp16 1.5, an assumption: measure on your GPU). Kept
    symbolic, so the planner can report the predicted speedup of a plan or solve for the
    lambda a target speedup needs.
-4. Choice: start from every INT8-capable layer in INT8; order INT8 layers by measured INT8
-   loss; find, by bisection with real measurements of the whole plan, the fewest of the
+4. Choice: start from every INT8-capable layer in INT8; order INT8 layers by predicted
+   loss per FLOP (FLOPs from shapes inferred at the calibration data's real input size);
+   find, by bisection with real measurements of the whole plan, the fewest of the
    most sensitive layers to move out of INT8 (to FP16, or FP32 where FP16 hurts too) so
    that the plan meets the budget (top-1 agreement and cosine on the held-out samples);
    then try to bring each of the (at most ``refine``) least sensitive demoted layers back
@@ -145,14 +146,38 @@ def predicted_loss(layers: list[LayerResult], alpha: float, beta: float) -> floa
     return float(expr.subs({a: alpha, b: beta, l16: f16, l8: i8}))
 
 
-def layer_flops(node) -> float:
-    """Multiply-accumulates x 2 of a Conv/Gemm/MatMul from its weight and output shapes."""
+def _real_shapes(model, feeds: dict, input_shapes=None) -> dict[str, list]:
+    """Tensor shapes inferred with the graph inputs fixed to real sizes (a calibration
+    sample's, or the user's --input-shape): symbolic dims would count as 1 in FLOPs."""
+    m = ir.weight_free_copy(model)
+    given = dict(input_shapes or {})
+    for vi in m.graph.input:
+        dims = given.get(vi.name) or (list(np.shape(feeds[vi.name])) if vi.name in feeds else None)
+        if dims is None or not vi.type.HasField("tensor_type"):
+            continue
+        vi.type.tensor_type.shape.Clear()
+        for d in dims:
+            vi.type.tensor_type.shape.dim.add().dim_value = int(d)
+    for vi in m.graph.value_info:
+        vi.type.tensor_type.ClearField("shape")
+    out = {}
+    for name, vi in ir.shape_info(m).items():
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+            out[name] = [d.dim_value if d.HasField("dim_value") else None
+                         for d in vi.type.tensor_type.shape.dim]
+    return out
+
+
+def layer_flops(node, shapes: dict | None = None) -> float:
+    """Multiply-accumulates x 2 of a Conv/Gemm/MatMul from its weight and output shapes
+    (``shapes``: real inferred shapes by tensor name, preferred over the graph's own)."""
     w = node.inputs[1] if len(node.inputs) > 1 else None
     y = node.outputs[0]
     wshape = getattr(w, "shape", None)
-    if wshape is None or y.shape is None:
+    yshape = (shapes or {}).get(y.name) or y.shape
+    if wshape is None or yshape is None:
         return 0.0
-    out = [d if isinstance(d, (int, np.integer)) and d > 0 else 1 for d in y.shape]
+    out = [d if isinstance(d, (int, np.integer)) and d > 0 else 1 for d in yshape]
     if node.op in ("Conv", "ConvTranspose"):
         k = float(np.prod(wshape[1:])) if node.op == "Conv" else float(np.prod(wshape[2:])) * wshape[0] / max(1, wshape[1])
         return 2.0 * float(np.prod(out)) * k
@@ -224,7 +249,7 @@ def plan_auto(model, calib, *, input_shapes=None, settings: dict | None = None,
     from .registry import resolve
 
     t0 = time.perf_counter()
-    s = dict(DEFAULTS, weights="per-channel", method="minmax", percentile=99.999,
+    s = dict(DEFAULTS, weights="per-channel", method="percentile", percentile=99.99,
              num_bins=2048, samples=256, target_speedup=None, preprocess=None)
     s.update({k: v for k, v in (settings or {}).items() if v is not None})
     if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
@@ -254,13 +279,14 @@ def plan_auto(model, calib, *, input_shapes=None, settings: dict | None = None,
                             base_dir=exp.source_dir, initializers=exp.ort_initializers(),
                             progress=progress)
     ev = _Evaluator(graph, original, base_dir, eval_feeds, ranges, s)
+    shapes = _real_shapes(exp.model, eval_feeds[0], input_shapes)
     results: list[LayerResult] = []
     bar = _progress(len(layers), progress)
     for n in layers:
         i = node_id(n)
         m16 = ev.measure({i: "fp16"})
         m8 = ev.measure({i: "int8"}) if n.op in INT8_OPS else None
-        results.append(LayerResult(i, n.op, layer_flops(n),
+        results.append(LayerResult(i, n.op, layer_flops(n, shapes),
                                    m8["loss"] if m8 else None, m16["loss"],
                                    m8["top1"] if m8 else None, m16["top1"],
                                    m8["sqnr_db"] if m8 else None))
@@ -303,8 +329,11 @@ def plan_auto(model, calib, *, input_shapes=None, settings: dict | None = None,
                 lo = mid + 1
         return best
 
+    # Most harm per FLOP first: a plan keeps the most INT8 work for a given loss when the
+    # cheap, sensitive layers are the ones that leave INT8.
     ranked = sorted((r for r in results if r.int8_loss is not None),
-                    key=lambda r: -(s["beta"] * r.int8_loss - s["alpha"] * r.fp16_loss))
+                    key=lambda r: -(s["beta"] * r.int8_loss - s["alpha"] * r.fp16_loss)
+                    / max(r.flops, 1.0))
     all_int8_out = {r.id for r in ranked}
     notes: list[str] = []
     # Stage 1: with no layer in INT8, which FP16 layers must stay FP32 for the budget?
