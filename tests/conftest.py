@@ -6,7 +6,10 @@ initializer gets its own seeded random values.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -14,6 +17,19 @@ import onnx.parser
 import pytest
 
 ONNX_DATA = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script(rel: str):
+    """Import a script by path: models/ and tools/ are folders of scripts, not packages."""
+    path = ROOT / rel
+    name = "_rewrite_" + path.stem
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def make_model(text: str, inits: dict | None = None, seed: int = 0) -> onnx.ModelProto:

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import importlib.util
 import json
 import os
 import stat
-import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+from conftest import load_script
 from onnx import helper
 
 from rewriter.backends import ort
@@ -33,13 +32,7 @@ MOBILENET = ROOT / "models" / "mobilenet_mini.onnx"
 
 
 def _fuzz():
-    name = "_rewrite_fuzz"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / "fuzz.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return load_script("tools/fuzz.py")
 
 
 def run(capfd, *argv) -> tuple[int, str, list[str]]:

@@ -6,24 +6,17 @@ printed so a CI log shows them. The long run is `python tools/fuzz.py --cases 50
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import onnx
 import pytest
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _fuzz():
-    name = "_rewrite_fuzz"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / "fuzz.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return load_script("tools/fuzz.py")
 
 
 @pytest.mark.timeout(300)

@@ -8,9 +8,7 @@ wheel, and the tests on real fetched models skip when the cache does not have th
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-import sys
 import zipfile
 from pathlib import Path
 
@@ -18,21 +16,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from conftest import load_script
 from onnx import numpy_helper
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load(rel: str):
-    """Import a script by path: models/ and tools/ are folders of scripts, not packages."""
-    path = ROOT / rel
-    name = "_rewrite_" + path.stem
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+_load = load_script
 
 
 mm = _load("models/make_models.py")

@@ -7,7 +7,6 @@ The >2 GB run is marked slow (tools/bench_big.py keeps the full benchmark).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import resource
 import subprocess
@@ -17,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from conftest import load_script
 from onnx import TensorProto, helper, numpy_helper
 
 import rewriter
@@ -27,16 +27,7 @@ from rewriter.errors import InputError
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load(rel: str):
-    """Import a script by path (tools/ is a folder of scripts, not a package)."""
-    path = ROOT / rel
-    name = "_rewrite_" + path.stem
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+_load = load_script
 
 
 fuzz = _load("tools/fuzz.py")
