@@ -317,7 +317,7 @@ def _first_divergence(ref_exp, new_exp, graph, verifier, plan) -> str | None:
     from .plan import LAYER_OPS, node_id
     from .verify import layer_divergence
 
-    names, labels, dtypes = [], {}, {}
+    names, labels = [], {}
     for n in graph.nodes:
         if n.op in LAYER_OPS and n.outputs:
             t = n.outputs[0]

@@ -290,7 +290,7 @@ def _plan_main(argv: list[str]) -> int:
 
         from .verify import parse_shape_args
 
-        plan, rep = plan_auto(args.model, args.calib, settings=_planner_settings(args),
+        _, rep = plan_auto(args.model, args.calib, settings=_planner_settings(args),
                               input_shapes=parse_shape_args(args.input_shape),
                               progress=not args.quiet and sys.stderr.isatty())
         out = Path(args.output)
