@@ -210,10 +210,11 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
             ctx.namer = ir.Namer(graph)
             last_metrics[0] = None  # the graph changed outside a pass: check it again
             report.warnings.append("model converted to opset 13 for per-channel weight scales")
-        _prepare_plan(graph, original, base_dir, ctx, plan, calib_data, progress, report)
+        fp32_exported = _prepare_plan(graph, original, base_dir, ctx, plan, calib_data,
+                                      progress, report)
         seconds["calibrate"] = time.perf_counter() - t
         if verifier is not None:
-            fp32_snapshot[0] = ir.export(graph, original, base_dir)
+            fp32_snapshot[0] = fp32_exported or ir.export(graph, original, base_dir)
         records += run_pipeline(graph, quantize, ctx, after_change,
                                 before=[r.name for r in records])
     seconds["passes"] = sum(r.seconds for r in records)
@@ -249,9 +250,10 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
     return result, report
 
 
-def _prepare_plan(graph, original, base_dir, ctx, plan, calib_data, progress, report) -> None:
-    """Resolve the plan on the FP32-rewritten graph and calibrate its INT8 inputs."""
-    from .plan import resolve
+def _prepare_plan(graph, original, base_dir, ctx, plan, calib_data, progress, report):
+    """Resolve the plan on the FP32-rewritten graph and calibrate its INT8 inputs; return the
+    export calibration ran on (None without INT8 layers), reused to locate lossy failures."""
+    from .plan import node_id, resolve
 
     assignment = resolve(plan, list(graph.nodes))
     ctx.data["assignment"] = assignment
@@ -259,9 +261,9 @@ def _prepare_plan(graph, original, base_dir, ctx, plan, calib_data, progress, re
         i: {"op": assignment.op[i], "precision": assignment.precision[i], "why": assignment.why[i]}
         for i in assignment.order}, "counts": assignment.counts()}
     report.warnings.extend(assignment.notes)
-    int8 = [n for n in graph.nodes if assignment.precision.get(_nid(n)) == "int8"]
+    int8 = [n for n in graph.nodes if assignment.precision.get(node_id(n)) == "int8"]
     if not int8:
-        return
+        return None
     if calib_data is None:
         raise InputError(f"the plan puts {len(int8)} layers in INT8: calibration data is needed "
                          "(--calib DIR), or use a plan without INT8 layers")
@@ -277,11 +279,7 @@ def _prepare_plan(graph, original, base_dir, ctx, plan, calib_data, progress, re
         progress=progress)
     report.extra["calibration"] = {"method": cal["method"], "samples": len(calib_data),
                                    "tensors": len(tensors)}
-
-
-def _nid(node) -> str:
-    from .plan import node_id
-    return node_id(node)
+    return exported
 
 
 def _verification_error(what, metrics, verifier, report, fp32_exported, exported, graph, plan):

@@ -206,7 +206,6 @@ def _static_check(model, shapes, report) -> None:
 
 def _emit(report, args) -> None:
     if args.report:
-        from .ir import InputError  # noqa: F401 - same error type for unwritable paths
         try:
             with open(args.report, "w") as f:
                 f.write(report.to_json())

@@ -1,6 +1,5 @@
 """Docs that cannot go stale: the README's commands run, the CLI reference matches --help."""
 
-import re
 import shlex
 import subprocess
 import sys
