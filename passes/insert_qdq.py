@@ -6,12 +6,23 @@ Before -> after, for a Conv the plan puts in INT8::
     x -> QuantizeLinear(s_x, 0) -> DequantizeLinear(s_x, 0) -> Conv -> Relu
          W_int8 -> DequantizeLinear(s_w, 0, axis=0) ------------^   (b stays float)
 
+With ``weight_form: mul`` (what ``auto`` picks for MIGraphX >= 2.16 or an unknown version)
+the per-channel scale leaves the DequantizeLinear and follows the layer::
+
+    W_int8 -> DequantizeLinear(1.0, 0) -> Conv(no bias) -> Mul(s_w[1,K,1,1]) -> Add(b) -> Relu
+
+The same arithmetic (conv is linear per output channel), and every MIGraphX version run here
+lowers it to quant_convolution; MIGraphX 2.16's simplify_qdq throws on any per-axis weight
+DQ (PROFILE.md item 9). MatMul/Gemm scale their output columns the same way.
+
 The form (shared/migraphx/PROFILE.md, "Quantized layers"): signed int8 activations and
 weights, symmetric; an explicit int8 zero point (0) on every Q and DQ (a DQ without one does
 not match and the layer silently stays float); per-tensor activation scales as 0-d fp32
 constants; weight scales per output channel (axis 0 for Conv, the output axis of Gemm/MatMul
-B) or per-tensor; weights stored as int8 initializers behind a DequantizeLinear, never
-pre-dequantized (fold-constants never folds DQ); nothing between a conv and its activation.
+B; on the DQ or as a Mul after the layer) or per-tensor; weights stored as int8 initializers
+behind a DequantizeLinear, never pre-dequantized (fold-constants never folds DQ). A Gemm's
+alpha is folded into its weights first (MIGraphX puts mul(alpha) between DQ and dot, which
+keeps the layer float). Nothing sits between a conv's epilogue and its activation.
 
 Scales: activation s_x = amax / 127 from calibration (``ctx.data['ranges']``: tensor name ->
 amax); weight s_w[k] = max|W[k]| / 127, W_int8 = clip(round(W / s_w), -127, 127). A scale is
@@ -19,10 +30,13 @@ always > 0 and normal: an all-zero channel (e.g. from pad-channels) gets 1.0, an
 floored at 1e-12, since MIGraphX fails on a zero scale (#4235).
 
 Bias: float by default (MIGraphX fuses the add into the kernel); ``int32`` stores
-round(b / (s_x * s_w)) behind a DequantizeLinear with that product as scale.
+round(b / (s_x * s_w)) behind a DequantizeLinear with that product as scale (axis form and
+per-tensor weights only; with ``mul`` the bias is the float Add after the scale, which is
+what MIGraphX makes of an int32 bias DQ anyway, PROFILE.md item 14).
 
 Skips (reasons in the report): weight not constant, not fp32, no calibration range for the
-activation, per-channel weights on opset < 13 (falls back to per-tensor, noted).
+activation, per-channel axis-form weights on opset < 13 (falls back to per-tensor, noted;
+the mul form needs no per-axis DQ).
 The activation Q/DQ pair is shared by every INT8 layer reading the same tensor; an INT8
 weight shared by several layers is quantised once.
 """
@@ -78,32 +92,53 @@ class InsertQdq(Pass):
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()
         assignment = ctx.data["assignment"]
-        ranges = ctx.data.get("ranges", {})
         plan = ctx.data.get("plan")
-        per_channel = plan.per_channel if plan is not None else True
-        int32_bias = plan is not None and plan.int8.get("bias") == "int32"
-        if per_channel and graph.opset < 13:
-            per_channel = False
+        form, why = (plan.weight_form(ctx.option("migraphx_version")) if plan is not None
+                     else ("axis", "no plan"))
+        if form == "axis" and graph.opset < 13:
+            form = "per-tensor"
             res.notes.append(f"opset {graph.opset} < 13 has no per-axis DequantizeLinear: "
                              "per-tensor weight scales used")
-        act_cache: dict[str, gs.Variable] = {}
-        w_cache: dict[tuple, gs.Variable] = {}
+        res.notes.append(f"weight form: {form} ({why})")
+        site = _Site(graph, ctx, res, ctx.data.get("ranges", {}), form,
+                     plan is not None and plan.int8.get("bias") == "int32")
         for node in list(graph.nodes):
             nid = node_id(node)
             if assignment.precision.get(nid) != "int8":
                 continue
-            reason = self._quantize(graph, node, ranges, per_channel, int32_bias, act_cache,
-                                    w_cache, ctx, res)
+            reason = site.quantize(node)
             if reason:
                 res.skip(reason)
                 res.notes.append(f"{nid}: {reason}")
             else:
                 res.count(f"int8-{node.op.lower()}")
                 res.changed = True
-        res.count("qdq-activation-pairs", len(act_cache))
+        res.count("qdq-activation-pairs", len(site.act_cache))
+        if site.int32_bias and form == "mul":
+            res.notes.append("bias: int32 is not used with weight form mul: the bias is the "
+                             "float Add after the per-channel scale")
         return res
 
-    def _quantize(self, graph, node, ranges, per_channel, int32_bias, act_cache, w_cache, ctx, res):
+
+class _Site:
+    """Quantises one INT8 layer at a time; caches shared activation pairs and weights."""
+
+    def __init__(self, graph, ctx, res, ranges, form, int32_bias):
+        self.graph, self.ctx, self.res, self.ranges = graph, ctx, res, ranges
+        self.form, self.int32_bias = form, int32_bias
+        self.act_cache: dict[str, tuple] = {}
+        self.w_cache: dict[tuple, tuple] = {}
+
+    def const(self, base: str, values) -> gs.Constant:
+        return gs.Constant(self.ctx.namer(base), np.asarray(values))
+
+    def add_node(self, op: str, base: str, inputs, out_base: str, dtype, shape, attrs=None):
+        out = gs.Variable(self.ctx.namer(out_base), dtype=dtype, shape=shape)
+        self.graph.nodes.append(gs.Node(op, self.ctx.namer(base), attrs=attrs or {},
+                                        inputs=list(inputs), outputs=[out]))
+        return out
+
+    def quantize(self, node) -> str | None:
         x = node.inputs[0]
         w = node.inputs[1] if len(node.inputs) > 1 else None
         if not isinstance(w, gs.Constant):
@@ -114,7 +149,7 @@ class InsertQdq(Pass):
             return "gemm-transposed-activation"
         if node.op == "MatMul" and w.values.ndim != 2:
             return "matmul-weight-not-2d"
-        amax = ranges.get(x.name)
+        amax = self.ranges.get(x.name)
         if amax is None:
             return "no-calibration-range"
         if node.op == "Conv":
@@ -123,46 +158,124 @@ class InsertQdq(Pass):
             axis = 0 if int(node.attrs.get("transB", 0)) else 1
         else:
             axis = 1
-        axis = axis if per_channel else None
-        # Activation: one Q->DQ pair per tensor, shared by all its INT8 consumers.
-        if x.name not in act_cache:
-            s = gs.Constant(ctx.namer(f"{x.name}_scale"), safe_scale(amax).reshape(()))
-            zp = gs.Constant(ctx.namer(f"{x.name}_zero_point"), np.array(0, dtype=np.int8))
-            xq = gs.Variable(ctx.namer(f"{x.name}_quantized"), dtype=np.int8, shape=x.shape)
-            xd = gs.Variable(ctx.namer(f"{x.name}_dequantized"), dtype=np.float32, shape=x.shape)
-            graph.nodes.append(gs.Node("QuantizeLinear", ctx.namer(f"{x.name}_QuantizeLinear"),
-                                       inputs=[x, s, zp], outputs=[xq]))
-            graph.nodes.append(gs.Node("DequantizeLinear", ctx.namer(f"{x.name}_DequantizeLinear"),
-                                       inputs=[xq, s, zp], outputs=[xd]))
-            act_cache[x.name] = (xd, float(s.values))
-        xd, s_x = act_cache[x.name]
-        node.inputs[0] = xd
-        # Weight: int8 initializer -> DequantizeLinear (never folded), shared when shared.
-        key = (w.name, axis)
-        if key not in w_cache:
-            q, s_w = quantize_weight(w.values, axis)
-            wq = gs.Constant(ctx.namer(f"{w.name}_quantized"), q)
-            ws = gs.Constant(ctx.namer(f"{w.name}_scale"), s_w)
-            wz = gs.Constant(ctx.namer(f"{w.name}_zero_point"), np.zeros(s_w.shape, np.int8))
-            wd = gs.Variable(ctx.namer(f"{w.name}_dequantized"), dtype=np.float32,
-                             shape=list(w.shape))
-            attrs = {"axis": axis} if axis is not None else {}
-            graph.nodes.append(gs.Node("DequantizeLinear", ctx.namer(f"{w.name}_DequantizeLinear"),
-                                       attrs=attrs, inputs=[wq, ws, wz], outputs=[wd]))
-            w_cache[key] = (wd, s_w)
-            res.count("weights-quantized")
-        wd, s_w = w_cache[key]
-        node.inputs[1] = wd
-        if int32_bias and node.op == "Conv" and len(node.inputs) > 2 and isinstance(node.inputs[2], gs.Constant):
-            b = node.inputs[2]
-            sb = (np.float64(s_x) * s_w.astype(np.float64)).reshape(-1)
-            sb = np.broadcast_to(sb, b.values.shape).astype(np.float32)
-            bq = np.clip(np.rint(b.values.astype(np.float64) / sb), -2**31, 2**31 - 1).astype(np.int32)
-            bqc = gs.Constant(ctx.namer(f"{b.name}_quantized"), bq)
-            bsc = gs.Constant(ctx.namer(f"{b.name}_scale"), sb)
-            bzp = gs.Constant(ctx.namer(f"{b.name}_zero_point"), np.zeros(sb.shape, np.int32))
-            bd = gs.Variable(ctx.namer(f"{b.name}_dequantized"), dtype=np.float32, shape=list(b.shape))
-            graph.nodes.append(gs.Node("DequantizeLinear", ctx.namer(f"{b.name}_DequantizeLinear"),
-                                       attrs={"axis": 0}, inputs=[bqc, bsc, bzp], outputs=[bd]))
-            node.inputs[2] = bd
+        alpha = float(node.attrs.get("alpha", 1.0)) if node.op == "Gemm" else 1.0
+        if alpha != 1.0:
+            # MIGraphX's Gemm builder puts mul(alpha, A) between the DQ and the dot, which
+            # keeps the layer float (PROFILE.md item 11): fold alpha into the weights.
+            node.attrs["alpha"] = 1.0
+            self.res.count("gemm-alpha-folded")
+        node.inputs[0] = self.activation(x, amax)
+        s_x = self.act_cache[x.name][1]
+        if self.form == "mul":
+            node.inputs[1], s_w = self.weight(w, alpha, axis, unit_scale=True)
+            self.scale_after(node, s_w, axis)
+            return None
+        per_axis = axis if self.form == "axis" else None
+        node.inputs[1], s_w = self.weight(w, alpha, per_axis)
+        if (self.int32_bias and node.op == "Conv" and len(node.inputs) > 2
+                and isinstance(node.inputs[2], gs.Constant)):
+            self.int32_bias_dq(node, s_x, s_w, per_axis)
         return None
+
+    def activation(self, x: gs.Tensor, amax) -> gs.Variable:
+        """One Q->DQ pair per tensor, shared by all its INT8 consumers."""
+        if x.name not in self.act_cache:
+            s = self.const(f"{x.name}_scale", safe_scale(amax).reshape(()))
+            zp = self.const(f"{x.name}_zero_point", np.array(0, dtype=np.int8))
+            xq = self.add_node("QuantizeLinear", f"{x.name}_QuantizeLinear", [x, s, zp],
+                               f"{x.name}_quantized", np.int8, x.shape)
+            xd = self.add_node("DequantizeLinear", f"{x.name}_DequantizeLinear", [xq, s, zp],
+                               f"{x.name}_dequantized", np.float32, x.shape)
+            self.act_cache[x.name] = (xd, float(s.values))
+        return self.act_cache[x.name][0]
+
+    def weight(self, w: gs.Constant, alpha: float, axis: int | None,
+               unit_scale: bool = False) -> tuple[gs.Variable, np.ndarray]:
+        """int8 initializer -> DequantizeLinear (never folded), shared when the weight is.
+
+        ``alpha`` multiplies the weights first (a Gemm's). With ``unit_scale`` the DQ
+        carries a 0-d scale of 1.0 and the per-channel scales are returned for the caller
+        to apply after the layer."""
+        key = (w.name, axis, unit_scale, alpha)
+        if key not in self.w_cache:
+            values = w.values
+            if alpha != 1.0:
+                values = (values.astype(np.float64) * alpha).astype(np.float32)
+            q, s_w = quantize_weight(values, axis)
+            dq_scale = np.array(1.0, np.float32) if unit_scale else s_w
+            wq = self.const(f"{w.name}_quantized", q)
+            ws = self.const(f"{w.name}_scale", dq_scale)
+            wz = self.const(f"{w.name}_zero_point", np.zeros(dq_scale.shape, np.int8))
+            attrs = {"axis": axis} if axis is not None and not unit_scale else {}
+            wd = self.add_node("DequantizeLinear", f"{w.name}_DequantizeLinear", [wq, ws, wz],
+                               f"{w.name}_dequantized", np.float32, list(w.shape), attrs)
+            self.w_cache[key] = (wd, s_w)
+            self.res.count("weights-quantized")
+        return self.w_cache[key]
+
+    def scale_after(self, node, s_w: np.ndarray, axis: int) -> None:
+        """layer -> Mul(per-channel scale) -> Add(bias): the layer keeps its name and the
+        tensor it wrote keeps its name and consumers; its bias moves to the Add."""
+        out = node.outputs[0]
+        rank = len(out.shape) if out.shape is not None else None
+        if node.op == "Conv":
+            rank = rank or (len(node.inputs[1].shape) if node.inputs[1].shape else 4)
+            shape = [1, -1] + [1] * (rank - 2)
+        else:
+            shape = [-1]          # MatMul/Gemm: output columns are the last axis
+        bias = None
+        if node.op == "Conv" and len(node.inputs) > 2:
+            bias = node.inputs[2]
+            node.inputs.pop(2)
+        elif node.op == "Gemm" and len(node.inputs) > 2:
+            bias = self.gemm_bias(node)
+        raw = gs.Variable(self.ctx.namer(f"{out.name}_int8_acc"), dtype=np.float32,
+                          shape=out.shape)
+        node.outputs[0] = raw
+        scale = self.const(f"{node.inputs[1].name}_channel_scale",
+                           s_w.astype(np.float32).reshape(shape))
+        last = out if bias is None else gs.Variable(
+            self.ctx.namer(f"{out.name}_scaled"), dtype=np.float32, shape=out.shape)
+        self.graph.nodes.append(gs.Node("Mul", self.ctx.namer(f"{node.name or out.name}_scale"),
+                                        inputs=[raw, scale], outputs=[last]))
+        if bias is not None:
+            if isinstance(bias, gs.Constant) and node.op == "Conv":
+                bias = self.const(f"{bias.name}_channel", bias.values.reshape(shape))
+            self.graph.nodes.append(gs.Node("Add", self.ctx.namer(f"{node.name or out.name}_bias"),
+                                            inputs=[last, bias], outputs=[out]))
+        self.res.count("channel-scales-after-layer")
+
+    def gemm_bias(self, node) -> gs.Tensor:
+        """A Gemm's C input, scaled by beta, removed from the Gemm (it is added after the
+        per-channel scale)."""
+        c = node.inputs.pop(2)
+        beta = float(node.attrs.pop("beta", 1.0))
+        if beta == 1.0:
+            return c
+        if isinstance(c, gs.Constant):
+            return self.const(f"{c.name}_beta", (c.values.astype(np.float64) * beta)
+                              .astype(c.values.dtype))
+        b = self.const(f"{c.name}_beta_value", np.array(beta, np.float32))
+        return self.add_node("Mul", f"{c.name}_beta", [c, b], f"{c.name}_times_beta",
+                             np.float32, c.shape)
+
+    def int32_bias_dq(self, node, s_x: float, s_w: np.ndarray, axis: int | None) -> None:
+        """The bias as int32 behind a DQ of scale s_x * s_w: per channel (axis 0) with
+        per-axis weights, 0-d with per-tensor ones (an opset below 13 has no axis). Left
+        float, and counted, where a value would not fit in int32 (a tiny s_x * s_w)."""
+        b = node.inputs[2]
+        sb64 = np.float64(s_x) * s_w.astype(np.float64)
+        sb = sb64.astype(np.float32)
+        if np.any(sb <= 0) or not np.all(np.isfinite(sb)):
+            self.res.skip("int32-bias-scale-underflow")
+            return
+        bq = np.rint(b.values.astype(np.float64) / sb.astype(np.float64).reshape(-1))
+        if np.any(np.abs(bq) > 2**31 - 1):
+            self.res.skip("int32-bias-overflow")
+            return
+        bqc = self.const(f"{b.name}_quantized", bq.astype(np.int32))
+        bsc = self.const(f"{b.name}_scale", sb)
+        bzp = self.const(f"{b.name}_zero_point", np.zeros(sb.shape, np.int32))
+        node.inputs[2] = self.add_node("DequantizeLinear", f"{b.name}_DequantizeLinear",
+                                       [bqc, bsc, bzp], f"{b.name}_dequantized", np.float32,
+                                       list(b.shape), {"axis": 0} if axis is not None else {})

@@ -54,6 +54,8 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
             plan: Any = None,
             calib: Any = None,
             progress: bool = False,
+            target: str | None = None,
+            migraphx: dict[str, Any] | None = None,
             ) -> tuple[onnx.ModelProto, Report]:
     """Rewrite a model with a pipeline of passes (default: fold-constants, fuse-conv-bn).
 
@@ -75,6 +77,15 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
         progress: show progress bars (calibration).
         materialize: return the model with every weight inline; False returns it with
             big weights as stubs (what the CLI uses: nothing is copied that is not needed).
+        target: "migraphx" runs the static MIGraphX check on the result
+            (``report.extra["migraphx_check"]``, grouped warnings).
+        migraphx: with ``target="migraphx"``, compile and compare on MIGraphX where it is
+            installed and check the INT8 lowering (``report.extra["compile"]``); keys:
+            ``device`` ("auto" = gpu when the install has it, "gpu", "ref"), ``backend``
+            ("migraphx", "ort-migraphx"), ``save_mxr``, ``require``, ``samples`` (plan
+            models are judged on up to this many samples, default 8). The target MIGraphX
+            version for the plan's weight form and the check is ``options["migraphx_version"]``
+            (default: the installed one).
 
     Raises:
         InputError (bad input), PassError (bug in a pass), VerificationError (outputs
@@ -83,11 +94,11 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
     with _no_gc():
         return _rewrite(model, passes, output, verify, input_shapes, inputs, seed,
                         options or {}, base_dir, dict(data or {}), materialize, plan, calib,
-                        progress)
+                        progress, target, migraphx)
 
 
 def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options, base_dir, data,
-             materialize, plan, calib, progress):
+             materialize, plan, calib, progress, target, migraphx):
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     if isinstance(model, onnx.ModelProto):
@@ -105,6 +116,10 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
     pipeline = registry.resolve(passes)
     quantize: list = []
     calib_data = eval_feeds = None
+    held_out: list = []
+    if target == "migraphx" and options.get("migraphx_version") is None:
+        from .lowering import installed_version
+        options = dict(options, migraphx_version=installed_version())
     if isinstance(plan, str) and plan == "auto":
         if calib is None:
             raise InputError("--plan auto measures layer sensitivities on data: give --calib DIR")
@@ -112,7 +127,10 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
         t = time.perf_counter()
         plan, planner_report = plan_auto(original, calib, base_dir=base_dir,
                                          input_shapes=input_shapes,
-                                         settings=options.get("planner"), progress=progress)
+                                         settings=dict(options.get("planner") or {},
+                                                       migraphx_version=options.get(
+                                                           "migraphx_version")),
+                                         progress=progress)
         data["planner"] = planner_report
         seconds["plan"] = time.perf_counter() - t
     if plan is not None:
@@ -130,9 +148,10 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
                 # planner: the model written is the model the planner measured, and
                 # --verify judges it on samples its scales were not computed from.
                 from .calibrate import held_out_count
-                calib_data, held_out = calib_data.split(held_out_count(len(calib_data)))
+                calib_data, held = calib_data.split(held_out_count(len(calib_data)))
+                held_out = list(held)
                 if verify and inputs is None:
-                    eval_feeds = list(held_out)
+                    eval_feeds = held_out
     report = Report(input=name, output=str(output) if output else None)
     if "planner" in data:
         pr = data["planner"]
@@ -203,7 +222,8 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
         done[0] = list(records)
         t = time.perf_counter()
         from .plan import resolve
-        if plan.per_channel and graph.opset < 13 and "int8" in resolve(
+        form = plan.weight_form(options.get("migraphx_version"))[0]
+        if form == "axis" and graph.opset < 13 and "int8" in resolve(
                 plan, list(graph.nodes)).precision.values():
             # Per-axis Q/DQ needs opset 13; converting first is exact (shared FACTS.md).
             graph, original = ir.upgrade_opset(graph, original, base_dir, 13)
@@ -244,6 +264,13 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
         t = time.perf_counter()
         ir.save(exported, output)
         seconds["save"] = time.perf_counter() - t
+    if target == "migraphx":
+        t = time.perf_counter()
+        from .target import check_and_compile
+        check_and_compile(report, exported, original, base_dir, output, migraphx, options,
+                          input_shapes, inputs, seed, held_out, plan, verifier,
+                          None if isinstance(model, onnx.ModelProto) else str(model))
+        seconds["migraphx"] = time.perf_counter() - t
     report.seconds = seconds
     if materialize:
         result = exported.materialize()

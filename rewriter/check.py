@@ -69,6 +69,7 @@ class Finding:
 class CheckResult:
     findings: list[Finding] = field(default_factory=list)
     profile: dict = field(default_factory=dict)   # version summary, not the rules
+    qdq_layers: list[str] = field(default_factory=list)  # main-graph conv/dot fed by a DQ
 
     @property
     def ok(self) -> bool:
@@ -97,28 +98,60 @@ class CheckResult:
         return {"ok": self.ok, "counts": self.counts(), "profile": dict(self.profile),
                 "findings": [asdict(f) for f in self.findings]}
 
-    def render(self) -> str:
-        return render_text(self)
+    def render(self, details: bool = False) -> str:
+        return render_text(self, details)
+
+    def summary_lines(self, severities=SEVERITIES) -> list[str]:
+        """One line per (severity, code): count, nodes in short, the rule's reason."""
+        return _summary_lines(self, severities)
 
 
-def render_text(result: CheckResult) -> str:
-    """Headline with counts, then one line per finding grouped by severity and code."""
+def render_text(result: CheckResult, details: bool = False) -> str:
+    """Headline with counts, then one line per rule (severity, code, count, the nodes in
+    short, what the rule says); ``details`` adds every finding's own message."""
     c = result.counts()
     p = result.profile
+    target = p.get("target_version") or "unknown (rules of every version run)"
     head = (f"MIGraphX check: {c['error']} error(s), {c['warning']} warning(s), {c['info']} info"
-            f" (profile {p.get('profile_version', '?')}, MIGraphX {p.get('migraphx_version', '?')}"
-            f", ops from {p.get('ops_source', 'profile')})")
-    lines = [head]
+            f" (target MIGraphX {target}; profile {p.get('profile_version', '?')}, ops from "
+            f"{p.get('ops_source', 'profile')})")
+    lines = [head] + result.summary_lines()
+    if details:
+        for f in result.findings:
+            where = f" in {f.graph}" if f.graph else ""
+            lines.append(f"  {f.severity} {f.code}: {f.node} [{f.op_type}]{where}: {f.message}")
+    return "\n".join(lines)
+
+
+def _common_tail(messages: list[str]) -> str:
+    """What all messages of one rule say alike: their longest common ending, from a word
+    boundary after ': ' (the rule's reason); the first message when they share little."""
+    if len(messages) == 1:
+        return messages[0]
+    first = messages[0]
+    n = 0
+    while n < len(first) and all(len(m) > n and m[-1 - n] == first[-1 - n] for m in messages):
+        n += 1
+    tail = first[len(first) - n:]
+    cut = tail.find(": ")
+    tail = tail[cut + 2:] if cut >= 0 else tail
+    return tail if len(tail) >= 20 else first
+
+
+def _summary_lines(result: "CheckResult", severities=SEVERITIES, width: int = 240) -> list[str]:
     order = {s: i for i, s in enumerate(SEVERITIES)}
     groups: dict[tuple[str, str], list[Finding]] = {}
     for f in sorted(result.findings, key=lambda f: (order.get(f.severity, 9), f.code)):
-        groups.setdefault((f.severity, f.code), []).append(f)
+        if f.severity in severities:
+            groups.setdefault((f.severity, f.code), []).append(f)
+    lines = []
     for (sev, code), items in groups.items():
-        lines.append(f"{sev} {code} ({len(items)})")
-        for f in items:
-            where = f" in {f.graph}" if f.graph else ""
-            lines.append(f"  {f.node} [{f.op_type}]{where}: {f.message}")
-    return "\n".join(lines)
+        nodes = list(dict.fromkeys(f.node for f in items))
+        shown = ", ".join(nodes[:4]) + (f" and {len(nodes) - 4} more" if len(nodes) > 4 else "")
+        what = _common_tail([f.message for f in items])
+        line = f"{sev} {code} ({len(items)}): {shown}: {what}"
+        lines.append(line if len(line) <= width else line[:width - 3] + "...")
+    return lines
 
 
 def load_profile(path: str | os.PathLike | None = None, use_installed: bool = True) -> dict:
@@ -156,21 +189,26 @@ def load_profile(path: str | os.PathLike | None = None, use_installed: bool = Tr
 def check_model(model: onnx.ModelProto | str | os.PathLike,
                 profile: dict | str | os.PathLike | None = None,
                 input_shapes: Mapping[str, Iterable[int]] | None = None,
-                plan_int8_nodes: Iterable[str] | None = None) -> CheckResult:
-    """Check ``model`` against the MIGraphX profile; see the module docstring."""
+                plan_int8_nodes: Iterable[str] | None = None,
+                version: tuple[int, ...] | None = None) -> CheckResult:
+    """Check ``model`` against the MIGraphX profile; see the module docstring.
+
+    ``version`` (major, minor[, patch]) is the target MIGraphX: rules that differ between
+    versions (per-axis weight scales, zero scales) take its entry; None states both."""
     if not isinstance(model, onnx.ModelProto):
         model = onnx.load(os.fspath(model), load_external_data=False)
     if profile is None or isinstance(profile, (str, os.PathLike)):
         profile = load_profile(profile)
-    checker = _Checker(model, profile, input_shapes or {})
+    checker = _Checker(model, profile, input_shapes or {}, version)
     checker.run(list(plan_int8_nodes or []))
     src = profile.get("source", {})
     summary = {"profile_version": profile.get("profile_version"),
+               "target_version": ".".join(map(str, version)) if version else None,
                "migraphx_version": src.get("migraphx_version"),
                "ops_commit": src.get("ops_commit"),
                "ops_source": profile.get("ops_source", "profile"),
                "shape_inference": checker.inferred}
-    return CheckResult(checker.findings, summary)
+    return CheckResult(checker.findings, summary, checker.qdq_layers)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -334,9 +372,26 @@ def _attr(node: onnx.NodeProto, name: str, default=None):
     return default
 
 
+def _version_matches(entry: dict, version: tuple[int, ...] | None) -> bool:
+    """Does a ``by_version`` entry ({"min": "2.16"}, {"max": "2.15"}, {"unknown": true})
+    hold for ``version`` (major, minor, ...; None = unknown)?"""
+    if version is None:
+        return bool(entry.get("unknown"))
+    if entry.get("unknown"):
+        return False
+    v = tuple(version[:2])
+    lo = tuple(int(x) for x in str(entry.get("min", "0.0")).split(".")[:2])
+    hi = tuple(int(x) for x in str(entry.get("max", "999.0")).split(".")[:2])
+    return lo <= v <= hi
+
+
 class _Checker:
-    def __init__(self, model: onnx.ModelProto, profile: dict, input_shapes: Mapping):
-        self.model, self.profile = model, profile
+    def __init__(self, model: onnx.ModelProto, profile: dict, input_shapes: Mapping,
+                 version: tuple[int, ...] | None = None):
+        self.model, self.profile, self.version = model, profile, version
+        self.kernel_dqs: set[str] = set()
+        self.kernel_blockers: dict[str, list[str]] = {}
+        self.qdq_layers: list[str] = []
         self.input_shapes = {k: [int(d) for d in v] for k, v in input_shapes.items()}
         self.ops = set(profile["onnx_ops"])
         self.qdq = profile["qdq"]
@@ -463,8 +518,19 @@ class _Checker:
 
     # -- QDQ ----------------------------------------------------------------------------------
 
-    def _dq_source(self, g: _Graph, name: str) -> onnx.NodeProto | None:
-        """The DequantizeLinear ``name`` comes from (through the profile's pass-through ops)."""
+    def rule(self, name: str) -> dict:
+        """A qdq rule with its ``by_version`` entry for the target version applied."""
+        base = dict(self.qdq[name])
+        for entry in base.pop("by_version", []):
+            if _version_matches(entry, self.version):
+                base.update({k: v for k, v in entry.items() if k not in ("min", "max", "unknown")})
+                break
+        return base
+
+    def _dq_source(self, g: _Graph, name: str, path: list | None = None
+                   ) -> onnx.NodeProto | None:
+        """The DequantizeLinear ``name`` comes from, through the ops simplify_qdq looks
+        through; ``path`` collects the nodes passed on the way."""
         through = set(self.qdq.get("passthrough_ops", []))
         seen = 0
         node = g.find_producer(name)
@@ -473,20 +539,36 @@ class _Checker:
                 return node
             if node.op_type not in through or not node.input:
                 return None
+            if path is not None:
+                path.append(node)
             node, seen = g.find_producer(node.input[0]), seen + 1
         return None
 
     def check_qdq(self, g: _Graph) -> None:
         q = self.qdq
+        kernels = q["int8_kernels"]
+        # Q/DQ that feed a conv/dot input: a [1] scale there throws instead of being odd.
+        self.kernel_dqs: set[str] = set()
+        for node in g.graph.node:
+            if node.op_type in kernels:
+                for i in node.input[:2]:
+                    dq = self._dq_source(g, i)
+                    if dq is not None:
+                        self.kernel_dqs.add(dq.output[0])
+                        src = g.find_producer(dq.input[0])
+                        if src is not None and src.op_type == "QuantizeLinear":
+                            self.kernel_dqs.add(src.output[0])
         for node in g.graph.node:
             if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
                 self.check_qdq_node(g, node)
-        kernels = q["int8_kernels"]
         for node in g.graph.node:
             if node.op_type not in kernels or len(node.input) < 2:
                 continue
             label = _label(node)
-            a, b = (self._dq_source(g, node.input[i]) for i in (0, 1))
+            paths: list[list] = [[], []]
+            a, b = (self._dq_source(g, node.input[i], paths[i]) for i in (0, 1))
+            if (a is not None or b is not None) and not g.path:
+                self.qdq_layers.append(label)
             if a is not None and b is None:
                 if g.is_const(node.input[1]) and self._is_float(g, node.input[1]):
                     r = q["folded_weight"]
@@ -503,8 +585,29 @@ class _Checker:
                 self.add(r["severity"], "qdq-half-quantized", label, node.op_type,
                          f"input 0 '{node.input[0]}' does not come from DequantizeLinear: "
                          f"{r['reason']}", g.path)
+            if a is not None and b is not None:
+                self.check_between(g, node, paths)
+                if node.op_type == "Gemm" and float(_attr(node, "alpha", 1.0)) != 1.0:
+                    r = q["gemm_alpha"]
+                    self.add(r["severity"], "qdq-gemm-alpha", label, node.op_type,
+                             f"alpha={_attr(node, 'alpha', 1.0):g}: {r['reason']}", g.path)
+                    self.kernel_blockers.setdefault(label, []).append(
+                        f"Gemm alpha={_attr(node, 'alpha', 1.0):g} puts a mul between DQ and dot")
             if b is not None and g.is_const(b.input[0]):
                 self.check_weight_scale(g, node, b)
+
+    def check_between(self, g: _Graph, node: onnx.NodeProto, paths: list[list]) -> None:
+        """A Cast that keeps the type, between a DQ and the kernel, makes simplify_qdq throw."""
+        for path in paths:
+            for n in path:
+                if n.op_type != "Cast":
+                    continue
+                src = g.elem_type(n.input[0])
+                if src is not None and src == _attr(n, "to"):
+                    r = self.qdq["noop_cast"]
+                    self.add(r["severity"], "qdq-noop-cast", _label(node), node.op_type,
+                             f"Cast '{_label(n)}' to the type it already has sits between a "
+                             f"DequantizeLinear and this {node.op_type}: {r['reason']}", g.path)
 
     def _is_float(self, g: _Graph, name: str) -> bool:
         return g.elem_type(name) in (TensorProto.FLOAT, TensorProto.FLOAT16,
@@ -521,8 +624,6 @@ class _Checker:
             if blocks:
                 blockers.append(f"{label}: {message}")
 
-        if not zp:
-            flag(q["require_zero_point"], "qdq-no-zero-point", "no zero-point input")
         # The quantized dtype: the zero point's, else Q's output_dtype (uint8 by default),
         # else the DequantizeLinear input's.
         if zp:
@@ -532,6 +633,9 @@ class _Checker:
         else:
             qtype = g.elem_type(x)
         dt = q["dtype"]
+        if not zp and op == "DequantizeLinear":
+            # simplify_qdq reads only the DQ's zero point: a Q may omit one when it writes int8.
+            flag(q["require_zero_point"], "qdq-no-zero-point", "no zero-point input")
         name = TensorProto.DataType.Name(qtype) if qtype else "?"
         if qtype in dt["uint8"]:
             self.add(dt["uint8_severity"], "qdq-uint8", label, op,
@@ -553,32 +657,24 @@ class _Checker:
                 self.add("info", "qdq-scale-not-checked", label, op,
                          f"scale '{scale}' is stored externally: its values were not checked",
                          g.path)
+            elif v is not None and np.any(v == 0):
+                flag(self.rule("positive_scale"), "qdq-scale-not-positive",
+                     f"scale '{scale}' has zeros")
             elif v is not None and not (np.all(np.isfinite(v)) and np.all(v > 0)):
-                flag(q["positive_scale"], "qdq-scale-not-positive",
-                     f"scale '{scale}' has values <= 0 or not finite (min {np.min(v):g})")
+                flag(q["odd_scale"], "qdq-scale-not-positive",
+                     f"scale '{scale}' has negative or non-finite values (min {np.min(v):g})",
+                     blocks=False)
         if zp and g.is_const(zp) and qtype in dt["int8"]:
             v = _value(g.tensor(zp))
             if v is not None and np.any(v != 0):
                 r = q["nonzero_zero_point"]
                 self.add(r["severity"], "qdq-nonzero-zero-point", label, op,
                          f"zero point '{zp}' is not 0: {r['reason']}", g.path)
-        rank = q.get("per_tensor_rank", 0)
-        for what, value_name in (("scale", scale), ("zero point", zp)):
-            d = g.dims(value_name) if value_name else None
-            if d == [1] and rank == 0:
-                r = q["scale_shape_1"]
-                self.add(r["severity"], "qdq-scale-shape-1", label, op,
-                         f"per-tensor {what} '{value_name}' has shape [1], not 0-d: "
-                         f"{r['reason']}", g.path)
+        self.check_qdq_shapes(g, node, x, scale, zp, flag)
         sd = g.dims(scale) if scale else None
         if sd is not None and int(np.prod(sd)) > 1 and not g.is_const(x):
             flag(q["per_channel_activation"], "qdq-per-channel-activation",
                  f"activation '{x}' has a per-channel scale of shape {sd}")
-        fp = q.get("fp16_input_fp32_scale")
-        if (fp and op == "QuantizeLinear" and self.opset >= fp["min_opset"]
-                and g.elem_type(x) == TensorProto.FLOAT16
-                and g.elem_type(scale) == TensorProto.FLOAT):
-            flag(fp, "qdq-fp16-scale", f"fp16 input '{x}' with an fp32 scale at opset {self.opset}")
         if op == "DequantizeLinear":
             # An activation DQ inherits what is wrong with the Q feeding it.
             src = g.find_producer(x)
@@ -587,6 +683,38 @@ class _Checker:
             self.dq_blockers[node.output[0]] = blockers
         else:
             self.dq_blockers[f"Q:{node.output[0]}"] = blockers
+
+    def check_qdq_shapes(self, g: _Graph, node, x: str, scale: str, zp: str, flag) -> None:
+        """Shapes and types MIGraphX's parser and simplify_qdq refuse (all measured)."""
+        q, op = self.qdq, node.op_type
+        rank = q.get("per_tensor_rank", 0)
+        feeds_kernel = node.output[0] in self.kernel_dqs
+        for what, value_name in (("scale", scale), ("zero point", zp)):
+            d = g.dims(value_name) if value_name else None
+            if d == [1] and rank == 0:
+                r = q["scale_shape_1"]
+                if feeds_kernel:
+                    flag(r, "qdq-scale-shape-1",
+                         f"per-tensor {what} '{value_name}' has shape [1], not 0-d")
+                else:
+                    self.add(r["severity_elsewhere"], "qdq-scale-shape-1", _label(node), op,
+                             f"per-tensor {what} '{value_name}' has shape [1], not 0-d: "
+                             f"{r['reason_elsewhere']}", g.path)
+        sd, zd = (g.dims(scale) if scale else None), (g.dims(zp) if zp else None)
+        if sd is not None and zd is not None and sd != zd:
+            flag(q["scale_zero_point_shape"], "qdq-scale-zero-point-shape",
+                 f"scale '{scale}' has shape {sd}, zero point '{zp}' {zd}")
+        st, xt = (g.elem_type(scale) if scale else None), g.elem_type(x)
+        r = q["scale_type"]
+        if (op == "QuantizeLinear" and self.opset >= r["min_opset"] and st and xt
+                and st != xt):
+            flag(r, "qdq-scale-type", f"input '{x}' is {TensorProto.DataType.Name(xt)}, scale "
+                 f"'{scale}' {TensorProto.DataType.Name(st)} at opset {self.opset}")
+        zt = g.elem_type(zp) if zp else None
+        if op == "DequantizeLinear" and zt and xt and zt != xt:
+            flag(q["zero_point_type"], "qdq-zero-point-type",
+                 f"input '{x}' is {TensorProto.DataType.Name(xt)}, zero point '{zp}' "
+                 f"{TensorProto.DataType.Name(zt)}")
 
     def check_weight_scale(self, g: _Graph, node: onnx.NodeProto, dq: onnx.NodeProto) -> None:
         q, label = self.qdq, _label(node)
@@ -610,13 +738,12 @@ class _Checker:
                      f"{r['reason']}", g.path)
             self.dq_blockers.setdefault(dq.output[0], []).append(
                 f"{_label(dq)}: per-channel weight axis {axis}")
-        r = q["per_channel_weights"]
+        r = self.rule("per_channel_weights")
         grouped = node.op_type == "Conv" and _attr(node, "group", 1) > 1
-        sev = r["severity_grouped_conv"] if grouped else r["severity_other"]
         kind = "grouped/depthwise conv" if grouped else node.op_type
-        self.add(sev, "qdq-per-channel-weight", label, node.op_type,
-                 f"{kind} with per-channel weight scales ({sd[0] if sd else '?'}): "
-                 f"{r['breaks_on']}; {r['not_affected']}; {r['advice']}", g.path)
+        self.add(r["severity"], "qdq-per-channel-weight", label, node.op_type,
+                 f"{kind} with per-axis weight scales ({sd[0] if sd else '?'}): "
+                 f"{r['reason']}", g.path)
 
     # -- main-graph checks --------------------------------------------------------------------
 
@@ -650,8 +777,9 @@ class _Checker:
                 self.add(dd.get("severity", "warning"), "dynamic-input-dim", vi.name,
                          "graph input",
                          f"dims {shown}: position(s) {bad} are symbolic and MIGraphX silently "
-                         f"uses {dd.get('silent_value', 1)}; pass --input-shape "
-                         f"{vi.name}:{'x'.join(str(d) if isinstance(d, int) and d > 0 else 'N' for d in dims)}")
+                         f"uses {dd.get('silent_value', 1)}; pass e.g. --input-shape "
+                         f"{vi.name}:{'x'.join(str(d) if isinstance(d, int) and d > 0 else '1' for d in dims)}"
+                         f" with your sizes at position(s) {bad}")
         for name in sorted(set(self.input_shapes) - names):
             self.add("warning", "input-shape-unknown-input", name, "graph input",
                      f"--input-shape names '{name}', which is not a graph input "
@@ -707,6 +835,7 @@ class _Checker:
                                    f" is not dequantized")
                 else:
                     reasons += self.dq_blockers.get(dq.output[0], [])
+            reasons += self.kernel_blockers.get(name, [])
             if reasons:
                 self.add("warning", "plan-int8-stays-float", name, node.op_type,
                          f"the plan puts it in INT8 but it will not become "

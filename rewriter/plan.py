@@ -12,8 +12,10 @@ A plan says, per layer (Conv, ConvTranspose, MatMul, Gemm), ``fp32``, ``fp16`` o
     overrides: {"conv_17": fp32}         # by node name; always win
     int8:
       calibration: {method: minmax, percentile: 99.999, num_bins: 2048, samples: 200}
-      weights: per-channel                # or per-tensor (MIGraphX 2.16 aborts on per-channel
-                                          # depthwise weights: see shared PROFILE.md)
+      weights: per-channel                # or per-tensor
+      weight_form: auto                   # where per-channel scales go: axis (on the weight's
+                                          # DequantizeLinear), mul (a Mul after the layer),
+                                          # auto (from the target MIGraphX version)
       bias: float                         # or int32
     fp16: {clamp: true}
     verify: {min_cosine: 0.99, min_top1: 0.99, min_sqnr_db: 15}
@@ -47,7 +49,11 @@ METHODS = ("minmax", "percentile", "entropy")
 
 _DEFAULT_INT8 = {"calibration": {"method": "minmax", "percentile": 99.999, "num_bins": 2048,
                                  "samples": 200},
-                 "weights": "per-channel", "bias": "float"}
+                 "weights": "per-channel", "weight_form": "auto", "bias": "float"}
+WEIGHT_FORMS = ("auto", "axis", "mul")
+# The first MIGraphX version whose simplify_qdq throws on a per-axis weight DequantizeLinear
+# (develop after PR #4470; shared/migraphx/PROFILE.md item 9, run on the 2.15 and 2.16 builds).
+PER_AXIS_BREAKS_FROM = (2, 16)
 _DEFAULT_VERIFY = {"min_cosine": 0.99, "min_top1": 0.99, "min_sqnr_db": 15.0}
 
 BUILTIN = {
@@ -86,6 +92,26 @@ class Plan:
     @property
     def per_channel(self) -> bool:
         return self.int8.get("weights", "per-channel") == "per-channel"
+
+    def weight_form(self, migraphx_version: tuple[int, ...] | None) -> tuple[str, str]:
+        """(form, why): where per-channel weight scales go for this target.
+
+        ``axis`` puts them on the weight's DequantizeLinear; ``mul`` keeps a per-tensor DQ of
+        scale 1 and multiplies the layer's output per channel (the same arithmetic).
+        ``auto`` picks ``axis`` for MIGraphX before 2.16 and ``mul`` otherwise, including an
+        unknown version, since ``mul`` lowers to int8 kernels on every version run here.
+        """
+        form = self.int8.get("weight_form", "auto")
+        if not self.per_channel:
+            return "per-tensor", "per-tensor weights"
+        if form != "auto":
+            return form, f"plan sets weight_form: {form}"
+        if migraphx_version is None:
+            return "mul", "no MIGraphX version given or installed: the form every version lowers"
+        shown = ".".join(str(v) for v in migraphx_version[:2])
+        if tuple(migraphx_version[:2]) < PER_AXIS_BREAKS_FROM:
+            return "axis", f"MIGraphX {shown} lowers per-axis weight DequantizeLinear"
+        return "mul", f"MIGraphX {shown} cannot lower per-axis weight DequantizeLinear"
 
 
 def load(spec: str | os.PathLike | dict | Plan) -> Plan:
@@ -161,7 +187,10 @@ def from_dict(d: Any, source: str) -> Plan:
         raise InputError(f"plan {source}: percentile must be in (50, 100]")
     p.int8 = {"calibration": cal,
               "weights": int8.get("weights", "per-channel"),
+              "weight_form": int8.get("weight_form", "auto"),
               "bias": int8.get("bias", "float")}
+    if p.int8["weight_form"] not in WEIGHT_FORMS:
+        raise InputError(f"plan {source}: int8.weight_form must be one of {', '.join(WEIGHT_FORMS)}")
     if p.int8["weights"] not in ("per-channel", "per-tensor"):
         raise InputError(f"plan {source}: int8.weights must be per-channel or per-tensor")
     if p.int8["bias"] not in ("float", "int32"):

@@ -212,8 +212,10 @@ class _Evaluator:
         ops = {node_id(n): n.op for n in g.nodes if n.op in LAYER_OPS}
         full = {i: precision.get(i, "fp32") for i in ids}
         a = Assignment(full, {i: "planner" for i in ids}, ids, ops)
-        plan = Plan(int8={"calibration": {}, "weights": self.settings["weights"], "bias": "float"})
-        ctx = Context(data={"assignment": a, "ranges": self.ranges, "plan": plan},
+        plan = Plan(int8={"calibration": {}, "weights": self.settings["weights"],
+                          "weight_form": self.settings["weight_form"], "bias": "float"})
+        ctx = Context(options={"migraphx_version": self.settings.get("migraphx_version")},
+                      data={"assignment": a, "ranges": self.ranges, "plan": plan},
                       namer=ir.Namer(g))
         run_pipeline(g, resolve(["insert-qdq", "convert-fp16"]), ctx)
         exp = ir.export(g, self.original, self.base_dir)
@@ -249,8 +251,9 @@ def plan_auto(model, calib, *, input_shapes=None, settings: dict | None = None,
     from .registry import resolve
 
     t0 = time.perf_counter()
-    s = dict(DEFAULTS, weights="per-channel", method="percentile", percentile=99.99,
-             num_bins=2048, samples=256, target_speedup=None, preprocess=None)
+    s = dict(DEFAULTS, weights="per-channel", weight_form="auto", method="percentile",
+             percentile=99.99, num_bins=2048, samples=256, target_speedup=None,
+             preprocess=None, migraphx_version=None)
     s.update({k: v for k, v in (settings or {}).items() if v is not None})
     if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
         from pathlib import Path
@@ -267,7 +270,8 @@ def plan_auto(model, calib, *, input_shapes=None, settings: dict | None = None,
     n_eval = held_out_count(len(data))
     cal_data, eval_data = data.split(n_eval)
     eval_feeds = list(eval_data)
-    if s["weights"] == "per-channel" and graph.opset < 13:
+    form_plan = Plan(int8={"weights": s["weights"], "weight_form": s["weight_form"]})
+    if form_plan.weight_form(s["migraphx_version"])[0] == "axis" and graph.opset < 13:
         graph, original = ir.upgrade_opset(graph, original, base_dir, 13)
     layers = [n for n in graph.nodes if n.op in LAYER_OPS]
     if not layers:
@@ -369,7 +373,8 @@ def plan_auto(model, calib, *, input_shapes=None, settings: dict | None = None,
                  "overrides": {r.id: r.choice for r in results},
                  "int8": {"calibration": {"method": s["method"], "percentile": s["percentile"],
                                           "num_bins": s["num_bins"], "samples": s["samples"]},
-                          "weights": s["weights"], "bias": "float"},
+                          "weights": s["weights"], "weight_form": s["weight_form"],
+                          "bias": "float"},
                  "verify": {"min_cosine": s["min_cosine"], "min_top1": s["min_top1"],
                             "min_sqnr_db": 0.0}}
     if s["preprocess"]:

@@ -1,22 +1,31 @@
-"""The compile step: hand the rewritten model to MIGraphX and check what it made of it.
+"""The MIGraphX step: compile the rewritten model, run it, judge it, and say what became int8.
 
-Where ``import migraphx`` works: parse the saved output with the user's input dims (MIGraphX
-turns a symbolic dim into 1 silently otherwise), compile for ``gpu`` (or the ``ref`` CPU
-reference target), run on the same inputs as the onnxruntime reference of the ORIGINAL
-model, and report the same error metrics plus the compiled program's op histogram: how many
-convolutions/matmuls became ``quant_convolution``/``quant_dot`` versus how many INT8 layers
-the plan asked for. ONNX Runtime's MIGraphX execution provider is a second route
-(``backend="ort-migraphx"``).
+Where ``import migraphx`` works:
 
-Where it does not: nothing is faked. The report says that compilation was skipped and why;
-the static check (rewriter.check) has already said what MIGraphX would refuse or run in
-float. ``require=True`` turns the skip into an error.
+1. **Compile and compare.** Parse the saved output with the inputs' dims (MIGraphX turns a
+   symbolic dim into 1 silently otherwise), compile for ``gpu`` or ``ref`` (its CPU
+   reference), run every sample, and compare with the *original* model in onnxruntime
+   (graph optimisations off). An FP32 rewrite is judged by the FP32 tolerances. A plan
+   model is judged against the FP32 original by the plan's accuracy budget (top-1
+   agreement, cosine, SQNR) over several samples, next to onnxruntime's figure for the same
+   model on the same samples: MIGraphX legitimately differs from onnxruntime on QDQ
+   (match_qlinear_reused rewires a reused quantized tensor; float summation order moves
+   values across int8 rounding boundaries), so comparing the two with FP32 tolerances would
+   be wrong.
+2. **INT8 lowering.** For a plan with INT8 layers: "N of M planned INT8 layers lower to
+   quant_convolution/quant_dot", each layer that stays float named with its reason. On a GPU
+   the count comes from the compiled program; elsewhere from MIGraphX's own GPU passes up to
+   simplify_qdq run by migraphx-driver (rewriter.lowering), since ``ref`` has no int8 pass.
+
+Where it does not: nothing is faked. The report says compilation was skipped and why; the
+static check (rewriter.check) has already said what MIGraphX would refuse or run in float.
+``require=True`` turns the skip into an error.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -28,16 +37,20 @@ class BackendUnavailable(InputError):
     """The requested backend is not installed and the user required it (exit 2)."""
 
 
-def compile_and_compare(output_path: str | os.PathLike, reference_path: str | os.PathLike,
-                        feeds: dict[str, np.ndarray], input_shapes: dict[str, list[int]],
-                        numerics: Numerics, *, backend: str = "migraphx",
-                        device: str = "gpu", save_mxr: str | None = None,
-                        require: bool = False, int8_requested: int = 0,
-                        lossy: dict | None = None) -> dict[str, Any]:
-    """Compile ``output_path`` on the backend and compare it with the original in onnxruntime.
+def migraphx_step(output_path: str | os.PathLike, verifier, feed_sets: list[dict],
+                  input_shapes: dict[str, list[int]] | None, *, candidate=None,
+                  planned_int8: Sequence[str] = (), lossy: dict | None = None,
+                  backend: str = "migraphx", device: str = "auto",
+                  save_mxr: str | None = None, require: bool = False,
+                  findings=None, what: str = "planned INT8 layers") -> dict[str, Any]:
+    """Compile ``output_path`` on MIGraphX, compare with ``verifier``'s reference (the
+    original in onnxruntime on ``feed_sets``) and check the INT8 lowering.
 
-    Returns a JSON-able dict: status ("compiled" | "skipped"), reason, metrics, op histogram,
-    kernel counts, and a warning when fewer layers run in int8 than the plan asked.
+    ``verifier`` may be a zero-argument callable that makes it (it runs the original, so
+    only once MIGraphX is known to be there). ``candidate`` (a rewriter.ir.Exported of the
+    same model) gives onnxruntime's figure for a plan model; ``lossy`` is the plan's budget
+    (None: an FP32 rewrite). Returns a JSON-able dict (status compiled | skipped | failed,
+    metrics, lowering, ok).
     """
     if backend == "migraphx":
         from .backends import migraphx as be
@@ -49,56 +62,199 @@ def compile_and_compare(output_path: str | os.PathLike, reference_path: str | os
     if not ok:
         if require:
             raise BackendUnavailable(f"{backend} is required but not available: {why}")
-        return {"backend": backend, "status": "skipped",
+        return {"backend": backend, "status": "skipped", "ok": True,
                 "reason": f"compilation skipped: {why}"}
-
-    from .backends import ort
-    from .verify import compare, judge
-
+    if not callable(verifier):
+        verifier = (lambda made: lambda: made)(verifier)   # already made: hand it back
+    info: dict[str, Any] = {"backend": backend, "version": why, "samples": len(feed_sets),
+                            "judged_by": "plan budget" if lossy is not None else
+                            "FP32 tolerances"}
     shapes = {k: list(v) for k, v in (input_shapes or {}).items() if k}
-    reference = ort.run(ort.session(str(reference_path)), feeds)
-    info: dict[str, Any] = {"backend": backend, "status": "compiled", "version": why}
+    numerics = Numerics.LOSSY if lossy is not None else Numerics.CLOSE
     if backend == "migraphx":
-        run = be.compile_and_run(output_path, feeds, input_shapes=shapes or None, target=device,
-                                 save_mxr=save_mxr)
-        outputs = run.outputs
-        info.update(device=device, op_histogram=run.op_histogram,
-                    kernel_counts=run.kernel_counts, compile_seconds=run.compile_seconds,
-                    run_seconds=run.run_seconds, input_dims=run.input_dims)
-        got = run.kernel_counts.get("quant_convolution", 0) + run.kernel_counts.get("quant_dot", 0)
-        info["int8_requested"], info["int8_compiled"] = int8_requested, got
-        if device == "gpu" and got < int8_requested:
-            info["warning"] = (f"the plan puts {int8_requested} layers in INT8 but MIGraphX "
-                               f"compiled {got} quant_convolution/quant_dot: the rest run in "
-                               "float (see the static check's qdq findings for the nodes)")
+        _compile_migraphx(be, info, output_path, verifier, feed_sets, shapes, numerics, lossy,
+                          device, save_mxr, require)
     else:
-        outputs = be.run(output_path, feeds)
-    metrics = []
-    for vi_name, r, o in zip(_names(reference_path), reference, outputs):
-        m = compare(vi_name, r, np.asarray(o))
-        m.ok = m.ok and judge(m, numerics, 2, lossy)
-        metrics.append(m.to_dict())
-    info["metrics"] = metrics
-    info["ok"] = all(m["ok"] for m in metrics)
+        outputs = be.run(output_path, feed_sets[0])
+        info.update(status="compiled", device="gpu")
+        info["metrics"] = _judge(verifier(), outputs, numerics, lossy, single=True)
+    if candidate is not None and lossy is not None and info["status"] == "compiled":
+        info["onnxruntime"] = [m.to_dict() for m in verifier().check(candidate, Numerics.LOSSY)]
+    if planned_int8 and backend == "migraphx":
+        info["lowering"] = _lowering(info, output_path, feed_sets[0], shapes,
+                                     planned_int8, findings, what)
+    metrics_ok = all(m["ok"] for m in info.get("metrics", []))
+    lowering_ok = info.get("lowering", {}).get("status") != "failed"
+    info["ok"] = info["status"] != "failed" and metrics_ok and lowering_ok
     return info
 
 
-def _names(path) -> list[str]:
-    import onnx
+def _compile_migraphx(be, info, output_path, verifier, feed_sets, shapes, numerics, lossy,
+                      device, save_mxr, require) -> None:
+    if device == "auto":
+        device = "gpu" if be.has_target("gpu") else None
+        if device is None:
+            info.update(status="skipped", device="none", reason=(
+                "this MIGraphX has no GPU target (a CPU-only build): not compiled; "
+                "--migraphx-target ref compiles on its slow CPU reference"))
+            if require:
+                raise BackendUnavailable(f"MIGraphX GPU target required: {info['reason']}")
+            return
+    info["device"] = device
+    try:
+        run = be.compile_and_run(output_path, feed_sets, input_shapes=shapes or None,
+                                 target=device, save_mxr=save_mxr)
+    except be.MigraphxError as e:
+        info.update(status="failed", error=str(e))
+        return
+    info.update(status="compiled", op_histogram=run.op_histogram,
+                kernel_counts=run.kernel_counts, compile_seconds=run.compile_seconds,
+                run_seconds=run.run_seconds, input_dims=run.input_dims)
+    info["metrics"] = _judge(verifier(), run.outputs, numerics, lossy)
+    info["program_text"] = run.program_text if device == "gpu" else None
 
-    return [o.name for o in onnx.load(str(path), load_external_data=False).graph.output]
+
+def _judge(verifier, outputs, numerics, lossy, single: bool = False) -> list[dict]:
+    from .verify import compare, judge
+
+    reference = verifier.reference
+    if single and len(verifier.feed_sets) > 1:   # one run only: compare its first sample
+        n = np.shape(outputs[0])[0] if np.ndim(outputs[0]) else 1
+        reference = [np.asarray(r)[:n] for r in reference]
+    metrics = []
+    for name, r, o in zip(verifier.output_names, reference, outputs):
+        m = compare(name, r, np.asarray(o))
+        m.ok = m.ok and judge(m, numerics, 2, lossy)
+        metrics.append(m.to_dict())
+    return metrics
+
+
+def _lowering(info, output_path, feeds, shapes, planned, findings, what) -> dict:
+    from . import lowering
+    from .backends.migraphx import kernel_counts
+
+    dims = {k: list(v) for k, v in shapes.items()}
+    for name, x in feeds.items():
+        dims.setdefault(name, list(np.shape(x)))
+    result = lowering.lower_int8(output_path, dims, list(planned), findings=findings)
+    result.what = what
+    text = info.pop("program_text", None)
+    if info.get("device") == "gpu" and text:
+        # On a GPU the compiled program is the truth for the figure; the driver's run (when
+        # it worked) still names the layers.
+        kc = kernel_counts(text)
+        result.source = "compiled GPU program"
+        result.quant_kernels = kc["quant_convolution"] + kc["quant_dot"]
+        result.status = "ok"
+        result.error = None
+        if not result.layers:
+            result.named = False
+            result.planned = len(planned)
+        result.lowered = min(result.quant_kernels, len(planned))
+    return result.to_dict()
 
 
 def render(info: dict[str, Any]) -> str:
-    if info["status"] != "compiled":
+    """The MIGraphX part of the terminal summary."""
+    if info["status"] == "skipped" and "lowering" not in info:
         return f"{info['backend']}: {info['reason']}"
-    lines = [f"{info['backend']} ({info.get('version', '')}, {info.get('device', '')}):"]
-    kc = info.get("kernel_counts")
-    if kc:
-        lines.append("  compiled: " + ", ".join(f"{k} {v}" for k, v in sorted(kc.items())))
-    for m in info["metrics"]:
-        lines.append(f"  {m['name']}: max_abs {m['max_abs']:.2e} max_rel {m['max_rel']:.2e} "
-                     f"cosine {m['cosine']:.6f} {'ok' if m['ok'] else 'NOT OK'}")
-    if "warning" in info:
-        lines.append(f"  warning: {info['warning']}")
+    head = f"{info['backend']} ({info.get('version', '')}, {info.get('device', '')})"
+    lines = []
+    if info["status"] == "skipped":
+        lines.append(f"{head}: {info['reason']}")
+    elif info["status"] == "failed":
+        lines.append(f"{head}: {info['error']}")
+    else:
+        lines.append(f"{head}: compiled, {info['samples']} sample(s), judged by "
+                     f"{info['judged_by']}:")
+        ort = {m["name"]: m for m in info.get("onnxruntime", [])}
+        for m in info.get("metrics", []):
+            lines.append("  " + _metric_line(m, ort.get(m["name"])))
+    low = info.get("lowering")
+    if low:
+        lines.append("  " + low["headline"] + f" [{low['source']}, MIGraphX {low['version']}]")
+        for name, why in low.get("stays_float", {}).items():
+            lines.append(f"    stays float: {name}: {why or 'no reason known'}")
     return "\n".join(lines)
+
+
+def _metric_line(m: dict, ort: dict | None) -> str:
+    s = f"{m['name']}: "
+    if m.get("top1") is not None:
+        s += f"top-1 vs FP32 {m['top1']:.4f}" + (
+            f" (onnxruntime {ort['top1']:.4f})" if ort and ort.get("top1") is not None else "")
+        s += ", "
+    s += f"cosine {m['cosine']:.6f}" + (f" (onnxruntime {ort['cosine']:.6f})" if ort else "")
+    s += f", max_rel {m['max_rel']:.2e} {'ok' if m['ok'] else 'NOT OK'}"
+    return s
+
+
+def check_and_compile(report, exported, original, base_dir, output, mgx: dict | None,
+                      options: dict, input_shapes, inputs, seed: int, held_out: list, plan,
+                      verifier, model_path: str | None) -> None:
+    """The API's target step: the static check into ``report`` (grouped warnings), then,
+    when ``mgx`` is given, :func:`migraphx_step` on the saved output."""
+    from .check import check_model
+
+    version = options.get("migraphx_version")
+    layers = (report.extra.get("plan") or {}).get("layers", {})
+    int8 = [k for k, v in layers.items() if v["precision"] == "int8"]
+    result = check_model(exported.model, input_shapes=input_shapes, plan_int8_nodes=int8,
+                         version=version)
+    what = "planned INT8 layers"
+    if not int8 and result.qdq_layers:   # a model quantized elsewhere: its Q/DQ layers
+        int8, what = list(result.qdq_layers), "Q/DQ layers"
+    report.extra["migraphx_check"] = result.to_dict()
+    report.warnings.extend(f"migraphx {line}" for line in result.summary_lines(("error", "warning")))
+    if mgx is None:
+        return
+    feed_sets = _feed_sets(original, input_shapes, inputs, seed, held_out, plan,
+                           int(mgx.get("samples", 8)))
+    lossy = plan.verify if plan is not None else None
+
+    made: list = []
+
+    def reference():   # the original runs only when MIGraphX did compile
+        if not made:
+            if verifier is not None and _same_feeds(verifier.feed_sets, feed_sets):
+                made.append(verifier)
+            else:
+                from .verify import Verifier
+                made.append(Verifier(original, base_dir, feed_sets, path=model_path,
+                                     lossy=lossy))
+        return made[0]
+
+    import tempfile
+
+    from . import ir
+    with tempfile.TemporaryDirectory(prefix="rewrite-mgx-") as tmp:
+        path = output
+        if path is None:
+            path = os.path.join(tmp, "model.onnx")
+            ir.save(exported, path)
+        report.extra["compile"] = migraphx_step(
+            path, reference, feed_sets, input_shapes, candidate=exported, planned_int8=int8,
+            lossy=lossy, backend=mgx.get("backend", "migraphx"),
+            device=mgx.get("device", "auto"), save_mxr=mgx.get("save_mxr"),
+            require=bool(mgx.get("require")), findings=result.findings, what=what)
+
+
+def _feed_sets(original, input_shapes, inputs, seed, held_out, plan, samples: int) -> list:
+    """What MIGraphX runs: the user's inputs; else, for a plan, up to ``samples`` held-out
+    calibration samples of one shape (or seeded random ones); else one random sample."""
+    from .verify import make_feeds
+
+    if inputs is not None:
+        return [inputs]
+    if plan is not None and held_out:
+        first = {k: np.shape(v) for k, v in held_out[0].items()}
+        same = [f for f in held_out if {k: np.shape(v) for k, v in f.items()} == first]
+        return same[:max(2, samples)]
+    n = max(2, samples) if plan is not None else 1
+    return [make_feeds(original, input_shapes, seed + i) for i in range(n)]
+
+
+def _same_feeds(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(
+        x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x)
+        for x, y in zip(a, b))

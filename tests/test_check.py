@@ -279,11 +279,17 @@ def test_computed_scale_found():
     assert set(named(check_model(model), "qdq-scale-not-constant")) == {"xq_node", "y_node"}
 
 
-@pytest.mark.parametrize("bad", [0.0, -0.5])
-def test_zero_or_negative_scale_is_an_error(bad):
-    result = check_model(qdq_conv(x_scale=np.float32(bad)))
-    assert set(named(result, "qdq-scale-not-positive")) == {"xq_node", "xd_node"}
-    assert {f.severity for f in result.findings if f.code == "qdq-scale-not-positive"} == {"error"}
+@pytest.mark.parametrize("bad", [0.0, -0.5, float("nan")])
+def test_zero_or_negative_scale_is_warned_per_version(bad):
+    for version, says in ((None, "2.16 runs the layer in float, 2.15 lowers"),
+                          ((2, 16), "run in float"), ((2, 15), "2.15 lowers the layer")):
+        if bad != 0:
+            says = "nothing in MIGraphX rejects a negative or non-finite scale"
+        result = check_model(qdq_conv(x_scale=np.float32(bad)), version=version)
+        assert set(named(result, "qdq-scale-not-positive")) == {"xq_node", "xd_node"}
+        found = [f for f in result.findings if f.code == "qdq-scale-not-positive"]
+        assert {f.severity for f in found} == {"warning"}
+        assert all(says in f.message for f in found), (version, found[0].message)
 
 
 def test_per_channel_activation_scale_found():
@@ -320,20 +326,30 @@ def test_only_weight_dequantized_found():
     assert "quant_dot" in result.for_node("y_node")[-1].message
 
 
-def test_scale_shape_one_warned():
+def test_scale_shape_one_on_a_conv_input_is_an_error_elsewhere_a_warning():
     result = check_model(qdq_conv(x_scale=np.array([0.05], np.float32)))
     assert set(named(result, "qdq-scale-shape-1")) == {"xq_node", "xd_node"}
-    assert result.ok
+    assert {f.severity for f in result.findings if f.code == "qdq-scale-shape-1"} == {"error"}
+    assert not result.ok
+    model = build("""
+    g (float[1,4] x) => (float[1,4] y) {
+        xq = QuantizeLinear(x, s, z)
+        y = DequantizeLinear(xq, s, z)
+    }""", s=np.array([0.1], np.float32), z=np.array([0], np.int8))
+    other = check_model(model)
+    assert {f.severity for f in other.findings if f.code == "qdq-scale-shape-1"} == {"warning"}
 
 
-def test_per_channel_weights_depthwise_warned_plain_info_wrong_axis_warned():
+def test_per_channel_weights_by_version_and_wrong_axis_warned():
     scales = (np.arange(8, dtype=np.float32) + 1) / 100
-    dw = check_model(qdq_conv(w_scale=scales, w_zp=np.zeros(8, np.int8), group=4, c_in=4))
-    (f,) = [f for f in dw.findings if f.code == "qdq-per-channel-weight"]
-    assert (f.node, f.severity) == ("y_node", "warning") and "2.16.0" in f.message
-    plain = check_model(qdq_conv(w_scale=scales, w_zp=np.zeros(8, np.int8)))
-    assert [f.severity for f in plain.findings if f.code == "qdq-per-channel-weight"] == ["info"]
-    assert "qdq-weight-axis" not in codes(plain)
+    for version, severity in (((2, 16), "error"), ((2, 15), "info"), (None, "warning"),
+                              ((3, 1), "error")):
+        for group, c_in in ((4, 4), (1, 4)):  # depthwise-like and plain: the same rule
+            r = check_model(qdq_conv(w_scale=scales, w_zp=np.zeros(8, np.int8), group=group,
+                                     c_in=c_in), version=version)
+            (f,) = [f for f in r.findings if f.code == "qdq-per-channel-weight"]
+            assert (f.node, f.severity) == ("y_node", severity), version
+            assert "qdq-weight-axis" not in codes(r)
     wrong = check_model(qdq_conv(w_scale=scales[:4], w_zp=np.zeros(4, np.int8), w_axis=1))
     assert named(wrong, "qdq-weight-axis") == ["y_node"]
 
@@ -352,7 +368,7 @@ def test_fp16_input_with_fp32_scale_is_an_error():
         xd = DequantizeLinear(xq, s, z)
         y = Cast <to=10> (xd)
     }""", head='<ir_version: 10, opset_import: ["" : 23]>', s=np.float32(0.1), z=np.int8(0))
-    assert named(check_model(model), "qdq-fp16-scale") == ["xq_node"]
+    assert named(check_model(model), "qdq-scale-type") == ["xq_node"]
 
 
 def test_external_scale_not_checked(tmp_path):
@@ -374,6 +390,10 @@ def test_dynamic_dims_need_input_shape():
     (f,) = check_model(model).findings
     assert (f.code, f.node, f.severity) == ("dynamic-input-dim", "x", "warning")
     assert "[0, 2]" in f.message and "--input-shape" in f.message
+    # The suggestion is a value --input-shape accepts.
+    from rewriter.verify import parse_shape_args
+    hint = f.message.split("--input-shape ")[1].split()[0]
+    assert parse_shape_args([hint]) == {"x": [1, 3, 1, 8]}
     assert check_model(model, input_shapes={"x": [2, 3, 5, 8]}).findings == []
     other = check_model(model, input_shapes={"x": [2, 3, 5, 8], "z": [1]})
     assert named(other, "input-shape-unknown-input") == ["z"]
@@ -440,8 +460,12 @@ def test_render_and_to_dict():
     text = render_text(result)
     lines = text.splitlines()
     assert lines[0].startswith("MIGraphX check: 0 error(s), 3 warning(s)")
-    assert "warning qdq-uint8 (2)" in lines
-    assert any(line.startswith("  y_node [Conv]: ") for line in lines)
+    # One line per rule: count, nodes, what the rule says once.
+    (uint8,) = [x for x in lines if x.startswith("warning qdq-uint8 (2): ")]
+    assert "xq_node, xd_node" in uint8 and uint8.count("uint8 QDQ is rejected") == 1
+    assert len(lines) == 3
+    detailed = render_text(result, details=True).splitlines()
+    assert any(x.startswith("  warning plan-int8-stays-float: y_node [Conv]: ") for x in detailed)
     d = json.loads(json.dumps(result.to_dict()))
     assert d["ok"] is True and d["counts"]["warning"] == 3
     assert d["profile"]["migraphx_version"] == "2.16.0"

@@ -96,6 +96,41 @@ def available() -> tuple[bool, str]:
     return True, f"migraphx {getattr(mgx, '__version__', '?')}"
 
 
+def has_target(name: str) -> bool:
+    """Can this install compile for ``name``? A CPU-only build has ``ref`` but no ``gpu``
+    (get_target fails to load libmigraphx_gpu.so)."""
+    mgx, _ = _import()
+    if mgx is None:
+        return False
+    try:
+        mgx.get_target(name)
+    except Exception:
+        return False
+    return True
+
+
+class MigraphxError(RuntimeError):
+    """MIGraphX refused or failed on the model; ``stage`` is parse, compile or run and
+    ``message`` MIGraphX's own text without its source path."""
+
+    def __init__(self, stage: str, message: str):
+        self.stage, self.message = stage, message
+        super().__init__(f"MIGraphX {stage} failed: {message}")
+
+
+def clean_message(text: str) -> str:
+    """MIGraphX's message on one line without its source location:
+    '<src>/op/broadcast.hpp:86: build_output: BROADCAST: ...' -> 'build_output: BROADCAST: ...'."""
+    import re
+
+    line = (text.strip().splitlines() or ["no message"])[0].strip()
+    return re.sub(r"^\S*\.(?:hpp|cpp|h):\d+:\s*", "", line)[:300]
+
+
+def _clean(e: BaseException) -> str:
+    return clean_message(str(e) or type(e).__name__)
+
+
 def _require():
     mgx, reason = _import()
     if mgx is None:
@@ -154,8 +189,14 @@ def _dims(feeds: Mapping[str, np.ndarray], input_shapes) -> dict[str, list[int]]
 
 def _compile(mgx, model_path, dims, target: str, fast_math: bool):
     t0 = time.perf_counter()
-    prog = mgx.parse_onnx(os.fspath(model_path), map_input_dims=dims)
-    prog.compile(mgx.get_target(target), offload_copy=True, fast_math=fast_math)
+    try:
+        prog = mgx.parse_onnx(os.fspath(model_path), map_input_dims=dims)
+    except Exception as e:
+        raise MigraphxError("parse", _clean(e)) from None
+    try:
+        prog.compile(mgx.get_target(target), offload_copy=True, fast_math=fast_math)
+    except Exception as e:
+        raise MigraphxError("compile", _clean(e)) from None
     return prog, time.perf_counter() - t0
 
 
@@ -187,18 +228,32 @@ def _output_names(model_path) -> list[str]:
     return [o.name for o in model.graph.output]
 
 
-def compile_and_run(model_path: str | os.PathLike, feeds: dict[str, np.ndarray],
-                    input_shapes: dict[str, list[int]] | None = None, target: str = "gpu",
-                    fast_math: bool = True, save_mxr: str | None = None) -> MigraphxRun:
-    """Parse, compile for ``target`` ("gpu" or "ref"), run once, and report what compiled."""
+def compile_and_run(model_path: str | os.PathLike, feeds, input_shapes: dict[str, list[int]]
+                    | None = None, target: str = "gpu", fast_math: bool = True,
+                    save_mxr: str | None = None) -> MigraphxRun:
+    """Parse, compile for ``target`` ("gpu" or "ref"), run, and report what compiled.
+
+    ``feeds`` is one input dict or a list of them (all of one shape: one compiled program);
+    with a list, ``outputs`` holds each output concatenated over the runs on axis 0.
+    Failures inside MIGraphX raise :class:`MigraphxError` (one line, MIGraphX's message)."""
     mgx = _require()
-    dims = _dims(feeds, input_shapes)
+    feed_sets = feeds if isinstance(feeds, list) else [feeds]
+    dims = _dims(feed_sets[0], input_shapes)
     prog, compile_s = _compile(mgx, model_path, dims, target, fast_math)
-    params = _params(prog, feeds)
+    runs = []
     t0 = time.perf_counter()
-    raw = prog.run(params)
-    run_s = time.perf_counter() - t0
-    outputs = [np.array(o) for o in raw]   # copies: MIGraphX may reuse its buffers
+    for f in feed_sets:
+        params = _params(prog, f)
+        try:
+            raw = prog.run(params)
+        except Exception as e:
+            raise MigraphxError("run", _clean(e)) from None
+        runs.append([np.array(o) for o in raw])   # copies: MIGraphX may reuse its buffers
+    run_s = (time.perf_counter() - t0) / len(feed_sets)
+    outputs = runs[0] if len(runs) == 1 else [
+        np.concatenate([np.asarray(r[k]).reshape((-1,) + np.shape(r[k])[1:])
+                        if np.ndim(r[k]) else np.asarray(r[k]).reshape(1) for r in runs])
+        for k in range(len(runs[0]))]
     text = str(prog)
     if save_mxr:
         mgx.save(prog, os.fspath(save_mxr))
@@ -246,5 +301,6 @@ def benchmark(model_path: str | os.PathLike, feeds: dict[str, np.ndarray],
     }
 
 
-__all__: Sequence[str] = ("MigraphxRun", "available", "compile_and_run", "benchmark",
+__all__: Sequence[str] = ("MigraphxRun", "MigraphxError", "available", "has_target",
+                          "compile_and_run", "benchmark",
                           "op_histogram", "kernel_counts", "parse_program_text")

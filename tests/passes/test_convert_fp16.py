@@ -81,9 +81,14 @@ def test_recipe_mix_fp16_int8_keeps_qdq_in_fp32_with_casts():
     conv_b = [n for n in out.graph.node if n.op_type == "Conv"][1]
     assert prod[conv_b.input[0]].op_type == "DequantizeLinear"
     assert prod[conv_b.input[1]].op_type == "DequantizeLinear"
-    # The INT8 conv's activation (HardSwish) is not in the fp16 region: it follows the conv.
+    # The INT8 conv's activation (HardSwish) is not in the fp16 region: it follows the conv
+    # and the conv's per-channel scale/bias epilogue directly, all float32.
     hs = [n for n in out.graph.node if n.op_type == "HardSwish"][0]
-    assert prod[hs.input[0]] is conv_b
+    n = prod[hs.input[0]]
+    while n.op_type in ("Mul", "Add"):
+        assert all(init[i].data_type == onnx.TensorProto.FLOAT for i in n.input if i in init)
+        n = prod[n.input[0]]
+    assert n is conv_b
     onnx.checker.check_model(out, full_check=True)
     f = x_feed()
     # One int8 layer with random (untrained) weights between two fp16 ones.

@@ -1,0 +1,305 @@
+"""INT8 lowering without a GPU: which planned INT8 layers MIGraphX turns into int8 kernels.
+
+Only MIGraphX's GPU target lowers Q/DQ to ``quant_convolution`` / ``quant_dot``, in its
+``simplify_qdq`` pass; the CPU ``ref`` target runs Q/DQ as float math. So the question "does
+this layer become an int8 kernel?" is answered by running MIGraphX's *own* GPU-target passes,
+in the GPU target's order up to and including ``simplify_qdq``
+(src/targets/gpu/target.cpp), on the parsed program, with ``migraphx-driver``::
+
+    migraphx-driver read M.onnx --input-dim @x 1 3 224 224 -p normalize_ops \\
+        -p dead_code_elimination -p eliminate_identity -p dead_code_elimination \\
+        -p simplify_qdq --brief
+
+(input dims are always fixed, so the dynamic-shape passes that the GPU target runs first
+when a dim is dynamic have nothing to do). The printed program's main module lists one
+``convolution``/``quant_convolution`` per ONNX Conv and one ``dot``/``quant_dot`` per
+MatMul/Gemm, in graph order (the parser walks the nodes in order and simplify_qdq replaces an
+instruction in place), which maps each kernel back to its ONNX layer. Where the counts do not
+line up (an LSTM or Einsum adds dots of its own), layers are not named and the figure is a
+count. On a GPU the headline figure comes from the compiled program instead
+(rewriter.backends.migraphx.kernel_counts).
+
+A MIGraphX exception is one line naming the QDQ form that caused it (:func:`explain`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+GPU_PASSES = ("normalize_ops", "dead_code_elimination", "eliminate_identity",
+              "dead_code_elimination", "simplify_qdq")
+CONV_OPS = ("Conv", "ConvInteger", "QLinearConv")
+DOT_OPS = ("MatMul", "Gemm", "MatMulInteger", "QLinearMatMul")
+_KIND = {"convolution": "conv", "quant_convolution": "conv", "dot": "dot", "quant_dot": "dot"}
+
+# What MIGraphX's error text means, measured on the shared 2.15 and 2.16 builds
+# (tests/test_migraphx_rules.py): (pattern, the form that causes it, static-check code, advice).
+KNOWN_FAILURES = (
+    (r"broadcast ndims - axis\) is less than s0 ndims",
+     "a per-axis (per-channel) weight DequantizeLinear, which simplify_qdq cannot lower on "
+     "MIGraphX >= 2.16", "qdq-per-channel-weight",
+     "use int8.weight_form: mul (the default for 2.16) or weights: per-tensor"),
+    (r"succeeding sizes must match",
+     "a Q/DQ scale or zero point of shape [1] (not 0-d) on a conv/dot input",
+     "qdq-scale-shape-1", "store per-tensor scales and zero points as 0-d tensors"),
+    (r"quant_(convolution|dot): Types do not match",
+     "a Cast that does not change the type between a DequantizeLinear and its conv/dot",
+     "qdq-noop-cast", "remove the Cast"),
+    (r"x and y_scale must be of same type",
+     "a QuantizeLinear whose input and scale types differ (opset >= 19)", "qdq-scale-type",
+     "keep Q/DQ in float32 with Casts around them"),
+    (r"y_zero_point must be of same type|x_zero_point must be of same type",
+     "a DequantizeLinear whose zero point type differs from its input", "qdq-zero-point-type",
+     "give the zero point the quantized input's type"),
+    (r"Unknown operator", "an operator MIGraphX's ONNX parser does not know", "unsupported-op",
+     "see `rewrite check`"),
+)
+
+
+def parse_version(text: str | None) -> tuple[int, ...] | None:
+    """(2, 16, 0) from '2.16.0.dev+2025...', 'MIGraphX Version: 2.16.0.2025...' or '2.16'."""
+    if not text:
+        return None
+    m = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", str(text))
+    if not m:
+        return None
+    return tuple(int(g) for g in m.groups() if g is not None)
+
+
+def show_version(v: tuple[int, ...] | None) -> str:
+    return ".".join(str(x) for x in v) if v else "unknown"
+
+
+def installed_version() -> tuple[int, ...] | None:
+    """The importable migraphx module's version, or None when it does not import."""
+    try:
+        import migraphx
+    except Exception:
+        return None
+    return parse_version(getattr(migraphx, "__version__", None))
+
+
+def _module_dir() -> Path | None:
+    try:
+        import migraphx
+    except Exception:
+        return None
+    f = getattr(migraphx, "__file__", None)
+    return Path(f).resolve().parent if f else None
+
+
+def find_driver() -> str | None:
+    """``migraphx-driver`` of the same install as the importable module, else one on PATH.
+
+    Order: $REWRITE_MIGRAPHX_DRIVER; bin/ beside the module's lib/ (a ROCm install and the
+    shared builds both lay it out so); $MIGRAPHX_PREFIX/bin; PATH; /opt/rocm/bin.
+    """
+    candidates = [os.environ.get("REWRITE_MIGRAPHX_DRIVER")]
+    mod = _module_dir()
+    if mod is not None:
+        candidates.append(str(mod.parent / "bin" / "migraphx-driver"))
+    if os.environ.get("MIGRAPHX_PREFIX"):
+        candidates.append(os.path.join(os.environ["MIGRAPHX_PREFIX"], "bin", "migraphx-driver"))
+    candidates += [shutil.which("migraphx-driver"), "/opt/rocm/bin/migraphx-driver"]
+    for c in candidates:
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    return None
+
+
+def driver_version(driver: str) -> tuple[int, ...] | None:
+    try:
+        p = subprocess.run([driver, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_version(_after(p.stdout + p.stderr, "MIGraphX Version:"))
+
+
+def _after(text: str, marker: str) -> str | None:
+    for line in text.splitlines():
+        if marker in line:
+            return line.split(marker, 1)[1]
+    return None
+
+
+@dataclass
+class Layer:
+    name: str
+    op: str
+    planned_int8: bool
+    kernel: str | None = None      # quant_convolution, convolution, quant_dot, dot
+    why_float: str | None = None
+
+    @property
+    def int8(self) -> bool:
+        return bool(self.kernel and self.kernel.startswith("quant_"))
+
+
+@dataclass
+class Lowering:
+    """What MIGraphX made of a model's planned INT8 layers."""
+
+    status: str                       # "ok" | "failed" | "skipped"
+    source: str                       # how the figure was obtained
+    version: str = "unknown"
+    planned: int = 0                  # planned INT8 layers (Conv/MatMul/Gemm)
+    lowered: int = 0                  # of those, how many became quant_* kernels
+    named: bool = True                # False: counts only, layers could not be mapped
+    layers: list[Layer] = field(default_factory=list)
+    quant_kernels: int = 0            # quant_convolution + quant_dot in the program
+    error: str | None = None
+    reason: str | None = None         # why skipped
+    what: str = "planned INT8 layers"
+
+    def headline(self) -> str:
+        if self.status == "skipped":
+            return f"INT8 lowering not checked: {self.reason}"
+        if self.status == "failed":
+            return f"INT8 lowering failed: {self.error}"
+        s = (f"{self.lowered} of {self.planned} {self.what} lower to "
+             f"quant_convolution/quant_dot")
+        return s + ("" if self.named else " (by count: layers could not be mapped one to one)")
+
+    def float_layers(self) -> list[Layer]:
+        return [x for x in self.layers if x.planned_int8 and not x.int8]
+
+    def render(self) -> str:
+        lines = [f"{self.headline()} [{self.source}, MIGraphX {self.version}]"]
+        for x in self.float_layers():
+            lines.append(f"  stays float: {x.name} ({x.op}): {x.why_float or 'no reason known'}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["headline"] = self.headline()
+        d["stays_float"] = {x.name: x.why_float for x in self.float_layers()}
+        return d
+
+
+def main_kernels(program_text: str) -> list[str]:
+    """conv/dot kernels of the main module in program order (quant_* or float)."""
+    from .backends.migraphx import parse_program_text
+
+    ops = [op.split("[")[0] for _, op, _ in parse_program_text(program_text).get("main", [])]
+    return [op for op in ops if op in _KIND]
+
+
+def map_layers(model, planned: Sequence[str], kernels: Sequence[str]) -> tuple[list[Layer], bool]:
+    """Pair each main-graph conv/dot node with the kernel MIGraphX made of it, by order.
+
+    Returns (layers, named): ``named`` is False when the node and kernel counts of a kind
+    differ, so no pairing is trustworthy; layers then carry no kernel."""
+    from .plan import node_id
+
+    planned = set(planned)
+    nodes = [n for n in model.graph.node if n.op_type in CONV_OPS + DOT_OPS]
+    layers = [Layer(node_id(n), n.op_type, node_id(n) in planned) for n in nodes]
+    named = True
+    for kind, ops in (("conv", CONV_OPS), ("dot", DOT_OPS)):
+        mine = [x for x in layers if x.op in ops]
+        theirs = [k for k in kernels if _KIND[k] == kind]
+        if len(mine) != len(theirs):
+            named = named and not any(x.planned_int8 for x in mine)
+            continue
+        for x, k in zip(mine, theirs):
+            x.kernel = k
+    return layers, named
+
+
+def run_driver(driver: str, model_path: str | os.PathLike, input_dims: Mapping[str, Sequence[int]],
+               passes: Sequence[str] = GPU_PASSES, timeout: float = 900) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of ``migraphx-driver read`` with ``passes`` applied."""
+    cmd = [driver, "read", os.fspath(model_path), "--onnx"]
+    dims = [tok for name, d in input_dims.items() for tok in (f"@{name}", *map(str, d))]
+    if dims:
+        cmd += ["--input-dim", *dims]
+    for p in passes:
+        cmd += ["-p", p]
+    cmd.append("--brief")
+    with tempfile.TemporaryDirectory(prefix="rewrite-mgx-") as tmp:
+        # On failure MIGraphX dumps the program into $TMPDIR/migraphx: keep that out of /tmp.
+        env = dict(os.environ, TMPDIR=tmp)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    return p.returncode, p.stdout, p.stderr
+
+
+def what(stderr: str) -> str:
+    """MIGraphX's exception text from a failed driver run, one line, without source paths."""
+    for marker in ("what():", "Error simplify_qdq:", "[ERROR]"):
+        line = _after(stderr, marker)
+        if line:
+            break
+    else:
+        tail = [x for x in stderr.strip().splitlines() if x.strip()]
+        line = tail[-1] if tail else "no message"
+    from .backends.migraphx import clean_message
+
+    return clean_message(line)
+
+
+def explain(message: str, findings=None) -> str:
+    """MIGraphX's error message plus the QDQ form that causes it and the layers that have
+    that form (from the static check's findings), as one line."""
+    for pattern, form, code, advice in KNOWN_FAILURES:
+        if re.search(pattern, message):
+            nodes = list(dict.fromkeys(f.node for f in findings or [] if f.code == code))
+            where = f" (in {compact(nodes)})" if nodes else ""
+            return f"{message}: caused by {form}{where}; {advice}"
+    return message
+
+
+def compact(names: Sequence[str], limit: int = 4) -> str:
+    names = list(names)
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def lower_int8(model_path: str | os.PathLike, input_dims: Mapping[str, Sequence[int]],
+               planned: Sequence[str], *, model=None, findings=None,
+               driver: str | None = None) -> Lowering:
+    """Run MIGraphX's GPU passes up to simplify_qdq on ``model_path`` and say which of the
+    ``planned`` INT8 layers (node ids) became quant_convolution/quant_dot, and why the others
+    did not (``findings``: the static check's, whose plan-int8-stays-float reasons name
+    each layer's blocker)."""
+    import onnx
+
+    driver = driver or find_driver()
+    source = "simplify_qdq via migraphx-driver, GPU pass order"
+    if driver is None:
+        return Lowering("skipped", source, planned=len(planned),
+                        reason="migraphx-driver not found (it ships with MIGraphX; set "
+                               "REWRITE_MIGRAPHX_DRIVER)")
+    version = show_version(driver_version(driver))
+    if model is None:
+        model = onnx.load(os.fspath(model_path), load_external_data=False)
+    rc, out, err = run_driver(driver, model_path, input_dims)
+    if rc != 0:
+        return Lowering("failed", source, version, planned=len(planned),
+                        error=f"MIGraphX {version} failed: {explain(what(err), findings)}")
+    kernels = main_kernels(out)
+    layers, named = map_layers(model, planned, kernels)
+    reasons = _reasons(findings)
+    for x in layers:
+        if x.planned_int8 and x.kernel and not x.int8:
+            x.why_float = reasons.get(x.name, "simplify_qdq did not match it; the static "
+                                               "check knows no reason")
+    quant = sum(1 for k in kernels if k.startswith("quant_"))
+    lowered = (sum(1 for x in layers if x.planned_int8 and x.int8) if named
+               else min(quant, len(planned)))
+    return Lowering("ok", source, version, len(planned), lowered, named,
+                    [x for x in layers if x.planned_int8], quant)
+
+
+def _reasons(findings) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for f in findings or []:
+        if f.code == "plan-int8-stays-float":
+            out[f.node] = f.message.split("(runs in float): ", 1)[-1]
+    return out
