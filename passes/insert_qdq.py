@@ -229,6 +229,10 @@ class _Site:
             node.inputs.pop(2)
         elif node.op == "Gemm" and len(node.inputs) > 2:
             bias = self.gemm_bias(node)
+        if not node.name and not any(n.name == out.name for n in self.graph.nodes):
+            # An unnamed layer is known by its output's name (plan.node_id), and that output
+            # moves to the Mul: name the layer after it so plans and reports still find it.
+            node.name = out.name
         raw = gs.Variable(self.ctx.namer(f"{out.name}_int8_acc"), dtype=np.float32,
                           shape=out.shape)
         node.outputs[0] = raw

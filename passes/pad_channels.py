@@ -828,13 +828,12 @@ class _GraphPadder:
         out_shape = list(shape)
         out_shape[ax] = lay.size
         out = gs.Variable(self.namer(f"{t.name}_padded"), dtype=_dtype(t), shape=out_shape)
-        if lay.prefix:
-            pads = [0] * (2 * rank)
-            pads[rank + ax] = lay.size - lay.true
-            self.g.nodes.append(_pad_node(self.namer(f"{t.name}_pad"), t, out, pads, opset,
-                                          self.namer))
-            return out
-        # General layout: append one zero channel, then gather it into every padded slot.
+        # Never a Pad straight into the conv, even for a prefix layout: MIGraphX's
+        # eliminate_pad folds a zero Pad into the following convolution's spatial padding
+        # and drops its channel pads (src/eliminate_pad.cpp:40-64 at f729a52 and
+        # rocm-7.2.4), so the conv would see the unpadded channels ("mismatched channel
+        # numbers", run on 2.15 and 2.16). The Gather between them keeps the Pad apart.
+        # Append one zero channel, then gather it into every padded slot.
         mid_shape = list(shape)
         mid_shape[ax] = lay.true + 1
         mid = gs.Variable(self.namer(f"{t.name}_zero1"), dtype=_dtype(t), shape=mid_shape)

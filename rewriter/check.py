@@ -569,6 +569,18 @@ class _Checker:
             a, b = (self._dq_source(g, node.input[i], paths[i]) for i in (0, 1))
             if (a is not None or b is not None) and not g.path:
                 self.qdq_layers.append(label)
+            hidden = [(i, self._hidden_dq(g, node.input[i])) for i, found in ((0, a), (1, b))
+                      if found is None]
+            hidden = [(i, ops) for i, ops in hidden if ops]
+            for i, ops in hidden:
+                r = q["not_looked_through"]
+                self.add(r["severity"], "qdq-not-looked-through", label, node.op_type,
+                         f"input {i} comes from a DequantizeLinear through {', '.join(ops)}: "
+                         f"{r['reason']}", g.path)
+                self.kernel_blockers.setdefault(label, []).append(
+                    f"input {i} is dequantized behind {', '.join(ops)}")
+            if hidden:
+                continue
             if a is not None and b is None:
                 if g.is_const(node.input[1]) and self._is_float(g, node.input[1]):
                     r = q["folded_weight"]
@@ -595,6 +607,19 @@ class _Checker:
                         f"Gemm alpha={_attr(node, 'alpha', 1.0):g} puts a mul between DQ and dot")
             if b is not None and g.is_const(b.input[0]):
                 self.check_weight_scale(g, node, b)
+
+    def _hidden_dq(self, g: _Graph, name: str, depth: int = 4) -> list[str]:
+        """The ops (not looked through) between ``name`` and a DequantizeLinear a few steps
+        up its first inputs, or [] when there is none."""
+        through = set(self.qdq.get("passthrough_ops", []))
+        ops: list[str] = []
+        node = g.find_producer(name)
+        while node is not None and len(ops) < depth and node.input:
+            if node.op_type == "DequantizeLinear":
+                return ops if any(o.split(" ")[0] not in through for o in ops) else []
+            ops.append(f"{node.op_type} '{_label(node)}'")
+            node = g.find_producer(node.input[0])
+        return []
 
     def check_between(self, g: _Graph, node: onnx.NodeProto, paths: list[list]) -> None:
         """A Cast that keeps the type, between a DQ and the kernel, makes simplify_qdq throw."""
@@ -658,8 +683,9 @@ class _Checker:
                          f"scale '{scale}' is stored externally: its values were not checked",
                          g.path)
             elif v is not None and np.any(v == 0):
-                flag(self.rule("positive_scale"), "qdq-scale-not-positive",
-                     f"scale '{scale}' has zeros")
+                r = self.rule("positive_scale")
+                flag(r, "qdq-scale-not-positive", f"scale '{scale}' has zeros",
+                     blocks=r.get("blocks", True))
             elif v is not None and not (np.all(np.isfinite(v)) and np.all(v > 0)):
                 flag(q["odd_scale"], "qdq-scale-not-positive",
                      f"scale '{scale}' has negative or non-finite values (min {np.min(v):g})",

@@ -69,3 +69,42 @@ def ops(model: onnx.ModelProto) -> list[str]:
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+# -- MIGraphX ---------------------------------------------------------------------------------
+# CI (.ci/run) installs the shared MIGraphX builds and sets REWRITE_REQUIRE_MIGRAPHX=1: there
+# a `migraphx` test that skips (migraphx not importable, driver missing) is a failure, never
+# a quiet pass. Elsewhere they skip with the reason.
+REQUIRE_MIGRAPHX = os.environ.get("REWRITE_REQUIRE_MIGRAPHX") == "1"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if REQUIRE_MIGRAPHX and report.skipped and item.get_closest_marker("migraphx"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = (f"REWRITE_REQUIRE_MIGRAPHX=1 but this MIGraphX test skipped: "
+                           f"{reason}")
+
+
+@pytest.fixture(scope="session")
+def migraphx_version():
+    """The importable MIGraphX's (major, minor, patch); skips where it does not import."""
+    pytest.importorskip("migraphx", reason="MIGraphX is not installed (not on PyPI/Debian)")
+    from rewriter.lowering import installed_version
+
+    return installed_version()
+
+
+@pytest.fixture(scope="session")
+def migraphx_driver(migraphx_version):
+    """migraphx-driver of the importable MIGraphX (same version); skips where missing."""
+    from rewriter.lowering import driver_version, find_driver
+
+    driver = find_driver()
+    if driver is None:
+        pytest.skip("migraphx-driver not found beside the migraphx module or on PATH")
+    assert driver_version(driver)[:2] == migraphx_version[:2], "driver and module differ"
+    return driver

@@ -214,6 +214,15 @@ def _params(prog, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         if want is not None and x.dtype != want:
             raise ValueError(f"input '{name}' is {x.dtype}, MIGraphX expects "
                              f"{np.dtype(want)} ({shape.type_string()}); cast it explicitly")
+        if x.ndim == 0 and shape.scalar():
+            # A 0-d ONNX input is a scalar parameter (lens {1}, strides {0}), which no numpy
+            # array converts to: build the argument from the shape itself.
+            import migraphx
+            if float(x) != x:
+                raise ValueError(f"input '{name}': {x} is not exact as the float the "
+                                 "MIGraphX binding builds a scalar from")
+            params[name] = migraphx.create_argument(shape, [float(x)])
+            continue
         if list(x.shape) != list(shape.lens()):
             raise ValueError(f"input '{name}' has shape {list(x.shape)}, the compiled program "
                              f"expects {list(shape.lens())}: pass input_shapes")

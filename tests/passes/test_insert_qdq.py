@@ -211,8 +211,10 @@ def test_mul_form_structure():
     gemm = [n for n in out.graph.node if n.op_type == "Gemm"][0]
     assert len(gemm.input) == 2 and cons[gemm.output[0]][0].op_type == "Mul"
     assert init[cons[gemm.output[0]][0].input[1]].shape == (10,)
-    # Every layer keeps its name (the plan names it) and every tensor it wrote.
+    # Every layer keeps its id (the plan names it) and every tensor it wrote keeps its name.
     assert {n.output[0] for n in out.graph.node} >= {"a", "b", "c", "z"}
+    assert [plan_mod.node_id(n) for n in out.graph.node if n.op_type in ("Conv", "Gemm")] == [
+        "a", "b", "c", "z"]
     assert rep.passes[0].counts["channel-scales-after-layer"] == 4
     assert any("weight form: mul" in n for n in rep.passes[0].notes)
     onnx.checker.check_model(out, full_check=True)

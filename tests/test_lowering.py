@@ -1,0 +1,100 @@
+"""rewriter.lowering: reading migraphx-driver's output and naming layers (everywhere), and the
+layer mapping proven on the real MIGraphX (migraphx-marked)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from conftest import make_model
+
+import rewriter
+from rewriter import lowering
+from rewriter.check import Finding
+
+# stderr of migraphx-driver 2.16 (f729a52) on a per-axis weight DQ, as printed.
+STDERR_216 = """\
+2026-12-03 09:25:48.117350 [ERROR] [<migraphx-source>/src/pass_manager.cpp:185] Error simplify_qdq: <migraphx-source>/src/include/migraphx/op/broadcast.hpp:86: build_output: BROADCAST: (broadcast ndims - axis) is less than s0 ndims
+2026-12-03 09:25:48.117491 [ERROR] [<migraphx-source>/src/pass_manager.cpp:195] Dump: "/tmp/migraphx/simplify_qdq3592650875852.mxr"
+terminate called after throwing an instance of 'migraphx::version_2_16_0::exception'
+  what():  <migraphx-source>/src/include/migraphx/op/broadcast.hpp:86: build_output: BROADCAST: (broadcast ndims - axis) is less than s0 ndims
+"""
+
+
+def test_parse_version():
+    assert lowering.parse_version("2.16.0.dev+20250912-17-470-gf729a52faf") == (2, 16, 0)
+    assert lowering.parse_version("MIGraphX Version: 2.15.0.20250912-17-221") == (2, 15, 0)
+    assert lowering.parse_version("2.16") == (2, 16)
+    assert lowering.parse_version("develop") is None and lowering.parse_version(None) is None
+
+
+def test_what_is_one_line_without_source_paths():
+    assert lowering.what(STDERR_216) == (
+        "build_output: BROADCAST: (broadcast ndims - axis) is less than s0 ndims")
+    assert lowering.what("") == "no message"
+
+
+def test_explain_names_the_form_and_the_layers():
+    findings = [Finding("error", "qdq-per-channel-weight", f"conv{i}", "Conv", "m")
+                for i in range(6)] + [Finding("warning", "qdq-uint8", "q", "QuantizeLinear", "m")]
+    line = lowering.explain(lowering.what(STDERR_216), findings)
+    assert "per-axis (per-channel) weight DequantizeLinear" in line
+    assert "conv0, conv1, conv2, conv3 and 2 more" in line and "weight_form: mul" in line
+    assert lowering.explain("something new", findings) == "something new"
+
+
+TEXT = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 4, 8, 8] x) => (float[N, 5] z) {
+    a = Conv <pads = [1, 1, 1, 1]> (x, W1)
+    b = Conv <pads = [1, 1, 1, 1]> (a, W2)
+    c = Conv <pads = [1, 1, 1, 1]> (b, W3)
+    p = GlobalAveragePool (c)
+    f = Flatten (p)
+    z = Gemm <transB = 1> (f, G)
+}"""
+INITS = {"W1": (8, 4, 3, 3), "W2": (8, 8, 3, 3), "W3": (8, 8, 3, 3), "G": (5, 8)}
+
+
+def test_map_layers_by_order_and_refuses_when_counts_differ():
+    m = make_model(TEXT, INITS)
+    kernels = ["convolution", "quant_convolution", "convolution", "quant_dot"]
+    layers, named = lowering.map_layers(m, ["b", "z"], kernels)
+    assert named
+    assert {x.name: x.kernel for x in layers} == {
+        "a": "convolution", "b": "quant_convolution", "c": "convolution", "z": "quant_dot"}
+    # An LSTM adds dots of its own: the dots cannot be paired, the convs still can.
+    layers, named = lowering.map_layers(m, ["b", "z"], kernels + ["dot", "dot"])
+    assert not named and {x.name: x.kernel for x in layers}["z"] is None
+    assert {x.name: x.kernel for x in layers}["b"] == "quant_convolution"
+
+
+def test_skipped_without_a_driver(tmp_path, monkeypatch):
+    m = make_model(TEXT, INITS)
+    onnx.save(m, tmp_path / "m.onnx")
+    monkeypatch.setattr(lowering, "find_driver", lambda: None)
+    low = lowering.lower_int8(tmp_path / "m.onnx", {"x": [1, 4, 8, 8]}, ["b"])
+    assert low.status == "skipped" and "migraphx-driver not found" in low.headline()
+
+
+@pytest.mark.migraphx
+def test_layers_are_named_right_on_migraphx(tmp_path, migraphx_version, migraphx_driver):
+    """A plan that puts every other layer in INT8, and one INT8 layer that cannot lower (its
+    weight passes a Squeeze): the per-layer result must match the plan exactly, which it
+    cannot if the kernel-to-layer mapping were off by one."""
+    text = TEXT.replace("c = Conv <pads = [1, 1, 1, 1]> (b, W3)",
+                        "c = Conv <pads = [1, 1, 1, 1]> (b, W3)\n    d = Conv (c, W4)").replace(
+        "GlobalAveragePool (c)", "GlobalAveragePool (d)")
+    m = make_model(text, dict(INITS, W4=(8, 8, 1, 1)))
+    rng = np.random.default_rng(0)
+    calib = [{"x": rng.standard_normal((1, 4, 8, 8)).astype(np.float32)} for _ in range(8)]
+    plan = {"overrides": {"a": "int8", "b": "fp32", "c": "int8", "d": "fp32", "z": "int8"}}
+    out = tmp_path / "q.onnx"
+    _, report = rewriter.rewrite(m, output=out, plan=plan, calib=calib, target="migraphx",
+                                 migraphx={"device": "auto"},
+                                 input_shapes={"x": [1, 4, 8, 8]})
+    low = report.extra["compile"]["lowering"]
+    assert low["status"] == "ok" and low["named"]
+    assert {x["name"]: x["kernel"] for x in low["layers"]} == {
+        "a": "quant_convolution", "c": "quant_convolution", "z": "quant_dot"}
+    assert low["headline"] == "3 of 3 planned INT8 layers lower to quant_convolution/quant_dot"

