@@ -62,8 +62,15 @@ def migraphx_step(output_path: str | os.PathLike, verifier, feed_sets: list[dict
     if not ok:
         if require:
             raise BackendUnavailable(f"{backend} is required but not available: {why}")
-        return {"backend": backend, "status": "skipped", "ok": True,
+        info = {"backend": backend, "status": "skipped", "ok": True,
                 "reason": f"compilation skipped: {why}"}
+        if planned_int8:
+            from .lowering import Lowering
+            low = Lowering("skipped", "simplify_qdq via migraphx-driver", planned=len(
+                planned_int8), what=what, reason=f"{why}; the static check's "
+                "plan-int8-stays-float findings are all that is known")
+            info["lowering"] = low.to_dict()
+        return info
     if not callable(verifier):
         verifier = (lambda made: lambda: made)(verifier)   # already made: hand it back
     info: dict[str, Any] = {"backend": backend, "version": why, "samples": len(feed_sets),
@@ -158,7 +165,8 @@ def render(info: dict[str, Any]) -> str:
     """The MIGraphX part of the terminal summary."""
     if info["status"] == "skipped" and "lowering" not in info:
         return f"{info['backend']}: {info['reason']}"
-    head = f"{info['backend']} ({info.get('version', '')}, {info.get('device', '')})"
+    head = info["backend"] + (f" ({info['version']}, {info.get('device', '')})"
+                              if info.get("version") else "")
     lines = []
     if info["status"] == "skipped":
         lines.append(f"{head}: {info['reason']}")
@@ -171,7 +179,9 @@ def render(info: dict[str, Any]) -> str:
         for m in info.get("metrics", []):
             lines.append("  " + _metric_line(m, ort.get(m["name"])))
     low = info.get("lowering")
-    if low:
+    if low and low["status"] == "skipped":
+        lines.append("  " + low["headline"])
+    elif low:
         lines.append("  " + low["headline"] + f" [{low['source']}, MIGraphX {low['version']}]")
         for name, why in low.get("stays_float", {}).items():
             lines.append(f"    stays float: {name}: {why or 'no reason known'}")

@@ -21,7 +21,7 @@ from conftest import ONNX_DATA, ROOT, load_script
 
 import rewriter
 
-pytestmark = pytest.mark.migraphx
+pytestmark = [pytest.mark.migraphx, pytest.mark.usefixtures("migraphx_driver")]
 CACHE = Path(os.environ.get("REWRITE_MODELS", Path.home() / ".cache" / "rewrite" / "models"))
 
 
