@@ -1,1 +1,1 @@
-"""The passes, one module each; the registry in rewriter/registry.py lists them."""
+"""The passes, one module each; the registry in rewriter/core/registry.py lists them."""

@@ -26,10 +26,9 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from rewriter.errors import PreconditionError
-from rewriter.ir import set_values
-from rewriter.pass_base import Context, Numerics, Pass, PassResult, Phase
-from rewriter.plan import node_id
+from rewriter.core.errors import PreconditionError
+from rewriter.core.graph import node_id, set_values
+from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 FP16_MAX = float(np.finfo(np.float16).max)
 # Ops whose float inputs and outputs may all be float16 (same-type semantics).

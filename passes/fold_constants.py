@@ -39,8 +39,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from rewriter.ir import iter_graphs, toposort
-from rewriter.pass_base import Context, Numerics, Pass, PassResult, Phase
+from rewriter.core.graph import iter_graphs, toposort
+from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 NEVER = {
     "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
@@ -69,7 +69,7 @@ class FoldConstants(Pass):
 
     def needs_shapes(self, model) -> bool:
         # Only Shape/Size folding reads inferred shapes.
-        from rewriter.report import op_histogram
+        from rewriter.core.report import op_histogram
 
         ops = op_histogram(model.graph)
         return bool(ops.get("Shape") or ops.get("Size"))

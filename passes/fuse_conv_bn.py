@@ -45,8 +45,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rewriter.ir import iter_graphs, set_values
-from rewriter.pass_base import Context, Numerics, Pass, PassResult, Phase
+from rewriter.core.graph import iter_graphs, set_values
+from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 CONVS = ("Conv", "ConvTranspose")
 AFFINE = ("Mul", "Div", "Add", "Sub")

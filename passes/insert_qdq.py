@@ -46,9 +46,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rewriter.errors import PreconditionError
-from rewriter.pass_base import Context, Numerics, Pass, PassResult, Phase
-from rewriter.plan import node_id
+from rewriter.core.errors import PreconditionError
+from rewriter.core.graph import node_id
+from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 QMAX = 127
 MIN_SCALE = 1e-12

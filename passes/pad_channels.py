@@ -102,9 +102,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rewriter.errors import InputError
-from rewriter.ir import Namer, iter_graphs
-from rewriter.pass_base import Context, Numerics, Pass, PassResult, Phase
+from rewriter.core.errors import InputError
+from rewriter.core.graph import Namer, iter_graphs
+from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 MULTIPLES = (4, 8, 16, 32)
 SIDES = ("in", "out", "both")

@@ -19,11 +19,15 @@ from typing import Any, Iterable
 import numpy as np
 import onnx
 
-from . import ir, registry
-from .errors import InputError, VerificationError
-from .manager import check_order, run_pipeline
-from .pass_base import Context, Numerics
-from .report import Report, op_histogram
+from rewriter.core import registry
+from rewriter.core.convert import export, to_graph, upgrade_opset
+from rewriter.core.errors import InputError, VerificationError
+from rewriter.core.graph import Namer
+from rewriter.core.load import load_model, validate_model
+from rewriter.core.manager import check_order, run_pipeline
+from rewriter.core.pass_base import Context, Numerics
+from rewriter.core.report import Report, op_histogram
+from rewriter.core.save import save_model, total_weight_bytes
 
 
 @contextmanager
@@ -105,10 +109,10 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
         name = "<model>"
         original = onnx.ModelProto()
         original.CopyFrom(model)
-        ir.check_model(original)
+        validate_model(original)
     else:
         name = str(model)
-        original = ir.load(model)
+        original = load_model(model)
         base_dir = Path(model).parent if base_dir is None else base_dir
     if output is not None and not isinstance(model, onnx.ModelProto):
         if Path(output).exists() and os.path.samefile(output, model):
@@ -118,12 +122,12 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
     calib_data = eval_feeds = None
     held_out: list = []
     if target == "migraphx" and options.get("migraphx_version") is None:
-        from .lowering import installed_version
+        from rewriter.migraphx.lowering import installed_version
         options = dict(options, migraphx_version=installed_version())
     if isinstance(plan, str) and plan == "auto":
         if calib is None:
             raise InputError("--plan auto measures layer sensitivities on data: give --calib DIR")
-        from .planner import plan_auto
+        from rewriter.quant.planner import plan_auto
         t = time.perf_counter()
         plan, planner_report = plan_auto(original, calib, base_dir=base_dir,
                                          input_shapes=input_shapes,
@@ -134,20 +138,20 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
         data["planner"] = planner_report
         seconds["plan"] = time.perf_counter() - t
     if plan is not None:
-        from . import plan as plan_mod
+        from rewriter.quant import plan as plan_mod
         plan = plan_mod.load(plan)
         data["plan"] = plan
         quantize = registry.resolve(["insert-qdq", "convert-fp16"])
         pipeline = [p for p in pipeline if p.name not in ("insert-qdq", "convert-fp16")]
         if calib is not None:
-            from .calibrate import load_calibration
+            from rewriter.quant.data import load_calibration
             calib_data = load_calibration(calib, original, preprocess=plan.preprocess,
                                           limit=int(plan.int8["calibration"]["samples"]))
             if len(calib_data) >= 8:
                 # The same samples are held out with or without --verify, and by the
                 # planner: the model written is the model the planner measured, and
                 # --verify judges it on samples its scales were not computed from.
-                from .calibrate import held_out_count
+                from rewriter.quant.data import held_out_count
                 calib_data, held = calib_data.split(held_out_count(len(calib_data)))
                 held_out = list(held)
                 if verify and inputs is None:
@@ -159,16 +163,16 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
                                    "predicted_speedup": pr.predicted_speedup,
                                    "evaluations": pr.evaluations, "seconds": pr.seconds}
     report.ops_before = op_histogram(original.graph)
-    report.bytes_before = ir.total_weight_bytes(original)
+    report.bytes_before = total_weight_bytes(original)
     # Shape inference only when a pass needs it: on long graphs it is the memory peak.
     infer = plan is not None or any(p.needs_shapes(original) for p in pipeline)
-    graph = ir.to_graph(original, base_dir, infer=infer)
+    graph = to_graph(original, base_dir, infer=infer)
     seconds["load"] = time.perf_counter() - t0 - seconds.get("plan", 0.0)
 
     verifier = None
     if verify:
         t = time.perf_counter()
-        from .verify import Verifier, make_feeds
+        from rewriter.verify import Verifier, make_feeds
         if inputs is not None:
             feeds, what = inputs, "user inputs"
         elif eval_feeds:
@@ -181,7 +185,7 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
         report.verified_with = "onnxruntime CPU, graph optimisations off, " + what
         seconds["reference"] = time.perf_counter() - t
 
-    ctx = Context(options=options, data=data, namer=ir.Namer(graph))
+    ctx = Context(options=options, data=data, namer=Namer(graph))
     depth = {"n": 0, "worst": Numerics.EXACT}
     verify_time = [0.0]
 
@@ -194,7 +198,7 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
             depth["worst"] = Numerics.LOSSY
         elif p.numerics is Numerics.CLOSE:
             depth["worst"] = Numerics.CLOSE
-        exported = ir.export(graph, original, base_dir)
+        exported = export(graph, original, base_dir)
         metrics = verifier.check(exported, depth["worst"], depth["n"])
         last_metrics[0] = metrics
         rec.verification = [m.to_dict() for m in metrics]
@@ -206,7 +210,7 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
             report.verification = rec.verification
             report.passes = done[0] + list(records)
             report.ops_after = op_histogram(exported.model.graph)
-            report.bytes_after = ir.total_weight_bytes(exported.model)
+            report.bytes_after = total_weight_bytes(exported.model)
             report.seconds = seconds
             raise _verification_error(
                 f"outputs drift beyond tolerance after pass '{p.name}'", metrics, verifier,
@@ -221,31 +225,31 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
     if plan is not None:
         done[0] = list(records)
         t = time.perf_counter()
-        from .plan import resolve
+        from rewriter.quant.plan import resolve
         form = plan.weight_form(options.get("migraphx_version"))[0]
         if form == "axis" and graph.opset < 13 and "int8" in resolve(
                 plan, list(graph.nodes)).precision.values():
             # Per-axis Q/DQ needs opset 13; converting first is exact (shared FACTS.md).
-            graph, original = ir.upgrade_opset(graph, original, base_dir, 13)
-            ctx.namer = ir.Namer(graph)
+            graph, original = upgrade_opset(graph, original, base_dir, 13)
+            ctx.namer = Namer(graph)
             last_metrics[0] = None  # the graph changed outside a pass: check it again
             report.warnings.append("model converted to opset 13 for per-channel weight scales")
         fp32_exported = _prepare_plan(graph, original, base_dir, ctx, plan, calib_data,
                                       progress, report)
         seconds["calibrate"] = time.perf_counter() - t
         if verifier is not None:
-            fp32_snapshot[0] = fp32_exported or ir.export(graph, original, base_dir)
+            fp32_snapshot[0] = fp32_exported or export(graph, original, base_dir)
         records += run_pipeline(graph, quantize, ctx, after_change,
                                 before=[r.name for r in records])
     seconds["passes"] = sum(r.seconds for r in records)
     report.passes = records
 
     t = time.perf_counter()
-    exported = ir.export(graph, original, base_dir)
-    ir.check_model(exported.checkable(), "rewritten model")
+    exported = export(graph, original, base_dir)
+    validate_model(exported.checkable(), "rewritten model")
     result = exported.model
     report.ops_after = op_histogram(result.graph)
-    report.bytes_after = ir.total_weight_bytes(result)
+    report.bytes_after = total_weight_bytes(result)
     seconds["export"] = time.perf_counter() - t
     if verifier is not None:
         t = time.perf_counter()
@@ -262,11 +266,11 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
                                       exported, graph, plan)
     if output is not None:
         t = time.perf_counter()
-        ir.save(exported, output)
+        save_model(exported, output)
         seconds["save"] = time.perf_counter() - t
     if target == "migraphx":
         t = time.perf_counter()
-        from .target import check_and_compile
+        from rewriter.migraphx.target import check_and_compile
         check_and_compile(report, exported, original, base_dir, output, migraphx, options,
                           input_shapes, inputs, seed, held_out, plan, verifier,
                           None if isinstance(model, onnx.ModelProto) else str(model))
@@ -280,7 +284,8 @@ def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options,
 def _prepare_plan(graph, original, base_dir, ctx, plan, calib_data, progress, report):
     """Resolve the plan on the FP32-rewritten graph and calibrate its INT8 inputs; return the
     export calibration ran on (None without INT8 layers), reused to locate lossy failures."""
-    from .plan import node_id, resolve
+    from rewriter.core.graph import node_id
+    from rewriter.quant.plan import resolve
 
     assignment = resolve(plan, list(graph.nodes))
     ctx.data["assignment"] = assignment
@@ -294,11 +299,11 @@ def _prepare_plan(graph, original, base_dir, ctx, plan, calib_data, progress, re
     if calib_data is None:
         raise InputError(f"the plan puts {len(int8)} layers in INT8: calibration data is needed "
                          "(--calib DIR), or use a plan without INT8 layers")
-    from .calibrate import collect_ranges
+    from rewriter.quant.ranges import collect_ranges
 
     cal = plan.int8["calibration"]
     tensors = sorted({n.inputs[0].name for n in int8})
-    exported = ir.export(graph, original, base_dir)
+    exported = export(graph, original, base_dir)
     ctx.data["ranges"] = collect_ranges(
         exported.model, tensors, calib_data, method=cal["method"],
         percentile=float(cal["percentile"]), num_bins=int(cal["num_bins"]),
@@ -339,8 +344,9 @@ def _worst(metrics, verifier=None) -> str:
 
 def _first_divergence(ref_exp, new_exp, graph, verifier, plan) -> str | None:
     """The first layer (graph order) whose output's cosine with FP32 is below budget."""
-    from .plan import LAYER_OPS, node_id
-    from .verify import layer_divergence
+    from rewriter.core.graph import node_id
+    from rewriter.quant.plan import LAYER_OPS
+    from rewriter.verify import layer_divergence
 
     names, labels = [], {}
     for n in graph.nodes:

@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fail(e: BaseException, verbose: bool) -> int:
-    from .errors import RewriteError
+    from rewriter.core.errors import RewriteError
 
     if verbose:
         traceback.print_exc()
@@ -130,8 +130,8 @@ def _fail(e: BaseException, verbose: bool) -> int:
 
 
 def _run(args) -> int:
-    from . import registry
-    from .errors import InputError, VerificationError
+    from rewriter.core import registry
+    from rewriter.core.errors import InputError, VerificationError
 
     if args.list_passes:
         for name, summary in registry.describe():
@@ -141,16 +141,16 @@ def _run(args) -> int:
         raise InputError("no input model given (usage: rewrite MODEL -o OUT)")
     if not args.output:
         raise InputError("no output given: add -o OUT.onnx")
-    from .api import rewrite
-    from .verify import load_inputs, parse_shape_args
+    from rewriter.api import rewrite
+    from rewriter.verify import load_inputs, parse_shape_args
 
     shapes = parse_shape_args(args.input_shape)
     passes = registry.resolve(args.passes) if args.passes is not None else None
     inputs = None
     if args.inputs:
-        from . import ir
-        inputs = load_inputs(args.inputs, ir.load(args.model, check=False))
-    from .lowering import parse_version
+        from rewriter.core.load import load_model
+        inputs = load_inputs(args.inputs, load_model(args.model, check=False))
+    from rewriter.migraphx.lowering import parse_version
     version = parse_version(args.migraphx_version)
     if args.migraphx_version and version is None:
         raise InputError(f"--migraphx-version '{args.migraphx_version}': expected X.Y, e.g. 2.16")
@@ -182,7 +182,7 @@ def _run(args) -> int:
     if info is None:
         return EXIT_OK
     if not args.quiet:
-        from .target import render
+        from rewriter.migraphx.target import render
         print(render(info))
     if not info.get("ok", True):
         why = info.get("error") or (info.get("lowering") or {}).get("error") or (
@@ -206,7 +206,7 @@ def _emit(report, args) -> None:
 
 def _subcommand(name: str, argv: list[str]) -> int:
     if name == "advise":
-        from .advise import main as advise_main
+        from rewriter.advise import main as advise_main
         return advise_main(argv)
     if name == "check":
         return _check_main(argv)
@@ -273,9 +273,8 @@ def _plan_main(argv: list[str]) -> int:
         import json
         from pathlib import Path
 
-        from .planner import plan_auto, write_plot
-
-        from .verify import parse_shape_args
+        from rewriter.quant.planner import plan_auto, write_plot
+        from rewriter.verify import parse_shape_args
 
         _, rep = plan_auto(args.model, args.calib, settings=_planner_settings(args),
                               input_shapes=parse_shape_args(args.input_shape),
@@ -334,17 +333,16 @@ def _check_main(argv: list[str]) -> int:
     try:
         import json
 
-        from . import ir
-        from .check import check_model
-        from .errors import InputError
-        from .verify import parse_shape_args
-
-        from .lowering import installed_version, parse_version
+        from rewriter.core.errors import InputError
+        from rewriter.core.load import load_model
+        from rewriter.migraphx.check import check_model
+        from rewriter.migraphx.lowering import installed_version, parse_version
+        from rewriter.verify import parse_shape_args
 
         version = parse_version(args.migraphx_version) or installed_version()
         if args.migraphx_version and parse_version(args.migraphx_version) is None:
             raise InputError(f"--migraphx-version '{args.migraphx_version}': expected X.Y")
-        model = ir.load(args.model)
+        model = load_model(args.model)
         result = check_model(model, input_shapes=parse_shape_args(args.input_shape),
                              version=version)
         print(json.dumps(result.to_dict(), indent=2) if args.json

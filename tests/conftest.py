@@ -57,7 +57,7 @@ def make_model(text: str, inits: dict | None = None, seed: int = 0) -> onnx.Mode
 
 
 def run_ort(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
-    from rewriter.backends import ort
+    from rewriter.core import ort
 
     return ort.run(ort.session(model), feeds)
 
@@ -93,7 +93,7 @@ def pytest_runtest_makereport(item, call):
 def migraphx_version():
     """The importable MIGraphX's (major, minor, patch); skips where it does not import."""
     pytest.importorskip("migraphx", reason="MIGraphX is not installed (not on PyPI/Debian)")
-    from rewriter.lowering import installed_version
+    from rewriter.migraphx.lowering import installed_version
 
     return installed_version()
 
@@ -101,7 +101,7 @@ def migraphx_version():
 @pytest.fixture(scope="session")
 def migraphx_driver(migraphx_version):
     """migraphx-driver of the importable MIGraphX (same version); skips where missing."""
-    from rewriter.lowering import driver_version, find_driver
+    from rewriter.migraphx.lowering import driver_version, find_driver
 
     driver = find_driver()
     if driver is None:

@@ -14,7 +14,7 @@ import pytest
 from conftest import ONNX_DATA
 
 import rewriter
-from rewriter.backends import ort
+from rewriter.core import ort
 from rewriter.verify import compare
 
 SUITES = ("pytorch-converted", "pytorch-operator", "simple")

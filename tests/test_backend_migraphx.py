@@ -1,4 +1,4 @@
-"""Tests for the MIGraphX backends (rewriter/backends/migraphx.py, ort_migraphx.py).
+"""Tests for the MIGraphX backends (rewriter/migraphx/backend.py, ort_migraphx.py).
 
 The tests marked ``migraphx`` compile on MIGraphX's ``ref`` (CPU reference) target and
 compare with onnxruntime, graph optimisations disabled; they skip where migraphx does not
@@ -16,8 +16,8 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from rewriter.backends import migraphx as mgx_backend
-from rewriter.backends import ort_migraphx
+from rewriter.migraphx import backend as mgx_backend
+from rewriter.migraphx import ort_ep as ort_migraphx
 
 RNG = np.random.default_rng(7)
 

@@ -12,10 +12,12 @@ import onnx
 import pytest
 from conftest import make_model
 
-from rewriter import calibrate as C
-from rewriter import ir
-from rewriter.backends import ort
-from rewriter.errors import InputError
+from rewriter.core import ort
+from rewriter.core.convert import export, is_stub, to_graph
+from rewriter.core.errors import InputError
+from rewriter.core.load import load_model
+from rewriter.quant import data as D
+from rewriter.quant import ranges as R
 
 MODELS = os.path.join(os.path.dirname(__file__), "..", "models")
 
@@ -90,7 +92,7 @@ def test_npy_folder_sorted_lazy_reiterable(tmp_path):
         np.save(tmp_path / f"b{i:02d}.npy", f["x"])
     (tmp_path / "manifest.json").write_text("{}")
     (tmp_path / ".hidden.npy").write_bytes(b"junk")
-    data = C.load_calibration(tmp_path, m)
+    data = D.load_calibration(tmp_path, m)
     assert data.kind == "npy" and len(data) == 4 and data.n_samples == 4
     assert data.names == ["x"]
     assert [p.name for p in data.files] == [f"b{i:02d}.npy" for i in range(4)]
@@ -98,7 +100,7 @@ def test_npy_folder_sorted_lazy_reiterable(tmp_path):
     for _ in range(2):  # re-iterable
         got = list(data)
         assert all(np.array_equal(g["x"], a["x"]) for g, a in zip(got, arrays))
-    assert len(C.load_calibration(tmp_path, m, limit=3)) == 3
+    assert len(D.load_calibration(tmp_path, m, limit=3)) == 3
 
 
 def test_npz_folder_multi_input(tmp_path):
@@ -107,7 +109,7 @@ def test_npz_folder_multi_input(tmp_path):
     for i in range(3):
         np.savez(tmp_path / f"s{i}.npz", a=rng.standard_normal((i + 1, 4)).astype(np.float32),
                  b=rng.standard_normal((2, 4)).astype(np.float32), label=np.int64(i))
-    data = C.load_calibration(tmp_path, m)
+    data = D.load_calibration(tmp_path, m)
     assert data.kind == "npz" and data.names == ["a", "b"]
     feeds = list(data)
     assert [f["a"].shape for f in feeds] == [(1, 4), (2, 4), (3, 4)]
@@ -120,9 +122,9 @@ def test_subfolders_and_single_file(tmp_path):
     (tmp_path / "a").mkdir()
     np.save(tmp_path / "b" / "0.npy", np.ones((1, 4), np.float32))
     np.save(tmp_path / "a" / "1.npy", np.zeros((1, 4), np.float32))
-    data = C.load_calibration(tmp_path, m)
+    data = D.load_calibration(tmp_path, m)
     assert [p.parent.name for p in data.files] == ["a", "b"]
-    one = C.load_calibration(tmp_path / "a" / "1.npy", m)
+    one = D.load_calibration(tmp_path / "a" / "1.npy", m)
     assert len(one) == 1
 
 
@@ -130,7 +132,7 @@ def test_batch_size_concatenates_samples(tmp_path):
     m = mlp()
     for i in range(5):
         np.save(tmp_path / f"{i}.npy", np.full((1, 4), i, np.float32))
-    data = C.load_calibration(tmp_path, m, batch_size=2)
+    data = D.load_calibration(tmp_path, m, batch_size=2)
     assert len(data) == 3 and data.n_samples == 5
     got = [f["x"][:, 0].tolist() for f in data]
     assert got == [[0, 1], [2, 3], [4]]
@@ -179,7 +181,7 @@ def test_bad_folders(tmp_path, setup, message):
         np.savez(d / "bad.npz", input=good)
     with pytest.raises(InputError) as e:
         # Header checks catch most problems up front; a truncated body shows on reading.
-        list(C.load_calibration(d, m))
+        list(D.load_calibration(d, m))
     msg = str(e.value)
     assert message in msg
     assert "\n" not in msg
@@ -191,12 +193,12 @@ def test_bad_folders(tmp_path, setup, message):
 def test_npy_needs_single_input(tmp_path):
     np.save(tmp_path / "a.npy", np.zeros((1, 4), np.float32))
     with pytest.raises(InputError, match="single-input"):
-        C.load_calibration(tmp_path, make_model(TWO_INPUTS))
+        D.load_calibration(tmp_path, make_model(TWO_INPUTS))
 
 
 def test_batch_size_needs_symbolic_first_dim(tmp_path):
     with pytest.raises(InputError, match="static first dim"):
-        C.load_calibration([{"a": np.zeros((1, 4), np.float32),
+        D.load_calibration([{"a": np.zeros((1, 4), np.float32),
                              "b": np.zeros((2, 4), np.float32)}],
                            make_model(TWO_INPUTS), batch_size=2)
 
@@ -207,13 +209,13 @@ def test_batch_size_needs_symbolic_first_dim(tmp_path):
 def test_api_list_generator_and_limit():
     m = mlp()
     feeds = feeds_list(5)
-    data = C.load_calibration(feeds, m)
+    data = D.load_calibration(feeds, m)
     assert len(data) == 5 and data.kind == "api"
-    gen = C.load_calibration((f for f in feeds), m, limit=3)
+    gen = D.load_calibration((f for f in feeds), m, limit=3)
     assert len(gen) == 3
     assert [np.array_equal(a["x"], b["x"]) for a, b in zip(gen, feeds)] == [True] * 3
     assert len(list(gen)) == 3  # a generator is read once, then re-iterable
-    again = C.load_calibration(data, m, limit=2)
+    again = D.load_calibration(data, m, limit=2)
     assert len(again) == 2
 
 
@@ -227,14 +229,14 @@ def test_api_list_generator_and_limit():
 ])
 def test_api_bad(source, message):
     with pytest.raises(InputError) as e:
-        C.load_calibration(source, mlp())
+        D.load_calibration(source, mlp())
     assert message in str(e.value)
 
 
 def test_split_evenly_spaced_and_deterministic():
     m = mlp()
     feeds = [{"x": np.full((1, 4), i, np.float32)} for i in range(10)]
-    data = C.load_calibration(feeds, m)
+    data = D.load_calibration(feeds, m)
     cal, held = data.split(3)
     ids = lambda d: [int(f["x"][0, 0]) for f in d]
     assert len(cal) == 7 and len(held) == 3
@@ -250,7 +252,7 @@ def test_split_evenly_spaced_and_deterministic():
 
 
 def test_preprocess_from_dict_values():
-    p = C.Preprocess.from_dict({"size": "32x48", "mean": [0.5, 0.4, 0.3], "std": 0.5,
+    p = D.Preprocess.from_dict({"size": "32x48", "mean": [0.5, 0.4, 0.3], "std": 0.5,
                                 "scale": "1/255", "layout": "nhwc", "channel_order": "bgr",
                                 "resize": "center-crop", "interpolation": "NEAREST",
                                 "dtype": "float16"})
@@ -258,9 +260,9 @@ def test_preprocess_from_dict_values():
     assert p.scale == pytest.approx(1 / 255) and p.layout == "NHWC"
     assert p.channel_order == "BGR" and p.resize == "center-crop"
     assert p.interpolation == "nearest" and p.dtype == "float16"
-    assert C.Preprocess.from_dict({"size": 224}).size == (224, 224)
-    assert C.Preprocess.from_dict(None) == C.Preprocess()
-    assert C.Preprocess(dtype=np.float32).dtype == "float32"
+    assert D.Preprocess.from_dict({"size": 224}).size == (224, 224)
+    assert D.Preprocess.from_dict(None) == D.Preprocess()
+    assert D.Preprocess(dtype=np.float32).dtype == "float32"
 
 
 @pytest.mark.parametrize("d, message", [
@@ -281,7 +283,7 @@ def test_preprocess_from_dict_values():
 ])
 def test_preprocess_bad(d, message):
     with pytest.raises(InputError) as e:
-        C.Preprocess.from_dict(d)
+        D.Preprocess.from_dict(d)
     assert message in str(e.value)
 
 
@@ -300,7 +302,7 @@ def test_image_folder_nchw_bgr_normalised(tmp_path):
     m = image_model(["N", 3, 8, 10])
     mean, std = (0.1, 0.2, 0.3), (0.5, 0.25, 0.125)
     pre = {"mean": list(mean), "std": list(std), "channel_order": "BGR"}
-    data = C.load_calibration(tmp_path / "imgs", m, preprocess=pre, batch_size=2)
+    data = D.load_calibration(tmp_path / "imgs", m, preprocess=pre, batch_size=2)
     assert data.kind == "image" and len(data) == 2 and data.n_samples == 3
     batches = list(data)
     assert [b["x"].shape for b in batches] == [(2, 3, 8, 10), (1, 3, 8, 10)]
@@ -315,12 +317,12 @@ def test_image_folder_nchw_bgr_normalised(tmp_path):
 def test_image_folder_nhwc_grey_static_batch_and_crop(tmp_path):
     Image = pytest.importorskip("PIL.Image")
     write_pngs(tmp_path / "imgs", COLOURS)
-    nhwc = C.load_calibration(tmp_path / "imgs", image_model([1, 8, 10, 3]))
+    nhwc = D.load_calibration(tmp_path / "imgs", image_model([1, 8, 10, 3]))
     assert [b["x"].shape for b in nhwc] == [(1, 8, 10, 3)] * 3  # layout read from the dims
-    grey = C.load_calibration(tmp_path / "imgs", image_model([2, 1, 8, 10]))
+    grey = D.load_calibration(tmp_path / "imgs", image_model([2, 1, 8, 10]))
     assert len(grey) == 1  # a static batch of 2: the third image is left over
     assert next(iter(grey))["x"].shape == (2, 1, 8, 10)
-    raw = C.load_calibration(tmp_path / "imgs", image_model(["N", 3, 8, 10], "uint8"),
+    raw = D.load_calibration(tmp_path / "imgs", image_model(["N", 3, 8, 10], "uint8"),
                              preprocess={"scale": 1})
     assert next(iter(raw))["x"][0, :, 0, 0].tolist() == [10, 20, 30]
     # center-crop: a 40x16 picture, black left half, white right half, into 8x10
@@ -329,11 +331,11 @@ def test_image_folder_nhwc_grey_static_batch_and_crop(tmp_path):
     (tmp_path / "crop").mkdir()
     Image.fromarray(half).save(tmp_path / "crop" / "a.png")
     sym = image_model(["N", 3, "H", "W"])
-    crop = next(iter(C.load_calibration(tmp_path / "crop", sym, preprocess={
+    crop = next(iter(D.load_calibration(tmp_path / "crop", sym, preprocess={
         "size": [8, 10], "resize": "center-crop", "interpolation": "nearest"})))["x"]
     assert crop.shape == (1, 3, 8, 10)
     assert crop[0, 0, :, 0].max() == 0 and crop[0, 0, :, -1].min() == 1  # the centre
-    stretch = next(iter(C.load_calibration(tmp_path / "crop", sym, preprocess={
+    stretch = next(iter(D.load_calibration(tmp_path / "crop", sym, preprocess={
         "size": [8, 10], "interpolation": "nearest"})))["x"]
     assert stretch[0, 0, 0, :5].max() == 0 and stretch[0, 0, 0, 5:].min() == 1
 
@@ -350,7 +352,7 @@ def test_image_folder_nhwc_grey_static_batch_and_crop(tmp_path):
 def test_image_folder_bad(tmp_path, dims, pre, message):
     write_pngs(tmp_path / "imgs", COLOURS)
     with pytest.raises(InputError) as e:
-        C.load_calibration(tmp_path / "imgs", image_model(dims), preprocess=pre)
+        D.load_calibration(tmp_path / "imgs", image_model(dims), preprocess=pre)
     assert message in str(e.value)
 
 
@@ -358,14 +360,14 @@ def test_corrupt_image_names_file(tmp_path):
     write_pngs(tmp_path / "imgs", COLOURS[:1])
     (tmp_path / "imgs" / "zz.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
     with pytest.raises(InputError, match="zz.jpg: not a readable image"):
-        C.load_calibration(tmp_path / "imgs", image_model(["N", 3, 8, 10]))
+        D.load_calibration(tmp_path / "imgs", image_model(["N", 3, 8, 10]))
 
 
 def test_image_folder_without_pillow(tmp_path, monkeypatch):
     (tmp_path / "a.png").write_bytes(b"\x89PNG")
     monkeypatch.setitem(sys.modules, "PIL", None)
     with pytest.raises(InputError) as e:
-        C.load_calibration(tmp_path, image_model(["N", 3, 8, 10]))
+        D.load_calibration(tmp_path, image_model(["N", 3, 8, 10]))
     assert str(e.value) == "reading an image folder needs Pillow: pip install pillow"
 
 
@@ -376,13 +378,13 @@ def test_minmax_equals_numpy_reference():
     m = mlp()
     feeds = feeds_list(7)
     tensors = all_tensors(m)
-    got = C.collect_ranges(m, tensors, feeds, progress=False)
+    got = R.collect_ranges(m, tensors, feeds, progress=False)
     assert got == reference_amax(m, tensors, feeds)
     assert list(got) == tensors
 
 
 def test_minmax_mobilenet_reference_and_chunking():
-    m = ir.load(os.path.join(MODELS, "mobilenet_mini.onnx"))
+    m = load_model(os.path.join(MODELS, "mobilenet_mini.onnx"))
     rng = np.random.default_rng(3)
     feeds = [{"input": rng.standard_normal((2, 3, 64, 64)).astype(np.float32)}
              for _ in range(3)]
@@ -390,7 +392,7 @@ def test_minmax_mobilenet_reference_and_chunking():
     before = m.SerializeToString()
     ref = reference_amax(m, tensors, feeds)
     for chunk in (1, 7, 64):
-        assert C.collect_ranges(m, tensors, feeds, chunk=chunk, progress=False) == ref
+        assert R.collect_ranges(m, tensors, feeds, chunk=chunk, progress=False) == ref
     assert m.SerializeToString() == before  # the caller's model is left as it was
 
 
@@ -400,9 +402,9 @@ def test_chunking_and_determinism(method):
     feeds = feeds_list(6, rows=50, dist="t")
     tensors = all_tensors(m)
     kw = {"method": method, "num_bins": 512, "progress": False}
-    one = C.collect_ranges(m, tensors, feeds, chunk=1, **kw)
-    many = C.collect_ranges(m, tensors, feeds, chunk=64, **kw)
-    again = C.collect_ranges(m, list(reversed(tensors)), feeds, chunk=2, **kw)
+    one = R.collect_ranges(m, tensors, feeds, chunk=1, **kw)
+    many = R.collect_ranges(m, tensors, feeds, chunk=64, **kw)
+    again = R.collect_ranges(m, list(reversed(tensors)), feeds, chunk=2, **kw)
     assert one == many == again
     assert all(isinstance(v, float) and v >= 0 for v in one.values())
 
@@ -411,10 +413,10 @@ def test_percentile_below_max_and_monotone():
     m = mlp()
     feeds = feeds_list(8, rows=64, dist="t")
     tensors = ["x", "h", "r", "n"]
-    mx = C.collect_ranges(m, tensors, feeds, progress=False)
+    mx = R.collect_ranges(m, tensors, feeds, progress=False)
     prev = None
     for p in (90.0, 99.0, 99.9, 99.999, 100.0):
-        got = C.collect_ranges(m, tensors, feeds, method="percentile", percentile=p,
+        got = R.collect_ranges(m, tensors, feeds, method="percentile", percentile=p,
                                progress=False)
         for t in tensors:
             assert 0 < got[t] <= mx[t]
@@ -430,7 +432,7 @@ def test_percentile_matches_onnxruntime_on_positive_data():
 
     m = mlp()
     feeds = feeds_list(5, rows=64, dist="t")
-    ours = C.collect_ranges(m, ["x"], feeds, method="percentile", percentile=99.0,
+    ours = R.collect_ranges(m, ["x"], feeds, method="percentile", percentile=99.0,
                             num_bins=1000, progress=False)["x"]
     hc = HistogramCollector("percentile", True, 1000, 128, 99.0, "same")
     with contextlib.redirect_stdout(io.StringIO()):
@@ -443,8 +445,8 @@ def test_percentile_matches_onnxruntime_on_positive_data():
 def test_entropy_clips_heavy_tails():
     m = mlp()
     feeds = feeds_list(8, rows=256, dist="t")
-    mx = C.collect_ranges(m, ["x", "h"], feeds, progress=False)
-    ent = C.collect_ranges(m, ["x", "h"], feeds, method="kl", progress=False)
+    mx = R.collect_ranges(m, ["x", "h"], feeds, progress=False)
+    ent = R.collect_ranges(m, ["x", "h"], feeds, method="kl", progress=False)
     for t in ("x", "h"):
         assert 0 < ent[t] < 0.5 * mx[t]  # Student-t(2): the max is an outlier
 
@@ -455,11 +457,11 @@ def test_entropy_rebin_keeps_counts_and_zero_edge():
     # The first batch is narrow, the last wide: the collector's histogram grows ~50x.
     feeds = [{"x": (rng.standard_normal((64, 4)) * s).astype(np.float32)}
              for s in (0.1, 1.0, 5.0)]
-    got = C.collect_ranges(m, ["x"], feeds, method="entropy", num_bins=256, progress=False)
-    assert 0 < got["x"] <= C.collect_ranges(m, ["x"], feeds, progress=False)["x"]
+    got = R.collect_ranges(m, ["x"], feeds, method="entropy", num_bins=256, progress=False)
+    assert 0 < got["x"] <= R.collect_ranges(m, ["x"], feeds, progress=False)["x"]
     hist = np.arange(10, dtype=np.int64)
     edges = np.linspace(-5, 5, 11).astype(np.float32)
-    h, e, _lo, _hi, t = C._rebin((hist, edges, -5.0, 5.0, 5.0), 4)
+    h, e, _lo, _hi, t = R._rebin((hist, edges, -5.0, 5.0, 5.0), 4)
     assert h.sum() == hist.sum() and len(h) <= 4 and 0.0 in e.tolist()
     assert len(e) == len(h) + 1 and t == e[-1]
 
@@ -468,26 +470,26 @@ def test_graph_inputs_exported_model_and_non_finite():
     m = mlp()
     feeds = feeds_list(4)
     feeds[1]["x"][0, 0] = np.inf
-    plain = C.collect_ranges(m, ["x", "r"], feeds, progress=True)  # not a TTY: no bar
+    plain = R.collect_ranges(m, ["x", "r"], feeds, progress=True)  # not a TTY: no bar
     finite = max(float(np.abs(f["x"][np.isfinite(f["x"])]).max()) for f in feeds)
     assert plain["x"] == finite
     # Weights as stubs: onnxruntime gets them as external initializers.
-    ex = ir.export(ir.to_graph(mlp()), mlp())
+    ex = export(to_graph(mlp()), mlp())
     big = make_model(MLP, {"w1": (4, 300), "w2": (300, 3)})
-    exb = ir.export(ir.to_graph(big), big)
-    assert any(ir._is_stub(t) for t in exb.model.graph.initializer)
+    exb = export(to_graph(big), big)
+    assert any(is_stub(t) for t in exb.model.graph.initializer)
     fin = feeds_list(4)
     for model, exported in ((m, ex), (big, exb)):
-        assert (C.collect_ranges(exported, ["x", "h", "y"], fin, progress=False)
-                == C.collect_ranges(model, ["x", "h", "y"], fin, progress=False))
+        assert (R.collect_ranges(exported, ["x", "h", "y"], fin, progress=False)
+                == R.collect_ranges(model, ["x", "h", "y"], fin, progress=False))
 
 
 def test_only_graph_inputs_and_empty():
     m = mlp()
     feeds = feeds_list(3)
-    got = C.collect_ranges(m, ["x"], feeds, method="percentile", progress=False)
+    got = R.collect_ranges(m, ["x"], feeds, method="percentile", progress=False)
     assert 0 < got["x"]
-    assert C.collect_ranges(m, [], feeds, progress=False) == {}
+    assert R.collect_ranges(m, [], feeds, progress=False) == {}
 
 
 @pytest.mark.parametrize("kw, message", [
@@ -503,7 +505,7 @@ def test_collect_bad_arguments(kw, message):
     args = {"tensors": ["h"], "method": "minmax"}
     args.update(kw)
     with pytest.raises(InputError) as e:
-        C.collect_ranges(mlp(), data=feeds_list(2), progress=False, **args)
+        R.collect_ranges(mlp(), data=feeds_list(2), progress=False, **args)
     assert message in str(e.value)
 
 
@@ -515,7 +517,7 @@ g (float[N,4] x) => (int64[2] s) {
 }
 """)
     with pytest.raises(InputError, match="is int64; only float"):
-        C.collect_ranges(m, ["s"], feeds_list(2), progress=False)
+        R.collect_ranges(m, ["s"], feeds_list(2), progress=False)
 
 
 def test_collect_from_folder(tmp_path):
@@ -523,5 +525,5 @@ def test_collect_from_folder(tmp_path):
     feeds = feeds_list(3)
     for i, f in enumerate(feeds):
         np.save(tmp_path / f"{i}.npy", f["x"])
-    assert (C.collect_ranges(m, ["r"], str(tmp_path), progress=False)
-            == C.collect_ranges(m, ["r"], feeds, progress=False))
+    assert (R.collect_ranges(m, ["r"], str(tmp_path), progress=False)
+            == R.collect_ranges(m, ["r"], feeds, progress=False))

@@ -1,4 +1,4 @@
-"""Tests for the static MIGraphX check (rewriter/check.py) and its profile data.
+"""Tests for the static MIGraphX check (rewriter/migraphx/check.py) and its profile data.
 
 One small model per problem kind, written in ONNX text syntax with seeded, distinct
 initializer values; each test asserts the finding's code and the node it names. The clean
@@ -22,8 +22,8 @@ import onnx.parser
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from rewriter.check import CheckResult, Finding, load_profile, render_text
-from rewriter.check import check_model as _check_model
+from rewriter.migraphx.check import CheckResult, Finding, load_profile, render_text
+from rewriter.migraphx.check import check_model as _check_model
 
 REPO = Path(__file__).resolve().parents[1]
 OPS_TXT = Path("/work/shared/migraphx/onnx_ops.txt")

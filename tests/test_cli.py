@@ -23,8 +23,8 @@ import pytest
 from conftest import load_script
 from onnx import helper
 
-from rewriter.backends import ort
 from rewriter.cli import main
+from rewriter.core import ort
 
 ROOT = Path(__file__).resolve().parents[1]
 RESNET = ROOT / "models" / "resnet_mini.onnx"
@@ -198,7 +198,7 @@ def test_model_onnxruntime_cannot_run_is_exit_2(tmp_path, capfd):
 
 
 def test_bug_in_a_pass_is_exit_3(tmp_path, capfd, monkeypatch):
-    from passes import fold_constants
+    from rewriter.passes import fold_constants
 
     def broken(self, graph, ctx):
         raise ZeroDivisionError("boom")
@@ -215,7 +215,7 @@ def test_bug_in_a_pass_is_exit_3(tmp_path, capfd, monkeypatch):
 
 
 def test_verification_failure_is_exit_1_and_writes_nothing(tmp_path, capfd, monkeypatch):
-    from passes import fuse_conv_bn
+    from rewriter.passes import fuse_conv_bn
 
     real = fuse_conv_bn._bn_affine
 

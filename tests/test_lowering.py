@@ -9,8 +9,8 @@ import pytest
 from conftest import make_model
 
 import rewriter
-from rewriter import lowering
-from rewriter.check import Finding
+from rewriter.migraphx import lowering
+from rewriter.migraphx.check import Finding
 
 # stderr of migraphx-driver 2.16 (f729a52) on a per-axis weight DQ, as printed.
 STDERR_216 = """\

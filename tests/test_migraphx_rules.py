@@ -18,8 +18,8 @@ import onnx.parser
 import pytest
 from onnx import numpy_helper
 
-from rewriter import lowering
-from rewriter.check import check_model
+from rewriter.migraphx import lowering
+from rewriter.migraphx.check import check_model
 
 pytestmark = pytest.mark.migraphx
 R = np.random.default_rng(0)

@@ -14,7 +14,7 @@ import onnx
 import pytest
 
 import rewriter
-from rewriter.backends import ort
+from rewriter.core import ort
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("REWRITE_MODELS", Path.home() / ".cache" / "rewrite" / "models"))

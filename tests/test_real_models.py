@@ -41,7 +41,7 @@ def test_real_model_rewrites_and_verifies(name, shapes, tmp_path):
     for m in report.verification:
         if m["ref_max"] >= 1e-3:
             assert m["max_rel"] < 1e-4 and m["cosine"] > 0.99999, m
-        else:  # a saturated sigmoid tail: absolute error (see rewriter/verify.py)
+        else:  # a saturated sigmoid tail: absolute error (see rewriter/verify/)
             assert m["max_abs"] <= 1e-6, m
     # Written, re-loadable, same interface.
     import onnx

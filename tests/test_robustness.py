@@ -20,9 +20,9 @@ from conftest import load_script
 from onnx import TensorProto, helper, numpy_helper
 
 import rewriter
-from rewriter import ir
-from rewriter.backends import ort
-from rewriter.errors import InputError
+from rewriter.core import ort
+from rewriter.core.errors import InputError
+from rewriter.core.graph import duplicate_node_names, iter_model_tensors
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -159,7 +159,7 @@ def test_constant_node_tensor_in_external_data(tmp_path):
     _, report = rewriter.rewrite(src, output=out, verify=True)
     assert report.ok
     # Every external reference of the output resolves beside the output.
-    for t in ir.iter_model_tensors(onnx.load(out, load_external_data=False).graph):
+    for t in iter_model_tensors(onnx.load(out, load_external_data=False).graph):
         if t.data_location == TensorProto.EXTERNAL:
             assert {e.key: e.value for e in t.external_data}["location"] == "o.onnx.data"
     x = np.random.default_rng(0).standard_normal((1, 4, 5, 5)).astype(np.float32)
@@ -175,7 +175,8 @@ def test_output_may_not_replace_input_data(ext_model):
 
 def test_weights_over_proto_limit_go_external(tmp_path, monkeypatch):
     # The 2 GB rule, scaled down: past the limit the weights go to <output>.data.
-    monkeypatch.setattr(ir, "PROTO_LIMIT", 1000)
+    from rewriter.core import save
+    monkeypatch.setattr(save, "PROTO_LIMIT", 1000)
     src = tmp_path / "m.onnx"
     onnx.save(fuzz.conv_bn_model(17, seed=5, c=16), src)
     out = tmp_path / "o.onnx"
@@ -315,7 +316,7 @@ def test_duplicate_node_names_made_unique_and_verified():
     assert report.ok
     names = [n.name for n in out.graph.node]
     assert names[0] == "same" and len(set(names)) == len(names)
-    assert not ir.duplicate_node_names(out)
+    assert not duplicate_node_names(out)
 
 
 def test_empty_node_names():

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 import rewriter  # noqa: E402
-from rewriter import ir  # noqa: E402
+from rewriter.core.load import load_model  # noqa: E402
 from rewriter.verify import make_feeds, parse_shape_args  # noqa: E402
 
 
@@ -46,7 +46,7 @@ def bench_ort(path: str, feeds: dict, iterations: int, warmup: int) -> dict:
 
 def bench_migraphx(path: str, feeds: dict, shapes: dict, iterations: int, warmup: int,
                    device: str) -> dict:
-    from rewriter.backends import migraphx
+    from rewriter.migraphx import backend as migraphx
 
     ok, why = migraphx.available()
     if not ok:
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     shapes = parse_shape_args(args.input_shape)
-    original = ir.load(args.model)
+    original = load_model(args.model)
     feeds = make_feeds(original, shapes, seed=0)
     work = tempfile.mkdtemp(prefix="rewrite-bench-")
     variants = [("original", args.model)]

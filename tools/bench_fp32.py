@@ -516,7 +516,7 @@ def startup_floor(tools: list[str], work: Path, repeat: int, timeout: float,
             "import onnx": [PY, "-c", "import onnx"],
             "import onnxruntime": [PY, "-c", "import onnxruntime"],
             "import onnx_graphsurgeon": [PY, "-c", "import onnx_graphsurgeon"]}
-    mods = {"ours": "rewriter.cli, rewriter.api, passes.fold_constants, passes.fuse_conv_bn",
+    mods = {"ours": "rewriter.cli, rewriter.api, rewriter.passes.fold_constants, rewriter.passes.fuse_conv_bn",
             "onnxsim": "onnxsim", "onnxslim": "onnxslim", "onnxoptimizer": "onnx, onnxoptimizer",
             "ort-basic": "onnxruntime"}
     envs = {}

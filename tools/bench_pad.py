@@ -37,8 +37,9 @@ import onnx
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from rewriter.passes.pad_channels import PadChannels
+
 import rewriter
-from passes.pad_channels import PadChannels
 
 
 def default_models() -> list[str]:

@@ -114,7 +114,7 @@ VARIANTS = {
 }
 QUICK_SKIP = {"ours-int8-ent", "qs-ent", "ours-auto-ent", "ours-auto-95"}
 
-SPEED = {"int8": 2176 / 1248, "fp16": 1.5}   # the planner's defaults (rewriter/planner.py)
+SPEED = {"int8": 2176 / 1248, "fp16": 1.5}   # the planner's defaults (rewriter/quant/planner.py)
 
 
 # --------------------------------------------------------------------------- data
@@ -278,7 +278,7 @@ def plan_file(name: str, settings: dict, work: Path) -> str:
     """A plan file: the built-in int8 plan with changed int8 settings."""
     import yaml
 
-    from rewriter.plan import _DEFAULT_INT8, BUILTIN
+    from rewriter.quant.plan import _DEFAULT_INT8, BUILTIN
 
     d = json.loads(json.dumps(BUILTIN["int8"]))
     i8 = json.loads(json.dumps(_DEFAULT_INT8))
@@ -430,7 +430,7 @@ def layer_shares(path: str, x1: np.ndarray) -> dict:
 def migraphx_check(path: str, shape) -> dict:
     import onnx
 
-    from rewriter.check import check_model
+    from rewriter.migraphx.check import check_model
 
     m = onnx.load(path, load_external_data=False)
     r = check_model(m, input_shapes={m.graph.input[0].name: list(shape)})

@@ -1,4 +1,4 @@
-"""Regenerate the op-list part of rewriter/data/migraphx_profile.json from an onnx_ops.txt.
+"""Regenerate the op-list part of rewriter/migraphx/data/migraphx_profile.json from an onnx_ops.txt.
 
 onnx_ops.txt is the list of op names MIGraphX's ONNX parser registers (one per line, read
 from src/onnx/parse_*.cpp; ``migraphx.get_onnx_operators()`` prints the same list), with an
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_PROFILE = REPO / "rewriter" / "data" / "migraphx_profile.json"
+DEFAULT_PROFILE = REPO / "rewriter" / "migraphx" / "data" / "migraphx_profile.json"
 
 
 def read_ops(path: str | Path) -> tuple[list[str], str | None]:

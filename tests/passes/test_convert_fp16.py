@@ -5,7 +5,7 @@ import onnx
 from conftest import make_model, ops, run_ort
 
 import rewriter
-from rewriter import plan as plan_mod
+from rewriter.quant import plan as plan_mod
 
 CHAIN = """
 <ir_version: 8, opset_import: ["" : 17]>

@@ -6,7 +6,7 @@ import pytest
 from conftest import make_model, ops, run_ort
 
 import rewriter
-from rewriter.errors import VerificationError
+from rewriter.core.errors import VerificationError
 
 BN = {"g": ("pos", (8,)), "b": (8,), "m": (8,), "v": ("pos", (8,))}
 
@@ -218,7 +218,7 @@ def test_float64_fold_keeps_float32_dtype():
 
 def test_verification_catches_a_broken_pass():
     """The checker itself must be able to fail: a pass that corrupts weights is caught."""
-    from rewriter.pass_base import Numerics, Pass, PassResult, Phase
+    from rewriter.core.pass_base import Numerics, Pass, PassResult, Phase
 
     class Corrupt(Pass):
         name, phase, numerics = "corrupt", Phase.FUSE, Numerics.CLOSE

@@ -4,11 +4,12 @@ import numpy as np
 import onnx
 import pytest
 from conftest import make_model, ops, run_ort
+from rewriter.passes.insert_qdq import quantize_weight, safe_scale
 
 import rewriter
-from passes.insert_qdq import quantize_weight, safe_scale
-from rewriter import plan as plan_mod
-from rewriter.errors import PreconditionError
+from rewriter.core.errors import PreconditionError
+from rewriter.core.graph import node_id
+from rewriter.quant import plan as plan_mod
 
 TWO_CONVS = """
 <ir_version: 8, opset_import: ["" : 17]>
@@ -213,7 +214,7 @@ def test_mul_form_structure():
     assert init[cons[gemm.output[0]][0].input[1]].shape == (10,)
     # Every layer keeps its id (the plan names it) and every tensor it wrote keeps its name.
     assert {n.output[0] for n in out.graph.node} >= {"a", "b", "c", "z"}
-    assert [plan_mod.node_id(n) for n in out.graph.node if n.op_type in ("Conv", "Gemm")] == [
+    assert [node_id(n) for n in out.graph.node if n.op_type in ("Conv", "Gemm")] == [
         "a", "b", "c", "z"]
     assert rep.passes[0].counts["channel-scales-after-layer"] == 4
     assert any("weight form: mul" in n for n in rep.passes[0].notes)
@@ -307,5 +308,5 @@ def test_weight_form_auto_follows_the_migraphx_version():
     assert p.weight_form(None)[0] == "mul"
     assert plan_mod.load({"int8": {"weight_form": "axis"}}).weight_form((2, 16))[0] == "axis"
     assert plan_mod.load({"int8": {"weights": "per-tensor"}}).weight_form(None)[0] == "per-tensor"
-    with pytest.raises(rewriter.errors.InputError, match="weight_form"):
+    with pytest.raises(rewriter.InputError, match="weight_form"):
         plan_mod.load({"int8": {"weight_form": "mull"}})

@@ -9,10 +9,10 @@ import numpy as np
 import onnx
 import pytest
 from conftest import make_model, ops, run_ort
+from rewriter.passes.pad_channels import PadChannels
 
 import rewriter
-from passes.pad_channels import PadChannels
-from rewriter.errors import InputError
+from rewriter.core.errors import InputError
 from rewriter.verify import compare
 
 HDR = '<ir_version: 8, opset_import: ["" : 17]>'

@@ -13,10 +13,10 @@ from typing import Callable
 
 import onnx_graphsurgeon as gs
 
-from .errors import PassError, PreconditionError, RewriteError
-from .ir import iter_graphs, toposort
-from .pass_base import Context, Pass, Phase
-from .report import PassRecord
+from rewriter.core.errors import PassError, PreconditionError, RewriteError
+from rewriter.core.graph import iter_graphs, toposort
+from rewriter.core.pass_base import Context, Pass, Phase
+from rewriter.core.report import PassRecord
 
 
 def count_nodes(graph: gs.Graph) -> int:

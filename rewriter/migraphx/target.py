@@ -29,8 +29,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .errors import InputError
-from .pass_base import Numerics
+from rewriter.core.errors import InputError
+from rewriter.core.pass_base import Numerics
 
 
 class BackendUnavailable(InputError):
@@ -47,15 +47,15 @@ def migraphx_step(output_path: str | os.PathLike, verifier, feed_sets: list[dict
     original in onnxruntime on ``feed_sets``) and check the INT8 lowering.
 
     ``verifier`` may be a zero-argument callable that makes it (it runs the original, so
-    only once MIGraphX is known to be there). ``candidate`` (a rewriter.ir.Exported of the
+    only once MIGraphX is known to be there). ``candidate`` (a rewriter.Exported of the
     same model) gives onnxruntime's figure for a plan model; ``lossy`` is the plan's budget
     (None: an FP32 rewrite). Returns a JSON-able dict (status compiled | skipped | failed,
     metrics, lowering, ok).
     """
     if backend == "migraphx":
-        from .backends import migraphx as be
+        from rewriter.migraphx import backend as be
     elif backend == "ort-migraphx":
-        from .backends import ort_migraphx as be
+        from rewriter.migraphx import ort_ep as be
     else:
         raise InputError(f"unknown backend '{backend}' (migraphx, ort-migraphx)")
     ok, why = be.available()
@@ -65,7 +65,7 @@ def migraphx_step(output_path: str | os.PathLike, verifier, feed_sets: list[dict
         info = {"backend": backend, "status": "skipped", "ok": True,
                 "reason": f"compilation skipped: {why}"}
         if planned_int8:
-            from .lowering import Lowering
+            from rewriter.migraphx.lowering import Lowering
             low = Lowering("skipped", "simplify_qdq via migraphx-driver", planned=len(
                 planned_int8), what=what, reason=f"{why}; the static check's "
                 "plan-int8-stays-float findings are all that is known")
@@ -122,7 +122,7 @@ def _compile_migraphx(be, info, output_path, verifier, feed_sets, shapes, numeri
 
 
 def _judge(verifier, outputs, numerics, lossy, single: bool = False) -> list[dict]:
-    from .verify import compare, judge
+    from rewriter.verify import compare, judge
 
     reference = verifier.reference
     if single and len(verifier.feed_sets) > 1:   # one run only: compare its first sample
@@ -137,8 +137,8 @@ def _judge(verifier, outputs, numerics, lossy, single: bool = False) -> list[dic
 
 
 def _lowering(info, output_path, feeds, shapes, planned, findings, what) -> dict:
-    from . import lowering
-    from .backends.migraphx import kernel_counts
+    from rewriter.migraphx import lowering
+    from rewriter.migraphx.backend import kernel_counts
 
     dims = {k: list(v) for k, v in shapes.items()}
     for name, x in feeds.items():
@@ -204,7 +204,7 @@ def check_and_compile(report, exported, original, base_dir, output, mgx: dict | 
                       verifier, model_path: str | None) -> None:
     """The API's target step: the static check into ``report`` (grouped warnings), then,
     when ``mgx`` is given, :func:`migraphx_step` on the saved output."""
-    from .check import check_model
+    from rewriter.migraphx.check import check_model
 
     version = options.get("migraphx_version")
     layers = (report.extra.get("plan") or {}).get("layers", {})
@@ -229,19 +229,19 @@ def check_and_compile(report, exported, original, base_dir, output, mgx: dict | 
             if verifier is not None and _same_feeds(verifier.feed_sets, feed_sets):
                 made.append(verifier)
             else:
-                from .verify import Verifier
+                from rewriter.verify import Verifier
                 made.append(Verifier(original, base_dir, feed_sets, path=model_path,
                                      lossy=lossy))
         return made[0]
 
     import tempfile
 
-    from . import ir
+    from rewriter.core.save import save_model
     with tempfile.TemporaryDirectory(prefix="rewrite-mgx-") as tmp:
         path = output
         if path is None:
             path = os.path.join(tmp, "model.onnx")
-            ir.save(exported, path)
+            save_model(exported, path)
         report.extra["compile"] = migraphx_step(
             path, reference, feed_sets, input_shapes, candidate=exported, planned_int8=int8,
             lossy=lossy, backend=mgx.get("backend", "migraphx"),
@@ -252,7 +252,7 @@ def check_and_compile(report, exported, original, base_dir, output, mgx: dict | 
 def _feed_sets(original, input_shapes, inputs, seed, held_out, plan, samples: int) -> list:
     """What MIGraphX runs: the user's inputs; else, for a plan, up to ``samples`` held-out
     calibration samples of one shape (or seeded random ones); else one random sample."""
-    from .verify import make_feeds
+    from rewriter.verify import make_feeds
 
     if inputs is not None:
         return [inputs]

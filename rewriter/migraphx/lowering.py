@@ -185,7 +185,7 @@ class Lowering:
 
 def main_kernels(program_text: str) -> list[str]:
     """conv/dot kernels of the main module in program order (quant_* or float)."""
-    from .backends.migraphx import parse_program_text
+    from rewriter.migraphx.backend import parse_program_text
 
     ops = [op.split("[")[0] for _, op, _ in parse_program_text(program_text).get("main", [])]
     return [op for op in ops if op in _KIND]
@@ -196,7 +196,7 @@ def map_layers(model, planned: Sequence[str], kernels: Sequence[str]) -> tuple[l
 
     Returns (layers, named): ``named`` is False when the node and kernel counts of a kind
     differ, so no pairing is trustworthy; layers then carry no kernel."""
-    from .plan import node_id
+    from rewriter.core.graph import node_id
 
     planned = set(planned)
     nodes = [n for n in model.graph.node if n.op_type in CONV_OPS + DOT_OPS]
@@ -239,7 +239,7 @@ def what(stderr: str) -> str:
     else:
         tail = [x for x in stderr.strip().splitlines() if x.strip()]
         line = tail[-1] if tail else "no message"
-    from .backends.migraphx import clean_message
+    from rewriter.migraphx.backend import clean_message
 
     return clean_message(line)
 

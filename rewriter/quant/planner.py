@@ -41,9 +41,11 @@ from typing import Any
 
 import numpy as np
 
-from . import ir
-from .errors import InputError
-from .plan import INT8_OPS, LAYER_OPS, Assignment, Plan, node_id
+from rewriter.core.convert import export, shape_info, to_graph, upgrade_opset
+from rewriter.core.errors import InputError
+from rewriter.core.graph import Namer, node_id, weight_free_copy
+from rewriter.core.load import load_model
+from rewriter.quant.plan import INT8_OPS, LAYER_OPS, Assignment, Plan
 
 DEFAULTS = {"alpha": 0.7, "beta": 0.3, "int8_speed": 2176 / 1248, "fp16_speed": 1.5,
             "min_top1": 0.99, "min_cosine": 0.995, "fp16_ok_loss": 1e-4, "refine": 32}
@@ -149,7 +151,7 @@ def predicted_loss(layers: list[LayerResult], alpha: float, beta: float) -> floa
 def _real_shapes(model, feeds: dict, input_shapes=None) -> dict[str, list]:
     """Tensor shapes inferred with the graph inputs fixed to real sizes (a calibration
     sample's, or the user's --input-shape): symbolic dims would count as 1 in FLOPs."""
-    m = ir.weight_free_copy(model)
+    m = weight_free_copy(model)
     given = dict(input_shapes or {})
     for vi in m.graph.input:
         dims = given.get(vi.name) or (list(np.shape(feeds[vi.name])) if vi.name in feeds else None)
@@ -161,7 +163,7 @@ def _real_shapes(model, feeds: dict, input_shapes=None) -> dict[str, list]:
     for vi in m.graph.value_info:
         vi.type.tensor_type.ClearField("shape")
     out = {}
-    for name, vi in ir.shape_info(m).items():
+    for name, vi in shape_info(m).items():
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
             out[name] = [d.dim_value if d.HasField("dim_value") else None
                          for d in vi.type.tensor_type.shape.dim]
@@ -192,20 +194,20 @@ class _Evaluator:
     """Runs plan variants of one FP32 graph on held-out samples; compares with FP32."""
 
     def __init__(self, graph, original, base_dir, eval_feeds, ranges, settings):
-        from .backends import ort
+        from rewriter.core import ort
 
         self.graph, self.original, self.base_dir = graph, original, base_dir
         self.feeds, self.ranges, self.settings = eval_feeds, ranges, settings
-        exp = ir.export(graph, original, base_dir)
+        exp = export(graph, original, base_dir)
         sess = ort.session(exp.model, exp.source_dir, initializers=exp.ort_initializers())
         self.reference = [ort.run(sess, f) for f in eval_feeds]
         self.count = 0
 
     def measure(self, precision: dict[str, str]) -> dict[str, float]:
-        from .backends import ort
-        from .manager import run_pipeline
-        from .pass_base import Context
-        from .registry import resolve
+        from rewriter.core import ort
+        from rewriter.core.manager import run_pipeline
+        from rewriter.core.pass_base import Context
+        from rewriter.core.registry import resolve
 
         g = self.graph.copy()
         ids = [node_id(n) for n in g.nodes if n.op in LAYER_OPS]
@@ -216,9 +218,9 @@ class _Evaluator:
                           "weight_form": self.settings["weight_form"], "bias": "float"})
         ctx = Context(options={"migraphx_version": self.settings.get("migraphx_version")},
                       data={"assignment": a, "ranges": self.ranges, "plan": plan},
-                      namer=ir.Namer(g))
+                      namer=Namer(g))
         run_pipeline(g, resolve(["insert-qdq", "convert-fp16"]), ctx)
-        exp = ir.export(g, self.original, self.base_dir)
+        exp = export(g, self.original, self.base_dir)
         sess = ort.session(exp.model, exp.source_dir, initializers=exp.ort_initializers())
         self.count += 1
         cos, top1, sqnr = [], [], []
@@ -244,11 +246,12 @@ class _Evaluator:
 def plan_auto(model, calib, *, input_shapes=None, settings: dict | None = None,
               base_dir=None, progress: bool = False) -> tuple[Plan, PlannerReport]:
     """Measure sensitivities and choose a plan under the accuracy budget (see module doc)."""
-    from . import plan as plan_mod
-    from .calibrate import collect_ranges, load_calibration
-    from .manager import run_pipeline
-    from .pass_base import Context
-    from .registry import resolve
+    from rewriter.core.manager import run_pipeline
+    from rewriter.core.pass_base import Context
+    from rewriter.core.registry import resolve
+    from rewriter.quant import plan as plan_mod
+    from rewriter.quant.data import load_calibration
+    from rewriter.quant.ranges import collect_ranges
 
     t0 = time.perf_counter()
     s = dict(DEFAULTS, weights="per-channel", weight_form="auto", method="percentile",
@@ -257,27 +260,27 @@ def plan_auto(model, calib, *, input_shapes=None, settings: dict | None = None,
     s.update({k: v for k, v in (settings or {}).items() if v is not None})
     if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
         from pathlib import Path
-        original = ir.load(model)
+        original = load_model(model)
         base_dir = Path(model).parent
     else:
         original = model
-    graph = ir.to_graph(original, base_dir)
-    run_pipeline(graph, resolve(["fold-constants", "fuse-conv-bn"]), Context(namer=ir.Namer(graph)))
+    graph = to_graph(original, base_dir)
+    run_pipeline(graph, resolve(["fold-constants", "fuse-conv-bn"]), Context(namer=Namer(graph)))
     data = load_calibration(calib, original, preprocess=s["preprocess"], limit=int(s["samples"]))
     if len(data) < 8:
         raise InputError(f"the planner needs at least 8 calibration samples ({len(data)} given)")
-    from .calibrate import held_out_count
+    from rewriter.quant.data import held_out_count
     n_eval = held_out_count(len(data))
     cal_data, eval_data = data.split(n_eval)
     eval_feeds = list(eval_data)
     form_plan = Plan(int8={"weights": s["weights"], "weight_form": s["weight_form"]})
     if form_plan.weight_form(s["migraphx_version"])[0] == "axis" and graph.opset < 13:
-        graph, original = ir.upgrade_opset(graph, original, base_dir, 13)
+        graph, original = upgrade_opset(graph, original, base_dir, 13)
     layers = [n for n in graph.nodes if n.op in LAYER_OPS]
     if not layers:
         raise InputError("the model has no Conv/MatMul/Gemm layers to plan")
     tensors = sorted({n.inputs[0].name for n in layers if n.op in INT8_OPS})
-    exp = ir.export(graph, original, base_dir)
+    exp = export(graph, original, base_dir)
     ranges = collect_ranges(exp.model, tensors, cal_data, method=s["method"],
                             percentile=float(s["percentile"]), num_bins=int(s["num_bins"]),
                             base_dir=exp.source_dir, initializers=exp.ort_initializers(),

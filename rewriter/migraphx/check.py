@@ -2,7 +2,7 @@
 
 It reads a plain ``onnx.ModelProto`` (load it with ``load_external_data=False``: no weight
 data is read, only dims, dtypes and the small scale/zero-point tensors) and interprets the
-target profile, ``rewriter/data/migraphx_profile.json`` (derived from
+target profile, ``rewriter/migraphx/data/migraphx_profile.json`` (derived from
 shared/migraphx/PROFILE.md). Rules live in that data, so a newer MIGraphX is a data change.
 
     result = check_model(onnx.load("m.onnx", load_external_data=False),
@@ -45,6 +45,8 @@ from typing import Iterable, Mapping
 import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
+
+from rewriter.core.graph import node_id
 
 PROFILE_PATH = Path(__file__).resolve().parent / "data" / "migraphx_profile.json"
 SCHEMA_VERSION = 1
@@ -212,12 +214,6 @@ def check_model(model: onnx.ModelProto | str | os.PathLike,
 
 
 # ---------------------------------------------------------------------------------------------
-
-
-def _label(node: onnx.NodeProto) -> str:
-    if node.name:
-        return node.name
-    return next((o for o in node.output if o), f"<{node.op_type}>")
 
 
 def _light_copy(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -436,7 +432,7 @@ class _Checker:
                 subs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
                 for i, sub in enumerate(subs):
                     name = a.name if len(subs) == 1 else f"{a.name}[{i}]"
-                    sub_path = f"{path}/{_label(node)}/{name}" if path else f"{_label(node)}/{name}"
+                    sub_path = f"{path}/{node_id(node)}/{name}" if path else f"{node_id(node)}/{name}"
                     self.visit(sub, sub_path, g)
         return g
 
@@ -459,7 +455,7 @@ class _Checker:
                 continue   # already reported as an unsupported op
             where = ("graph input" if name in inputs else "graph output" if name in outputs
                      else node.op_type if node is not None else "value")
-            label = _label(node) if node is not None else name
+            label = node_id(node) if node is not None else name
             kind = tp.WhichOneof("value")
             if kind in kinds:
                 self.add(vt["severity"], "unsupported-value-type", label, where,
@@ -474,7 +470,7 @@ class _Checker:
                          f"{bad_dtypes['reason']}", g.path)
 
     def check_node(self, g: _Graph, node: onnx.NodeProto) -> None:
-        label, op = _label(node), node.op_type
+        label, op = node_id(node), node.op_type
         if op not in self.ops:
             hint = self.profile.get("op_hints", {}).get(op)
             dom = f" (domain '{node.domain}')" if node.domain not in ("", "ai.onnx") else ""
@@ -513,7 +509,7 @@ class _Checker:
             elif a.type == onnx.AttributeProto.TENSOR:
                 dtype = a.t.data_type
             if dtype in codes:
-                self.add(bad["severity"], "unsupported-dtype", _label(node), node.op_type,
+                self.add(bad["severity"], "unsupported-dtype", node_id(node), node.op_type,
                          f"attribute {a.name} is {codes[dtype]}: {bad['reason']}", g.path)
 
     # -- QDQ ----------------------------------------------------------------------------------
@@ -564,7 +560,7 @@ class _Checker:
         for node in g.graph.node:
             if node.op_type not in kernels or len(node.input) < 2:
                 continue
-            label = _label(node)
+            label = node_id(node)
             paths: list[list] = [[], []]
             a, b = (self._dq_source(g, node.input[i], paths[i]) for i in (0, 1))
             if (a is not None or b is not None) and not g.path:
@@ -617,7 +613,7 @@ class _Checker:
         while node is not None and len(ops) < depth and node.input:
             if node.op_type == "DequantizeLinear":
                 return ops if any(o.split(" ")[0] not in through for o in ops) else []
-            ops.append(f"{node.op_type} '{_label(node)}'")
+            ops.append(f"{node.op_type} '{node_id(node)}'")
             node = g.find_producer(node.input[0])
         return []
 
@@ -630,8 +626,8 @@ class _Checker:
                 src = g.elem_type(n.input[0])
                 if src is not None and src == _attr(n, "to"):
                     r = self.qdq["noop_cast"]
-                    self.add(r["severity"], "qdq-noop-cast", _label(node), node.op_type,
-                             f"Cast '{_label(n)}' to the type it already has sits between a "
+                    self.add(r["severity"], "qdq-noop-cast", node_id(node), node.op_type,
+                             f"Cast '{node_id(n)}' to the type it already has sits between a "
                              f"DequantizeLinear and this {node.op_type}: {r['reason']}", g.path)
 
     def _is_float(self, g: _Graph, name: str) -> bool:
@@ -639,7 +635,7 @@ class _Checker:
                                      TensorProto.BFLOAT16, TensorProto.DOUBLE)
 
     def check_qdq_node(self, g: _Graph, node: onnx.NodeProto) -> None:
-        q, label, op = self.qdq, _label(node), node.op_type
+        q, label, op = self.qdq, node_id(node), node.op_type
         ins = list(node.input) + [""] * (3 - len(node.input))
         x, scale, zp = ins[0], ins[1], ins[2]
         blockers: list[str] = []
@@ -723,7 +719,7 @@ class _Checker:
                     flag(r, "qdq-scale-shape-1",
                          f"per-tensor {what} '{value_name}' has shape [1], not 0-d")
                 else:
-                    self.add(r["severity_elsewhere"], "qdq-scale-shape-1", _label(node), op,
+                    self.add(r["severity_elsewhere"], "qdq-scale-shape-1", node_id(node), op,
                              f"per-tensor {what} '{value_name}' has shape [1], not 0-d: "
                              f"{r['reason_elsewhere']}", g.path)
         sd, zd = (g.dims(scale) if scale else None), (g.dims(zp) if zp else None)
@@ -743,7 +739,7 @@ class _Checker:
                  f"{TensorProto.DataType.Name(zt)}")
 
     def check_weight_scale(self, g: _Graph, node: onnx.NodeProto, dq: onnx.NodeProto) -> None:
-        q, label = self.qdq, _label(node)
+        q, label = self.qdq, node_id(node)
         spec = q["weight_axis"].get(node.op_type)
         scale = dq.input[1] if len(dq.input) > 1 else ""
         sd = g.dims(scale) if scale else None
@@ -763,7 +759,7 @@ class _Checker:
                      f"weight '{dq.input[0]}' is per-channel on axis {axis}, expected {want}: "
                      f"{r['reason']}", g.path)
             self.dq_blockers.setdefault(dq.output[0], []).append(
-                f"{_label(dq)}: per-channel weight axis {axis}")
+                f"{node_id(dq)}: per-channel weight axis {axis}")
         r = self.rule("per_channel_weights")
         grouped = node.op_type == "Conv" and _attr(node, "group", 1) > 1
         kind = "grouped/depthwise conv" if grouped else node.op_type
@@ -832,7 +828,7 @@ class _Checker:
             if c_out % m:
                 off.append(f"C_out {c_out}")
             if off:
-                self.add(lay.get("severity", "info"), "conv-channels-not-multiple", _label(node),
+                self.add(lay.get("severity", "info"), "conv-channels-not-multiple", node_id(node),
                          "Conv", f"{' and '.join(off)} not a multiple of {m}: {lay['note']}",
                          g.path)
 
@@ -840,7 +836,7 @@ class _Checker:
         if not names:
             return
         kernels = self.qdq["int8_kernels"]
-        by_label = {_label(n): n for n in g.graph.node}
+        by_label = {node_id(n): n for n in g.graph.node}
         by_label.update({n.name: n for n in g.graph.node if n.name})
         for name in names:
             node = by_label.get(name)

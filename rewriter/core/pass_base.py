@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import onnx_graphsurgeon as gs
 
-from .ir import Namer
+from rewriter.core.graph import Namer
 
 
 class Phase(IntEnum):

@@ -9,15 +9,15 @@ from __future__ import annotations
 import difflib
 import importlib
 
-from .errors import InputError
+from rewriter.core.errors import InputError
 
 # (CLI name, "module:Class"). Modules are imported on first use, to keep start-up cheap.
 _PASSES = [
-    ("fold-constants", "passes.fold_constants:FoldConstants"),
-    ("fuse-conv-bn", "passes.fuse_conv_bn:FuseConvBn"),
-    ("pad-channels", "passes.pad_channels:PadChannels"),
-    ("insert-qdq", "passes.insert_qdq:InsertQdq"),
-    ("convert-fp16", "passes.convert_fp16:ConvertFp16"),
+    ("fold-constants", "rewriter.passes.fold_constants:FoldConstants"),
+    ("fuse-conv-bn", "rewriter.passes.fuse_conv_bn:FuseConvBn"),
+    ("pad-channels", "rewriter.passes.pad_channels:PadChannels"),
+    ("insert-qdq", "rewriter.passes.insert_qdq:InsertQdq"),
+    ("convert-fp16", "rewriter.passes.convert_fp16:ConvertFp16"),
 ]
 
 DEFAULT_PIPELINE = ["fold-constants", "fuse-conv-bn"]

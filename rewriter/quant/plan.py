@@ -39,7 +39,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import InputError
+from rewriter.core.errors import InputError
+from rewriter.core.graph import node_id
 
 PRECISIONS = ("fp32", "fp16", "int8")
 LAYER_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
@@ -220,16 +221,6 @@ def _precision(v: Any, where: str) -> str:
 
 
 # --------------------------------------------------------------------------- resolving
-
-
-def node_id(node) -> str:
-    """A node's name, or its first output's name when unnamed (works on gs and proto nodes)."""
-    name = getattr(node, "name", "") or ""
-    if name:
-        return name
-    outs = node.outputs if hasattr(node, "outputs") else node.output
-    first = outs[0] if outs else ""
-    return getattr(first, "name", first) or ""
 
 
 @dataclass

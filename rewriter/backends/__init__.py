@@ -1,1 +1,0 @@
-"""Execution backends: onnxruntime (default, embedded) and MIGraphX (optional, lazy)."""

@@ -1,0 +1,273 @@
+"""ONNX <-> onnx-graphsurgeon, without copying weights.
+
+* :func:`to_graph` imports a model; external weights become lazily memory-mapped
+  :class:`rewriter.core.load.ExternalValues`, so a 2.5 GB model is never read whole;
+  shapes and dtypes come from ONNX shape inference on a weight-free copy.
+* :func:`export` exports back with big weights as stubs (:class:`Exported`): checking,
+  verifying and saving then never copy weights through protobuf; :func:`to_model` keeps
+  the original's model-level fields (IR version, opsets, metadata, functions).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.ir.tensor import LazyValues
+
+from .errors import InputError
+from .graph import iter_graphs, unique_node_names, weight_free_copy
+from .load import ExternalValues, first_line, resolve_external
+
+# Tensors above this many bytes go to the external data file when we write one.
+EXTERNAL_THRESHOLD = 1024
+
+
+def shape_info(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
+    """Inferred value infos by name, computed on a weight-free copy of the model.
+
+    Shape inference only needs the dims of big initializers, so they are replaced by
+    empty stubs: no copy of the weights, and it works on models over 2 GB.
+    """
+    stub = weight_free_copy(model)
+    for t in stub.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            del t.external_data[:]
+            t.data_location = onnx.TensorProto.DEFAULT
+    try:
+        inferred = onnx.shape_inference.infer_shapes(stub, strict_mode=False, data_prop=True)
+    except Exception:
+        return {}
+    g = inferred.graph
+    return {vi.name: vi for vi in list(g.value_info) + list(g.output) + list(g.input)}
+
+
+def to_graph(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
+             infer: bool = True) -> gs.Graph:
+    """Import into onnx-graphsurgeon; external weights become memory-mapped lazy values."""
+    graph = gs.import_onnx(model)
+    if base_dir is not None:
+        for g in iter_graphs(graph):
+            for t in g.tensors().values():
+                if (isinstance(t, gs.Constant) and isinstance(t._values, LazyValues)
+                        and not isinstance(t._values, ExternalValues)
+                        and getattr(t._values.tensor, "data_location", 0) == onnx.TensorProto.EXTERNAL):
+                    path, off, length = resolve_external(t._values.tensor, Path(base_dir))
+                    t._values = ExternalValues(t._values.tensor, path, off, length)
+            for node in g.nodes:
+                for v in node.attrs.values():
+                    # A Constant node's tensor stored outside (save_model(convert_attribute=
+                    # True)): read it now. Exported as it came, its location would be
+                    # resolved against the *output* folder, and it could not be folded.
+                    if (isinstance(v, gs.Constant) and isinstance(v._values, LazyValues)
+                            and v._values.tensor.data_location == onnx.TensorProto.EXTERNAL):
+                        path, off, length = resolve_external(v._values.tensor, Path(base_dir))
+                        v.values = np.array(
+                            ExternalValues(v._values.tensor, path, off, length).load())
+                        v.data_location = None
+    if infer:
+        infos = shape_info(model)
+        for g in iter_graphs(graph):
+            for name, t in g.tensors().items():
+                vi = infos.get(name)
+                if isinstance(t, gs.Variable) and vi is not None and vi.type.HasField("tensor_type"):
+                    tt = vi.type.tensor_type
+                    if t.dtype is None and tt.elem_type:
+                        t.dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
+                    if t.shape is None and tt.HasField("shape"):
+                        t.shape = [d.dim_value if d.HasField("dim_value") else
+                                   (d.dim_param or None) for d in tt.shape.dim]
+    return graph
+
+
+MEMORY = "__rewrite_memory__"  # location of a weight stub whose bytes live in Exported.weights
+
+
+class Exported:
+    """A model whose big weights are stubs, plus where each stub's bytes are.
+
+    ``model`` is small (no big weights inside), so checking, verifying and saving it never
+    copy the weights through protobuf; a stub is a TensorProto with external data at
+    location ``MEMORY``; ``weights[name]`` is a numpy array or lazy values to stream.
+    """
+
+    def __init__(self, model: onnx.ModelProto, weights: dict, source_dir):
+        self.model, self.weights, self.source_dir = model, weights, source_dir
+
+    def array(self, name: str) -> np.ndarray:
+        w = self.weights[name]
+        return w if isinstance(w, np.ndarray) else w.load()
+
+    def ort_initializers(self) -> tuple[list[str], list[np.ndarray]]:
+        names = sorted(self.weights)
+        return names, [np.ascontiguousarray(self.array(n)) for n in names]
+
+    def checkable(self) -> onnx.ModelProto:
+        """A copy onnx.checker accepts: stubs become empty tensors (structure only)."""
+        def empty(t):
+            del t.dims[:]
+            t.dims.append(0)
+        return self._copy_replacing_stubs(empty)
+
+    def materialize(self) -> onnx.ModelProto:
+        """The full ModelProto with every stub's bytes inline (for the Python API)."""
+        def fill(t):
+            t.raw_data = raw_bytes(self.weights[t.name])
+        return self._copy_replacing_stubs(fill)
+
+    def _copy_replacing_stubs(self, fix) -> onnx.ModelProto:
+        m = onnx.ModelProto()
+        m.CopyFrom(self.model)
+        for t in m.graph.initializer:
+            if is_stub(t):
+                del t.external_data[:]
+                t.data_location = onnx.TensorProto.DEFAULT
+                fix(t)
+        return m
+
+
+def is_stub(t: onnx.TensorProto) -> bool:
+    return (t.data_location == onnx.TensorProto.EXTERNAL and len(t.external_data) == 1
+            and t.external_data[0].value == MEMORY)
+
+
+def raw_bytes(w) -> bytes:
+    if isinstance(w, np.ndarray):
+        return np.ascontiguousarray(w).tobytes()
+    if isinstance(w, ExternalValues):
+        return b"".join(w.raw_chunks())
+    t = w.tensor
+    return t.raw_data if t.HasField("raw_data") else onnx.numpy_helper.to_array(t).tobytes()
+
+
+def _stub(name: str, dtype: int, dims) -> onnx.TensorProto:
+    t = onnx.TensorProto(name=name, data_type=dtype, data_location=onnx.TensorProto.EXTERNAL)
+    t.dims.extend(int(d) for d in dims)
+    t.external_data.add(key="location", value=MEMORY)
+    return t
+
+
+def export(graph: gs.Graph, original: onnx.ModelProto, source_dir=None) -> Exported:
+    """Export with big top-level weights as stubs (see :class:`Exported`).
+
+    Untouched weights are never copied: their original proto or memory map is what gets
+    streamed at save time. Weights in original external files stay references to them.
+    """
+    weights: dict = {}
+    swapped = []
+    for g in iter_graphs(graph):
+        for t in g.tensors().values():
+            if isinstance(t, gs.Constant) and not isinstance(t._values, LazyValues):
+                # gs keeps the imported data_location and writes it on export: a weight that
+                # was external and got new values would be "external" with inline bytes.
+                t.data_location = None
+    for t in graph.tensors().values():
+        if not isinstance(t, gs.Constant) or t.name in weights:
+            continue
+        v = t._values
+        if isinstance(v, ExternalValues):
+            continue  # keeps its reference to the source file
+        if isinstance(v, LazyValues):
+            if v.tensor.data_type == onnx.TensorProto.STRING or v.nbytes <= EXTERNAL_THRESHOLD:
+                continue
+            src, dtype, dims = v, v.tensor.data_type, v.shape
+        else:
+            arr = t.values
+            if arr.dtype.kind in "OSU" or arr.nbytes <= EXTERNAL_THRESHOLD:
+                continue
+            src, dtype, dims = arr, onnx.helper.np_dtype_to_tensor_dtype(arr.dtype), arr.shape
+        weights[t.name] = src
+        swapped.append((t, v))
+        t._values = LazyValues(_stub(t.name, dtype, dims))
+    try:
+        model = to_model(graph, original)
+    finally:
+        for t, v in swapped:  # the graph stays as it was
+            t._values = v
+    return Exported(model, weights, source_dir)
+
+
+def to_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
+    """Export, keeping the original's model-level fields and only its value_info names."""
+    model = gs.export_onnx(graph, do_type_check=False)
+    model.ir_version = original.ir_version
+    graph_inputs = {i.name for i in model.graph.input}
+    if original.ir_version < 4 and any(t.name not in graph_inputs for t in model.graph.initializer):
+        # IR 3 requires every initializer to be a graph input; we treat weights as constants
+        # (dropping IR-3 weight inputs, adding folded initializers), which IR 4 allows.
+        model.ir_version = 4
+    # gs only knows the default domain's version: the original's opset list is the truth,
+    # plus any domain a pass introduced, and a default-domain bump a pass made.
+    added = [op for op in model.opset_import
+             if op.domain not in {o.domain for o in original.opset_import}]
+    opsets = [onnx.helper.make_opsetid(o.domain, max(o.version, graph.opset)
+                                       if o.domain in ("", "ai.onnx") else o.version)
+              for o in original.opset_import]
+    del model.opset_import[:]
+    model.opset_import.extend(opsets + added)
+    model.producer_name, model.producer_version = "rewrite", _version()
+    model.doc_string = original.doc_string
+    model.domain, model.model_version = original.domain, original.model_version
+    del model.metadata_props[:]
+    model.metadata_props.extend(original.metadata_props)
+    if not model.functions and original.functions:
+        model.functions.extend(original.functions)
+    model.graph.name = original.graph.name
+    keep_vi = {vi.name for vi in original.graph.value_info}
+    vis = [vi for vi in model.graph.value_info if vi.name in keep_vi]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(vis)
+    unique_node_names(model)
+    return model
+
+
+def upgrade_opset(graph: gs.Graph, original: onnx.ModelProto, base_dir, target: int
+                  ) -> tuple[gs.Graph, onnx.ModelProto]:
+    """The graph converted to default-domain opset ``target`` with onnx's version converter
+    (per-axis QuantizeLinear/DequantizeLinear need opset 13); (graph, new original)."""
+    model = export(graph, original, base_dir).materialize()
+    try:
+        converted = onnx.version_converter.convert_version(model, target)
+    except Exception as e:
+        raise InputError(f"cannot convert the model to opset {target}: {first_line(e)}") from None
+    new_original = onnx.ModelProto()
+    new_original.CopyFrom(original)
+    del new_original.opset_import[:]
+    new_original.opset_import.extend(converted.opset_import)
+    return to_graph(converted, base_dir), new_original
+
+
+def _version() -> str:
+    from .. import __version__
+    return __version__
+
+
+def copy_fields(src, dst, skip: str) -> None:
+    for fd, value in src.ListFields():
+        if fd.name == skip:
+            continue
+        repeated = getattr(fd, "is_repeated", None)  # protobuf >= 6 dropped .label
+        if repeated is None:
+            repeated = fd.label == fd.LABEL_REPEATED
+        if repeated:
+            getattr(dst, fd.name).extend(value)
+        elif fd.type == fd.TYPE_MESSAGE:
+            getattr(dst, fd.name).CopyFrom(value)
+        else:
+            setattr(dst, fd.name, value)
+
+
+def _subgraph_inputs(node: gs.Node) -> list[gs.Tensor]:
+    """Tensors a node's subgraphs read (outer-scope references included)."""
+    found: list[gs.Tensor] = []
+    for v in node.attrs.values():
+        graphs = [v] if isinstance(v, gs.Graph) else (
+            v if isinstance(v, list) and v and isinstance(v[0], gs.Graph) else [])
+        for sg in graphs:
+            for n in sg.nodes:
+                found.extend(n.inputs)
+                found.extend(_subgraph_inputs(n))
+    return found

@@ -1,0 +1,260 @@
+"""Graph utilities the passes and the rest share: one of each.
+
+Protobuf level: :func:`graph_protos` (a graph and every If/Loop/Scan body),
+:func:`iter_model_tensors`, :func:`node_id` (the one node label), :func:`weight_free_copy`
+(the one copy without weight bytes), node-name dedupe, :func:`copy_fields`. onnx-graphsurgeon
+level: :func:`iter_graphs`, :func:`toposort`, :class:`Namer` (fresh names),
+:func:`set_values` and :func:`own_constant` (copy a shared constant before editing it).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+# onnx-graphsurgeon prints its warnings on *stdout* (e.g. a multi-line dump of every pair of
+# nodes sharing a name): that breaks `-q` and one-line errors. Its errors still raise.
+gs.logger.G_LOGGER.severity = max(gs.logger.G_LOGGER.severity, gs.logger.G_LOGGER.ERROR)
+
+
+def node_id(node) -> str:
+    """The one node label: its name, else its first output's name (ONNX node names may be
+    empty), else ``<OpType>``. Works on onnx-graphsurgeon and protobuf nodes alike; plans,
+    reports and the MIGraphX check all name nodes by it."""
+    name = getattr(node, "name", "") or ""
+    if name:
+        return name
+    outs = node.outputs if hasattr(node, "outputs") else node.output
+    for o in outs:
+        o = getattr(o, "name", o)
+        if o:
+            return o
+    return f"<{getattr(node, 'op', None) or node.op_type}>"
+
+
+def iter_model_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Initializers and Constant-node tensors of a graph and all its subgraphs."""
+    yield from graph.initializer
+    for sp in graph.sparse_initializer:
+        yield sp.values
+    for node in graph.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                yield a.t
+            elif a.type == onnx.AttributeProto.GRAPH:
+                yield from iter_model_tensors(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for sg in a.graphs:
+                    yield from iter_model_tensors(sg)
+
+
+def iter_graphs(graph: gs.Graph) -> Iterator[gs.Graph]:
+    """The graph and every subgraph (If/Loop/Scan bodies), outermost first."""
+    yield graph
+    for node in graph.nodes:
+        for v in node.attrs.values():
+            if isinstance(v, gs.Graph):
+                yield from iter_graphs(v)
+            elif isinstance(v, list) and v and isinstance(v[0], gs.Graph):
+                for sg in v:
+                    yield from iter_graphs(sg)
+
+
+def tensor_nbytes(t: onnx.TensorProto) -> int:
+    """Data size from dims and dtype: no copy (reading raw_data would copy the bytes)."""
+    if t.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
+        return 0
+    try:
+        item = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    except Exception:
+        return 0
+    return int(np.prod(t.dims, dtype=np.int64)) * item
+
+
+def weight_free_copy(model: onnx.ModelProto, for_checker: bool = False) -> onnx.ModelProto:
+    """A copy of ``model`` whose big top-level initializers carry no data.
+
+    For shape inference they keep their dims (declared external, with no file: inference
+    reads dims only); for onnx.checker they become empty tensors (dims [0]), since the
+    checker would look for an external file. Weights are never copied or serialised.
+    """
+    stub = onnx.ModelProto()
+    copy_fields(model, stub, "graph")
+    copy_fields(model.graph, stub.graph, "initializer")
+    for t in model.graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL and (
+                tensor_nbytes(t) <= 4096 or (for_checker and not t.HasField("raw_data"))):
+            # (typed-field data, float_data etc., is rare for big tensors: the checker
+            # validates its count)
+            stub.graph.initializer.add().CopyFrom(t)
+            continue
+        s = stub.graph.initializer.add(name=t.name, data_type=t.data_type)
+        if for_checker:
+            s.dims.append(0)
+        else:
+            s.dims.extend(t.dims)
+            s.data_location = onnx.TensorProto.EXTERNAL
+            s.external_data.add(key="location", value="__stub__")
+    return stub
+
+
+def graph_protos(g: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    yield g
+    for n in g.node:
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                yield from graph_protos(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for sg in a.graphs:
+                    yield from graph_protos(sg)
+
+
+def duplicate_node_names(model: onnx.ModelProto) -> bool:
+    """Does any graph have two nodes with one (non-empty) name? onnxruntime refuses those."""
+    for g in graph_protos(model.graph):
+        names = [n.name for n in g.node if n.name]
+        if len(names) != len(set(names)):
+            return True
+    return False
+
+
+def unique_node_names(model: onnx.ModelProto) -> int:
+    """Rename the second and later nodes sharing a name within a graph (``name_1`` ...).
+
+    ONNX only says node names are for diagnostics, but onnxruntime refuses a graph with two
+    nodes of one name. The first keeps its name (plans name nodes). Returns how many changed.
+    """
+    changed = 0
+    for g in graph_protos(model.graph):
+        names = [n.name for n in g.node if n.name]
+        if len(names) == len(set(names)):
+            continue
+        used, seen = set(names), set()
+        for n in g.node:
+            if not n.name:
+                continue
+            if n.name in seen:
+                i = 1
+                while f"{n.name}_{i}" in used:
+                    i += 1
+                n.name = f"{n.name}_{i}"
+                used.add(n.name)
+                changed += 1
+            seen.add(n.name)
+    return changed
+
+
+def toposort(graph: gs.Graph) -> None:
+    """Stable topological sort of a graph and its subgraphs.
+
+    Nodes keep their original order wherever the data flow allows it (Kahn's algorithm
+    with the old index as priority): outputs stay readable, diffs small and deterministic.
+    A subgraph's outer-scope reads count as inputs of the node that owns it.
+    """
+    import heapq
+
+    for g in iter_graphs(graph):
+        nodes = g.nodes
+        index = {id(n): i for i, n in enumerate(nodes)}
+        producer = {}
+        for n in nodes:
+            for t in n.outputs:
+                producer[id(t)] = n
+        consumers: dict[int, list[int]] = {}
+        indeg = [0] * len(nodes)
+        for i, n in enumerate(nodes):
+            deps = set()
+            for t in list(n.inputs) + _subgraph_inputs(n):
+                p = producer.get(id(t))
+                if p is not None and p is not n:
+                    deps.add(index[id(p)])
+            indeg[i] = len(deps)
+            for d in deps:
+                consumers.setdefault(d, []).append(i)
+        ready = [i for i, d in enumerate(indeg) if d == 0]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            i = heapq.heappop(ready)
+            order.append(i)
+            for c in consumers.get(i, ()):
+                indeg[c] -= 1
+                if indeg[c] == 0:
+                    heapq.heappush(ready, c)
+        if len(order) != len(nodes):
+            from .errors import InputError
+            raise InputError(f"graph '{g.name}' has a cycle")
+        g.nodes = [nodes[i] for i in order]
+
+
+class Namer:
+    """Fresh, unique tensor/node names for one graph and its subgraphs.
+
+    Two new tensors with one name would export as one and give silently wrong numbers, so
+    every name a pass invents comes from here.
+    """
+
+    def __init__(self, graph: gs.Graph):
+        self.used: set[str] = set()
+        for g in iter_graphs(graph):
+            self.used.update(g.tensors().keys())
+            self.used.update(n.name for n in g.nodes if n.name)
+
+    def __call__(self, base: str) -> str:
+        base = base or "t"
+        name, i = base, 0
+        while name in self.used:
+            i += 1
+            name = f"{base}_{i}"
+        self.used.add(name)
+        return name
+
+
+def set_values(t: gs.Constant, values: np.ndarray) -> None:
+    """Replace a constant's values (and dtype). Graph.copy() pins export_dtype to the old
+    dtype, which would make the exporter refuse a new one."""
+    t.values = values
+    t._export_dtype = None
+
+
+def varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def copy_fields(src, dst, skip: str) -> None:
+    for fd, value in src.ListFields():
+        if fd.name == skip:
+            continue
+        repeated = getattr(fd, "is_repeated", None)  # protobuf >= 6 dropped .label
+        if repeated is None:
+            repeated = fd.label == fd.LABEL_REPEATED
+        if repeated:
+            getattr(dst, fd.name).extend(value)
+        elif fd.type == fd.TYPE_MESSAGE:
+            getattr(dst, fd.name).CopyFrom(value)
+        else:
+            setattr(dst, fd.name, value)
+
+
+def _subgraph_inputs(node: gs.Node) -> list[gs.Tensor]:
+    """Tensors a node's subgraphs read (outer-scope references included)."""
+    found: list[gs.Tensor] = []
+    for v in node.attrs.values():
+        graphs = [v] if isinstance(v, gs.Graph) else (
+            v if isinstance(v, list) and v and isinstance(v[0], gs.Graph) else [])
+        for sg in graphs:
+            for n in sg.nodes:
+                found.extend(n.inputs)
+                found.extend(_subgraph_inputs(n))
+    return found

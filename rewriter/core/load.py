@@ -1,0 +1,270 @@
+"""Reading untrusted model files: one :class:`InputError` line for anything wrong.
+
+:func:`load` reads a model *without* its external weights, validates every external-data
+reference (no path outside the model's folder, no symlink out, file present and long
+enough, length matching dims x dtype), refuses what onnx's checker lets through but breaks
+later (invalid UTF-8 in any string, unknown data types, raw data of the wrong size), and
+runs the checker on a weight-free copy. :class:`ExternalValues` reads a validated external
+tensor memory-mapped.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import onnx
+from onnx_graphsurgeon.ir.tensor import LazyValues
+
+from .errors import InputError
+from .graph import copy_fields, iter_model_tensors, varint, weight_free_copy
+
+
+class ExternalValues(LazyValues):
+    """Lazily loaded values of a tensor stored in an external data file.
+
+    onnx-graphsurgeon's own LazyValues would resolve the location against the working
+    directory; this one reads from the validated absolute path, memory-mapped so an
+    untouched weight costs no memory and a read one costs one copy at most.
+    """
+
+    def __init__(self, tensor: onnx.TensorProto, path: str, offset: int, length: int):
+        super().__init__(tensor)
+        self.path, self.offset, self.length = path, offset, length
+
+    def load(self) -> np.ndarray:
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(self.tensor.data_type)
+        count = int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        if count * dtype.itemsize != self.length:
+            raise InputError(
+                f"external data for '{self.tensor.name}' has {self.length} bytes, "
+                f"its shape needs {count * dtype.itemsize}"
+            )
+        if count == 0:
+            return np.zeros(self.shape, dtype=dtype)
+        arr = np.memmap(self.path, dtype=dtype, mode="r", offset=self.offset, shape=(count,))
+        return arr.reshape(self.shape)
+
+    def raw_chunks(self, chunk: int = 64 << 20) -> Iterator[bytes]:
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            left = self.length
+            while left:
+                b = f.read(min(chunk, left))
+                if not b:
+                    raise InputError(f"external data file {self.path} is shorter than declared")
+                left -= len(b)
+                yield b
+
+def _external_info(t: onnx.TensorProto) -> dict[str, str]:
+    return {e.key: e.value for e in t.external_data}
+
+
+def resolve_external(t: onnx.TensorProto, base_dir: Path) -> tuple[str, int, int]:
+    """Validated (absolute path, offset, length) of an external tensor, or InputError."""
+    info = _external_info(t)
+    loc = info.get("location", "")
+    if not loc:
+        raise InputError(f"tensor '{t.name}' is marked external but names no location")
+    if os.path.isabs(loc) or loc.startswith(("/", "\\")) or ":" in loc.split("/")[0]:
+        raise InputError(f"tensor '{t.name}': external data location '{loc}' is absolute; refused")
+    base = os.path.realpath(base_dir)
+    path = os.path.realpath(os.path.join(base, loc))
+    if os.path.commonpath([base, path]) != base:
+        raise InputError(
+            f"tensor '{t.name}': external data location '{loc}' points outside the model's "
+            "folder; refused"
+        )
+    if not os.path.isfile(path):
+        raise InputError(f"tensor '{t.name}': external data file '{loc}' is missing")
+    try:
+        offset = int(info.get("offset", 0))
+        size = os.path.getsize(path)
+        length = int(info["length"]) if "length" in info else size - offset
+    except ValueError as e:
+        raise InputError(f"tensor '{t.name}': bad external data offset/length ({e})") from None
+    need = _data_bytes(t)
+    if need is not None:
+        if "length" not in info:
+            length = need  # "rest of the file" may hold other tensors after this one
+        elif length != need:
+            raise InputError(f"tensor '{t.name}': external data length {length} does not match "
+                             f"its shape {list(t.dims)} ({need} bytes)")
+    if offset < 0 or length < 0 or offset + length > size:
+        raise InputError(
+            f"tensor '{t.name}': external data '{loc}' is too short "
+            f"(needs bytes {offset}..{offset + length}, file has {size})"
+        )
+    return path, offset, length
+
+
+def _data_bytes(t: onnx.TensorProto) -> int | None:
+    """Bytes a fixed-size tensor's raw data takes (None for strings and unknown types)."""
+    try:
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(t.data_type)
+    except Exception:  # noqa: BLE001 - unknown or undefined data type
+        return None
+    if dtype.kind in "OSU":
+        return None
+    n = 1
+    for d in t.dims:
+        if d < 0:
+            return None  # the checker reports negative dims with its own message
+        n *= d
+    bits = {getattr(onnx.TensorProto, k): b for k, b in SUB_BYTE.items()
+            if hasattr(onnx.TensorProto, k)}.get(t.data_type)
+    return (n * bits + 7) // 8 if bits else n * dtype.itemsize
+
+
+# Packed types: several elements per byte in raw data (numpy holds one per byte).
+SUB_BYTE = {"INT4": 4, "UINT4": 4, "FLOAT4E2M1": 4, "INT2": 2, "UINT2": 2}
+
+
+def load_model(path: str | os.PathLike, check: bool = True) -> onnx.ModelProto:
+    """Load a model file without its external data, validated; InputError on any problem."""
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{p}: no such file")
+    if not p.is_file():
+        raise InputError(f"{p}: not a file")
+    try:
+        model = onnx.load_model(str(p), load_external_data=False)
+    except Exception as e:  # DecodeError, RuntimeWarning from protobuf, OSError ...
+        raise InputError(f"{p}: not a readable ONNX model ({type(e).__name__}: {first_line(e)})") from None
+    if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
+        raise InputError(f"{p}: not an ONNX model (no graph; truncated or another file type?)")
+    bad = _bad_text_or_type(model)  # before reading external_data entries
+    if bad:
+        raise InputError(f"{p}: {bad}")
+    for t in iter_model_tensors(model.graph):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            resolve_external(t, p.parent)
+    if check:
+        validate_model(model, str(p))
+    return model
+
+
+_DATA_TYPES = frozenset(onnx.TensorProto.DataType.values())
+
+
+def _bad_text_or_type(model: onnx.ModelProto) -> str | None:
+    """What onnx.checker lets through but breaks later, as a message, or None.
+
+    protobuf does not validate proto2 strings: a name (or dim_param, location, doc string
+    ...) with invalid UTF-8 reads back as bytes and fails when written into a new proto.
+    The checker does not check a tensor's data_type against the enum either
+    (onnx-graphsurgeon then fails with a KeyError). Every string field of the model is
+    visited; tensor data is not (reading raw_data would copy it).
+    """
+    def text(values):
+        for v in values:
+            if isinstance(v, bytes):
+                return f"a name or string is not valid UTF-8 ({v[:40]!r})"
+        return None
+
+    def tensor(t):
+        if t.data_type not in _DATA_TYPES or t.data_type == onnx.TensorProto.UNDEFINED:
+            return f"tensor {t.name!r} has an unknown data type {t.data_type}"
+        return text([t.name, t.doc_string]
+                    + [x for e in t.external_data for x in (e.key, e.value)])
+
+    def walk(msg):
+        if isinstance(msg, onnx.TensorProto):
+            return tensor(msg)
+        for fd, value in msg.ListFields():
+            repeated = getattr(fd, "is_repeated", None)
+            if repeated is None:
+                repeated = fd.label == fd.LABEL_REPEATED
+            values = value if repeated else [value]
+            if fd.type == fd.TYPE_STRING:
+                bad = text(values)
+            elif fd.type == fd.TYPE_MESSAGE:
+                bad = None
+                for v in values:
+                    bad = bad or walk(v)
+            elif fd.name == "elem_type" and isinstance(msg, onnx.TypeProto.Tensor):
+                bad = (None if value in _DATA_TYPES else
+                       f"a value has an unknown element type {value}")
+            else:
+                bad = None
+            if bad:
+                return bad
+        return None
+
+    return walk(model)
+
+
+def first_line(e: BaseException) -> str:
+    # onnx.checker spreads one message over lines ("input 'x' of node:\nname: ...\n is not
+    # output of any previous nodes."): keep all of it, as one line.
+    s = " ".join(str(e).split())
+    return s[:300] if s else type(e).__name__
+
+
+def validate_model(model: onnx.ModelProto, what: str = "model") -> None:
+    """onnx.checker on the structure (weights are not loaded, so this stays cheap).
+
+    External tensors are checked on a copy where they are empty: for a ModelProto, the
+    checker looks for external data files relative to the *working directory*, so a model
+    loaded from another folder would be refused. Their files were validated by
+    :func:`resolve_external` already (path inside the folder, file long enough).
+    """
+    bad = _bad_text_or_type(model)
+    if bad:
+        raise InputError(f"{what}: {bad}")
+    # The structure is what is checked: serialising the weights into the C++ checker would
+    # cost a copy of them (and external tensors would be looked up relative to the cwd).
+    # The checker then cannot see the stubbed tensors' sizes: those are checked here.
+    for t in model.graph.initializer:
+        bad = _size_problem(t)
+        if bad:
+            raise InputError(f"{what}: {bad}")
+    model = weight_free_copy(model, for_checker=True)
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in iter_model_tensors(model.graph)):
+        model = _structure_only(model)
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as e:
+        raise InputError(f"{what}: onnx.checker rejects it: {first_line(e)}") from None
+    except Exception as e:  # e.g. protobuf size errors
+        raise InputError(f"{what}: cannot be checked: {first_line(e)}") from None
+
+
+def _size_problem(t: onnx.TensorProto) -> str | None:
+    """Negative dims, or inline raw data whose length disagrees with dims x dtype."""
+    if any(d < 0 for d in t.dims):
+        return f"tensor {t.name!r} has a negative dimension {list(t.dims)}"
+    if t.data_location == onnx.TensorProto.EXTERNAL or not t.HasField("raw_data"):
+        return None  # external: resolve_external checks it; typed fields: the checker does
+    need = _data_bytes(t)
+    have = _raw_len(t)
+    if need is not None and have != need:
+        return (f"tensor {t.name!r} has {have} bytes of data, its shape {list(t.dims)} "
+                f"needs {need}")
+    return None
+
+
+def _raw_len(t: onnx.TensorProto) -> int:
+    """len(t.raw_data) without reading it (reading copies the bytes): from the sizes."""
+    head = onnx.TensorProto()
+    copy_fields(t, head, "raw_data")
+    rest = t.ByteSize() - head.ByteSize() - 1  # minus raw_data's tag byte
+    for k in range(1, 11):  # the length varint takes k bytes
+        if len(varint(rest - k)) == k:
+            return rest - k
+    return -1
+
+
+def _structure_only(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy whose external tensors are empty (dims [0]); the model proto is small then."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for t in iter_model_tensors(m.graph):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            del t.external_data[:]
+            t.data_location = onnx.TensorProto.DEFAULT
+            del t.dims[:]
+            t.dims.append(0)
+    return m

@@ -1,0 +1,49 @@
+"""The one door to onnxruntime's calibration internals.
+
+Range collection uses onnxruntime's histogram code (``HistogramCollector`` in
+``onnxruntime.quantization.calibrate``) rather than a copy of it: the same histograms and
+the same KL threshold search that ``quantize_static`` uses. Those are not a public API, so
+everything that touches them is here, and tests/quant/test_ort_calibration.py pins what
+they do (bin edges, merging across batches, the entropy threshold of a known
+distribution), so an onnxruntime release that changes them fails a test instead of
+silently moving every calibrated scale.
+
+Used as-is: ``collect_absolute_value`` / ``collect_value`` (what the public ``collect()``
+dispatches to; it prints on every call), ``histogram_dict`` (name -> (hist, edges, min,
+max[, threshold])), ``get_entropy_threshold(histogram, num_quantized_bins)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class Histograms:
+    """Per-tensor histograms of |x| (``percentile``) or of signed x (``entropy``)."""
+
+    def __init__(self, method: str, num_bins: int, percentile: float,
+                 num_quantized_bins: int):
+        from onnxruntime.quantization.calibrate import HistogramCollector
+
+        if method not in ("percentile", "entropy"):
+            raise ValueError(f"no histogram for method {method!r}")
+        self.method, self.num_quantized_bins = method, num_quantized_bins
+        self._c = HistogramCollector(method=method, symmetric=True, num_bins=num_bins,
+                                     num_quantized_bins=num_quantized_bins,
+                                     percentile=percentile, scenario="same")
+
+    def add(self, name: str, values: np.ndarray) -> None:
+        """Fold float32 ``values`` (finite, non-empty) into ``name``'s histogram."""
+        if self.method == "percentile":
+            self._c.collect_absolute_value({name: values})
+        else:
+            self._c.collect_value({name: values})
+
+    def pop(self, name: str):
+        """(hist, edges, ...) of ``name``, removed (frees its memory); None if it has none."""
+        return self._c.histogram_dict.pop(name, None)
+
+    def entropy_threshold(self, histogram: tuple) -> tuple[float, float]:
+        """onnxruntime's KL search over a signed histogram: (low, high) clip values."""
+        lo, hi = self._c.get_entropy_threshold(histogram, self.num_quantized_bins)
+        return float(lo), float(hi)

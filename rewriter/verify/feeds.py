@@ -1,0 +1,108 @@
+"""Inputs for verification: shapes from --input-shape, seeded random feeds, user files."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+
+from rewriter.core.errors import InputError
+
+
+def parse_shape_args(items: list[str] | None) -> dict[str, list[int]]:
+    """``name:1x3x224x224`` (repeatable) -> {name: [1, 3, 224, 224]}; bare ``1x3x..`` means
+    the first input, stored under the key ``''``."""
+    out: dict[str, list[int]] = {}
+    for item in items or []:
+        name, _, dims = item.rpartition(":")
+        try:
+            shape = [int(d) for d in dims.lower().split("x")]
+        except ValueError:
+            raise InputError(f"--input-shape '{item}': expected name:1x3x224x224") from None
+        if any(d <= 0 for d in shape):
+            raise InputError(f"--input-shape '{item}': dims must be positive")
+        out[name] = shape
+    return out
+
+
+def real_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """Graph inputs that are not initializers (old IR lists weights as inputs too)."""
+    inits = {t.name for t in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in inits]
+
+
+def input_shape(vi: onnx.ValueInfoProto, shapes: dict[str, list[int]], default: int = 1
+                ) -> list[int]:
+    tt = vi.type.tensor_type
+    if vi.name in shapes:
+        return shapes[vi.name]
+    dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+            for d in tt.shape.dim]
+    # A user's bare `1x3x224x224` applies to a single input.
+    if "" in shapes and len(shapes[""]) == len(dims):
+        return shapes[""]
+    return [d if d is not None else default for d in dims]
+
+
+# Random inputs beyond this (all inputs together) are refused: a declared batch of 10^6
+# makes a verification run that takes minutes and gigabytes (found by tools/fuzz.py).
+# Users with such inputs pass --input-shape or their own --inputs (not limited).
+MAX_FEED_BYTES = 64 << 20
+
+
+def make_feeds(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = None,
+               seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded random inputs: N(0,1) floats, small non-negative integers, random bools.
+
+    Integer inputs are often indices or lengths, so they get values in [0, 4).
+    """
+    rng = np.random.default_rng(seed)
+    shapes = shapes or {}
+    unknown = set(shapes) - {i.name for i in real_inputs(model)} - {""}
+    if unknown:
+        names = ", ".join(i.name for i in real_inputs(model))
+        raise InputError(f"--input-shape names unknown input(s) {sorted(unknown)}; inputs: {names}")
+    feeds = {}
+    total = 0.0
+    for vi in real_inputs(model):
+        if not vi.type.HasField("tensor_type"):
+            raise InputError(f"input '{vi.name}' is not a tensor; pass it with --inputs")
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+        shape = input_shape(vi, shapes)
+        # Declared dims can be absurd (2^40): refuse before numpy tries to allocate them.
+        total += float(np.prod([float(d) for d in shape])) * np.dtype(dtype).itemsize
+        if total > MAX_FEED_BYTES:
+            raise InputError(f"input '{vi.name}' of shape {shape} is too large for random "
+                             f"inputs (all inputs over {MAX_FEED_BYTES >> 20} MB); set smaller "
+                             "dims with --input-shape or pass --inputs")
+        if np.issubdtype(dtype, np.floating):
+            x = rng.standard_normal(shape).astype(dtype)
+        elif dtype == np.bool_:
+            x = rng.random(shape) < 0.5
+        elif np.issubdtype(dtype, np.integer):
+            x = rng.integers(0, 4, size=shape).astype(dtype)
+        else:
+            raise InputError(f"input '{vi.name}' has dtype {dtype}; pass it with --inputs")
+        feeds[vi.name] = x
+    return feeds
+
+
+def load_inputs(path: str | os.PathLike, model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Inputs from an .npz (keys = input names) or an .npy (single-input models)."""
+    names = [i.name for i in real_inputs(model)]
+    try:
+        if str(path).endswith(".npy"):
+            if len(names) != 1:
+                raise InputError(f"{path}: an .npy file needs a single-input model; inputs: {names}")
+            return {names[0]: np.load(path, allow_pickle=False)}
+        with np.load(path, allow_pickle=False) as z:
+            feeds = {k: z[k] for k in z.files}
+    except InputError:
+        raise
+    except Exception as e:
+        raise InputError(f"{path}: cannot read inputs ({type(e).__name__}: {e})") from None
+    missing = [n for n in names if n not in feeds]
+    if missing:
+        raise InputError(f"{path}: missing input(s) {missing}; has {sorted(feeds)}")
+    return {n: feeds[n] for n in names}

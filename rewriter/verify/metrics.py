@@ -1,0 +1,124 @@
+"""Error metrics and tolerances: the one place outputs are compared.
+
+The reference is the *original* model in onnxruntime with graph optimisations disabled,
+run once; every candidate (after each pass that changed the graph, and the final model) runs
+on the same inputs. Per output we report:
+
+* ``max_abs``: max |ref - out|
+* ``max_rel``: max_abs / max |ref|, the error relative to the output's range (an
+  element-wise relative error explodes near zero and says nothing useful)
+* ``cosine``: cosine similarity of the flattened outputs
+* ``mismatch``: share of differing elements, for integer and bool outputs
+
+Tolerances depend on the pass's :class:`Numerics`: EXACT and CLOSE differ only by float
+re-association, so ``max_rel`` must stay at float32 rounding level (1e-5 and 1e-4 times a
+depth allowance) and cosine near 1; an output whose values are all below 1e-3 (a saturated
+sigmoid tail) is judged by absolute error instead (1e-6). LOSSY passes are judged by the
+plan's thresholds: cosine, SQNR and top-1 agreement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from rewriter.core.pass_base import Numerics
+
+TOLERANCE = {Numerics.EXACT: 1e-5, Numerics.CLOSE: 1e-4}
+MIN_COSINE = {Numerics.EXACT: 0.99999, Numerics.CLOSE: 0.9999}
+
+
+@dataclass
+class OutputMetrics:
+    name: str
+    shape_ok: bool
+    max_abs: float
+    max_rel: float
+    cosine: float
+    mismatch: float
+    ok: bool = True
+    integer: bool = False
+    sqnr_db: float = float("inf")
+    top1: float | None = None  # argmax agreement over the last axis, for classifier outputs
+    ref_max: float = 0.0       # max |reference|, the scale max_rel is relative to
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def compare(name: str, ref: np.ndarray, out: np.ndarray) -> OutputMetrics:
+    ref, out = np.asarray(ref), np.asarray(out)
+    if ref.shape != out.shape or ref.dtype != out.dtype:
+        return OutputMetrics(name, False, float("inf"), float("inf"), 0.0, 1.0, ok=False)
+    if ref.size == 0:
+        return OutputMetrics(name, True, 0.0, 0.0, 1.0, 0.0)
+    if not np.issubdtype(ref.dtype, np.floating):
+        mism = float(np.mean(ref != out))
+        return OutputMetrics(name, True, float(mism > 0), float(mism > 0), 1.0 - mism, mism,
+                             integer=True)
+    r, o = ref.astype(np.float64).ravel(), out.astype(np.float64).ravel()
+    nan_r, nan_o = np.isnan(r), np.isnan(o)
+    if (nan_r != nan_o).any():
+        return OutputMetrics(name, True, float("inf"), float("inf"), 0.0,
+                             float(np.mean(nan_r != nan_o)), ok=False)
+    fin = ~nan_r
+    r, o = r[fin], o[fin]
+    # Infinities must agree exactly; compare the finite rest.
+    inf_r = np.isinf(r)
+    if (r[inf_r] != o[inf_r]).any() or np.isinf(o[~inf_r]).any():
+        return OutputMetrics(name, True, float("inf"), float("inf"), 0.0, 0.0, ok=False)
+    r, o = r[~inf_r], o[~inf_r]
+    if r.size == 0:
+        return OutputMetrics(name, True, 0.0, 0.0, 1.0, 0.0)
+    diff = np.abs(r - o)
+    max_abs = float(diff.max())
+    scale = float(np.abs(r).max())
+    max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
+    nr, no = float(np.linalg.norm(r)), float(np.linalg.norm(o))
+    if nr == 0 and no == 0:
+        cos = 1.0
+    elif nr == 0 or no == 0:
+        cos = 0.0
+    else:
+        cos = float(np.dot(r, o) / (nr * no))
+    noise = float(np.sum((r - o) ** 2))
+    sqnr = float("inf") if noise == 0 else 10.0 * np.log10(max(float(np.sum(r * r)), 1e-300) / noise)
+    top1 = None
+    if ref.ndim >= 2 and ref.shape[-1] > 1 and np.isfinite(ref).all() and np.isfinite(out).all():
+        top1 = float(np.mean(np.argmax(ref, axis=-1) == np.argmax(out, axis=-1)))
+    return OutputMetrics(name, True, max_abs, max_rel, cos, float(np.mean(diff > 0)),
+                         sqnr_db=sqnr, top1=top1, ref_max=scale)
+
+
+TINY_OUTPUT = 1e-3
+ABS_FLOOR = 1e-6
+LOSSY_DEFAULT = {"min_cosine": 0.99, "min_top1": 0.99, "min_sqnr_db": 15.0}
+
+
+def judge(m: OutputMetrics, numerics: Numerics, depth: int = 1,
+          lossy: dict | None = None) -> bool:
+    """Within tolerance for a chain of ``depth`` rewrites of this kind?
+
+    LOSSY (reduced precision) is judged by the plan's thresholds: cosine, SQNR and, for
+    classifier-shaped outputs, top-1 agreement.
+    """
+    if not m.shape_ok:
+        return False
+    if numerics is Numerics.LOSSY:
+        t = dict(LOSSY_DEFAULT, **(lossy or {}))
+        if m.integer:
+            return 1.0 - m.mismatch >= t["min_top1"]
+        ok = m.cosine >= t["min_cosine"] and m.sqnr_db >= t["min_sqnr_db"]
+        return ok and (m.top1 is None or m.top1 >= t["min_top1"])
+    tol = TOLERANCE[numerics] * max(1, depth) ** 0.5
+    if m.ref_max < TINY_OUTPUT:
+        # All values tiny (a saturated sigmoid/softmax tail, e^-x): rounding-level changes
+        # before the last nonlinearity show up as large *relative* errors here, so such an
+        # output is judged by absolute error, a few float32 ulps of 1.0.
+        return m.max_abs <= ABS_FLOOR * max(1, depth) ** 0.5
+    if m.integer:
+        # Integer outputs (ArgMax, TopK indices): a few flips are float ties going the
+        # other way after re-association.
+        return m.mismatch <= 0.01
+    return m.max_rel <= tol and m.cosine >= MIN_COSINE[numerics]

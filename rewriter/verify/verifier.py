@@ -1,0 +1,121 @@
+"""The verifier: the original runs once in onnxruntime, candidates are compared against it."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from rewriter.core import ort
+from rewriter.core.errors import InputError
+from rewriter.core.graph import duplicate_node_names, unique_node_names
+from rewriter.core.pass_base import Numerics
+from rewriter.verify.metrics import OutputMetrics, compare, judge
+
+
+class Verifier:
+    """Runs the original once, then compares candidates against it, output by output.
+
+    ``feeds`` is one input dict or a list of them (e.g. held-out calibration samples);
+    outputs of several sets are concatenated along the batch axis before comparing.
+    """
+
+    def __init__(self, original: onnx.ModelProto, base_dir, feeds,
+                 path: str | None = None, lossy: dict | None = None):
+        
+        self.backend = ort
+        self.feed_sets = feeds if isinstance(feeds, list) else [feeds]
+        self.lossy = lossy
+        self.output_names = [o.name for o in original.graph.output]
+        if duplicate_node_names(original):
+            # onnxruntime refuses two nodes of one name; the rewrite renames them (the
+            # output loads), so the reference runs a renamed copy.
+            renamed = onnx.ModelProto()
+            renamed.CopyFrom(original)
+            unique_node_names(renamed)
+            original, path = renamed, None
+        try:
+            # From the file when there is one: onnxruntime reads it without a protobuf copy.
+            sess = ort.session(path) if path else ort.session(original, base_dir)
+        except Exception as e:
+            raise InputError(f"onnxruntime cannot load the original model: {_line(e)}") from None
+        try:
+            self.reference = _stack([ort.run(sess, f) for f in self.feed_sets])
+        except Exception as e:
+            raise InputError(f"onnxruntime cannot run the original model on these inputs: "
+                             f"{_line(e)} (set shapes with --input-shape or pass --inputs)") from None
+
+    def check(self, exported, numerics: Numerics, depth: int = 1) -> list[OutputMetrics]:
+        """Compare an :class:`rewriter.core.convert.Exported` model with the reference."""
+        model = exported.model
+        sess = self.backend.session(model, exported.source_dir,
+                                    initializers=exported.ort_initializers())
+        names = [o.name for o in model.graph.output]
+        if names != self.output_names:
+            return [OutputMetrics(n, False, float("inf"), float("inf"), 0.0, 1.0, ok=False)
+                    for n in self.output_names]
+        outs = _stack([self.backend.run(sess, f) for f in self.feed_sets])
+        metrics = []
+        for name, r, o in zip(names, self.reference, outs):
+            m = compare(name, r, o)
+            m.ok = m.ok and judge(m, numerics, depth, self.lossy)
+            metrics.append(m)
+        return metrics
+
+
+def _stack(runs: list[list[np.ndarray]]) -> list[np.ndarray]:
+    """Per output, the runs concatenated on axis 0 (flattened if shapes disagree)."""
+    if len(runs) == 1:
+        return runs[0]
+    out = []
+    for arrays in zip(*runs):
+        try:
+            out.append(np.concatenate([np.asarray(a) for a in arrays], axis=0))
+        except ValueError:
+            out.append(np.concatenate([np.asarray(a).ravel() for a in arrays]))
+    return out
+
+
+def _line(e: BaseException) -> str:
+    s = str(e).strip().splitlines()
+    return (s[0] if s else type(e).__name__)[:300]
+
+
+def layer_divergence(ref_exp, new_exp, names: list[str], feed_sets: list[dict],
+                     min_cosine: float, labels: dict[str, str] | None = None,
+                     chunk: int = 32) -> str | None:
+    """First of ``names`` (in order) whose values in ``new_exp`` fall below ``min_cosine``
+    against ``ref_exp``; compared ``chunk`` tensors at a time, so two full copies of every
+    activation are never held. Returns the layer label and its cosine, or None."""
+    def augmented(exp, chunk_names):
+        m = onnx.ModelProto()
+        m.CopyFrom(exp.model)
+        have = {o.name for o in m.graph.output}
+        produced = {o for n in m.graph.node for o in n.output}
+        for n in chunk_names:
+            if n not in have and n in produced:
+                m.graph.output.append(onnx.ValueInfoProto(name=n))
+        return m
+
+    for i in range(0, len(names), chunk):
+        part = names[i:i + chunk]
+        results = []
+        for exp in (ref_exp, new_exp):
+            m = augmented(exp, part)
+            outs = [o.name for o in m.graph.output]
+            sess = ort.session(m, exp.source_dir, initializers=exp.ort_initializers())
+            want = [n for n in part if n in outs]
+            vals = {n: [] for n in want}
+            for f in feed_sets:
+                for n, v in zip(want, ort.run(sess, f, want)):
+                    vals[n].append(np.asarray(v, np.float64).ravel())
+            results.append(vals)
+        for n in part:
+            if n in results[0] and n in results[1]:
+                a, b = np.concatenate(results[0][n]), np.concatenate(results[1][n])
+                if a.shape != b.shape:
+                    continue
+                na, nb = np.linalg.norm(a), np.linalg.norm(b)
+                cos = float(a @ b / (na * nb)) if na > 0 and nb > 0 else float(na == nb)
+                if cos < min_cosine:
+                    return f"{(labels or {}).get(n, n)} (cosine {cos:.5f})"
+    return None
