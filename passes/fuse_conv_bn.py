@@ -45,7 +45,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rewriter.core.graph import iter_graphs, set_values
+from rewriter.core.graph import iter_graphs, own_constant
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 CONVS = ("Conv", "ConvTranspose")
@@ -155,9 +155,9 @@ class FuseConvBn(Pass):
             res.skip("weights-near-overflow")
             self._keep.update(id(n) for n in absorbed)  # not as Mul+Add either
             return
-        _set_const(conv, 1, wv.astype(dtype), ctx)
+        own_constant(conv, 1, wv.astype(dtype), ctx.namer, "fused")
         if b is not None:
-            _set_const(conv, 2, bv.astype(dtype), ctx)
+            own_constant(conv, 2, bv.astype(dtype), ctx.namer, "fused")
         else:
             while len(conv.inputs) < 2:
                 conv.inputs.append(gs.Variable(""))
@@ -286,15 +286,6 @@ def _channel_affine(node, y, k, rank):
     if node.op == "Add":
         return (np.ones(k), vec), None
     return (np.ones(k), -vec), None
-
-
-def _set_const(node, idx, values, ctx):
-    """Give input ``idx`` new values: in place if only this node uses it, else a copy."""
-    t = node.inputs[idx]
-    if len(t.outputs) == 1 and not t.inputs:
-        set_values(t, values)
-    else:
-        node.inputs[idx] = gs.Constant(ctx.namer(f"{t.name}_fused"), values)
 
 
 def _count_pairs(g) -> int:

@@ -103,7 +103,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from rewriter.core.errors import InputError
-from rewriter.core.graph import Namer, iter_graphs
+from rewriter.core.graph import Namer, iter_graphs, own_constant
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 MULTIPLES = (4, 8, 16, 32)
@@ -744,13 +744,13 @@ class _GraphPadder:
         opset = g.opset
         # conv weights
         for node, w, b, group in self.convs:
-            _replace_const(node, 1, w, namer, "padded")
+            own_constant(node, 1, w, namer, "padded")
             if b is not None:
-                _replace_const(node, 2, b, namer, "padded")
+                own_constant(node, 2, b, namer, "padded")
             if int(node.attrs.get("group", 1)) != group:
                 node.attrs["group"] = group
         for node, i, v in self.consts:
-            _replace_const(node, i, v.astype(np.asarray(node.inputs[i].values).dtype),
+            own_constant(node, i, v.astype(np.asarray(node.inputs[i].values).dtype),
                            namer, "padded")
         # shapes of every tensor that now carries padding
         originals = {}
@@ -936,17 +936,6 @@ def _scatter(values: np.ndarray, lay: Layout, ax: int, fill: float) -> np.ndarra
     idx[ax] = np.asarray(lay.pos)
     out[tuple(idx)] = v
     return out
-
-
-def _replace_const(node, i, values, namer, tag) -> None:
-    """Give input ``i`` new values: in place if only this node reads it, else a copy."""
-    t = node.inputs[i]
-    sole = isinstance(t, gs.Constant) and len(t.outputs) == 1 and \
-        sum(x is t for x in node.inputs) == 1
-    if sole:
-        t.values = values
-    else:
-        node.inputs[i] = gs.Constant(namer(f"{t.name}_{tag}"), values)
 
 
 def _i64(namer, base, vals) -> gs.Constant:

@@ -17,6 +17,8 @@ import sys
 import traceback
 import warnings
 
+from rewriter.quant import METHODS
+
 EXIT_OK, EXIT_VERIFY, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 SUBCOMMANDS = ("check", "plan", "advise")
 
@@ -35,55 +37,66 @@ def build_parser() -> argparse.ArgumentParser:
         f"Subcommands: {', '.join(SUBCOMMANDS)} (see 'rewrite SUBCOMMAND -h')."))
     p.add_argument("model", nargs="?", help="input .onnx file (never modified)")
     p.add_argument("-o", "--output", help="output .onnx file (written atomically)")
-    p.add_argument("--passes", help="comma-separated pass names, run in this order "
-                   "(default: fold-constants,fuse-conv-bn)")
-    p.add_argument("--list-passes", action="store_true", help="list the passes and exit")
-    p.add_argument("--verify", action="store_true",
-                   help="compare outputs with the original in onnxruntime after every pass "
-                        "that changed the graph; exit 1 if a tolerance is exceeded")
-    p.add_argument("--inputs", metavar="FILE", help="inputs for --verify: .npz (keys = input "
-                   "names) or .npy (single-input models); default: seeded random inputs")
-    p.add_argument("--input-shape", action="append", metavar="NAME:DIMS",
-                   help="shape for an input with symbolic dims, e.g. input:1x3x224x224 "
-                        "(repeatable; symbolic dims default to 1)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--report", metavar="FILE", help="write the report as JSON")
-    p.add_argument("--fold-size-limit", type=int, metavar="BYTES", default=1 << 20,
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    p.add_argument("-v", "--verbose", action="store_true", help="tracebacks on errors")
+
+    g = p.add_argument_group("pipeline")
+    g.add_argument("--passes", help="comma-separated pass names, run in this order "
+                   "(default: fold-constants,fuse-conv-bn)")
+    g.add_argument("--list-passes", action="store_true", help="list the passes and exit")
+    g.add_argument("--fold-size-limit", type=int, metavar="BYTES", default=1 << 20,
                    help="fold-constants leaves results larger than this (and more than 2x "
                         "their inputs) as nodes unless they are weights (default 1 MiB)")
-    p.add_argument("--pad-multiple", type=int, choices=(4, 8, 16, 32), default=4,
-                   metavar="N", help="pad-channels: channel multiple, 4 (default), 8, 16 or 32")
-    p.add_argument("--pad-sides", choices=("in", "out", "both"), default="both",
-                   help="pad-channels: pad conv inputs, outputs or both (default both)")
-    p.add_argument("--pad-max-overhead", type=float, default=0.5, metavar="SHARE",
-                   help="pad-channels: skip a conv whose FLOPs or weight bytes would grow by "
-                        "more than this share (default 0.5 = +50%%)")
-    p.add_argument("--plan", metavar="PLAN",
+
+    g = p.add_argument_group("verification")
+    g.add_argument("--verify", action="store_true",
+                   help="compare outputs with the original in onnxruntime after every pass "
+                        "that changed the graph; exit 1 if a tolerance is exceeded")
+    g.add_argument("--inputs", metavar="FILE", help="inputs for --verify: .npz (keys = input "
+                   "names) or .npy (single-input models); default: seeded random inputs")
+    g.add_argument("--input-shape", action="append", metavar="NAME:DIMS",
+                   help="shape for an input with symbolic dims, e.g. input:1x3x224x224 "
+                        "(repeatable; symbolic dims default to 1)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+
+    g = p.add_argument_group("pad-channels")
+    g.add_argument("--pad-multiple", type=int, choices=(4, 8, 16, 32), default=4,
+                   metavar="N", help="channel multiple, 4 (default), 8, 16 or 32")
+    g.add_argument("--pad-sides", choices=("in", "out", "both"), default="both",
+                   help="pad conv inputs, outputs or both (default both)")
+    g.add_argument("--pad-max-overhead", type=float, default=0.5, metavar="SHARE",
+                   help="skip a conv whose FLOPs or weight bytes would grow by more than this "
+                        "share (default 0.5 = +50%%)")
+
+    g = p.add_argument_group("plan and calibration")
+    g.add_argument("--plan", metavar="PLAN",
                    help="mixed-precision plan: a YAML/JSON file, or built-in 'default' (first "
                         "and last conv + classifier FP16, the rest INT8), 'int8', 'fp16', or "
                         "'auto' (the planner chooses, see 'rewrite plan -h')")
-    p.add_argument("--calib", metavar="DIR",
+    g.add_argument("--calib", metavar="DIR",
                    help="calibration data for the plan's INT8 layers: .npy, .npz or images")
     _planner_args(p)
-    p.add_argument("--target", choices=("migraphx", "none"), default="migraphx",
-                   help="static check of the output against the target (default migraphx)")
-    p.add_argument("--backend", choices=("migraphx", "ort-migraphx"), default="migraphx",
-                   help="with --target migraphx: compile through MIGraphX's Python API "
-                        "(default) or ONNX Runtime's MIGraphX execution provider")
-    p.add_argument("--migraphx-target", choices=("auto", "gpu", "ref"), default="auto",
+
+    g = p.add_argument_group("MIGraphX")
+    g.add_argument("--target", choices=("migraphx", "none"), default="migraphx",
+                   help="check the output against MIGraphX and, where it is installed, "
+                        "compile and compare (default migraphx)")
+    g.add_argument("--backend", choices=("migraphx", "ort-migraphx"), default="migraphx",
+                   help="compile through MIGraphX's Python API (default) or ONNX Runtime's "
+                        "MIGraphX execution provider")
+    g.add_argument("--migraphx-target", choices=("auto", "gpu", "ref"), default="auto",
                    help="MIGraphX target to compile for: auto (default: gpu when the install "
                         "has it, else no compilation), gpu, or ref (its slow CPU reference)")
-    p.add_argument("--migraphx-version", metavar="X.Y",
+    g.add_argument("--migraphx-version", metavar="X.Y",
                    help="target MIGraphX version for the plan's INT8 weight form and the "
                         "static check (default: the installed one, else rules of both)")
-    p.add_argument("--migraphx-samples", type=int, default=8, metavar="N",
+    g.add_argument("--migraphx-samples", type=int, default=8, metavar="N",
                    help="plan models are judged on MIGraphX on up to N samples (default 8)")
-    p.add_argument("--save-mxr", metavar="FILE", help="save the compiled MIGraphX program")
-    p.add_argument("--require-backend", action="store_true",
+    g.add_argument("--save-mxr", metavar="FILE", help="save the compiled MIGraphX program")
+    g.add_argument("--require-backend", action="store_true",
                    help="fail (exit 2) when the backend is not installed, instead of "
                         "skipping compilation with a note")
-    p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
-    p.add_argument("-v", "--verbose", action="store_true", help="tracebacks on errors")
     return p
 
 
@@ -239,7 +252,7 @@ def _planner_args(p) -> None:
                    help="FP16 speed relative to FP32 (default 1.5, an assumption)")
     g.add_argument("--target-speedup", type=float, default=None,
                    help="report the INT8 FLOP share this speedup needs")
-    g.add_argument("--method", choices=("minmax", "percentile", "entropy"), default="percentile",
+    g.add_argument("--method", choices=METHODS, default="percentile",
                    help="calibration method (default percentile)")
     g.add_argument("--percentile", type=float, default=99.99, help="for percentile (99.99)")
     g.add_argument("--weights", choices=("per-channel", "per-tensor"), default="per-channel")

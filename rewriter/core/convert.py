@@ -33,10 +33,6 @@ def shape_info(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     empty stubs: no copy of the weights, and it works on models over 2 GB.
     """
     stub = weight_free_copy(model)
-    for t in stub.graph.initializer:
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            del t.external_data[:]
-            t.data_location = onnx.TensorProto.DEFAULT
     try:
         inferred = onnx.shape_inference.infer_shapes(stub, strict_mode=False, data_prop=True)
     except Exception:
@@ -107,10 +103,7 @@ class Exported:
 
     def checkable(self) -> onnx.ModelProto:
         """A copy onnx.checker accepts: stubs become empty tensors (structure only)."""
-        def empty(t):
-            del t.dims[:]
-            t.dims.append(0)
-        return self._copy_replacing_stubs(empty)
+        return weight_free_copy(self.model, keep_dims=False)
 
     def materialize(self) -> onnx.ModelProto:
         """The full ModelProto with every stub's bytes inline (for the Python API)."""

@@ -74,31 +74,48 @@ def tensor_nbytes(t: onnx.TensorProto) -> int:
     return int(np.prod(t.dims, dtype=np.int64)) * item
 
 
-def weight_free_copy(model: onnx.ModelProto, for_checker: bool = False) -> onnx.ModelProto:
-    """A copy of ``model`` whose big top-level initializers carry no data.
+# Tensors up to this size are copied as they are (scales, zero points, shapes): readers such
+# as the MIGraphX check need their values; above it only dims survive.
+SMALL_TENSOR = 64 << 10
 
-    For shape inference they keep their dims (declared external, with no file: inference
-    reads dims only); for onnx.checker they become empty tensors (dims [0]), since the
-    checker would look for an external file. Weights are never copied or serialised.
+
+def weight_free_copy(model: onnx.ModelProto, keep_dims: bool = True) -> onnx.ModelProto:
+    """The one copy of ``model`` without weight bytes: for shape inference, the checker and
+    the static MIGraphX check, on models of any size (a 2.5 GB model's copy is kilobytes).
+
+    Big or external tensors, top-level initializers and those inside If/Loop/Scan bodies
+    alike, become stubs with no data: ``keep_dims`` keeps their dims (shape inference reads
+    dims only; reading their values fails), otherwise they become empty (dims [0]), which
+    onnx.checker accepts without looking for an external file. Small inline tensors are
+    copied whole, and so are tensors in typed fields (float_data ...) when dims are dropped,
+    since the checker validates those counts. Top-level weights are never copied.
     """
-    stub = onnx.ModelProto()
-    copy_fields(model, stub, "graph")
-    copy_fields(model.graph, stub.graph, "initializer")
+    def stubbed(t: onnx.TensorProto) -> bool:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            return True
+        return tensor_nbytes(t) > SMALL_TENSOR and (keep_dims or t.HasField("raw_data"))
+
+    def stub(t: onnx.TensorProto, into: onnx.TensorProto) -> None:
+        name, dtype, dims = t.name, t.data_type, list(t.dims) if keep_dims else [0]
+        into.Clear()   # ``into`` may be ``t`` itself
+        into.name, into.data_type = name, dtype
+        into.dims.extend(dims)
+
+    out = onnx.ModelProto()
+    copy_fields(model, out, "graph")
+    copy_fields(model.graph, out.graph, "initializer")
     for t in model.graph.initializer:
-        if t.data_location != onnx.TensorProto.EXTERNAL and (
-                tensor_nbytes(t) <= 4096 or (for_checker and not t.HasField("raw_data"))):
-            # (typed-field data, float_data etc., is rare for big tensors: the checker
-            # validates its count)
-            stub.graph.initializer.add().CopyFrom(t)
-            continue
-        s = stub.graph.initializer.add(name=t.name, data_type=t.data_type)
-        if for_checker:
-            s.dims.append(0)
+        if stubbed(t):
+            stub(t, out.graph.initializer.add())
         else:
-            s.dims.extend(t.dims)
-            s.data_location = onnx.TensorProto.EXTERNAL
-            s.external_data.add(key="location", value="__stub__")
-    return stub
+            out.graph.initializer.add().CopyFrom(t)
+    for g in graph_protos(out.graph):   # nodes (and bodies) were copied as they are
+        inits = list(g.initializer) if g is not out.graph else []
+        for t in inits + [a.t for n in g.node for a in n.attribute
+                          if a.type == onnx.AttributeProto.TENSOR]:
+            if stubbed(t):
+                stub(t, t)
+    return out
 
 
 def graph_protos(g: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
@@ -218,6 +235,19 @@ def set_values(t: gs.Constant, values: np.ndarray) -> None:
     dtype, which would make the exporter refuse a new one."""
     t.values = values
     t._export_dtype = None
+
+
+def own_constant(node: gs.Node, i: int, values: np.ndarray, namer: "Namer", tag: str) -> None:
+    """Give ``node``'s input ``i`` (a constant) new values without touching anyone else's:
+    in place when this node is its only reader and reads it once, else on a copy named
+    ``<name>_<tag>`` (a weight shared by two convs must not be edited for one of them)."""
+    t = node.inputs[i]
+    sole = (isinstance(t, gs.Constant) and not t.inputs and len(t.outputs) == 1
+            and sum(x is t for x in node.inputs) == 1)
+    if sole:
+        set_values(t, values)
+    else:
+        node.inputs[i] = gs.Constant(namer(f"{t.name}_{tag}"), values)
 
 
 def varint(n: int) -> bytes:

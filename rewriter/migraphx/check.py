@@ -46,15 +46,12 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from rewriter.core.graph import node_id
+from rewriter.core.graph import node_id, weight_free_copy
 
 PROFILE_PATH = Path(__file__).resolve().parent / "data" / "migraphx_profile.json"
 SCHEMA_VERSION = 1
 SEVERITIES = ("error", "warning", "info")
 
-# Shape inference runs on a copy; initializers bigger than this are replaced by dims-only
-# stubs first, so checking a large inline model never copies its weights.
-_STUB_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -92,9 +89,6 @@ class CheckResult:
 
     def codes(self, severity: str | None = None) -> Counter:
         return Counter(f.code for f in self.findings if severity in (None, f.severity))
-
-    def for_node(self, node: str) -> list[Finding]:
-        return [f for f in self.findings if f.node == node]
 
     def to_dict(self) -> dict:
         return {"ok": self.ok, "counts": self.counts(), "profile": dict(self.profile),
@@ -214,29 +208,6 @@ def check_model(model: onnx.ModelProto | str | os.PathLike,
 
 
 # ---------------------------------------------------------------------------------------------
-
-
-def _light_copy(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy for shape inference whose big initializers are dims-only stubs."""
-    light = onnx.ModelProto()
-    for fld in ("ir_version", "producer_name", "producer_version", "domain", "model_version"):
-        setattr(light, fld, getattr(model, fld))
-    light.opset_import.extend(model.opset_import)
-    light.functions.extend(model.functions)
-    g, lg = model.graph, light.graph
-    lg.name = g.name
-    for part in ("node", "input", "output", "value_info", "sparse_initializer"):
-        getattr(lg, part).extend(getattr(g, part))
-    for t in g.initializer:
-        if t.data_location == TensorProto.EXTERNAL or t.ByteSize() <= _STUB_BYTES:
-            lg.initializer.append(t)
-        else:
-            stub = lg.initializer.add()
-            stub.name, stub.data_type = t.name, t.data_type
-            stub.dims.extend(t.dims)
-            stub.data_location = TensorProto.EXTERNAL
-            stub.external_data.add(key="location", value="<not loaded by rewriter.check>")
-    return light
 
 
 class _Graph:
@@ -362,10 +333,11 @@ def _value(t: TensorProto | None) -> np.ndarray | None:
 
 
 def _attr(node: onnx.NodeProto, name: str, default=None):
-    for a in node.attribute:
-        if a.name == name:
-            return onnx.helper.get_attribute_value(a)
-    return default
+    """onnx.helper.get_node_attr_value, with a default for an absent attribute."""
+    try:
+        return onnx.helper.get_node_attr_value(node, name)
+    except ValueError:
+        return default
 
 
 def _version_matches(entry: dict, version: tuple[int, ...] | None) -> bool:
@@ -395,7 +367,7 @@ class _Checker:
         self._seen: set[tuple] = set()
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
                           0)
-        light = _light_copy(model)
+        light = weight_free_copy(model)
         try:
             self.typed = onnx.shape_inference.infer_shapes(light, strict_mode=False)
             self.inferred = True
@@ -676,7 +648,7 @@ class _Checker:
             v = _value(t)
             if t is not None and v is None:
                 self.add("info", "qdq-scale-not-checked", label, op,
-                         f"scale '{scale}' is stored externally: its values were not checked",
+                         f"scale '{scale}' is stored externally or large: its values were not read",
                          g.path)
             elif v is not None and np.any(v == 0):
                 r = self.rule("positive_scale")

@@ -324,9 +324,6 @@ class _ImageReader:
         self.mean = np.asarray(pre.mean, np.float32)
         self.std = np.asarray(pre.std, np.float32)
 
-    def sample_shape(self) -> tuple[int, ...]:
-        return (self.c, self.h, self.w) if self.layout == "NCHW" else (self.h, self.w, self.c)
-
     def check_header(self, path: Path) -> None:
         Image, _ = _pillow()
         try:

@@ -41,21 +41,20 @@ from typing import Any
 
 from rewriter.core.errors import InputError
 from rewriter.core.graph import node_id
+from rewriter.quant import METHODS, WEIGHT_FORMS
+from rewriter.verify.metrics import LOSSY_DEFAULT
 
 PRECISIONS = ("fp32", "fp16", "int8")
 LAYER_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 INT8_OPS = ("Conv", "MatMul", "Gemm")  # what MIGraphX turns into quant_convolution/quant_dot
 POSITIONS = ("first_conv", "last_conv", "classifier")
-METHODS = ("minmax", "percentile", "entropy")
 
 _DEFAULT_INT8 = {"calibration": {"method": "minmax", "percentile": 99.999, "num_bins": 2048,
                                  "samples": 200},
                  "weights": "per-channel", "weight_form": "auto", "bias": "float"}
-WEIGHT_FORMS = ("auto", "axis", "mul")
 # The first MIGraphX version whose simplify_qdq throws on a per-axis weight DequantizeLinear
 # (develop after PR #4470; shared/migraphx/PROFILE.md item 9, run on the 2.15 and 2.16 builds).
 PER_AXIS_BREAKS_FROM = (2, 16)
-_DEFAULT_VERIFY = {"min_cosine": 0.99, "min_top1": 0.99, "min_sqnr_db": 15.0}
 
 BUILTIN = {
     # The classic recipe: first and last conv FP16, middle convs/matmuls INT8, classifier FP16.
@@ -78,7 +77,7 @@ class Plan:
     overrides: dict[str, str] = field(default_factory=dict)
     int8: dict[str, Any] = field(default_factory=lambda: copy.deepcopy(_DEFAULT_INT8))
     fp16: dict[str, Any] = field(default_factory=lambda: {"clamp": True})
-    verify: dict[str, Any] = field(default_factory=lambda: dict(_DEFAULT_VERIFY))
+    verify: dict[str, Any] = field(default_factory=lambda: dict(LOSSY_DEFAULT))
     preprocess: dict[str, Any] | None = None
     source: str = "<dict>"
 
@@ -200,8 +199,8 @@ def from_dict(d: Any, source: str) -> Plan:
     _no_unknown(fp16, {"clamp"}, f"plan {source}: fp16")
     p.fp16 = {"clamp": bool(fp16.get("clamp", True))}
     ver = d.get("verify", {}) or {}
-    _no_unknown(ver, set(_DEFAULT_VERIFY), f"plan {source}: verify")
-    p.verify = {k: float(ver.get(k, v)) for k, v in _DEFAULT_VERIFY.items()}
+    _no_unknown(ver, set(LOSSY_DEFAULT), f"plan {source}: verify")
+    p.verify = {k: float(ver.get(k, v)) for k, v in LOSSY_DEFAULT.items()}
     p.preprocess = d.get("preprocess")
     return p
 

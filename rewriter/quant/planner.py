@@ -46,6 +46,8 @@ from rewriter.core.errors import InputError
 from rewriter.core.graph import Namer, node_id, weight_free_copy
 from rewriter.core.load import load_model
 from rewriter.quant.plan import INT8_OPS, LAYER_OPS, Assignment, Plan
+from rewriter.verify.metrics import cosine, has_classes, sqnr_db, top1_agreement
+from rewriter.verify.verifier import stack_runs
 
 DEFAULTS = {"alpha": 0.7, "beta": 0.3, "int8_speed": 2176 / 1248, "fp16_speed": 1.5,
             "min_top1": 0.99, "min_cosine": 0.995, "fp16_ok_loss": 1e-4, "refine": 32}
@@ -200,7 +202,7 @@ class _Evaluator:
         self.feeds, self.ranges, self.settings = eval_feeds, ranges, settings
         exp = export(graph, original, base_dir)
         sess = ort.session(exp.model, exp.source_dir, initializers=exp.ort_initializers())
-        self.reference = [ort.run(sess, f) for f in eval_feeds]
+        self.reference_stacked = stack_runs([ort.run(sess, f) for f in eval_feeds])
         self.count = 0
 
     def measure(self, precision: dict[str, str]) -> dict[str, float]:
@@ -224,20 +226,16 @@ class _Evaluator:
         sess = ort.session(exp.model, exp.source_dir, initializers=exp.ort_initializers())
         self.count += 1
         cos, top1, sqnr = [], [], []
-        outs = [ort.run(sess, f) for f in self.feeds]
-        for k in range(len(self.reference[0])):
-            r = np.concatenate([np.asarray(ref[k], np.float64).reshape(len(ref[k]) if np.ndim(ref[k]) else 1, -1) for ref in self.reference])
-            o = np.concatenate([np.asarray(out[k], np.float64).reshape(len(out[k]) if np.ndim(out[k]) else 1, -1) for out in outs])
-            if not np.isfinite(o).all():
+        outs = stack_runs([ort.run(sess, f) for f in self.feeds])
+        for r, o in zip(self.reference_stacked, outs):
+            if not np.isfinite(np.asarray(o, np.float64)).all():
                 cos.append(0.0)
                 top1.append(0.0)
                 continue
-            nr, no = np.linalg.norm(r), np.linalg.norm(o)
-            cos.append(float(r.ravel() @ o.ravel() / (nr * no)) if nr > 0 and no > 0 else float(nr == no))
-            noise = float(np.sum((r - o) ** 2))
-            sqnr.append(float("inf") if noise == 0 else 10 * np.log10(float(np.sum(r * r)) / noise))
-            if r.shape[1] > 1:
-                top1.append(float(np.mean(np.argmax(r, 1) == np.argmax(o, 1))))
+            cos.append(cosine(r, o))
+            sqnr.append(sqnr_db(r, o))
+            if has_classes(r):
+                top1.append(top1_agreement(r, o))
         return {"cosine": float(np.min(cos)), "loss": float(1.0 - np.mean(cos)),
                 "top1": float(np.min(top1)) if top1 else 1.0,
                 "sqnr_db": float(np.min(sqnr)) if sqnr else float("inf")}

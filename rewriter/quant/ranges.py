@@ -51,10 +51,10 @@ import numpy as np
 import onnx
 
 from rewriter.core.errors import InputError
+from rewriter.quant import METHODS
 from rewriter.quant.data import CalibrationData, _describe, _proto, load_calibration
 from rewriter.quant.ort_calibration import Histograms
 
-METHODS = ("minmax", "percentile", "entropy")
 # onnxruntime's default for the KL search (int8: 128 levels on each side of a signed
 # histogram would be 256; onnxruntime uses 128 and so do we, to match its results).
 NUM_QUANTIZED_BINS = 128

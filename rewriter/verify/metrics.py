@@ -40,11 +40,50 @@ class OutputMetrics:
     ok: bool = True
     integer: bool = False
     sqnr_db: float = float("inf")
-    top1: float | None = None  # argmax agreement over the last axis, for classifier outputs
+    top1: float | None = None  # argmax agreement over the last axis, where has_classes()
     ref_max: float = 0.0       # max |reference|, the scale max_rel is relative to
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine similarity of two flattened arrays (1 when both are zero, 0 when one is)."""
+    a = np.asarray(a, np.float64).ravel()
+    b = np.asarray(b, np.float64).ravel()
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    if na == 0 or nb == 0:
+        return float(na == nb)
+    return float(np.dot(a, b) / (na * nb))
+
+
+def sqnr_db(ref: np.ndarray, out: np.ndarray) -> float:
+    """Signal-to-quantisation-noise ratio in dB (inf when equal)."""
+    r = np.asarray(ref, np.float64).ravel()
+    noise = float(np.sum((r - np.asarray(out, np.float64).ravel()) ** 2))
+    if noise == 0:
+        return float("inf")
+    return 10.0 * float(np.log10(max(float(np.sum(r * r)), 1e-300) / noise))
+
+
+def has_classes(ref: np.ndarray) -> bool:
+    """Is top-1 agreement meaningful for this output? For [N, C] outputs (C > 1: a
+    classifier's logits or probabilities) and, at higher rank, when every position holds a
+    probability distribution over the last axis (a softmax, e.g. a recogniser's [N, T,
+    classes]). Not for detection rows, boxes, masks or feature maps, whose last axis is
+    coordinates or width: top-1 there would judge noise."""
+    ref = np.asarray(ref)
+    if ref.ndim < 2 or ref.shape[-1] < 2 or not np.issubdtype(ref.dtype, np.floating) \
+            or not np.isfinite(ref).all():
+        return False
+    if ref.ndim == 2:
+        return True
+    return bool(np.all(ref >= 0) and np.allclose(ref.sum(axis=-1), 1.0, atol=1e-3))
+
+
+def top1_agreement(ref: np.ndarray, out: np.ndarray) -> float:
+    """Share of positions whose argmax over the last axis agrees."""
+    return float(np.mean(np.argmax(ref, axis=-1) == np.argmax(out, axis=-1)))
 
 
 def compare(name: str, ref: np.ndarray, out: np.ndarray) -> OutputMetrics:
@@ -75,20 +114,9 @@ def compare(name: str, ref: np.ndarray, out: np.ndarray) -> OutputMetrics:
     max_abs = float(diff.max())
     scale = float(np.abs(r).max())
     max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
-    nr, no = float(np.linalg.norm(r)), float(np.linalg.norm(o))
-    if nr == 0 and no == 0:
-        cos = 1.0
-    elif nr == 0 or no == 0:
-        cos = 0.0
-    else:
-        cos = float(np.dot(r, o) / (nr * no))
-    noise = float(np.sum((r - o) ** 2))
-    sqnr = float("inf") if noise == 0 else 10.0 * np.log10(max(float(np.sum(r * r)), 1e-300) / noise)
-    top1 = None
-    if ref.ndim >= 2 and ref.shape[-1] > 1 and np.isfinite(ref).all() and np.isfinite(out).all():
-        top1 = float(np.mean(np.argmax(ref, axis=-1) == np.argmax(out, axis=-1)))
-    return OutputMetrics(name, True, max_abs, max_rel, cos, float(np.mean(diff > 0)),
-                         sqnr_db=sqnr, top1=top1, ref_max=scale)
+    top1 = top1_agreement(ref, out) if has_classes(ref) and np.isfinite(out).all() else None
+    return OutputMetrics(name, True, max_abs, max_rel, cosine(r, o), float(np.mean(diff > 0)),
+                         sqnr_db=sqnr_db(r, o), top1=top1, ref_max=scale)
 
 
 TINY_OUTPUT = 1e-3
@@ -100,8 +128,8 @@ def judge(m: OutputMetrics, numerics: Numerics, depth: int = 1,
           lossy: dict | None = None) -> bool:
     """Within tolerance for a chain of ``depth`` rewrites of this kind?
 
-    LOSSY (reduced precision) is judged by the plan's thresholds: cosine, SQNR and, for
-    classifier-shaped outputs, top-1 agreement.
+    LOSSY (reduced precision) is judged by the plan's thresholds: cosine, SQNR and, where
+    it means something (:func:`has_classes`), top-1 agreement.
     """
     if not m.shape_ok:
         return False
@@ -112,13 +140,13 @@ def judge(m: OutputMetrics, numerics: Numerics, depth: int = 1,
         ok = m.cosine >= t["min_cosine"] and m.sqnr_db >= t["min_sqnr_db"]
         return ok and (m.top1 is None or m.top1 >= t["min_top1"])
     tol = TOLERANCE[numerics] * max(1, depth) ** 0.5
+    if m.integer:
+        # Integer outputs (ArgMax, TopK indices): a few flips are float ties going the
+        # other way after re-association.
+        return m.mismatch <= 0.01
     if m.ref_max < TINY_OUTPUT:
         # All values tiny (a saturated sigmoid/softmax tail, e^-x): rounding-level changes
         # before the last nonlinearity show up as large *relative* errors here, so such an
         # output is judged by absolute error, a few float32 ulps of 1.0.
         return m.max_abs <= ABS_FLOOR * max(1, depth) ** 0.5
-    if m.integer:
-        # Integer outputs (ArgMax, TopK indices): a few flips are float ties going the
-        # other way after re-association.
-        return m.mismatch <= 0.01
     return m.max_rel <= tol and m.cosine >= MIN_COSINE[numerics]

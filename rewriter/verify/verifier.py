@@ -9,7 +9,7 @@ from rewriter.core import ort
 from rewriter.core.errors import InputError
 from rewriter.core.graph import duplicate_node_names, unique_node_names
 from rewriter.core.pass_base import Numerics
-from rewriter.verify.metrics import OutputMetrics, compare, judge
+from rewriter.verify.metrics import OutputMetrics, compare, cosine, judge
 
 
 class Verifier:
@@ -39,7 +39,7 @@ class Verifier:
         except Exception as e:
             raise InputError(f"onnxruntime cannot load the original model: {_line(e)}") from None
         try:
-            self.reference = _stack([ort.run(sess, f) for f in self.feed_sets])
+            self.reference = stack_runs([ort.run(sess, f) for f in self.feed_sets])
         except Exception as e:
             raise InputError(f"onnxruntime cannot run the original model on these inputs: "
                              f"{_line(e)} (set shapes with --input-shape or pass --inputs)") from None
@@ -53,7 +53,7 @@ class Verifier:
         if names != self.output_names:
             return [OutputMetrics(n, False, float("inf"), float("inf"), 0.0, 1.0, ok=False)
                     for n in self.output_names]
-        outs = _stack([self.backend.run(sess, f) for f in self.feed_sets])
+        outs = stack_runs([self.backend.run(sess, f) for f in self.feed_sets])
         metrics = []
         for name, r, o in zip(names, self.reference, outs):
             m = compare(name, r, o)
@@ -62,7 +62,7 @@ class Verifier:
         return metrics
 
 
-def _stack(runs: list[list[np.ndarray]]) -> list[np.ndarray]:
+def stack_runs(runs: list[list[np.ndarray]]) -> list[np.ndarray]:
     """Per output, the runs concatenated on axis 0 (flattened if shapes disagree)."""
     if len(runs) == 1:
         return runs[0]
@@ -114,8 +114,7 @@ def layer_divergence(ref_exp, new_exp, names: list[str], feed_sets: list[dict],
                 a, b = np.concatenate(results[0][n]), np.concatenate(results[1][n])
                 if a.shape != b.shape:
                     continue
-                na, nb = np.linalg.norm(a), np.linalg.norm(b)
-                cos = float(a @ b / (na * nb)) if na > 0 and nb > 0 else float(na == nb)
+                cos = cosine(a, b)
                 if cos < min_cosine:
                     return f"{(labels or {}).get(n, n)} (cosine {cos:.5f})"
     return None

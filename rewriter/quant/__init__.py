@@ -1,0 +1,6 @@
+"""Mixed precision: plans (plan), calibration data (data), ranges (ranges, through
+ort_calibration) and the planner (planner). Names shared with the CLI live here, so that
+building the argument parser imports nothing heavy."""
+
+METHODS = ("minmax", "percentile", "entropy")          # calibration methods
+WEIGHT_FORMS = ("auto", "axis", "mul")                 # where per-channel weight scales go
