@@ -47,13 +47,12 @@ class ConvertFp16(Pass):
     summary = "FP16 layers of a plan (and their activations) -> float16 regions with shared Casts"
 
     def requires(self, graph, ctx):
-        if "assignment" not in ctx.data:
+        if ctx.assignment is None:
             raise PreconditionError("convert-fp16 needs a plan: use --plan")
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()
-        assignment = ctx.data["assignment"]
-        plan = ctx.data.get("plan")
+        assignment, plan = ctx.assignment, ctx.plan
         clamp = plan.fp16.get("clamp", True) if plan is not None else True
         region: set[int] = set()
         producer = {id(t): n for n in graph.nodes for t in n.outputs}

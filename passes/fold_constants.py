@@ -76,10 +76,9 @@ class FoldConstants(Pass):
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()
-        limit = int(ctx.option("fold_size_limit", 1 << 20))
-        growth = float(ctx.option("fold_growth", 2.0))
-        max_bytes = int(ctx.option("fold_max_bytes", MAX_BYTES))
-        strict = bool(ctx.option("strict", False))
+        o = ctx.options
+        limit, growth = int(o.fold_size_limit), float(o.fold_growth)
+        max_bytes, strict = int(o.fold_max_bytes), bool(o.strict)
         toposort(graph)  # one forward sweep then folds whole constant chains
         for g in iter_graphs(graph):
             outputs = {id(t) for t in g.outputs}

@@ -211,7 +211,9 @@ class FuseConvBn(Pass):
             scale, shift = scale * s, shift * s + t
             absorbed.append(nxt)
             y = nxt.outputs[0]
-        dtype = np.dtype(bn.inputs[1].values.dtype)
+        # The data's type, not the statistics': from opset 15 an fp16 BN may carry fp32
+        # scale/mean/var, and Mul/Add need both operands of one type.
+        dtype = np.dtype(x.dtype if x.dtype is not None else bn.inputs[1].values.dtype)
         shape = (c,) + (1,) * (rank - 2)
         sc = gs.Constant(ctx.namer(f"{bn.inputs[1].name}_scale"), scale.reshape(shape).astype(dtype))
         sh = gs.Constant(ctx.namer(f"{bn.inputs[2].name}_shift"), shift.reshape(shape).astype(dtype))

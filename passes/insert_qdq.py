@@ -24,7 +24,7 @@ behind a DequantizeLinear, never pre-dequantized (fold-constants never folds DQ)
 alpha is folded into its weights first (MIGraphX puts mul(alpha) between DQ and dot, which
 keeps the layer float). Nothing sits between a conv's epilogue and its activation.
 
-Scales: activation s_x = amax / 127 from calibration (``ctx.data['ranges']``: tensor name ->
+Scales: activation s_x = amax / 127 from calibration (``ctx.ranges``: tensor name ->
 amax); weight s_w[k] = max|W[k]| / 127, W_int8 = clip(round(W / s_w), -127, 127). A scale is
 always > 0 and normal: an all-zero channel (e.g. from pad-channels) gets 1.0, and scales are
 floored at 1e-12, since MIGraphX fails on a zero scale (#4235).
@@ -84,23 +84,22 @@ class InsertQdq(Pass):
     summary = "INT8 layers of a plan -> QuantizeLinear/DequantizeLinear in MIGraphX's int8 form"
 
     def requires(self, graph, ctx):
-        if "assignment" not in ctx.data:
+        if ctx.assignment is None:
             raise PreconditionError("insert-qdq needs a plan: use --plan (and --calib)")
         if graph.opset < 10:
             raise PreconditionError(f"insert-qdq needs opset >= 10 (model has {graph.opset})")
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()
-        assignment = ctx.data["assignment"]
-        plan = ctx.data.get("plan")
-        form, why = (plan.weight_form(ctx.option("migraphx_version")) if plan is not None
+        assignment, plan = ctx.assignment, ctx.plan
+        form, why = (plan.weight_form(ctx.options.migraphx_version) if plan is not None
                      else ("axis", "no plan"))
         if form == "axis" and graph.opset < 13:
             form = "per-tensor"
             res.notes.append(f"opset {graph.opset} < 13 has no per-axis DequantizeLinear: "
                              "per-tensor weight scales used")
         res.notes.append(f"weight form: {form} ({why})")
-        site = _Site(graph, ctx, res, ctx.data.get("ranges", {}), form,
+        site = _Site(graph, ctx, res, ctx.ranges, form,
                      plan is not None and plan.int8.get("bias") == "int32")
         for node in list(graph.nodes):
             nid = node_id(node)

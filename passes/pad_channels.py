@@ -108,7 +108,6 @@ from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 MULTIPLES = (4, 8, 16, 32)
 SIDES = ("in", "out", "both")
-DEFAULT_MAX_OVERHEAD = 0.5
 
 # op -> (f(0) == 0, accepts nonzero padding without risking inf/NaN)
 UNARY = {
@@ -190,36 +189,32 @@ class PadChannels(Pass):
     numerics = Numerics.EXACT
     summary = "pad conv channels to a multiple of N with zero filters/columns (cost-guarded)"
 
-    def __init__(self):
-        self.rows: list[ConvRow] = []
-
     def requires(self, graph: gs.Graph, ctx: Context) -> None:
         _options(ctx)
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         n, sides, max_over = _options(ctx)
         res = PassResult()
-        self.rows = []
         namer = ctx.namer or Namer(graph)
         _fill_missing_shapes(graph, res)
         for g in iter_graphs(graph):
-            _GraphPadder(g, n, sides, max_over, namer, res, self.rows).run()
-        _summarise(self.rows, res, n)
+            _GraphPadder(g, n, sides, max_over, namer, res, res.rows).run()
+        _summarise(res.rows, res, n)
         return res
 
 
 def _options(ctx: Context) -> tuple[int, str, float]:
     try:
-        n = int(ctx.option("pad_multiple", 4))
+        n = int(ctx.options.pad_multiple)
     except (TypeError, ValueError):
         raise InputError(f"pad_multiple must be one of {MULTIPLES}") from None
     if n not in MULTIPLES:
         raise InputError(f"pad_multiple must be one of {MULTIPLES}, got {n}")
-    sides = str(ctx.option("pad_sides", "both"))
+    sides = str(ctx.options.pad_sides)
     if sides not in SIDES:
         raise InputError(f"pad_sides must be one of {SIDES}, got '{sides}'")
     try:
-        over = float(ctx.option("pad_max_overhead", DEFAULT_MAX_OVERHEAD))
+        over = float(ctx.options.pad_max_overhead)
     except (TypeError, ValueError):
         raise InputError("pad_max_overhead must be a number (a share, e.g. 0.5)") from None
     if not over >= 0:
@@ -284,6 +279,7 @@ class _GraphPadder:
 
     # ------------------------------------------------------------------ convs
     def _conv(self, node) -> None:
+        """Decide a conv's input and output layouts, then queue its padded weights."""
         # A padded tensor used as dynamic weights or bias is never carried.
         for i in range(1, len(node.inputs)):
             if id(node.inputs[i]) in self.lay:
@@ -291,21 +287,43 @@ class _GraphPadder:
         x = node.inputs[0] if node.inputs else None
         lx = self.lay.get(id(x)) if x is not None else None
         info, reason = _conv_info(node)
+        if not reason and lx is not None and lx.true != info[3]:
+            reason = "channel-mismatch"    # the channel count disagrees with the weights
         if reason:
             if lx is not None:
                 self._slice(node, 0)
             self._row_skip(node, info, reason)
             return
         w, b, group, cin, cout = info
-        n = self.n
         depthwise = group > 1 and group == cin and w.shape[1] == 1
-        grouped = group > 1 and not depthwise
-        if lx is not None and lx.true != cin:
-            self._slice(node, 0)       # channel count disagrees with the weights: be safe
-            self._row_skip(node, info, "channel-mismatch")
-            return
         reasons: list[str] = []
-        in_layout, pad_in = None, False
+        in_layout, pad_in = self._input_side(node, x, lx, w, group, cin, depthwise, reasons)
+        out_layout = self._output_side(node, in_layout, w, group, cin, cout, depthwise, reasons)
+        in_layout, pad_in, out_layout = self._cost_guard(node, in_layout, pad_in, out_layout,
+                                                         cin, cout, depthwise, reasons)
+        pin = in_layout.size if in_layout is not None else cin
+        pout = out_layout.size if out_layout is not None else cout
+        if in_layout is None and out_layout is None:
+            self._row(node, info, cin, cout, cin, cout, group,
+                      "aligned" if cin % self.n == 0 and cout % self.n == 0
+                      else "skip:" + (reasons[0] if reasons else "not-aligned"))
+            return
+        new_w, new_b, new_g = _padded_weights(w.values, b.values if b is not None else None,
+                                              group, cin, cout, pin, pout, depthwise,
+                                              in_layout, out_layout)
+        self.convs.append((node, new_w, new_b, new_g))
+        if pad_in:
+            self.padups.append((node, 0, in_layout, 1))
+        if out_layout is not None:
+            self._set(node.outputs[0], out_layout)
+        status = "padded"
+        if pin % self.n or pout % self.n:
+            status = "skip:" + (reasons[0] if reasons else "not-aligned")
+        self._row(node, info, cin, cout, pin, pout, new_g, status)
+
+    def _input_side(self, node, x, lx, w, group, cin, depthwise, reasons):
+        """(input layout, whether a Pad must make it): the carried one, or a new one."""
+        grouped = group > 1 and not depthwise
         if lx is not None:
             if grouped and not _blocked_ok(lx, group, cin):
                 self._slice(node, 0)
@@ -314,94 +332,57 @@ class _GraphPadder:
                 self._slice(node, 0)
                 reasons.append("rank-mismatch")
             else:
-                in_layout = lx
-        if in_layout is None and cin % n:
-            if self.sides == "out":
-                reasons.append("depthwise-input-not-padded" if depthwise else "in-side-disabled")
-            elif grouped:
-                reasons.append("grouped-input-needs-per-group-padding")
-            elif x is None or x.shape is None or len(x.shape) != len(w.shape):
-                reasons.append("input-rank-unknown")
-            else:
-                in_layout = Layout(round_up(cin, n), tuple(range(cin)), len(w.shape), True)
-                pad_in = True
-        # output side
-        out_layout = None
-        if depthwise:
-            if in_layout is not None:
-                m = cout // cin
-                pos = tuple(p * m + r for p in in_layout.pos for r in range(m))
-                out_layout = Layout(in_layout.size * m, pos, len(w.shape), True)
-        elif cout % n:
-            if self.sides == "in":
-                reasons.append("out-side-disabled")
-            else:
-                out_layout = self._out_layout(node, cout, group, len(w.shape))
-                if out_layout.size / cout - 1 > self.max_over + 1e-9:
-                    out_layout = None
-                    reasons.append("cost-guard")
-        # guard on the whole conv (input x output growth)
-        pin = in_layout.size if in_layout is not None else cin
-        pout = out_layout.size if out_layout is not None else cout
-        if in_layout is not None:
-            if depthwise:
-                ratio = pin / cin
-            else:
-                ratio = (pin / cin) * (pout / cout)
-            if ratio - 1 > self.max_over + 1e-9:
-                reasons.append("cost-guard")
-                if not pad_in:
-                    self._slice(node, 0)
-                in_layout, pad_in, pin = None, False, cin
-                # A second run sees padded counts as true ones. If the input side alone
-                # would pass, keeping the output padded would let that run pad the input
-                # too: leave both sides as they are, so the decision is a fixpoint.
-                if depthwise or round_up(cin, n) / cin - 1 <= self.max_over + 1e-9:
-                    out_layout, pout = None, cout
-        if in_layout is None and out_layout is None:
-            self._row(node, info, cin, cout, cin, cout, group,
-                      "aligned" if cin % n == 0 and cout % n == 0
-                      else "skip:" + (reasons[0] if reasons else "not-aligned"))
-            return
-        # weights
-        wv = w.values
-        bv = b.values if b is not None else None
-        if depthwise:
-            m = cout // cin
-            new_w = np.zeros((pin * m,) + wv.shape[1:], dtype=wv.dtype)
-            rows = np.asarray(out_layout.pos)
-            new_w[rows] = wv
-            new_g = pin
-            new_b = None
-            if bv is not None:
-                new_b = np.zeros(pin * m, dtype=bv.dtype)
-                new_b[rows] = bv
+                return lx, False
+        if cin % self.n == 0:
+            return None, False
+        if self.sides == "out":
+            reasons.append("depthwise-input-not-padded" if depthwise else "in-side-disabled")
+        elif grouped:
+            reasons.append("grouped-input-needs-per-group-padding")
+        elif x is None or x.shape is None or len(x.shape) != len(w.shape):
+            reasons.append("input-rank-unknown")
         else:
-            ipos = np.asarray(in_layout.pos if in_layout is not None else range(cin))
-            opos = np.asarray(out_layout.pos if out_layout is not None else range(cout))
-            cg, og = cin // group, cout // group
-            pg_in = pin // group
-            new_w = np.zeros((pout, pg_in) + wv.shape[2:], dtype=wv.dtype)
-            for k in range(group):
-                rows = opos[k * og:(k + 1) * og]
-                cols = ipos[k * cg:(k + 1) * cg] - k * pg_in
-                new_w[np.ix_(rows, cols)] = wv[k * og:(k + 1) * og]
-            new_g = group
-            new_b = None
-            if bv is not None:
-                new_b = np.zeros(pout, dtype=bv.dtype)
-                new_b[opos] = bv
-        self.convs.append((node, new_w, new_b, new_g))
-        if pad_in:
-            self.padups.append((node, 0, in_layout, 1))
-        if out_layout is not None:
-            self._set(node.outputs[0], out_layout)
-        status = "padded"
-        if (pin % n or pout % n) and reasons:
-            status = "skip:" + reasons[0]
-        elif pin % n or pout % n:
-            status = "skip:not-aligned"
-        self._row(node, info, cin, cout, pin, pout, new_g, status)
+            return Layout(round_up(cin, self.n), tuple(range(cin)), len(w.shape), True), True
+        return None, False
+
+    def _output_side(self, node, in_layout, w, group, cin, cout, depthwise, reasons):
+        """The output layout: a depthwise conv follows its input; others pad to N."""
+        if depthwise:
+            if in_layout is None:
+                return None
+            m = cout // cin
+            pos = tuple(p * m + r for p in in_layout.pos for r in range(m))
+            return Layout(in_layout.size * m, pos, len(w.shape), True)
+        if cout % self.n == 0:
+            return None
+        if self.sides == "in":
+            reasons.append("out-side-disabled")
+            return None
+        out_layout = self._out_layout(node, cout, group, len(w.shape))
+        if out_layout.size / cout - 1 > self.max_over + 1e-9:
+            reasons.append("cost-guard")
+            return None
+        return out_layout
+
+    def _cost_guard(self, node, in_layout, pad_in, out_layout, cin, cout, depthwise, reasons):
+        """Drop the input side (and, when needed, the output side) of a conv whose FLOPs
+        would grow past --pad-max-overhead."""
+        if in_layout is None:
+            return in_layout, pad_in, out_layout
+        pin = in_layout.size
+        pout = out_layout.size if out_layout is not None else cout
+        ratio = pin / cin if depthwise else (pin / cin) * (pout / cout)
+        if ratio - 1 <= self.max_over + 1e-9:
+            return in_layout, pad_in, out_layout
+        reasons.append("cost-guard")
+        if not pad_in:
+            self._slice(node, 0)
+        # A second run sees padded counts as true ones. If the input side alone would pass,
+        # keeping the output padded would let that run pad the input too: leave both sides
+        # as they are, so the decision is a fixpoint.
+        if depthwise or round_up(cin, self.n) / cin - 1 <= self.max_over + 1e-9:
+            out_layout = None
+        return None, False, out_layout
 
     def _out_layout(self, node, cout, group, rank) -> Layout:
         n = self.n
@@ -847,6 +828,34 @@ class _GraphPadder:
         self.g.nodes.append(gs.Node("Gather", self.namer(f"{t.name}_place"), attrs={"axis": ax},
                                     inputs=[mid, ic], outputs=[out]))
         return out
+
+
+def _padded_weights(wv, bv, group, cin, cout, pin, pout, depthwise, in_layout, out_layout):
+    """(weights, bias, group) of the padded conv: the original values at their new
+    positions, exact zeros everywhere else."""
+    if depthwise:
+        m = cout // cin
+        rows = np.asarray(out_layout.pos)
+        new_w = np.zeros((pin * m,) + wv.shape[1:], dtype=wv.dtype)
+        new_w[rows] = wv
+        new_b = None
+        if bv is not None:
+            new_b = np.zeros(pin * m, dtype=bv.dtype)
+            new_b[rows] = bv
+        return new_w, new_b, pin
+    ipos = np.asarray(in_layout.pos if in_layout is not None else range(cin))
+    opos = np.asarray(out_layout.pos if out_layout is not None else range(cout))
+    cg, og, pg_in = cin // group, cout // group, pin // group
+    new_w = np.zeros((pout, pg_in) + wv.shape[2:], dtype=wv.dtype)
+    for k in range(group):
+        rows = opos[k * og:(k + 1) * og]
+        cols = ipos[k * cg:(k + 1) * cg] - k * pg_in
+        new_w[np.ix_(rows, cols)] = wv[k * og:(k + 1) * og]
+    new_b = None
+    if bv is not None:
+        new_b = np.zeros(pout, dtype=bv.dtype)
+        new_b[opos] = bv
+    return new_w, new_b, group
 
 
 # --------------------------------------------------------------------------- helpers

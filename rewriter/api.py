@@ -1,8 +1,11 @@
 """The Python API: ``rewrite(model_or_path, ...) -> (onnx.ModelProto, Report)``.
 
-Flow: load (validated, weights not read) -> reference outputs if verifying -> for each
-pass: run, cleanup, structural check, numeric check if it changed the graph -> export ->
-onnx.checker -> final numeric check -> atomic save if an output path was given.
+Flow (:class:`_Rewrite`, one method per step): load (validated, weights not read) -> plan
+and calibration data (with a plan) -> reference outputs (when verifying) -> the FP32 passes
+-> the plan's passes (resolve, calibrate, insert-qdq, convert-fp16) -> export -> the exit
+gate (onnx's full check and an onnxruntime load; a failure there is a bug in a pass: the
+pass is named, nothing is written) -> final numeric check -> atomic save -> the MIGraphX
+step (static check, compile and compare, INT8 lowering).
 
 A model passed in memory is copied first: the caller's proto is never modified.
 """
@@ -21,13 +24,15 @@ import onnx
 
 from rewriter.core import registry
 from rewriter.core.convert import export, to_graph, upgrade_opset
-from rewriter.core.errors import InputError, VerificationError
-from rewriter.core.graph import Namer
-from rewriter.core.load import load_model, validate_model
+from rewriter.core.errors import InputError, PassError, VerificationError
+from rewriter.core.graph import Namer, graph_protos, node_id, weight_free_copy
+from rewriter.core.load import first_line, load_model, validate_model
 from rewriter.core.manager import check_order, run_pipeline
-from rewriter.core.pass_base import Context, Numerics
+from rewriter.core.pass_base import Context, Numerics, Options
 from rewriter.core.report import Report, op_histogram
 from rewriter.core.save import save_model, total_weight_bytes
+
+_QUANTIZE = ("insert-qdq", "convert-fp16")
 
 
 @contextmanager
@@ -70,14 +75,17 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
         verify: compare with the original in onnxruntime after every changing pass.
         input_shapes: {input name: dims} for symbolic dims (default 1); for random inputs.
         inputs: user inputs for verification instead of random ones.
-        options: pass options, e.g. {"fold_size_limit": 1 << 20}.
+        options: pass options (rewriter.core.pass_base.Options: fold_size_limit,
+            pad_multiple, pad_sides, pad_max_overhead, migraphx_version ...) and
+            ``planner`` (settings of the planner for ``plan="auto"``).
         base_dir: folder that resolves external data of an in-memory model.
-        data: precomputed facts for passes (calibration ranges ...), see Context.data.
+        data: precomputed facts for the plan passes, for tests and toolchains that run
+            insert-qdq/convert-fp16 themselves: ``plan``, ``assignment``, ``ranges``.
         plan: a mixed-precision plan (built-in name, file, dict or Plan): after the FP32
             passes, its INT8 layers get Q/DQ (insert-qdq) and its FP16 layers float16
             regions (convert-fp16).
         calib: calibration data for the plan's INT8 layers: a folder or an iterable of input
-            dicts (see rewriter.calibrate); a held-out part of it is used for verification.
+            dicts (see rewriter.quant.data); a held-out part of it is used for verification.
         progress: show progress bars (calibration).
         materialize: return the model with every weight inline; False returns it with
             big weights as stubs (what the CLI uses: nothing is copied that is not needed).
@@ -92,240 +100,445 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
             (default: the installed one).
 
     Raises:
-        InputError (bad input), PassError (bug in a pass), VerificationError (outputs
-        drift; its ``report`` attribute holds the report).
+        InputError (bad input), PassError (bug in a pass, including a pass that wrote a
+        model onnx's full check or onnxruntime refuses), VerificationError (outputs drift;
+        its ``report`` attribute holds the report).
     """
     with _no_gc():
-        return _rewrite(model, passes, output, verify, input_shapes, inputs, seed,
-                        options or {}, base_dir, dict(data or {}), materialize, plan, calib,
-                        progress, target, migraphx)
+        run = _Rewrite(model, passes, output, verify, input_shapes, inputs, seed,
+                       dict(options or {}), base_dir, dict(data or {}), plan, calib, progress,
+                       target, migraphx)
+        return run.run(materialize)
 
 
-def _rewrite(model, passes, output, verify, input_shapes, inputs, seed, options, base_dir, data,
-             materialize, plan, calib, progress, target, migraphx):
-    seconds: dict[str, float] = {}
-    t0 = time.perf_counter()
-    if isinstance(model, onnx.ModelProto):
-        name = "<model>"
-        original = onnx.ModelProto()
-        original.CopyFrom(model)
-        validate_model(original)
-    else:
-        name = str(model)
-        original = load_model(model)
-        base_dir = Path(model).parent if base_dir is None else base_dir
-    if output is not None and not isinstance(model, onnx.ModelProto):
-        if Path(output).exists() and os.path.samefile(output, model):
-            raise InputError(f"{output}: output would overwrite the input; choose another path")
-    pipeline = registry.resolve(passes)
-    quantize: list = []
-    calib_data = eval_feeds = None
-    held_out: list = []
-    if target == "migraphx" and options.get("migraphx_version") is None:
-        from rewriter.migraphx.lowering import installed_version
-        options = dict(options, migraphx_version=installed_version())
-    if isinstance(plan, str) and plan == "auto":
-        if calib is None:
-            raise InputError("--plan auto measures layer sensitivities on data: give --calib DIR")
-        from rewriter.quant.planner import plan_auto
-        t = time.perf_counter()
-        plan, planner_report = plan_auto(original, calib, base_dir=base_dir,
-                                         input_shapes=input_shapes,
-                                         settings=dict(options.get("planner") or {},
-                                                       migraphx_version=options.get(
-                                                           "migraphx_version")),
-                                         progress=progress)
-        data["planner"] = planner_report
-        seconds["plan"] = time.perf_counter() - t
-    if plan is not None:
+class _Rewrite:
+    """One call of :func:`rewrite`: its inputs, its state, and one method per step."""
+
+    def __init__(self, model, passes, output, verify, input_shapes, inputs, seed, options,
+                 base_dir, data, plan, calib, progress, target, migraphx):
+        self.model_arg, self.output, self.verify = model, output, verify
+        self.input_shapes, self.inputs, self.seed = input_shapes, inputs, seed
+        self.base_dir, self.plan, self.calib = base_dir, plan, calib
+        self.progress, self.target, self.migraphx = progress, target, migraphx
+        self.planner_settings = options.pop("planner", None)
+        if target == "migraphx" and options.get("migraphx_version") is None:
+            from rewriter.migraphx.lowering import installed_version
+            options["migraphx_version"] = installed_version()
+        self.options = Options.from_dict(options)
+        self.data = data
+        unknown = set(data) - {"plan", "assignment", "ranges"}
+        if unknown:
+            raise InputError(f"unknown data key(s) {sorted(unknown)} (plan, assignment, ranges)")
+        self.pipeline = registry.resolve(passes)
+        self.quantize: list = []
+        self.seconds: dict[str, float] = {}
+        self.calib_data = None
+        self.held_out: list = []
+        self.verifier = None
+        self.depth, self.worst = 0, Numerics.EXACT   # verification depth and tolerance kind
+        self.last_metrics = None     # the check after the last pass that changed the graph
+        self.fp32_done: list = []    # records of the FP32 part, for a failure's report
+        self.fp32_snapshot = None    # the FP32-rewritten model, to locate a lossy divergence
+        self.verify_seconds = 0.0
+
+    @property
+    def path(self) -> str | None:
+        return None if isinstance(self.model_arg, onnx.ModelProto) else str(self.model_arg)
+
+    # -- the steps, in order ------------------------------------------------------------------
+
+    def run(self, materialize: bool):
+        t0 = time.perf_counter()
+        self.load()
+        self.plan_and_data()
+        self.report = Report(input=self.path or "<model>",
+                             output=str(self.output) if self.output else None)
+        self.describe_input()
+        self.import_graph()
+        self.seconds["load"] = time.perf_counter() - t0 - self.seconds.get("plan", 0.0)
+        self.make_verifier()
+        self.ctx = Context(self.options, Namer(self.graph), plan=self.plan,
+                           assignment=self.data.get("assignment"),
+                           ranges=self.data.get("ranges", {}))
+        check_order(self.pipeline + self.quantize)
+        records = run_pipeline(self.graph, self.pipeline, self.ctx, self.after_change)
+        if self.quantize:
+            records = self.run_plan(records)
+        self.seconds["passes"] = sum(r.seconds for r in records)
+        self.report.passes = records
+        exported = self.export_and_gate(records)
+        self.final_verification(exported)
+        if self.output is not None:
+            t = time.perf_counter()
+            save_model(exported, self.output)
+            self.seconds["save"] = time.perf_counter() - t
+        if self.target == "migraphx":
+            self.migraphx_step(exported)
+        self.report.seconds = self.seconds
+        return (exported.materialize() if materialize else exported.model), self.report
+
+    def load(self) -> None:
+        model = self.model_arg
+        if isinstance(model, onnx.ModelProto):
+            self.original = onnx.ModelProto()
+            self.original.CopyFrom(model)
+            validate_model(self.original)
+            return
+        self.original = load_model(model)
+        if self.base_dir is None:
+            self.base_dir = Path(model).parent
+        out = self.output
+        if out is not None and Path(out).exists() and os.path.samefile(out, model):
+            raise InputError(f"{out}: output would overwrite the input; choose another path")
+
+    def plan_and_data(self) -> None:
+        """The plan (``auto``: chosen by the planner now), its passes, and the calibration
+        samples with a held-out part."""
+        if isinstance(self.plan, str) and self.plan == "auto":
+            if self.calib is None:
+                raise InputError("--plan auto measures layer sensitivities on data: give "
+                                 "--calib DIR")
+            from rewriter.quant.planner import plan_auto
+            t = time.perf_counter()
+            settings = dict(self.planner_settings or {},
+                            migraphx_version=self.options.migraphx_version)
+            self.plan, self.planner_report = plan_auto(
+                self.original, self.calib, base_dir=self.base_dir,
+                input_shapes=self.input_shapes, settings=settings, progress=self.progress)
+            self.seconds["plan"] = time.perf_counter() - t
+        if self.plan is None:
+            self.plan = self.data.get("plan")
+            return
         from rewriter.quant import plan as plan_mod
-        plan = plan_mod.load(plan)
-        data["plan"] = plan
-        quantize = registry.resolve(["insert-qdq", "convert-fp16"])
-        pipeline = [p for p in pipeline if p.name not in ("insert-qdq", "convert-fp16")]
-        if calib is not None:
-            from rewriter.quant.data import load_calibration
-            calib_data = load_calibration(calib, original, preprocess=plan.preprocess,
-                                          limit=int(plan.int8["calibration"]["samples"]))
-            if len(calib_data) >= 8:
-                # The same samples are held out with or without --verify, and by the
-                # planner: the model written is the model the planner measured, and
-                # --verify judges it on samples its scales were not computed from.
-                from rewriter.quant.data import held_out_count
-                calib_data, held = calib_data.split(held_out_count(len(calib_data)))
-                held_out = list(held)
-                if verify and inputs is None:
-                    eval_feeds = held_out
-    report = Report(input=name, output=str(output) if output else None)
-    if "planner" in data:
-        pr = data["planner"]
-        report.extra["planner"] = {"measured": pr.measured, "int8_flop_share": pr.int8_flop_share,
-                                   "predicted_speedup": pr.predicted_speedup,
-                                   "evaluations": pr.evaluations, "seconds": pr.seconds}
-    report.ops_before = op_histogram(original.graph)
-    report.bytes_before = total_weight_bytes(original)
-    # Shape inference only when a pass needs it: on long graphs it is the memory peak.
-    infer = plan is not None or any(p.needs_shapes(original) for p in pipeline)
-    graph = to_graph(original, base_dir, infer=infer)
-    seconds["load"] = time.perf_counter() - t0 - seconds.get("plan", 0.0)
+        self.plan = plan_mod.load(self.plan)
+        self.quantize = registry.resolve(list(_QUANTIZE))
+        self.pipeline = [p for p in self.pipeline if p.name not in _QUANTIZE]
+        if self.calib is None:
+            return
+        from rewriter.quant.data import held_out_count, load_calibration
+        data = load_calibration(self.calib, self.original, preprocess=self.plan.preprocess,
+                                limit=int(self.plan.int8["calibration"]["samples"]))
+        if len(data) >= 8:
+            # The same samples are held out with or without --verify, and by the planner:
+            # the model written is the model the planner measured, and --verify judges it
+            # on samples its scales were not computed from.
+            data, held = data.split(held_out_count(len(data)))
+            self.held_out = list(held)
+        self.calib_data = data
 
-    verifier = None
-    if verify:
-        t = time.perf_counter()
-        from rewriter.verify import Verifier, make_feeds
-        if inputs is not None:
-            feeds, what = inputs, "user inputs"
-        elif eval_feeds:
-            feeds, what = eval_feeds, f"{len(eval_feeds)} held-out calibration samples"
-        else:
-            feeds, what = make_feeds(original, input_shapes, seed), f"random inputs seed {seed}"
-        verifier = Verifier(original, base_dir, feeds,
-                            path=None if isinstance(model, onnx.ModelProto) else str(model),
-                            lossy=plan.verify if plan is not None else None)
-        report.verified_with = "onnxruntime CPU, graph optimisations off, " + what
-        seconds["reference"] = time.perf_counter() - t
+    def describe_input(self) -> None:
+        r = self.report
+        pr = getattr(self, "planner_report", None)
+        if pr is not None:
+            r.extra["planner"] = {"measured": pr.measured, "int8_flop_share":
+                                  pr.int8_flop_share, "predicted_speedup":
+                                  pr.predicted_speedup, "evaluations": pr.evaluations,
+                                  "seconds": pr.seconds}
+        r.ops_before = op_histogram(self.original.graph)
+        r.bytes_before = total_weight_bytes(self.original)
 
-    ctx = Context(options=options, data=data, namer=Namer(graph))
-    depth = {"n": 0, "worst": Numerics.EXACT}
-    verify_time = [0.0]
+    def import_graph(self) -> None:
+        # Shape inference only when a pass needs it: on long graphs it is the memory peak.
+        infer = bool(self.quantize) or any(p.needs_shapes(self.original) for p in self.pipeline)
+        self.graph = to_graph(self.original, self.base_dir, infer=infer)
 
-    def after_change(p, rec, records):
-        if verifier is None:
+    def make_verifier(self) -> None:
+        if not self.verify:
             return
         t = time.perf_counter()
-        depth["n"] += 1
-        if Numerics.LOSSY in (p.numerics, depth["worst"]):
-            depth["worst"] = Numerics.LOSSY
+        from rewriter.verify import Verifier, make_feeds
+        if self.inputs is not None:
+            feeds, what = self.inputs, "user inputs"
+        elif self.held_out:
+            feeds, what = self.held_out, f"{len(self.held_out)} held-out calibration samples"
+        else:
+            feeds = make_feeds(self.original, self.input_shapes, self.seed)
+            what = f"random inputs seed {self.seed}"
+        self.verifier = Verifier(self.original, self.base_dir, feeds, path=self.path,
+                                 lossy=self.plan.verify if self.plan is not None else None)
+        self.report.verified_with = "onnxruntime CPU, graph optimisations off, " + what
+        self.seconds["reference"] = time.perf_counter() - t
+
+    def after_change(self, p, rec, records) -> None:
+        """After a pass that changed the graph: the numeric check, blaming that pass."""
+        if self.verifier is None:
+            return
+        t = time.perf_counter()
+        self.depth += 1
+        if Numerics.LOSSY in (p.numerics, self.worst):
+            self.worst = Numerics.LOSSY
         elif p.numerics is Numerics.CLOSE:
-            depth["worst"] = Numerics.CLOSE
-        exported = export(graph, original, base_dir)
-        metrics = verifier.check(exported, depth["worst"], depth["n"])
-        last_metrics[0] = metrics
+            self.worst = Numerics.CLOSE
+        exported = export(self.graph, self.original, self.base_dir)
+        metrics = self.verifier.check(exported, self.worst, self.depth)
+        self.last_metrics = metrics
         rec.verification = [m.to_dict() for m in metrics]
-        verify_time[0] += time.perf_counter() - t
-        if p.numerics is Numerics.LOSSY and p is not quantize[-1]:
+        self.verify_seconds += time.perf_counter() - t
+        if p.numerics is Numerics.LOSSY and self.quantize and p is not self.quantize[-1]:
             return  # a plan is judged as a whole: its FP16 part comes after its INT8 part
         if not all(m.ok for m in metrics):
-            report.failed_pass = p.name
-            report.verification = rec.verification
-            report.passes = done[0] + list(records)
-            report.ops_after = op_histogram(exported.model.graph)
-            report.bytes_after = total_weight_bytes(exported.model)
-            report.seconds = seconds
-            raise _verification_error(
-                f"outputs drift beyond tolerance after pass '{p.name}'", metrics, verifier,
-                report, fp32_snapshot[0] if p.numerics is Numerics.LOSSY else None,
-                exported, graph, plan)
+            r = self.report
+            r.failed_pass, r.verification = p.name, rec.verification
+            r.passes = self.fp32_done + list(records)
+            r.ops_after = op_histogram(exported.model.graph)
+            r.bytes_after = total_weight_bytes(exported.model)
+            r.seconds = self.seconds
+            raise self.verification_error(
+                f"outputs drift beyond tolerance after pass '{p.name}'", metrics, exported,
+                lossy=p.numerics is Numerics.LOSSY)
 
-    done: list = [[]]              # records of the FP32 part, for a failure's report
-    last_metrics: list = [None]    # the check after the last pass that changed the graph
-    fp32_snapshot: list = [None]   # the FP32-rewritten model, to locate a lossy divergence
-    check_order(pipeline + quantize)
-    records = run_pipeline(graph, pipeline, ctx, after_change)
-    if plan is not None:
-        done[0] = list(records)
+    def run_plan(self, records: list) -> list:
+        """Resolve the plan on the FP32-rewritten graph, calibrate, run its passes."""
+        self.fp32_done = list(records)
         t = time.perf_counter()
         from rewriter.quant.plan import resolve
-        form = plan.weight_form(options.get("migraphx_version"))[0]
-        if form == "axis" and graph.opset < 13 and "int8" in resolve(
-                plan, list(graph.nodes)).precision.values():
+        if (self.plan.weight_form(self.options.migraphx_version)[0] == "axis"
+                and self.graph.opset < 13
+                and "int8" in resolve(self.plan, list(self.graph.nodes)).precision.values()):
             # Per-axis Q/DQ needs opset 13; converting first is exact (shared FACTS.md).
-            graph, original = upgrade_opset(graph, original, base_dir, 13)
-            ctx.namer = Namer(graph)
-            last_metrics[0] = None  # the graph changed outside a pass: check it again
-            report.warnings.append("model converted to opset 13 for per-channel weight scales")
-        fp32_exported = _prepare_plan(graph, original, base_dir, ctx, plan, calib_data,
-                                      progress, report)
-        seconds["calibrate"] = time.perf_counter() - t
-        if verifier is not None:
-            fp32_snapshot[0] = fp32_exported or export(graph, original, base_dir)
-        records += run_pipeline(graph, quantize, ctx, after_change,
-                                before=[r.name for r in records])
-    seconds["passes"] = sum(r.seconds for r in records)
-    report.passes = records
+            self.graph, self.original = upgrade_opset(self.graph, self.original,
+                                                      self.base_dir, 13)
+            self.ctx.namer = Namer(self.graph)
+            self.last_metrics = None  # the graph changed outside a pass: check it again
+            self.report.warnings.append("model converted to opset 13 for per-channel weight "
+                                        "scales")
+        fp32_exported = self.calibrate()
+        self.seconds["calibrate"] = time.perf_counter() - t
+        if self.verifier is not None:
+            self.fp32_snapshot = fp32_exported or export(self.graph, self.original,
+                                                         self.base_dir)
+        return records + run_pipeline(self.graph, self.quantize, self.ctx, self.after_change,
+                                      before=[r.name for r in records])
 
-    t = time.perf_counter()
-    exported = export(graph, original, base_dir)
-    validate_model(exported.checkable(), "rewritten model")
-    result = exported.model
-    report.ops_after = op_histogram(result.graph)
-    report.bytes_after = total_weight_bytes(result)
-    seconds["export"] = time.perf_counter() - t
-    if verifier is not None:
+    def calibrate(self):
+        """Every layer's precision into the context, and the INT8 layers' input ranges;
+        returns the export calibration ran on (None without INT8 layers)."""
+        from rewriter.quant.plan import resolve
+
+        a = resolve(self.plan, list(self.graph.nodes))
+        self.ctx.assignment = a
+        self.report.extra["plan"] = {"source": self.plan.source, "layers": {
+            i: {"op": a.op[i], "precision": a.precision[i], "why": a.why[i]} for i in a.order},
+            "counts": a.counts()}
+        self.report.warnings.extend(a.notes)
+        int8 = [n for n in self.graph.nodes if a.precision.get(node_id(n)) == "int8"]
+        if not int8:
+            return None
+        if self.calib_data is None:
+            raise InputError(f"the plan puts {len(int8)} layers in INT8: calibration data is "
+                             "needed (--calib DIR), or use a plan without INT8 layers")
+        from rewriter.quant.ranges import collect_ranges
+
+        cal = self.plan.int8["calibration"]
+        tensors = sorted({n.inputs[0].name for n in int8})
+        exported = export(self.graph, self.original, self.base_dir)
+        self.ctx.ranges = collect_ranges(
+            exported.model, tensors, self.calib_data, method=cal["method"],
+            percentile=float(cal["percentile"]), num_bins=int(cal["num_bins"]),
+            base_dir=exported.source_dir, initializers=exported.ort_initializers(),
+            progress=self.progress)
+        self.report.extra["calibration"] = {"method": cal["method"],
+                                            "samples": len(self.calib_data),
+                                            "tensors": len(tensors)}
+        return exported
+
+    def export_and_gate(self, records: list):
+        t = time.perf_counter()
+        exported = export(self.graph, self.original, self.base_dir)
+        problem = self.gate(exported, ort_load=self.verifier is None)
+        if problem:
+            raise self.blame(records, problem)
+        self.report.ops_after = op_histogram(exported.model.graph)
+        self.report.bytes_after = total_weight_bytes(exported.model)
+        self.seconds["export"] = time.perf_counter() - t
+        return exported
+
+    def gate(self, exported, ort_load: bool) -> str | None:
+        """Why ``exported`` must not be written, or None. onnx's checker with full_check
+        (strict shape inference) on its weight-free copies (held to what the input itself
+        passes), and a load in onnxruntime unless verification ran it already."""
+        try:
+            validate_model(exported.checkable(), "rewritten model")
+        except InputError as e:
+            return str(e)
+        if self.input_strict_ok():
+            problem = self.strict_inference(exported.model)
+            if problem:
+                return problem
+        if ort_load:
+            from rewriter.core import ort
+            light = _weights_as_inputs(exported.model)
+            try:
+                if light is not None:
+                    ort.session(light, exported.source_dir)
+                else:
+                    ort.session(exported.model, exported.source_dir,
+                                initializers=exported.ort_initializers())
+            except Exception as e:  # noqa: BLE001
+                if self.input_ort_ok():
+                    return f"onnxruntime cannot load it: {first_line(e)}"
+        return None
+
+    def strict_inference(self, model: onnx.ModelProto) -> str | None:
+        """onnx's strict shape inference (full_check's half that the structural check does
+        not do). Declared shapes of graph outputs and value_info are hints a model may get
+        wrong without any pass's help (a Reshape whose shape folding made constant can show
+        that the input declared its output wrongly): those are left out of the check and a
+        declared output shape the data contradicts is reported as the input's, not failed."""
+        copy = weight_free_copy(model)
+        declared = {}
+        for o in copy.graph.output:
+            if o.type.HasField("tensor_type") and o.type.tensor_type.HasField("shape"):
+                declared[o.name] = [d.dim_value if d.HasField("dim_value") else None
+                                    for d in o.type.tensor_type.shape.dim]
+                o.type.tensor_type.ClearField("shape")
+        del copy.graph.value_info[:]
+        try:
+            inferred = onnx.shape_inference.infer_shapes(copy, strict_mode=True)
+        except Exception as e:  # noqa: BLE001 - any inference error is the finding
+            return f"onnx's full check (strict shape inference) fails: {first_line(e)}"
+        for o in inferred.graph.output:
+            want = declared.get(o.name)
+            tt = o.type.tensor_type if o.type.HasField("tensor_type") else None
+            if want is None or tt is None or not tt.HasField("shape"):
+                continue
+            got = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+            if len(got) != len(want) or any(a and b and a != b for a, b in zip(got, want)):
+                self.report.warnings.append(
+                    f"output '{o.name}' is declared {want} but computes {got} (the input's "
+                    "declaration; kept as it is)")
+        return None
+
+    def input_strict_ok(self) -> bool:
+        if not hasattr(self, "_input_strict"):
+            problem = self.strict_inference(self.original)
+            self._input_strict = problem is None
+            if problem:
+                self.report.warnings.append(f"the input fails onnx's full check "
+                                            f"({problem[:200]}): the output is held to the "
+                                            "structural check only")
+        return self._input_strict
+
+    def input_ort_ok(self) -> bool:
+        from rewriter.core import ort
+        try:
+            ort.session(self.path) if self.path else ort.session(self.original, self.base_dir)
+        except Exception:  # noqa: BLE001 - e.g. custom ops: the output cannot do better
+            return False
+        return True
+
+    def blame(self, records: list, problem: str) -> PassError:
+        """The output fails the gate: a bug in a pass. Run the passes again from the
+        original, gating after each one that changes the graph, to name the first bad one."""
+        graph = to_graph(self.original, self.base_dir, infer=True)
+        ctx = Context(self.options, Namer(graph), plan=self.ctx.plan,
+                      assignment=self.ctx.assignment, ranges=self.ctx.ranges)
+        found: list = []
+
+        def check(p, rec, recs):
+            if not found and self.gate(export(graph, self.original, self.base_dir),
+                                       ort_load=True):
+                found.append(p.name)
+
+        try:
+            run_pipeline(graph, self.pipeline + self.quantize, ctx, check)
+        except Exception:  # noqa: BLE001 - the first run got through; name what we can
+            pass
+        names = [r.name for r in records]
+        culprit = found[0] if found else (names[-1] if names else "(export)")
+        before = names[:names.index(culprit)] if culprit in names else names
+        err = PassError(culprit, before, RuntimeError(f"its output is not a valid model: "
+                                                      f"{problem}"))
+        err.report = self.report
+        return err
+
+    def final_verification(self, exported) -> None:
+        if self.verifier is None:
+            return
         t = time.perf_counter()
         # Passes that changed nothing leave the graph as the last check saw it: reuse it.
-        metrics = last_metrics[0] or verifier.check(exported, depth["worst"], max(1, depth["n"]))
-        report.verification = [m.to_dict() for m in metrics]
-        seconds["verify"] = verify_time[0] + time.perf_counter() - t
-        if not report.ok:
-            report.failed_pass = report.failed_pass or "(final model)"
-            report.seconds = seconds
-            raise _verification_error("rewritten model's outputs drift beyond tolerance",
-                                      metrics, verifier, report,
-                                      fp32_snapshot[0] if plan is not None else None,
-                                      exported, graph, plan)
-    if output is not None:
-        t = time.perf_counter()
-        save_model(exported, output)
-        seconds["save"] = time.perf_counter() - t
-    if target == "migraphx":
+        metrics = self.last_metrics or self.verifier.check(exported, self.worst,
+                                                           max(1, self.depth))
+        self.report.verification = [m.to_dict() for m in metrics]
+        self.seconds["verify"] = self.verify_seconds + time.perf_counter() - t
+        if not self.report.ok:
+            self.report.failed_pass = self.report.failed_pass or "(final model)"
+            self.report.seconds = self.seconds
+            raise self.verification_error("rewritten model's outputs drift beyond tolerance",
+                                          metrics, exported, lossy=self.plan is not None)
+
+    def migraphx_step(self, exported) -> None:
         t = time.perf_counter()
         from rewriter.migraphx.target import check_and_compile
-        check_and_compile(report, exported, original, base_dir, output, migraphx, options,
-                          input_shapes, inputs, seed, held_out, plan, verifier,
-                          None if isinstance(model, onnx.ModelProto) else str(model))
-        seconds["migraphx"] = time.perf_counter() - t
-    report.seconds = seconds
-    if materialize:
-        result = exported.materialize()
-    return result, report
+        check_and_compile(self.report, exported, self.original, self.base_dir, self.output,
+                          self.migraphx, self.options.migraphx_version, self.input_shapes,
+                          self.inputs, self.seed, self.held_out, self.plan, self.verifier,
+                          self.path)
+        self.seconds["migraphx"] = time.perf_counter() - t
+
+    # -- failures -------------------------------------------------------------------------------
+
+    def verification_error(self, what: str, metrics, exported, lossy: bool):
+        """The error (with the report attached); for a lossy failure it names the first
+        layer whose activations leave the budget."""
+        msg = f"{what} ({_worst(metrics, self.verifier)})"
+        if lossy and self.fp32_snapshot is not None:
+            layer = self.first_divergence(exported)
+            if layer:
+                self.report.extra["first_divergent_layer"] = layer
+                msg += f"; first layer beyond budget: {layer}"
+        err = VerificationError(msg)
+        err.report = self.report
+        return err
+
+    def first_divergence(self, exported) -> str | None:
+        """The first layer (graph order) whose output's cosine with FP32 is below budget."""
+        from rewriter.quant.plan import LAYER_OPS
+        from rewriter.verify import layer_divergence
+
+        names, labels = [], {}
+        for n in self.graph.nodes:
+            if n.op in LAYER_OPS and n.outputs:
+                t = n.outputs[0]
+                # convert-fp16 renames the float16 side of a region exit to <name>_fp16; the
+                # float32 name is the Cast's output, which both models have.
+                base = (t.name[:-5] if t.name.endswith("_fp16") and t.dtype == np.float16
+                        else t.name)
+                names.append(base)
+                labels[base] = node_id(n)
+        budget = self.plan.verify["min_cosine"] if self.plan is not None else 0.99
+        return layer_divergence(self.fp32_snapshot, exported, names,
+                                self.verifier.feed_sets[:8], budget, labels)
 
 
-def _prepare_plan(graph, original, base_dir, ctx, plan, calib_data, progress, report):
-    """Resolve the plan on the FP32-rewritten graph and calibrate its INT8 inputs; return the
-    export calibration ran on (None without INT8 layers), reused to locate lossy failures."""
-    from rewriter.core.graph import node_id
-    from rewriter.quant.plan import resolve
-
-    assignment = resolve(plan, list(graph.nodes))
-    ctx.data["assignment"] = assignment
-    report.extra["plan"] = {"source": plan.source, "layers": {
-        i: {"op": assignment.op[i], "precision": assignment.precision[i], "why": assignment.why[i]}
-        for i in assignment.order}, "counts": assignment.counts()}
-    report.warnings.extend(assignment.notes)
-    int8 = [n for n in graph.nodes if assignment.precision.get(node_id(n)) == "int8"]
-    if not int8:
-        return None
-    if calib_data is None:
-        raise InputError(f"the plan puts {len(int8)} layers in INT8: calibration data is needed "
-                         "(--calib DIR), or use a plan without INT8 layers")
-    from rewriter.quant.ranges import collect_ranges
-
-    cal = plan.int8["calibration"]
-    tensors = sorted({n.inputs[0].name for n in int8})
-    exported = export(graph, original, base_dir)
-    ctx.data["ranges"] = collect_ranges(
-        exported.model, tensors, calib_data, method=cal["method"],
-        percentile=float(cal["percentile"]), num_bins=int(cal["num_bins"]),
-        base_dir=exported.source_dir, initializers=exported.ort_initializers(),
-        progress=progress)
-    report.extra["calibration"] = {"method": cal["method"], "samples": len(calib_data),
-                                   "tensors": len(tensors)}
-    return exported
+def _weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy for onnxruntime to load without weight bytes: the big top-level initializers
+    become graph inputs of the same type and shape (an onnxruntime session of a 2.5 GB model
+    then costs kilobytes). None when big tensors sit inside If/Loop/Scan bodies: those
+    cannot become graph inputs, so such a model is loaded with its weights instead."""
+    copy = weight_free_copy(model)
+    for g in list(graph_protos(copy.graph))[1:]:
+        if any(not _has_data(t) for t in g.initializer):
+            return None
+    keep = []
+    for t in copy.graph.initializer:
+        if _has_data(t):
+            keep.append(t)
+            continue
+        copy.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type,
+                                                                   list(t.dims)))
+    if len(keep) != len(copy.graph.initializer):
+        del copy.graph.initializer[:]
+        copy.graph.initializer.extend(keep)
+    return copy
 
 
-def _verification_error(what, metrics, verifier, report, fp32_exported, exported, graph, plan):
-    """The error (with the report attached); for a lossy failure it names the first layer
-    whose activations leave the budget."""
-    msg = f"{what} ({_worst(metrics, verifier)})"
-    if fp32_exported is not None:
-        layer = _first_divergence(fp32_exported, exported, graph, verifier, plan)
-        if layer:
-            report.extra["first_divergent_layer"] = layer
-            msg += f"; first layer beyond budget: {layer}"
-    err = VerificationError(msg)
-    err.report = report
-    return err
+def _has_data(t: onnx.TensorProto) -> bool:
+    """False for weight_free_copy's stubs: dims but no data in any field."""
+    if t.HasField("raw_data") or not t.dims or 0 in t.dims:
+        return True
+    return any(len(getattr(t, f)) for f in ("float_data", "int32_data", "int64_data",
+                                            "double_data", "uint64_data", "string_data"))
 
 
 def _worst(metrics, verifier=None) -> str:
@@ -340,22 +553,3 @@ def _worst(metrics, verifier=None) -> str:
     if verifier is not None and verifier.lossy:
         s += " vs budget " + ", ".join(f"{k} {v:g}" for k, v in verifier.lossy.items())
     return s + ("" if m.shape_ok else ", shape/dtype differs")
-
-
-def _first_divergence(ref_exp, new_exp, graph, verifier, plan) -> str | None:
-    """The first layer (graph order) whose output's cosine with FP32 is below budget."""
-    from rewriter.core.graph import node_id
-    from rewriter.quant.plan import LAYER_OPS
-    from rewriter.verify import layer_divergence
-
-    names, labels = [], {}
-    for n in graph.nodes:
-        if n.op in LAYER_OPS and n.outputs:
-            t = n.outputs[0]
-            # convert-fp16 renames the float16 side of a region exit to <name>_fp16; the
-            # float32 name is the Cast's output, which both models have.
-            base = t.name[:-5] if t.name.endswith("_fp16") and t.dtype == np.float16 else t.name
-            names.append(base)
-            labels[base] = node_id(n)
-    budget = (plan.verify["min_cosine"] if plan is not None else 0.99)
-    return layer_divergence(ref_exp, new_exp, names, verifier.feed_sets[:8], budget, labels)

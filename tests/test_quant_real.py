@@ -81,7 +81,10 @@ def test_default_plan_has_the_recipe_structure(cls_data, tmp_path):
         assert onnx.numpy_helper.to_array(init[xq.input[1]]).shape == ()
     top1, cos = _agreement(CLS, out, evalset)
     print(f"default plan: top-1 agreement {top1:.3f}, cosine {cos:.5f}")
-    assert top1 > 0.5  # reported, not a goal: the recipe itself is what is tested here
+    # In-domain text, 200 fresh samples: the recipe keeps the FP32 decisions (0.995
+    # measured; 0.97 is about the 95% lower bound of that on 200 samples). A 2-class
+    # model agrees half the time by chance, so "> 0.5" would prove nothing.
+    assert top1 >= 0.97 and cos >= 0.99
 
 
 @pytest.mark.slow

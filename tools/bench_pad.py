@@ -37,7 +37,6 @@ import onnx
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from rewriter.passes.pad_channels import PadChannels
 
 import rewriter
 
@@ -115,10 +114,9 @@ def timed(sessions, feeds, min_runs: int, budget: float) -> list[float]:
 
 def bench_model(path: str, n: int, batches, threads: int, min_runs: int, budget: float) -> dict:
     base, _ = rewriter.rewrite(path, ["fold-constants", "fuse-conv-bn"])
-    p = PadChannels()
-    padded, rep = rewriter.rewrite(path, ["fold-constants", "fuse-conv-bn", p], verify=True,
-                                   options={"pad_multiple": n})
-    rows = p.rows
+    padded, rep = rewriter.rewrite(path, ["fold-constants", "fuse-conv-bn", "pad-channels"],
+                                   verify=True, options={"pad_multiple": n})
+    rows = next(r for r in rep.passes if r.name == "pad-channels").rows
     f0, f1 = sum(r.flops for r in rows), sum(r.flops_after for r in rows)
     res = {
         "model": os.path.basename(path), "n": n, "convs": len(rows),

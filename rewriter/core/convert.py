@@ -46,13 +46,20 @@ def to_graph(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
     """Import into onnx-graphsurgeon; external weights become memory-mapped lazy values."""
     graph = gs.import_onnx(model)
     if base_dir is not None:
-        for g in iter_graphs(graph):
+        for k, g in enumerate(iter_graphs(graph)):
             for t in g.tensors().values():
                 if (isinstance(t, gs.Constant) and isinstance(t._values, LazyValues)
                         and not isinstance(t._values, ExternalValues)
                         and getattr(t._values.tensor, "data_location", 0) == onnx.TensorProto.EXTERNAL):
                     path, off, length = resolve_external(t._values.tensor, Path(base_dir))
-                    t._values = ExternalValues(t._values.tensor, path, off, length)
+                    values = ExternalValues(t._values.tensor, path, off, length)
+                    if k == 0:
+                        t._values = values
+                    else:
+                        # Inside an If/Loop/Scan body: read it now. The writer streams only
+                        # top-level weights; a body's tensor must travel inline.
+                        t.values = np.array(values.load())
+                        t.data_location = None
             for node in g.nodes:
                 for v in node.attrs.values():
                     # A Constant node's tensor stored outside (save_model(convert_attribute=

@@ -63,7 +63,8 @@ def run_pipeline(graph: gs.Graph, passes: list[Pass], ctx: Context,
         except Exception as e:  # a bug in the pass, not the user's fault
             raise PassError(p.name, before + [q.name for q in passes[:i]], e) from e
         rec = PassRecord(p.name, time.perf_counter() - t0, nodes_before, count_nodes(graph),
-                         result.changed, dict(result.counts), list(result.notes))
+                         result.changed, dict(result.counts), list(result.notes),
+                         list(result.rows))
         records.append(rec)
         if result.changed and after_change is not None:
             after_change(p, rec, records)

@@ -41,6 +41,7 @@ class PassResult:
     changed: bool = False
     counts: Counter = field(default_factory=Counter)
     notes: list[str] = field(default_factory=list)
+    rows: list = field(default_factory=list)   # per-site detail (dataclasses), e.g. one per conv
 
     def count(self, key: str, n: int = 1) -> None:
         self.counts[key] += n
@@ -50,19 +51,52 @@ class PassResult:
 
 
 @dataclass
-class Context:
-    """What a pass may know beyond the graph: options and precomputed facts.
+class Options:
+    """Pass options, typed and checked once (the CLI's flags and the API's ``options``)."""
 
-    Passes stay pure graph transforms; anything that needs running the model (calibration
-    ranges, sensitivities) is computed before and handed in through ``data``.
+    fold_size_limit: int = 1 << 20     # fold-constants: results over this stay nodes ...
+    fold_growth: float = 2.0           # ... when they are also this much bigger than inputs
+    fold_max_bytes: int = 1 << 30      # fold-constants: never evaluate anything bigger
+    strict: bool = False               # fold-constants: raise where evaluation fails
+    pad_multiple: int = 4              # pad-channels: 4, 8, 16 or 32
+    pad_sides: str = "both"            # pad-channels: in, out or both
+    pad_max_overhead: float = 0.5      # pad-channels: largest FLOP/weight growth per conv
+    migraphx_version: tuple[int, ...] | None = None   # target MIGraphX (insert-qdq's form)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None, ignore: tuple[str, ...] = ()) -> "Options":
+        """Options from a dict; an unknown key is an InputError naming the closest one."""
+        import difflib
+        from dataclasses import fields
+
+        from rewriter.core.errors import InputError
+
+        known = {f.name: f for f in fields(cls)}
+        kw = {}
+        for k, v in (d or {}).items():
+            if k in ignore:
+                continue
+            if k not in known:
+                close = difflib.get_close_matches(k, list(known), n=1)
+                hint = f"; did you mean '{close[0]}'?" if close else ""
+                raise InputError(f"unknown option '{k}'{hint}")
+            kw[k] = v
+        return cls(**kw)
+
+
+@dataclass
+class Context:
+    """What a pass may know beyond the graph: its options and precomputed facts.
+
+    Passes stay pure graph transforms; what needs running the model (calibration ranges,
+    sensitivities) is computed before them and handed in here.
     """
 
-    options: dict[str, Any] = field(default_factory=dict)
-    data: dict[str, Any] = field(default_factory=dict)
+    options: Options = field(default_factory=Options)
     namer: Namer | None = None
-
-    def option(self, key: str, default: Any = None) -> Any:
-        return self.options.get(key, default)
+    plan: Any = None                   # rewriter.quant.plan.Plan, for insert-qdq/convert-fp16
+    assignment: Any = None             # rewriter.quant.plan.Assignment: a precision per layer
+    ranges: dict[str, float] = field(default_factory=dict)   # activation amax per tensor
 
 
 class Pass:

@@ -37,6 +37,7 @@ class PassRecord:
     changed: bool
     counts: dict[str, int]
     notes: list[str]
+    rows: list = field(default_factory=list)
     verification: list[dict] | None = None
 
     def summary(self) -> str:
@@ -138,8 +139,12 @@ def _mb(n: int) -> str:
 
 
 def _json_default(o):
+    import dataclasses
+
     if isinstance(o, Counter):
         return dict(o)
+    if dataclasses.is_dataclass(o) and not isinstance(o, type):
+        return dataclasses.asdict(o)
     if hasattr(o, "item"):
         return o.item()
     if hasattr(o, "to_dict"):

@@ -200,13 +200,12 @@ def _metric_line(m: dict, ort: dict | None) -> str:
 
 
 def check_and_compile(report, exported, original, base_dir, output, mgx: dict | None,
-                      options: dict, input_shapes, inputs, seed: int, held_out: list, plan,
-                      verifier, model_path: str | None) -> None:
+                      version: tuple[int, ...] | None, input_shapes, inputs, seed: int,
+                      held_out: list, plan, verifier, model_path: str | None) -> None:
     """The API's target step: the static check into ``report`` (grouped warnings), then,
     when ``mgx`` is given, :func:`migraphx_step` on the saved output."""
     from rewriter.migraphx.check import check_model
 
-    version = options.get("migraphx_version")
     layers = (report.extra.get("plan") or {}).get("layers", {})
     int8 = [k for k, v in layers.items() if v["precision"] == "int8"]
     result = check_model(exported.model, input_shapes=input_shapes, plan_int8_nodes=int8,

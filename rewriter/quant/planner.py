@@ -208,7 +208,7 @@ class _Evaluator:
     def measure(self, precision: dict[str, str]) -> dict[str, float]:
         from rewriter.core import ort
         from rewriter.core.manager import run_pipeline
-        from rewriter.core.pass_base import Context
+        from rewriter.core.pass_base import Context, Options
         from rewriter.core.registry import resolve
 
         g = self.graph.copy()
@@ -218,9 +218,8 @@ class _Evaluator:
         a = Assignment(full, {i: "planner" for i in ids}, ids, ops)
         plan = Plan(int8={"calibration": {}, "weights": self.settings["weights"],
                           "weight_form": self.settings["weight_form"], "bias": "float"})
-        ctx = Context(options={"migraphx_version": self.settings.get("migraphx_version")},
-                      data={"assignment": a, "ranges": self.ranges, "plan": plan},
-                      namer=Namer(g))
+        ctx = Context(Options(migraphx_version=self.settings.get("migraphx_version")),
+                      Namer(g), plan=plan, assignment=a, ranges=self.ranges)
         run_pipeline(g, resolve(["insert-qdq", "convert-fp16"]), ctx)
         exp = export(g, self.original, self.base_dir)
         sess = ort.session(exp.model, exp.source_dir, initializers=exp.ort_initializers())

@@ -84,7 +84,7 @@ def make_feeds(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = Non
             x = rng.integers(0, 4, size=shape).astype(dtype)
         else:
             raise InputError(f"input '{vi.name}' has dtype {dtype}; pass it with --inputs")
-        feeds[vi.name] = x
+        feeds[vi.name] = np.asarray(x, dtype=dtype)   # 0-d stays an array, not a scalar
     return feeds
 
 

@@ -41,8 +41,10 @@ class Verifier:
         try:
             self.reference = stack_runs([ort.run(sess, f) for f in self.feed_sets])
         except Exception as e:
-            raise InputError(f"onnxruntime cannot run the original model on these inputs: "
-                             f"{_line(e)} (set shapes with --input-shape or pass --inputs)") from None
+            given = ", ".join(f"{k} {list(np.shape(v))} {np.asarray(v).dtype}"
+                              for k, v in self.feed_sets[0].items())
+            raise InputError(f"onnxruntime cannot run the original model on these inputs "
+                             f"({given}): {_line(e)}") from None
 
     def check(self, exported, numerics: Numerics, depth: int = 1) -> list[OutputMetrics]:
         """Compare an :class:`rewriter.core.convert.Exported` model with the reference."""

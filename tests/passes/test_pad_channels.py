@@ -24,12 +24,12 @@ def bn(prefix, c):
 
 
 def pad(model, options=None, shapes=None, **kw):
-    """Run pad-channels with verification on; return (model, report, pass instance)."""
-    p = PadChannels()
-    out, rep = rewriter.rewrite(model, [p], verify=True, options=options or {},
+    """Run pad-channels with verification on; return (model, report, the pass's record,
+    whose ``rows`` hold one ConvRow per conv)."""
+    out, rep = rewriter.rewrite(model, [PadChannels()], verify=True, options=options or {},
                                 input_shapes=shapes, **kw)
     onnx.checker.check_model(out, full_check=True)
-    return out, rep, p
+    return out, rep, next(r for r in rep.passes if r.name == "pad-channels")
 
 
 def inits(model):
@@ -647,9 +647,10 @@ LOCAL = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "mo
 @pytest.mark.parametrize("path", LIGHT + LOCAL, ids=os.path.basename)
 def test_models_are_aligned_or_explained(path):
     m = onnx.load(path)
-    p = PadChannels()
-    out, rep = rewriter.rewrite(path, ["fold-constants", "fuse-conv-bn", p], verify=True)
+    out, rep = rewriter.rewrite(path, ["fold-constants", "fuse-conv-bn", "pad-channels"],
+                                verify=True)
     assert rep.ok
+    p = rep.passes[-1]
     assert interface(out) == interface(m)
     assert p.rows, "no conv seen"
     for r in p.rows:

@@ -1,0 +1,55 @@
+"""Pins what onnxruntime's private calibration code does for us (quant/ort_calibration.py).
+
+The histograms and the KL search are onnxruntime's, reached through one adapter because
+they are not a public API. An onnxruntime release that changes them changes every
+percentile/entropy scale this tool writes; these figures (measured with onnxruntime 1.32)
+make such a release fail here instead of passing silently. Update them deliberately, with
+the calibration benchmark re-run.
+"""
+
+import numpy as np
+import pytest
+
+from rewriter.quant.ort_calibration import Histograms
+
+X = np.random.default_rng(0).standard_normal(100_000).astype(np.float32)
+
+
+def test_percentile_histogram_is_of_absolute_values_and_grows_with_the_range():
+    h = Histograms("percentile", 2048, 99.99, 128)
+    h.add("t", X)
+    h.add("t", 2 * X)       # a later batch that reaches twice as far
+    hist, edges, lo, hi = h.pop("t")[:4]
+    assert hist.sum() == 2 * X.size                      # every value, both batches
+    width = edges[1] - edges[0]
+    assert 0 <= edges[0] <= np.abs(X).min() + width      # |x|: starts at the smallest
+    assert 0 <= edges[-1] - 2 * np.abs(X).max() <= 2 * width   # bins added whole
+    assert len(hist) == 4097                             # bins were added, width kept
+    assert (float(lo), float(hi)) == pytest.approx((2 * X.min(), 2 * X.max()), rel=1e-6)
+    assert h.pop("t") is None                            # popped: memory freed
+
+
+def test_entropy_histogram_is_signed_and_the_kl_threshold_is_pinned():
+    h = Histograms("entropy", 2048, 99.99, 128)
+    h.add("t", X)
+    hist = h.pop("t")
+    assert len(hist[0]) == 2048 and hist[0].sum() == X.size
+    assert np.isclose(hist[1][0], -np.abs(X).max()) and np.isclose(hist[1][-1], np.abs(X).max())
+    lo, hi = h.entropy_threshold(hist)
+    # N(0, 1), 2048 bins, 128 quantized bins: onnxruntime 1.32 clips at about 3.85 sigma.
+    assert (lo, hi) == pytest.approx((-3.8539579, 3.8585792), abs=1e-5)
+
+
+def test_entropy_histogram_merges_a_wider_batch_symmetrically():
+    h = Histograms("entropy", 2048, 99.99, 128)
+    h.add("u", X)
+    h.add("u", 3 * X)
+    hist, edges = h.pop("u")[:2]
+    assert hist.sum() == 2 * X.size and len(hist) == 6144
+    assert np.isclose(edges[0], -edges[-1]) and np.isclose(edges[-1], 3 * np.abs(X).max(),
+                                                           rtol=1e-4)
+
+
+def test_refuses_minmax():
+    with pytest.raises(ValueError):
+        Histograms("minmax", 2048, 99.99, 128)
