@@ -354,38 +354,44 @@ class _Rewrite:
         return exported
 
     def gate(self, exported, ort_load: bool) -> str | None:
-        """Why ``exported`` must not be written, or None. onnx's checker with full_check
-        (strict shape inference) on its weight-free copies (held to what the input itself
-        passes), and a load in onnxruntime unless verification ran it already."""
+        """Why ``exported`` must not be written, or None: onnx's checker with full_check
+        (strict shape inference), held to what the input itself passes, and a load in
+        onnxruntime unless verification ran it already. All three read one weight-free copy
+        whose big weights are graph inputs: on a long graph each copy costs time and
+        memory, and onnxruntime then needs no weight bytes."""
+        light = _weights_as_inputs(exported.model)
         try:
-            validate_model(exported.checkable(), "rewritten model")
-        except InputError as e:
-            return str(e)
-        if self.input_strict_ok():
-            problem = self.strict_inference(exported.model)
-            if problem:
-                return problem
-        if ort_load:
-            from rewriter.core import ort
-            light = _weights_as_inputs(exported.model)
-            try:
-                if light is not None:
-                    ort.session(light, exported.source_dir)
-                else:
-                    ort.session(exported.model, exported.source_dir,
-                                initializers=exported.ort_initializers())
-            except Exception as e:  # noqa: BLE001
-                if self.input_ort_ok():
-                    return f"onnxruntime cannot load it: {first_line(e)}"
+            if light is None:   # big weights inside bodies: check the stub copy instead
+                validate_model(exported.checkable(), "rewritten model")
+            else:
+                onnx.checker.check_model(light)
+        except (InputError, onnx.checker.ValidationError) as e:
+            return str(e) if isinstance(e, InputError) else f"onnx.checker: {first_line(e)}"
+        problem = self.strict_inference(light if light is not None else
+                                         weight_free_copy(exported.model))
+        if problem and self.input_strict_ok():   # held to what the input itself passes
+            return problem
+        if not ort_load:
+            return None
+        from rewriter.core import ort
+        try:
+            if light is not None:
+                ort.session(light, exported.source_dir)
+            else:
+                ort.session(exported.model, exported.source_dir,
+                            initializers=exported.ort_initializers())
+        except Exception as e:  # noqa: BLE001
+            if self.input_ort_ok():
+                return f"onnxruntime cannot load it: {first_line(e)}"
         return None
 
-    def strict_inference(self, model: onnx.ModelProto) -> str | None:
+    def strict_inference(self, copy: onnx.ModelProto) -> str | None:
         """onnx's strict shape inference (full_check's half that the structural check does
-        not do). Declared shapes of graph outputs and value_info are hints a model may get
-        wrong without any pass's help (a Reshape whose shape folding made constant can show
-        that the input declared its output wrongly): those are left out of the check and a
-        declared output shape the data contradicts is reported as the input's, not failed."""
-        copy = weight_free_copy(model)
+        not do) on ``copy``, a weight-free copy it may edit. Declared shapes of graph
+        outputs and value_info are hints a model may get wrong without any pass's help (a
+        Reshape whose shape folding made constant can show that the input declared its
+        output wrongly): those are left out of the check and a declared output shape the
+        data contradicts is reported as the input's, not failed."""
         declared = {}
         for o in copy.graph.output:
             if o.type.HasField("tensor_type") and o.type.tensor_type.HasField("shape"):
@@ -411,7 +417,7 @@ class _Rewrite:
 
     def input_strict_ok(self) -> bool:
         if not hasattr(self, "_input_strict"):
-            problem = self.strict_inference(self.original)
+            problem = self.strict_inference(weight_free_copy(self.original))
             self._input_strict = problem is None
             if problem:
                 self.report.warnings.append(f"the input fails onnx's full check "
@@ -514,11 +520,13 @@ class _Rewrite:
 def _weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy for onnxruntime to load without weight bytes: the big top-level initializers
     become graph inputs of the same type and shape (an onnxruntime session of a 2.5 GB model
-    then costs kilobytes). None when big tensors sit inside If/Loop/Scan bodies: those
-    cannot become graph inputs, so such a model is loaded with its weights instead."""
+    then costs kilobytes). None when big tensors sit inside If/Loop/Scan bodies or Constant
+    nodes: those cannot become graph inputs, so such a model is checked with its weights.""" 
     copy = weight_free_copy(model)
-    for g in list(graph_protos(copy.graph))[1:]:
-        if any(not _has_data(t) for t in g.initializer):
+    for g in graph_protos(copy.graph):
+        inits = list(g.initializer) if g is not copy.graph else []
+        if any(not _has_data(t) for t in inits + [a.t for n in g.node for a in n.attribute
+                                                  if a.type == onnx.AttributeProto.TENSOR]):
             return None
     keep = []
     for t in copy.graph.initializer:
@@ -534,11 +542,12 @@ def _weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _has_data(t: onnx.TensorProto) -> bool:
-    """False for weight_free_copy's stubs: dims but no data in any field."""
-    if t.HasField("raw_data") or not t.dims or 0 in t.dims:
+    """False for weight_free_copy's stubs: elements (a scalar has one) but no data."""
+    if t.HasField("raw_data") or any(len(getattr(t, f)) for f in (
+            "float_data", "int32_data", "int64_data", "double_data", "uint64_data",
+            "string_data")):
         return True
-    return any(len(getattr(t, f)) for f in ("float_data", "int32_data", "int64_data",
-                                            "double_data", "uint64_data", "string_data"))
+    return int(np.prod(t.dims, dtype=np.int64)) == 0
 
 
 def _worst(metrics, verifier=None) -> str:

@@ -256,3 +256,17 @@ def test_lossy_report_says_top1_only_for_classifier_outputs(tmp_path, capfd):
     _, report = rewriter.rewrite(str(src), plan="fp16", calib=calib, verify=True)
     top1 = {v["name"]: v["top1"] for v in report.verification}
     assert top1["seg"] is None and top1["cls"] is not None
+
+
+def test_big_constant_node_passes_the_gate_when_nothing_folds_it():
+    """The gate's weight-free copy cannot turn a Constant node's tensor into a graph input:
+    such a model is checked with its weights, not refused."""
+    big = numpy_helper.from_array(np.ones((300, 300), np.float32), "c")
+    g = helper.make_graph(
+        [helper.make_node("Constant", [], ["c"], value=big),
+         helper.make_node("MatMul", ["x", "c"], ["y"])], "m",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 300])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 300])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    out, _ = rewriter.rewrite(m, ["fuse-conv-bn"])
+    assert [n.op_type for n in out.graph.node] == ["Constant", "MatMul"]
