@@ -207,6 +207,7 @@ def text_crops(
     seed: int = 0,
     *,
     rotate_fraction: float = 0.5,
+    hard: bool = False,
 ) -> Iterator[tuple[np.ndarray, int]]:
     """Yield ``n`` (float32 array (3, h, w) in [0, 1], label) pairs of rendered text lines.
 
@@ -216,6 +217,9 @@ def text_crops(
     label 0). Preprocessing follows PaddleOCR's text classifier: resize to height h keeping
     the aspect ratio, width capped at w, and pad on the right with 0.5, which is 0 after
     normalising with mean 0.5 and std 0.5.
+
+    ``hard`` makes the lines small, faint, blurred and noisy (:func:`_degrade`): inputs on
+    which even the FP32 model is often unsure, where quantisation decides the outcome.
     """
     Image, ImageDraw, _ = _require_pillow()
     h_out, w_out = size
@@ -224,11 +228,10 @@ def text_crops(
         length = int(rng.integers(3, 25))
         text = "".join(_TEXT_CHARS[int(i)] for i in rng.integers(len(_TEXT_CHARS), size=length))
         text = text.strip() or "text"
-        px = int(rng.integers(18, 41))
+        px = int(rng.integers(10, 19)) if hard else int(rng.integers(18, 41))
         font = _font(px)
         fg_dark = rng.random() < 0.85
-        bg = rng.integers(170, 256, 3) if fg_dark else rng.integers(0, 90, 3)
-        fg = rng.integers(0, 80, 3) if fg_dark else rng.integers(180, 256, 3)
+        bg, fg = _colours(rng, fg_dark, hard, gap=(40, 100))
         pad_x, pad_y = int(rng.integers(2, 12)), int(rng.integers(2, 10))
         left, top, right, bottom = font.getbbox(text)
         canvas = Image.new("RGB", (right - left + 2 * pad_x, bottom - top + 2 * pad_y),
@@ -240,8 +243,70 @@ def text_crops(
             canvas = canvas.transpose(Image.Transpose.ROTATE_180)
         cw, ch = canvas.size
         new_w = min(w_out, max(1, math.ceil(h_out * cw / ch)))
-        line = np.asarray(canvas.resize((new_w, h_out), Image.Resampling.BILINEAR), np.float32)
+        line = canvas.resize((new_w, h_out), Image.Resampling.BILINEAR)
+        line = (_degrade(line, rng, blur=(0.3, 0.9), noise=(5, 14)) if hard
+                else np.asarray(line, np.float32))
         line = line + rng.normal(0.0, 4.0, line.shape)
         out = np.full((h_out, w_out, 3), 127.5, np.float32)
         out[:, :new_w] = np.clip(line, 0, 255)
         yield np.ascontiguousarray((out / 255.0).transpose(2, 0, 1)).astype(np.float32), label
+
+
+def _colours(rng, fg_dark: bool, hard: bool, gap=(25, 70)):
+    """Background and text colour; ``hard``: low contrast (faint text, ``gap`` levels)."""
+    if not hard:
+        bg = rng.integers(170, 256, 3) if fg_dark else rng.integers(0, 90, 3)
+        fg = rng.integers(0, 80, 3) if fg_dark else rng.integers(180, 256, 3)
+        return bg, fg
+    base = rng.integers(90, 200)
+    gap = int(rng.integers(*gap)) * (-1 if fg_dark else 1)
+    bg = np.clip(base + rng.integers(-10, 11, 3), 0, 255)
+    fg = np.clip(bg + gap + rng.integers(-8, 9, 3), 0, 255)
+    return bg, fg
+
+
+def _degrade(im, rng, blur=(0.6, 1.6), noise=(8, 22)) -> np.ndarray:
+    """Blur, then strong pixel noise: what a phone photo of small print looks like."""
+    from PIL import ImageFilter
+
+    im = im.filter(ImageFilter.GaussianBlur(radius=float(rng.uniform(*blur))))
+    a = np.asarray(im, np.float32)
+    return a + rng.normal(0.0, float(rng.uniform(*noise)), a.shape)
+
+
+def text_pages(
+    n: int,
+    size: tuple[int, int] = (224, 224),
+    seed: int = 0,
+    *,
+    hard: bool = False,
+) -> Iterator[tuple[np.ndarray, int]]:
+    """Yield ``n`` (float32 array (3, h, w) in [0, 1], k) pairs: a page of text lines
+    rotated by k x 90 degrees counter-clockwise, k uniform in 0..3 (the document-orientation
+    task). ``hard``: small, faint, blurred, noisy text, as :func:`text_crops`."""
+    Image, ImageDraw, _ = _require_pillow()
+    h_out, w_out = size
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        side = 448
+        fg_dark = rng.random() < 0.9
+        bg, fg = _colours(rng, fg_dark, hard)
+        page = Image.new("RGB", (side, side), tuple(int(v) for v in bg))
+        draw = ImageDraw.Draw(page)
+        px = int(rng.integers(12, 20)) if hard else int(rng.integers(18, 34))
+        font = _font(px)
+        y = int(rng.integers(4, 30))
+        while y < side - px:
+            length = int(rng.integers(8, 40))
+            text = "".join(_TEXT_CHARS[int(i)] for i in rng.integers(len(_TEXT_CHARS),
+                                                                     size=length))
+            draw.text((int(rng.integers(4, 40)), y), text.strip() or "text", font=font,
+                      fill=tuple(int(v) for v in fg))
+            y += int(px * rng.uniform(1.3, 2.2))
+        k = int(rng.integers(4))
+        page = page.rotate(90 * k, expand=True).resize((w_out, h_out),
+                                                      Image.Resampling.BILINEAR)
+        arr = _degrade(page, rng) if hard else np.asarray(page, np.float32) + rng.normal(
+            0.0, 3.0, (h_out, w_out, 3))
+        yield np.ascontiguousarray((np.clip(arr, 0, 255) / 255.0).transpose(2, 0, 1)).astype(
+            np.float32), k
