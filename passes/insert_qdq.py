@@ -77,6 +77,50 @@ def quantize_weight(w: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.nda
     return q, s
 
 
+def gptq_round(w: np.ndarray, scale: np.ndarray, hessian: np.ndarray, group: int,
+               damp: float = 0.01) -> np.ndarray:
+    """Error-compensating int8 rounding (GPTQ) of conv weights ``w`` [K, C/g, kh, kw] with
+    per-output-channel ``scale`` [K] (or a 0-d one) and ``hessian`` [g, D, D] = E[x x^T]
+    of the input patches of each group (rewriter.quant.hessian). Columns are rounded in
+    descending order of their input energy; each rounding error is spread over the
+    columns not yet rounded along H^-1, which minimises the output error
+    (w - q)^T H (w - q) greedily. Returns int8 values."""
+    k = w.shape[0]
+    d = int(np.prod(w.shape[1:]))
+    per_group = k // group
+    s = np.broadcast_to(np.asarray(scale, np.float64).reshape(-1), (k,)) \
+        if np.ndim(scale) else np.full(k, float(scale))
+    w2 = w.reshape(k, d).astype(np.float64)
+    out = np.empty((k, d), np.int8)
+    for g in range(group):
+        rows = slice(g * per_group, (g + 1) * per_group)
+        out[rows] = _gptq_block(w2[rows], s[rows], hessian[g], damp)
+    return out.reshape(w.shape)
+
+
+def _gptq_block(w: np.ndarray, s: np.ndarray, h: np.ndarray, damp: float) -> np.ndarray:
+    d = w.shape[1]
+    h = h.copy()
+    dead = np.diag(h) <= 0
+    h[dead, dead] = 1.0
+    w = w.copy()
+    w[:, dead] = 0.0
+    order = np.argsort(-np.diag(h))
+    w, h = w[:, order], h[np.ix_(order, order)]
+    h[np.diag_indices(d)] += damp * float(np.mean(np.diag(h))) + 1e-12
+    try:
+        hinv = np.linalg.cholesky(np.linalg.inv(h)).T      # upper factor of H^-1
+    except np.linalg.LinAlgError:
+        return np.clip(np.rint(w / s[:, None]), -QMAX, QMAX).astype(np.int8)[:, np.argsort(order)]
+    q = np.empty_like(w)
+    for i in range(d):
+        qi = np.clip(np.rint(w[:, i] / s), -QMAX, QMAX)
+        q[:, i] = qi
+        err = (w[:, i] - qi * s) / hinv[i, i]
+        w[:, i + 1:] -= np.outer(err, hinv[i, i + 1:])
+    return q[:, np.argsort(order)].astype(np.int8)
+
+
 class InsertQdq(Pass):
     name = "insert-qdq"
     phase = Phase.QUANTIZE
@@ -127,6 +171,7 @@ class _Site:
         self.form, self.int32_bias = form, int32_bias
         self.act_cache: dict[str, tuple] = {}
         self.w_cache: dict[tuple, tuple] = {}
+        self.current: str | None = None     # the layer being quantised (its Hessian)
 
     def const(self, base: str, values) -> gs.Constant:
         return gs.Constant(self.ctx.namer(base), np.asarray(values))
@@ -138,6 +183,7 @@ class _Site:
         return out
 
     def quantize(self, node) -> str | None:
+        self.current = node_id(node) if node.op == "Conv" else None
         x = node.inputs[0]
         w = node.inputs[1] if len(node.inputs) > 1 else None
         if not isinstance(w, gs.Constant):
@@ -200,7 +246,17 @@ class _Site:
             values = w.values
             if alpha != 1.0:
                 values = (values.astype(np.float64) * alpha).astype(np.float32)
-            q, s_w = quantize_weight(values, axis)
+            cached = self.ctx.weight_cache.get((self.current,) + key)
+            if cached is not None:
+                q, s_w = cached
+            else:
+                q, s_w = quantize_weight(values, axis)
+                h = self.ctx.hessians.get(self.current) if self.current is not None else None
+                if h is not None and values.ndim == 4 and axis in (0, None):
+                    q = gptq_round(values, s_w, h, h.shape[0])
+                    self.ctx.weight_cache[(self.current,) + key] = (q, s_w)
+            if self.current in self.ctx.hessians:
+                self.res.count("weights-gptq-rounded")
             dq_scale = np.array(1.0, np.float32) if unit_scale else s_w
             wq = self.const(f"{w.name}_quantized", q)
             ws = self.const(f"{w.name}_scale", dq_scale)

@@ -33,6 +33,7 @@ from rewriter.core.report import Report, op_histogram
 from rewriter.core.save import save_model, total_weight_bytes
 
 _QUANTIZE = ("insert-qdq", "convert-fp16")
+_DATA_KEYS = ("plan", "assignment", "ranges", "channel_stats", "bias_shift", "hessians")
 
 
 @contextmanager
@@ -65,6 +66,7 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
             progress: bool = False,
             target: str | None = None,
             migraphx: dict[str, Any] | None = None,
+            labels: Any = None,
             ) -> tuple[onnx.ModelProto, Report]:
     """Rewrite a model with a pipeline of passes (default: fold-constants, fuse-conv-bn).
 
@@ -80,7 +82,8 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
             ``planner`` (settings of the planner for ``plan="auto"``).
         base_dir: folder that resolves external data of an in-memory model.
         data: precomputed facts for the plan passes, for tests and toolchains that run
-            insert-qdq/convert-fp16 themselves: ``plan``, ``assignment``, ``ranges``.
+            them themselves: ``plan``, ``assignment``, ``ranges``, ``channel_stats``,
+            ``bias_shift`` (the Context fields of the same names).
         plan: a mixed-precision plan (built-in name, file, dict or Plan): after the FP32
             passes, its INT8 layers get Q/DQ (insert-qdq) and its FP16 layers float16
             regions (convert-fp16).
@@ -98,6 +101,9 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
             models are judged on up to this many samples, default 8). The target MIGraphX
             version for the plan's weight form and the check is ``options["migraphx_version"]``
             (default: the installed one).
+        labels: class labels of the calibration samples (an iterable ``calib``; a folder
+            has its own labels file): lossy verification and the planner then also judge
+            task accuracy against FP32.
 
     Raises:
         InputError (bad input), PassError (bug in a pass, including a pass that wrote a
@@ -107,7 +113,7 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
     with _no_gc():
         run = _Rewrite(model, passes, output, verify, input_shapes, inputs, seed,
                        dict(options or {}), base_dir, dict(data or {}), plan, calib, progress,
-                       target, migraphx)
+                       target, migraphx, labels)
         return run.run(materialize)
 
 
@@ -115,31 +121,34 @@ class _Rewrite:
     """One call of :func:`rewrite`: its inputs, its state, and one method per step."""
 
     def __init__(self, model, passes, output, verify, input_shapes, inputs, seed, options,
-                 base_dir, data, plan, calib, progress, target, migraphx):
+                 base_dir, data, plan, calib, progress, target, migraphx, labels=None):
         self.model_arg, self.output, self.verify = model, output, verify
         self.input_shapes, self.inputs, self.seed = input_shapes, inputs, seed
         self.base_dir, self.plan, self.calib = base_dir, plan, calib
         self.progress, self.target, self.migraphx = progress, target, migraphx
+        self.labels = labels
         self.planner_settings = options.pop("planner", None)
         if target == "migraphx" and options.get("migraphx_version") is None:
             from rewriter.migraphx.lowering import installed_version
             options["migraphx_version"] = installed_version()
         self.options = Options.from_dict(options)
         self.data = data
-        unknown = set(data) - {"plan", "assignment", "ranges"}
+        unknown = set(data) - set(_DATA_KEYS)
         if unknown:
-            raise InputError(f"unknown data key(s) {sorted(unknown)} (plan, assignment, ranges)")
+            raise InputError(f"unknown data key(s) {sorted(unknown)} ({', '.join(_DATA_KEYS)})")
         self.pipeline = registry.resolve(passes)
         self.quantize: list = []
         self.seconds: dict[str, float] = {}
         self.calib_data = None
         self.held_out: list = []
+        self.held_labels = None
         self.verifier = None
         self.depth, self.worst = 0, Numerics.EXACT   # verification depth and tolerance kind
         self.last_metrics = None     # the check after the last pass that changed the graph
         self.fp32_done: list = []    # records of the FP32 part, for a failure's report
         self.fp32_snapshot = None    # the FP32-rewritten model, to locate a lossy divergence
         self.verify_seconds = 0.0
+        self.extra_records: list = []   # passes the plan step runs before its own passes
 
     @property
     def path(self) -> str | None:
@@ -158,8 +167,7 @@ class _Rewrite:
         self.seconds["load"] = time.perf_counter() - t0 - self.seconds.get("plan", 0.0)
         self.make_verifier()
         self.ctx = Context(self.options, Namer(self.graph), plan=self.plan,
-                           assignment=self.data.get("assignment"),
-                           ranges=self.data.get("ranges", {}))
+                           **{k: v for k, v in self.data.items() if k != "plan"})
         check_order(self.pipeline + self.quantize)
         records = run_pipeline(self.graph, self.pipeline, self.ctx, self.after_change)
         if self.quantize:
@@ -204,7 +212,8 @@ class _Rewrite:
                             migraphx_version=self.options.migraphx_version)
             self.plan, self.planner_report = plan_auto(
                 self.original, self.calib, base_dir=self.base_dir,
-                input_shapes=self.input_shapes, settings=settings, progress=self.progress)
+                input_shapes=self.input_shapes, settings=settings, progress=self.progress,
+                labels=self.labels)
             self.seconds["plan"] = time.perf_counter() - t
         if self.plan is None:
             self.plan = self.data.get("plan")
@@ -217,13 +226,15 @@ class _Rewrite:
             return
         from rewriter.quant.data import held_out_count, load_calibration
         data = load_calibration(self.calib, self.original, preprocess=self.plan.preprocess,
-                                limit=int(self.plan.int8["calibration"]["samples"]))
+                                limit=int(self.plan.int8["calibration"]["samples"]),
+                                labels=self.labels)
         if len(data) >= 8:
             # The same samples are held out with or without --verify, and by the planner:
             # the model written is the model the planner measured, and --verify judges it
             # on samples its scales were not computed from.
             data, held = data.split(held_out_count(len(data)))
             self.held_out = list(held)
+            self.held_labels = held.labels
         self.calib_data = data
 
     def describe_input(self) -> None:
@@ -254,8 +265,10 @@ class _Rewrite:
         else:
             feeds = make_feeds(self.original, self.input_shapes, self.seed)
             what = f"random inputs seed {self.seed}"
+        labels = self.held_labels if feeds is self.held_out else None
         self.verifier = Verifier(self.original, self.base_dir, feeds, path=self.path,
-                                 lossy=self.plan.verify if self.plan is not None else None)
+                                 lossy=self.plan.verify if self.plan is not None else None,
+                                 labels=labels)
         self.report.verified_with = "onnxruntime CPU, graph optimisations off, " + what
         self.seconds["reference"] = time.perf_counter() - t
 
@@ -307,8 +320,44 @@ class _Rewrite:
         if self.verifier is not None:
             self.fp32_snapshot = fp32_exported or export(self.graph, self.original,
                                                          self.base_dir)
-        return records + run_pipeline(self.graph, self.quantize, self.ctx, self.after_change,
+        records = records + self.extra_records
+        if not (self.plan.int8.get("bias_correction") and fp32_exported is not None):
+            return records + run_pipeline(self.graph, self.quantize, self.ctx,
+                                          self.after_change, before=[r.name for r in records])
+        head, tail = self.quantize[:1], self.quantize[1:]      # insert-qdq | convert-fp16
+        a = self.ctx.assignment    # the INT8 convs' outputs keep their names through the form
+        outs = sorted({n.outputs[0].name for n in self.graph.nodes
+                       if n.op == "Conv" and a.precision.get(node_id(n)) == "int8"})
+        records += run_pipeline(self.graph, head, self.ctx, self.after_change,
+                                before=[r.name for r in records])
+        records += self.correct_bias(fp32_exported, outs, [r.name for r in records])
+        return records + run_pipeline(self.graph, tail, self.ctx, self.after_change,
                                       before=[r.name for r in records])
+
+    def correct_bias(self, fp32_exported, outs: list, before: list, group: int = 1) -> list:
+        """Measure the INT8 convs' per-channel output mean shifts (quantised minus FP32, on
+        the calibration data) and let correct-bias remove them, ``group`` layers at a time
+        in graph order: a layer's shift is measured after every layer before it has been
+        corrected (correcting all at once over-corrects: upstream fixes move downstream
+        means too)."""
+        from rewriter.quant.ranges import channel_stats
+
+        kw = dict(progress=self.progress)
+        ref = channel_stats(fp32_exported.model, outs, self.calib_data,
+                            base_dir=fp32_exported.source_dir,
+                            initializers=fp32_exported.ort_initializers(), **kw)
+        order = {n.outputs[0].name: i for i, n in enumerate(self.graph.nodes) if n.outputs}
+        outs = sorted(outs, key=lambda t: order.get(t, 0))
+        records = []
+        for k in range(0, len(outs), group):
+            part = outs[k:k + group]
+            exp = export(self.graph, self.original, self.base_dir)
+            got = channel_stats(exp.model, part, self.calib_data, base_dir=exp.source_dir,
+                                initializers=exp.ort_initializers(), **kw)
+            self.ctx.bias_shift = {t: got[t].mean - ref[t].mean for t in part}
+            records += run_pipeline(self.graph, registry.resolve(["correct-bias"]), self.ctx,
+                                    self.after_change, before=before + [r.name for r in records])
+        return _merge_records(records)
 
     def calibrate(self):
         """Every layer's precision into the context, and the INT8 layers' input ranges;
@@ -329,6 +378,10 @@ class _Rewrite:
                              "needed (--calib DIR), or use a plan without INT8 layers")
         from rewriter.quant.ranges import collect_ranges
 
+        if self.plan.int8.get("equalize"):
+            self.equalize(int8)
+        if self.plan.int8.get("rounding") == "gptq":
+            self.hessians(int8)
         cal = self.plan.int8["calibration"]
         tensors = sorted({n.inputs[0].name for n in int8})
         exported = export(self.graph, self.original, self.base_dir)
@@ -341,6 +394,34 @@ class _Rewrite:
                                             "samples": len(self.calib_data),
                                             "tensors": len(tensors)}
         return exported
+
+    def equalize(self, int8: list) -> None:
+        """Per-channel statistics of the INT8 convs' inputs, then equalize-channels (its
+        record joins the report's passes)."""
+        from rewriter.quant.ranges import channel_stats
+
+        exported = export(self.graph, self.original, self.base_dir)
+        if self.plan.int8.get("equalize") == "all":
+            layers = set(self.ctx.assignment.precision)
+            int8 = [n for n in self.graph.nodes if node_id(n) in layers]
+        tensors = sorted({n.inputs[0].name for n in int8 if n.op == "Conv"})
+        self.ctx.channel_stats = channel_stats(
+            exported.model, tensors, self.calib_data, base_dir=exported.source_dir,
+            initializers=exported.ort_initializers(), progress=self.progress)
+        self.extra_records += run_pipeline(self.graph, registry.resolve(["equalize-channels"]),
+                                           self.ctx, self.after_change)
+
+    def hessians(self, int8: list) -> None:
+        """E[x x^T] of every INT8 conv's input patches, for GPTQ rounding in insert-qdq."""
+        from rewriter.quant.hessian import conv_hessians, conv_spec
+
+        specs = [sp for sp in (conv_spec(n, n.inputs[1].shape) for n in int8
+                               if n.op == "Conv" and n.inputs[1].shape is not None) if sp]
+        exported = export(self.graph, self.original, self.base_dir)
+        self.ctx.hessians = conv_hessians(exported.model, specs, self.calib_data,
+                                          base_dir=exported.source_dir,
+                                          initializers=exported.ort_initializers(),
+                                          progress=self.progress)
 
     def export_and_gate(self, records: list):
         t = time.perf_counter()
@@ -515,6 +596,22 @@ class _Rewrite:
         budget = self.plan.verify["min_cosine"] if self.plan is not None else 0.99
         return layer_divergence(self.fp32_snapshot, exported, names,
                                 self.verifier.feed_sets[:8], budget, labels)
+
+
+def _merge_records(records: list) -> list:
+    """Several runs of one pass as one report line (counts summed, times added)."""
+    if len(records) <= 1:
+        return records
+    first = records[0]
+    for r in records[1:]:
+        first.seconds += r.seconds
+        first.nodes_after = r.nodes_after
+        first.changed = first.changed or r.changed
+        for k, v in r.counts.items():
+            first.counts[k] = first.counts.get(k, 0) + v
+        first.notes += r.notes
+        first.verification = r.verification or first.verification
+    return [first]
 
 
 def _weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -252,19 +252,29 @@ def _planner_args(p) -> None:
                    help="FP16 speed relative to FP32 (default 1.5, an assumption)")
     g.add_argument("--target-speedup", type=float, default=None,
                    help="report the INT8 FLOP share this speedup needs")
-    g.add_argument("--method", choices=METHODS, default="percentile",
-                   help="calibration method (default percentile)")
+    g.add_argument("--max-accuracy-drop", type=float, default=None, metavar="POINTS",
+                   help="with labels beside the calibration data (labels.txt/.json/.npy): "
+                        "task accuracy the plan may lose against FP32, in points")
+    g.add_argument("--method", choices=METHODS, default="mse",
+                   help="activation range method (default mse: the clip minimising the "
+                        "quantisation error)")
     g.add_argument("--percentile", type=float, default=99.99, help="for percentile (99.99)")
     g.add_argument("--weights", choices=("per-channel", "per-tensor"), default="per-channel")
     g.add_argument("--samples", type=int, default=256,
-                   help="calibration samples used at most; a third is held out (default 256)")
+                   help="calibration samples used at most (default 256)")
+    g.add_argument("--folds", type=int, default=4,
+                   help="k-fold judgement: ranges from k-1 folds, judged on the k-th (4)")
+    g.add_argument("--strict", action="store_true",
+                   help="exit 1 when the data cannot certify the budget at 95%% confidence")
 
 
 def _planner_settings(args) -> dict:
     return {"min_top1": args.min_top1, "min_cosine": args.min_cosine, "alpha": args.alpha,
             "beta": args.beta, "int8_speed": args.int8_speed, "fp16_speed": args.fp16_speed,
             "target_speedup": args.target_speedup, "method": args.method,
-            "percentile": args.percentile, "weights": args.weights, "samples": args.samples}
+            "percentile": args.percentile, "weights": args.weights, "samples": args.samples,
+            "max_accuracy_drop": args.max_accuracy_drop, "folds": args.folds,
+            "strict": args.strict}
 
 
 def _plan_main(argv: list[str]) -> int:

@@ -495,7 +495,7 @@ def test_only_graph_inputs_and_empty():
 @pytest.mark.parametrize("kw, message", [
     ({"tensors": ["hh"]}, "did you mean 'h'"),
     ({"tensors": ["w1"]}, "is a weight"),
-    ({"method": "mse"}, "not one of minmax, percentile, entropy"),
+    ({"method": "median"}, "not one of minmax, percentile, entropy, mse"),
     ({"method": "percentile", "percentile": 0}, "percentile must be in (0, 100]"),
     ({"method": "entropy", "num_bins": 128}, "num_bins >= 256"),
     ({"method": "entropy", "num_bins": 1001}, "even num_bins"),

@@ -97,6 +97,12 @@ class Context:
     plan: Any = None                   # rewriter.quant.plan.Plan, for insert-qdq/convert-fp16
     assignment: Any = None             # rewriter.quant.plan.Assignment: a precision per layer
     ranges: dict[str, float] = field(default_factory=dict)   # activation amax per tensor
+    channel_stats: dict[str, Any] = field(default_factory=dict)  # tensor -> ChannelStats
+    bias_shift: dict[str, Any] = field(default_factory=dict)     # layer -> per-channel shift
+    hessians: dict[str, Any] = field(default_factory=dict)       # conv -> E[x x^T] per group
+    # Rounded weights by (layer, weight, form): the planner builds many plans from one
+    # graph and shares this dict, so a layer's GPTQ rounding runs once.
+    weight_cache: dict[tuple, Any] = field(default_factory=dict)
 
 
 class Pass:

@@ -16,7 +16,9 @@ _PASSES = [
     ("fold-constants", "rewriter.passes.fold_constants:FoldConstants"),
     ("fuse-conv-bn", "rewriter.passes.fuse_conv_bn:FuseConvBn"),
     ("pad-channels", "rewriter.passes.pad_channels:PadChannels"),
+    ("equalize-channels", "rewriter.passes.equalize_channels:EqualizeChannels"),
     ("insert-qdq", "rewriter.passes.insert_qdq:InsertQdq"),
+    ("correct-bias", "rewriter.passes.correct_bias:CorrectBias"),
     ("convert-fp16", "rewriter.passes.convert_fp16:ConvertFp16"),
 ]
 

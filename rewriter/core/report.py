@@ -124,6 +124,10 @@ class Report:
                     more = f"  {m.get('sqnr_db', float('inf')):8.1f}  {top1:>6}"
                 lines.append(f"  {m['name']:<{ow}}  {m['max_abs']:9.2e}  {m['max_rel']:9.2e}  "
                              f"{m['cosine']:10.7f}{more}  {'yes' if m['ok'] else 'NO'}")
+            for m in self.verification:
+                if m.get("certificate"):
+                    from rewriter.verify.certify import Judgement
+                    lines.append("  " + Judgement(**m["certificate"]).line())
         if self.failed_pass:
             lines.append(f"verification failed after pass '{self.failed_pass}'")
         for w_ in self.warnings:

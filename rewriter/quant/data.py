@@ -25,6 +25,8 @@ import onnx
 from rewriter.core.errors import InputError
 
 NPY, NPZ, IMAGE = "npy", "npz", "image"
+# A labels file beside the samples: one label (class index) per sample, in reading order.
+LABEL_FILES = ("labels.txt", "labels.json", "labels.npy")
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 
 
@@ -382,10 +384,12 @@ class CalibrationData:
 
     def __init__(self, items: list, kind: str, inputs: list[_Input], load: Callable,
                  batch_size: int = 1, drop_last: bool = False, source: str = "",
-                 ignored: Sequence[str] = ()):
+                 ignored: Sequence[str] = (), labels: np.ndarray | None = None):
         self._items, self.kind, self._inputs, self._load = list(items), kind, inputs, load
         self.batch_size, self._drop_last, self.source = batch_size, drop_last, source
         self.ignored = list(ignored)
+        # One label per item (each item one sample), or None: judge agreement with FP32.
+        self.labels = None if labels is None else np.asarray(labels)
 
     @property
     def names(self) -> list[str]:
@@ -423,9 +427,19 @@ class CalibrationData:
             spec.check(feeds[spec.name], where)
         return {n: np.ascontiguousarray(feeds[n]) for n in self.names}
 
-    def _subset(self, items: list) -> CalibrationData:
-        return CalibrationData(items, self.kind, self._inputs, self._load, self.batch_size,
-                               self._drop_last, self.source, self.ignored)
+    def _subset(self, idx: list[int]) -> CalibrationData:
+        return CalibrationData([self._items[j] for j in idx], self.kind, self._inputs,
+                               self._load, self.batch_size, self._drop_last, self.source,
+                               self.ignored, None if self.labels is None else self.labels[idx])
+
+    def folds(self, k: int) -> list[list[int]]:
+        """Item indices of ``k`` folds, interleaved (item j goes to fold j mod k): every fold
+        sees the whole folder, as :meth:`split` does."""
+        return [list(range(f, len(self._items), k)) for f in range(k)]
+
+    def subset(self, idx: Sequence[int]) -> CalibrationData:
+        """The items at ``idx``, in that order (labels follow)."""
+        return self._subset(list(idx))
 
     def split(self, n_eval: int) -> tuple[CalibrationData, CalibrationData]:
         """(calibration, held-out) with ``n_eval`` items held out, evenly spaced.
@@ -438,13 +452,12 @@ class CalibrationData:
             raise InputError(f"cannot hold out {n_eval} of {n} calibration samples "
                              "(need 0 <= n_eval < samples)")
         held = {int((i + 0.5) * n / n_eval) for i in range(n_eval)} if n_eval else set()
-        keep = [x for j, x in enumerate(self._items) if j not in held]
-        out = [x for j, x in enumerate(self._items) if j in held]
-        return self._subset(keep), self._subset(out)
+        return (self._subset([j for j in range(n) if j not in held]),
+                self._subset([j for j in range(n) if j in held]))
 
     def limit(self, n: int | None) -> CalibrationData:
         """The first ``n`` items (all when None)."""
-        return self if n is None else self._subset(self._items[:n])
+        return self if n is None else self._subset(list(range(min(n, len(self._items)))))
 
     def __repr__(self) -> str:
         return (f"CalibrationData({self.kind}, {self.n_samples} samples in {len(self)} "
@@ -483,6 +496,8 @@ def _scan(root: Path) -> tuple[list[Path], str, list[str]]:
         rel = p.relative_to(root)
         if any(part.startswith(".") for part in rel.parts) or not p.is_file():
             continue
+        if p.name in LABEL_FILES:
+            continue    # read by _read_labels
         kind = _classify(p)
         if kind is None:
             ignored.append(rel.as_posix())
@@ -501,8 +516,38 @@ def _scan(root: Path) -> tuple[list[Path], str, list[str]]:
     return found[kinds[0]], kinds[0], ignored
 
 
+def _read_labels(root: Path, files: list[Path], batch_size: int) -> np.ndarray | None:
+    """The labels file beside the samples (``labels.txt``: one integer per line;
+    ``labels.json``: a list, or {relative file name: label}; ``labels.npy``), or None."""
+    folder = root if root.is_dir() else root.parent
+    found = [folder / f for f in LABEL_FILES if (folder / f).is_file()]
+    if not found:
+        return None
+    path = found[0]
+    try:
+        if path.suffix == ".txt":
+            values = [int(x) for x in path.read_text().split()]
+        elif path.suffix == ".npy":
+            values = [int(x) for x in np.load(path, allow_pickle=False).ravel()]
+        else:
+            import json
+            raw = json.loads(path.read_text())
+            if isinstance(raw, dict):
+                values = [int(raw[p.relative_to(folder).as_posix()]) for p in files]
+            else:
+                values = [int(x) for x in raw]
+    except (ValueError, KeyError, TypeError, OSError) as e:
+        raise InputError(f"{path}: cannot read labels ({type(e).__name__}: {e})") from None
+    if batch_size != 1:
+        raise InputError(f"{path}: labels need one sample per feed (batch size 1)")
+    if len(values) < len(files):
+        raise InputError(f"{path}: {len(values)} labels for {len(files)} samples")
+    return np.asarray(values[:len(files)], dtype=np.int64)
+
+
 def load_calibration(source, model: onnx.ModelProto, preprocess: Preprocess | dict | None = None,
-                     limit: int | None = None, batch_size: int = 1) -> CalibrationData:
+                     limit: int | None = None, batch_size: int = 1,
+                     labels=None) -> CalibrationData:
     """Calibration samples for ``model``, validated up front, loaded lazily.
 
     ``source`` is one of:
@@ -521,6 +566,10 @@ def load_calibration(source, model: onnx.ModelProto, preprocess: Preprocess | di
     kinds, an empty folder, an unreadable file or a wrong dtype, rank or static dim is an
     :class:`InputError` naming the file and the expected shape. Symbolic dims take any size.
 
+    Labels (class indices, for judging task accuracy): ``labels.txt``, ``labels.json`` or
+    ``labels.npy`` beside a folder's samples, one per sample in reading order, or
+    ``labels`` (a sequence) with an iterable.
+
     ``limit`` keeps the first ``limit`` items (files, images or dicts). ``batch_size`` > 1
     concatenates that many items per feed, which needs a symbolic first dim on every input;
     for images a static batch dim B sets the batch size (leftover images are dropped).
@@ -531,6 +580,8 @@ def load_calibration(source, model: onnx.ModelProto, preprocess: Preprocess | di
         raise InputError(f"calibration batch_size must be a positive integer, got {batch_size!r}")
     if isinstance(source, CalibrationData):
         return source.limit(limit)
+    if labels is not None:
+        labels = np.asarray(labels, dtype=np.int64).ravel()
     model = _proto(model)
     inputs = _model_inputs(model)
     names = [i.name for i in inputs]
@@ -571,8 +622,9 @@ def load_calibration(source, model: onnx.ModelProto, preprocess: Preprocess | di
                     for spec, (shape, dtype) in zip(inputs, _read_npz(p, names, True).values()):
                         _check_header(spec, shape, dtype, p)
                 load = lambda p: _read_npz(p, names, False)
+        labels = _read_labels(root, files, batch_size)
         return CalibrationData(files, kind, inputs, load, batch_size, drop_last, str(root),
-                               ignored)
+                               ignored, labels)
 
     if isinstance(source, dict):
         raise InputError("calibration data: expected an iterable of {input_name: array} "
@@ -600,7 +652,10 @@ def load_calibration(source, model: onnx.ModelProto, preprocess: Preprocess | di
         for spec in inputs:
             spec.check(feed[spec.name], f"calibration sample {j}")
         checked.append(feed)
-    return CalibrationData(checked, "api", inputs, lambda d: d, batch_size)
+    if labels is not None and len(labels) < len(checked):
+        raise InputError(f"{len(labels)} labels for {len(checked)} calibration samples")
+    return CalibrationData(checked, "api", inputs, lambda d: d, batch_size,
+                           labels=None if labels is None else labels[:len(checked)])
 
 
 def _check_batching(inputs: list[_Input], batch_size: int) -> None:

@@ -18,7 +18,7 @@ A plan says, per layer (Conv, ConvTranspose, MatMul, Gemm), ``fp32``, ``fp16`` o
                                           # auto (from the target MIGraphX version)
       bias: float                         # or int32
     fp16: {clamp: true}
-    verify: {min_cosine: 0.99, min_top1: 0.99, min_sqnr_db: 15}
+    verify: {min_cosine: 0.99, min_top1: 0.99, min_sqnr_db: 15, max_accuracy_drop: 1.0}
     preprocess: {...}                    # for image calibration folders (rewriter.calibrate)
 
 Matchers (all given keys must hold): ``name`` (exact node name), ``regex`` (re.search on
@@ -49,9 +49,12 @@ LAYER_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 INT8_OPS = ("Conv", "MatMul", "Gemm")  # what MIGraphX turns into quant_convolution/quant_dot
 POSITIONS = ("first_conv", "last_conv", "classifier")
 
-_DEFAULT_INT8 = {"calibration": {"method": "minmax", "percentile": 99.999, "num_bins": 2048,
+# The accuracy techniques are on by default (docs/plans.md: what each buys, measured).
+_DEFAULT_INT8 = {"calibration": {"method": "mse", "percentile": 99.999, "num_bins": 2048,
                                  "samples": 200},
-                 "weights": "per-channel", "weight_form": "auto", "bias": "float"}
+                 "weights": "per-channel", "weight_form": "auto", "bias": "float",
+                 "equalize": True, "equalize_alpha": 0.5, "bias_correction": True,
+                 "rounding": "gptq"}
 # The first MIGraphX version whose simplify_qdq throws on a per-axis weight DequantizeLinear
 # (develop after PR #4470; shared/migraphx/PROFILE.md item 9, run on the 2.15 and 2.16 builds).
 PER_AXIS_BREAKS_FROM = (2, 16)
@@ -188,7 +191,18 @@ def from_dict(d: Any, source: str) -> Plan:
     p.int8 = {"calibration": cal,
               "weights": int8.get("weights", "per-channel"),
               "weight_form": int8.get("weight_form", "auto"),
-              "bias": int8.get("bias", "float")}
+              "bias": int8.get("bias", "float"),
+              "equalize": int8.get("equalize", _DEFAULT_INT8["equalize"]),
+              "equalize_alpha": float(int8.get("equalize_alpha", 0.5)),
+              "bias_correction": bool(int8.get("bias_correction",
+                                               _DEFAULT_INT8["bias_correction"])),
+              "rounding": int8.get("rounding", _DEFAULT_INT8["rounding"])}
+    if p.int8["rounding"] not in ("nearest", "gptq"):
+        raise InputError(f"plan {source}: int8.rounding must be nearest or gptq")
+    if p.int8["equalize"] not in (True, False, "all"):
+        raise InputError(f"plan {source}: int8.equalize must be true, false or all")
+    if not 0.0 <= p.int8["equalize_alpha"] <= 1.0:
+        raise InputError(f"plan {source}: int8.equalize_alpha must be in [0, 1]")
     if p.int8["weight_form"] not in WEIGHT_FORMS:
         raise InputError(f"plan {source}: int8.weight_form must be one of {', '.join(WEIGHT_FORMS)}")
     if p.int8["weights"] not in ("per-channel", "per-tensor"):
@@ -200,7 +214,8 @@ def from_dict(d: Any, source: str) -> Plan:
     p.fp16 = {"clamp": bool(fp16.get("clamp", True))}
     ver = d.get("verify", {}) or {}
     _no_unknown(ver, set(LOSSY_DEFAULT), f"plan {source}: verify")
-    p.verify = {k: float(ver.get(k, v)) for k, v in LOSSY_DEFAULT.items()}
+    p.verify = {k: (None if ver.get(k, v) is None else float(ver.get(k, v)))
+                for k, v in LOSSY_DEFAULT.items()}
     p.preprocess = d.get("preprocess")
     return p
 

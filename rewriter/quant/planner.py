@@ -1,36 +1,40 @@
-"""The automatic planner: measure each layer's sensitivity, then choose precisions.
+"""The automatic planner: measure each layer's sensitivity, then choose precisions, and say
+how sure the choice is.
 
     rewrite plan model.onnx --calib DIR -o plan.yaml      (or --plan auto inline)
 
-1. The model goes through the FP32 passes (BatchNorm folded first), calibration data is
-   split into a calibration part (ranges) and a held-out evaluation part.
-2. Sensitivity: for every layer (Conv/MatMul/Gemm/ConvTranspose), the model is rewritten
-   with only that layer in INT8, and again with only that layer in FP16, and compared with
-   FP32 on the evaluation samples: loss = 1 - cosine (mean over outputs), SQNR, top-1.
-3. The accuracy model, from the AMD challenge write-up, as a sympy expression::
+1. The model goes through the FP32 passes (BatchNorm folded first); the inputs of every
+   conv are equalised (equalize-channels, scope "all"): exact in float, and what lets
+   depthwise MobileNets keep their accuracy in INT8.
+2. **k-fold**: the calibration samples are split into ``folds`` (4) interleaved folds; for
+   fold f, activation ranges (``method``, MSE by default) come from the other folds. A plan
+   is judged by running fold f's samples on the model built with fold f's ranges, for every
+   f: every sample is judged once and never by ranges it set, and all samples count.
+3. **Sensitivity** (one fold, for speed): each layer alone in INT8, and alone in FP16,
+   against FP32. The harm of a layer is its expected flip rate (rewriter.verify.certify:
+   from the samples' FP32 margins and the lead changes the layer causes) for classifier
+   outputs, 1 - cosine otherwise: a per-sample quantity that small data estimates stably,
+   unlike a count of flipped samples.
+4. **Choice**: every INT8-capable layer starts in INT8; layers leave INT8 most harm per
+   FLOP first; the fewest that must leave is found by bisection, each step judged k-fold;
+   then each demoted layer is tried back, least harmful first. A plan meets the budget when
+   the conservative ends of its 95% intervals do (``verify.certify``): the flip-risk bound
+   for top-1 agreement (``min_top1``), the bootstrap bound of the mean cosine
+   (``min_cosine``) and, with labels, the bound on the points of task accuracy lost
+   (``max_accuracy_drop``). Point estimates never decide.
+5. **Certificate**: the chosen plan's k-fold judgement: n, the counted top-1 agreement with
+   its Wilson interval, the flip-risk bound, the cosine interval and worst sample, KL, and
+   with labels the accuracy change. Counting alone cannot show 0.99 on fewer than 381
+   samples; when that is the case the report says so and how many samples it would take,
+   and ``--strict`` makes it an error.
 
-       predicted_loss = alpha * sum(FP16 losses of FP16 layers) + beta * sum(INT8 losses of INT8 layers)
-
-   with alpha = 0.7, beta = 0.3 by default. The speed model::
-
-       speedup = 1 / ((1 - lambda) / fp16_speed + lambda / int8_speed)
-
-   lambda = the INT8 share of conv/matmul FLOPs. fp16_speed and int8_speed are speeds
-   relative to FP32 (defaults: int8 1.74 = 2176/1248 img/s, MI250X ResNet-50 INT8 vs
-   MIGraphX FP32 as published; fp16 1.5, an assumption: measure on your GPU). Kept
-   symbolic, so the planner can report the predicted speedup of a plan or solve for the
-   lambda a target speedup needs.
-4. Choice: start from every INT8-capable layer in INT8; order INT8 layers by predicted
-   loss per FLOP (FLOPs from shapes inferred at the calibration data's real input size);
-   find, by bisection with real measurements of the whole plan, the fewest of the
-   most sensitive layers to move out of INT8 (to FP16, or FP32 where FP16 hurts too) so
-   that the plan meets the budget (top-1 agreement and cosine on the held-out samples);
-   then try to bring each of the (at most ``refine``) least sensitive demoted layers back
-   to INT8, keeping the budget. The accuracy model ranks candidates; every decision is
-   measured.
+The accuracy and speed models (sympy) rank and describe plans: ``predicted_loss = alpha *
+FP16 loss + beta * INT8 loss``; ``speedup = 1 / ((1 - lambda) / fp16_speed + lambda /
+int8_speed)`` with lambda the INT8 share of conv/matmul FLOPs (int8_speed 2176/1248 from the
+published MI250X ResNet-50 figures; fp16_speed 1.5, an assumption: measure your GPU).
 
 Outputs: a plan (YAML, explicit per-layer overrides), a sensitivity table (text/JSON) and
-a PNG plot (layer vs INT8/FP16 loss) when matplotlib is installed.
+a PNG plot when matplotlib is installed.
 """
 
 from __future__ import annotations
@@ -46,11 +50,11 @@ from rewriter.core.errors import InputError
 from rewriter.core.graph import Namer, node_id, weight_free_copy
 from rewriter.core.load import load_model
 from rewriter.quant.plan import INT8_OPS, LAYER_OPS, Assignment, Plan
-from rewriter.verify.metrics import cosine, has_classes, sqnr_db, top1_agreement
-from rewriter.verify.verifier import stack_runs
 
 DEFAULTS = {"alpha": 0.7, "beta": 0.3, "int8_speed": 2176 / 1248, "fp16_speed": 1.5,
-            "min_top1": 0.99, "min_cosine": 0.995, "fp16_ok_loss": 1e-4, "refine": 32}
+            "min_top1": 0.99, "min_cosine": 0.995, "max_accuracy_drop": None,
+            "fp16_ok_loss": 1e-3, "refine": 16, "folds": 4, "equalize": True,
+            "bias_correction": False, "rounding": "gptq", "strict": False}
 
 
 @dataclass
@@ -58,11 +62,11 @@ class LayerResult:
     id: str
     op: str
     flops: float
-    int8_loss: float | None     # 1 - cosine with only this layer in INT8 (None: not capable)
-    fp16_loss: float
+    int8_loss: float | None     # harm with only this layer in INT8 (None: not capable)
+    fp16_loss: float            # harm with only this layer in FP16
     int8_top1: float | None
     fp16_top1: float | None
-    int8_sqnr_db: float | None
+    int8_sqnr_db: float | None  # kept for the JSON's readers; not measured any more
     choice: str = "fp32"
 
 
@@ -70,7 +74,7 @@ class LayerResult:
 class PlannerReport:
     layers: list[LayerResult]
     plan: dict
-    measured: dict[str, float]         # top1, cosine of the chosen plan
+    measured: dict[str, Any]           # the chosen plan's k-fold judgement (certify)
     predicted_loss: float
     int8_flop_share: float
     predicted_speedup: float
@@ -80,12 +84,15 @@ class PlannerReport:
     seconds: float
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def certified(self) -> bool:
+        return bool(self.measured.get("met")) and bool(self.measured.get("certifiable"))
+
     def to_dict(self) -> dict:
-        d = asdict(self)
-        return d
+        return asdict(self)
 
     def render(self) -> str:
-        lines = [f"{'layer':<36} {'op':<8} {'MFLOPs':>8} {'int8 loss':>10} {'fp16 loss':>10} "
+        lines = [f"{'layer':<36} {'op':<8} {'MFLOPs':>8} {'int8 harm':>10} {'fp16 harm':>10} "
                  f"{'int8 top1':>9}  choice"]
         for r in self.layers:
             i8 = f"{r.int8_loss:10.2e}" if r.int8_loss is not None else f"{'-':>10}"
@@ -96,8 +103,7 @@ class PlannerReport:
         lines.append("")
         lines.append(f"chosen: {c['int8']} int8, {c['fp16']} fp16, {c['fp32']} fp32; "
                      f"INT8 share of FLOPs {self.int8_flop_share:.2f}")
-        lines.append(f"measured on held-out samples: top-1 agreement {self.measured['top1']:.4f}, "
-                     f"cosine {self.measured['cosine']:.5f}")
+        lines.append(certificate_line(self.measured, self.settings.get("folds", 1)))
         lines.append(f"predicted loss {self.predicted_loss:.3e}; predicted speedup vs FP32 "
                      f"{self.predicted_speedup:.2f}x (int8 {self.settings['int8_speed']:.2f}x, "
                      f"fp16 {self.settings['fp16_speed']:.2f}x)")
@@ -107,6 +113,25 @@ class PlannerReport:
         lines.append(f"{self.evaluations} model evaluations in {self.seconds:.1f} s")
         lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
+
+
+def certificate_line(j: dict, folds: int = 1) -> str:
+    """One line: what the plan keeps on how many samples, and whether it is certified."""
+    how = f"{folds}-fold, " if folds > 1 else ""
+    s = f"judged on {j['n']} held-out samples ({how}95% intervals): "
+    if j.get("top1") is not None:
+        s += (f"top-1 agreement {j['top1']:.3f} [{j['top1_ci'][0]:.3f}, {j['top1_ci'][1]:.3f}]"
+              f", flip-risk bound {j['top1_lower']:.3f}, ")
+    s += f"cosine {j['cosine']:.4f} [{j['cosine_ci'][0]:.4f}, {j['cosine_ci'][1]:.4f}]"
+    if j.get("accuracy") is not None:
+        lo, hi = j["accuracy_drop_ci"]
+        s += (f", accuracy {j['accuracy_fp32']:.3f} -> {j['accuracy']:.3f} (loss "
+              f"{j['accuracy_drop']:+.1f} [{lo:+.1f}, {hi:+.1f}] points)")
+    if j.get("met") and j.get("certifiable"):
+        return s + "; budget met at 95% confidence"
+    if j.get("met"):
+        return s + f"; budget met by the flip-risk model only, not certified: {j['why']}"
+    return s + f"; budget NOT met: {j['why']}"
 
 
 # --------------------------------------------------------------------------- models
@@ -192,21 +217,66 @@ def layer_flops(node, shapes: dict | None = None) -> float:
 # --------------------------------------------------------------------------- evaluation
 
 
-class _Evaluator:
-    """Runs plan variants of one FP32 graph on held-out samples; compares with FP32."""
+class _CrossValidator:
+    """Plans of one FP32 graph judged k-fold: fold f's samples run on the plan built with
+    the ranges of the other folds; outputs are compared with FP32 per sample."""
 
-    def __init__(self, graph, original, base_dir, eval_feeds, ranges, settings):
+    def __init__(self, graph, original, base_dir, data, settings, progress):
         from rewriter.core import ort
+        from rewriter.quant.ranges import collect_ranges
 
-        self.graph, self.original, self.base_dir = graph, original, base_dir
-        self.feeds, self.ranges, self.settings = eval_feeds, ranges, settings
+        self.graph, self.original, self.base_dir, self.s = graph, original, base_dir, settings
+        self.feeds = list(data)
+        self.labels = data.labels
+        k = max(2, min(int(settings["folds"]), len(self.feeds)))
+        self.folds = data.folds(k)
+        layers = [n for n in graph.nodes if n.op in INT8_OPS]
+        tensors = sorted({n.inputs[0].name for n in layers})
         exp = export(graph, original, base_dir)
+        self.ranges = []
+        for f in range(k):
+            rest = [j for g in range(k) if g != f for j in self.folds[g]]
+            self.ranges.append(collect_ranges(
+                exp.model, tensors, data.subset(rest), method=settings["method"],
+                percentile=float(settings["percentile"]), num_bins=int(settings["num_bins"]),
+                base_dir=exp.source_dir, initializers=exp.ort_initializers(),
+                progress=progress))
+        self.hessians, self.weight_cache = {}, {}
+        if settings["rounding"] == "gptq":
+            from rewriter.quant.hessian import conv_hessians, conv_spec
+            specs = [sp for sp in (conv_spec(n, n.inputs[1].shape) for n in layers
+                                   if n.op == "Conv" and n.inputs[1].shape is not None) if sp]
+            self.hessians = conv_hessians(exp.model, specs, data, base_dir=exp.source_dir,
+                                          initializers=exp.ort_initializers(),
+                                          progress=progress)
         sess = ort.session(exp.model, exp.source_dir, initializers=exp.ort_initializers())
-        self.reference_stacked = stack_runs([ort.run(sess, f) for f in eval_feeds])
+        self.output_names = [o.name for o in exp.model.graph.output]
+        self.reference = [ort.run(sess, f) for f in self.feeds]
         self.count = 0
 
-    def measure(self, precision: dict[str, str]) -> dict[str, float]:
+    def budget(self) -> dict:
+        b = {"min_top1": self.s["min_top1"], "min_cosine": self.s["min_cosine"]}
+        if self.s.get("max_accuracy_drop") is not None and self.labels is not None:
+            b["max_accuracy_drop"] = float(self.s["max_accuracy_drop"])
+        return b
+
+    def measure(self, precision: dict[str, str], folds: list[int] | None = None) -> dict:
+        """The k-fold judgement (verify.certify) of a plan, as a dict; ``folds`` limits it
+        to some folds (sensitivity uses one)."""
         from rewriter.core import ort
+
+        folds = list(range(len(self.folds))) if folds is None else folds
+        idx, outs = [], []
+        for f in folds:
+            exp = self._build(precision, self.ranges[f])
+            sess = ort.session(exp.model, exp.source_dir, initializers=exp.ort_initializers())
+            for j in self.folds[f]:
+                idx.append(j)
+                outs.append(ort.run(sess, self.feeds[j]))
+        self.count += 1
+        return self._judge(idx, outs)
+
+    def _build(self, precision, ranges):
         from rewriter.core.manager import run_pipeline
         from rewriter.core.pass_base import Context, Options
         from rewriter.core.registry import resolve
@@ -216,45 +286,100 @@ class _Evaluator:
         ops = {node_id(n): n.op for n in g.nodes if n.op in LAYER_OPS}
         full = {i: precision.get(i, "fp32") for i in ids}
         a = Assignment(full, {i: "planner" for i in ids}, ids, ops)
-        plan = Plan(int8={"calibration": {}, "weights": self.settings["weights"],
-                          "weight_form": self.settings["weight_form"], "bias": "float"})
-        ctx = Context(Options(migraphx_version=self.settings.get("migraphx_version")),
-                      Namer(g), plan=plan, assignment=a, ranges=self.ranges)
+        plan = Plan(int8={"calibration": {}, "weights": self.s["weights"],
+                          "weight_form": self.s["weight_form"], "bias": "float"})
+        ctx = Context(Options(migraphx_version=self.s.get("migraphx_version")), Namer(g),
+                      plan=plan, assignment=a, ranges=ranges, hessians=self.hessians,
+                      weight_cache=self.weight_cache)
         run_pipeline(g, resolve(["insert-qdq", "convert-fp16"]), ctx)
-        exp = export(g, self.original, self.base_dir)
-        sess = ort.session(exp.model, exp.source_dir, initializers=exp.ort_initializers())
-        self.count += 1
-        cos, top1, sqnr = [], [], []
-        outs = stack_runs([ort.run(sess, f) for f in self.feeds])
-        for r, o in zip(self.reference_stacked, outs):
-            if not np.isfinite(np.asarray(o, np.float64)).all():
-                cos.append(0.0)
-                top1.append(0.0)
-                continue
-            cos.append(cosine(r, o))
-            sqnr.append(sqnr_db(r, o))
-            if has_classes(r):
-                top1.append(top1_agreement(r, o))
-        return {"cosine": float(np.min(cos)), "loss": float(1.0 - np.mean(cos)),
-                "top1": float(np.min(top1)) if top1 else 1.0,
-                "sqnr_db": float(np.min(sqnr)) if sqnr else float("inf")}
+        return export(g, self.original, self.base_dir)
+
+    def _judge(self, idx: list[int], outs: list) -> dict:
+        """One judgement over the samples ``idx``: the first output with classes decides
+        top-1/flip risk (else the first output); the worst cosine bound over outputs."""
+        from rewriter.verify.certify import judge_lossy
+        from rewriter.verify.metrics import has_classes
+        from rewriter.verify.verifier import stack_runs
+
+        ref = stack_runs([self.reference[j] for j in idx])
+        got = stack_runs(outs)
+        labels = self.labels[idx] if self.labels is not None else None
+        order = sorted(range(len(ref)), key=lambda k: not has_classes(np.asarray(ref[k])))
+        main = None
+        for k in order:
+            r, o = np.asarray(ref[k]), np.asarray(got[k])
+            if not np.isfinite(o).all():
+                o = np.nan_to_num(o, nan=0.0, posinf=0.0, neginf=0.0)
+            j = judge_lossy(self.output_names[k], r, o, self.budget(),
+                            labels if main is None else None)
+            if main is None:
+                main = j
+            elif j.cosine_ci[0] < main.cosine_ci[0]:   # the worst output's cosine counts
+                main.cosine, main.cosine_ci, main.cosine_worst = (j.cosine, j.cosine_ci,
+                                                                  j.cosine_worst)
+                main.met = main.met and j.met
+        return main.to_dict()
+
+
+def _harm(m: dict) -> float:
+    """One layer's harm for ranking: expected flip rate where there are classes, else
+    1 - cosine; both per-sample averages that a few samples estimate stably."""
+    if m.get("flip_risk") is not None:
+        return float(m["flip_risk"]) + (1.0 - float(m["cosine"]))
+    return 1.0 - float(m["cosine"])
 
 
 def plan_auto(model, calib, *, input_shapes=None, settings: dict | None = None,
-              base_dir=None, progress: bool = False) -> tuple[Plan, PlannerReport]:
+              base_dir=None, progress: bool = False, labels=None
+              ) -> tuple[Plan, PlannerReport]:
     """Measure sensitivities and choose a plan under the accuracy budget (see module doc)."""
-    from rewriter.core.manager import run_pipeline
-    from rewriter.core.pass_base import Context
-    from rewriter.core.registry import resolve
-    from rewriter.quant import plan as plan_mod
-    from rewriter.quant.data import load_calibration
-    from rewriter.quant.ranges import collect_ranges
-
     t0 = time.perf_counter()
-    s = dict(DEFAULTS, weights="per-channel", weight_form="auto", method="percentile",
+    s = _settings(settings)
+    graph, original, base_dir, data = _prepare(model, calib, base_dir, s, labels, progress)
+    layers = [n for n in graph.nodes if n.op in LAYER_OPS]
+    ev = _CrossValidator(graph, original, base_dir, data, s, progress)
+    shapes = _real_shapes(export(graph, original, base_dir).model, ev.feeds[0], input_shapes)
+    results = _sensitivity(ev, layers, shapes, progress)
+    choice, measured, notes = _choose(ev, results, s)
+    for r in results:
+        r.choice = choice[r.id]
+    total = sum(r.flops for r in results) or 1.0
+    lam = sum(r.flops for r in results if r.choice == "int8") / total
+    notes += _certificate_notes(measured, s)
+    plan_dict = _plan_dict(results, s)
+    rep = PlannerReport(
+        layers=results, plan=plan_dict, measured=measured,
+        predicted_loss=predicted_loss(results, s["alpha"], s["beta"]),
+        int8_flop_share=lam,
+        predicted_speedup=predicted_speedup(lam, s["fp16_speed"], s["int8_speed"]),
+        lambda_for_target=(lambda_for(float(s["target_speedup"]), s["fp16_speed"],
+                                      s["int8_speed"]) if s["target_speedup"] else None),
+        settings={k_: v for k_, v in s.items() if k_ != "preprocess"},
+        evaluations=ev.count, seconds=time.perf_counter() - t0, notes=notes)
+    if s["strict"] and not rep.certified:
+        from rewriter.core.errors import VerificationError
+        err = VerificationError(f"--strict: the plan is not certified: {measured['why']}")
+        err.planner = rep
+        raise err
+    from rewriter.quant import plan as plan_mod
+    return plan_mod.from_dict(plan_dict, "auto"), rep
+
+
+def _settings(settings: dict | None) -> dict:
+    s = dict(DEFAULTS, weights="per-channel", weight_form="auto", method="mse",
              percentile=99.99, num_bins=2048, samples=256, target_speedup=None,
              preprocess=None, migraphx_version=None)
     s.update({k: v for k, v in (settings or {}).items() if v is not None})
+    return s
+
+
+def _prepare(model, calib, base_dir, s, labels, progress):
+    """The FP32-rewritten, equalised graph and the calibration data."""
+    from rewriter.core.manager import run_pipeline
+    from rewriter.core.pass_base import Context
+    from rewriter.core.registry import resolve
+    from rewriter.quant.data import load_calibration
+
     if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
         from pathlib import Path
         original = load_model(model)
@@ -263,40 +388,56 @@ def plan_auto(model, calib, *, input_shapes=None, settings: dict | None = None,
         original = model
     graph = to_graph(original, base_dir)
     run_pipeline(graph, resolve(["fold-constants", "fuse-conv-bn"]), Context(namer=Namer(graph)))
-    data = load_calibration(calib, original, preprocess=s["preprocess"], limit=int(s["samples"]))
+    data = load_calibration(calib, original, preprocess=s["preprocess"], limit=int(s["samples"]),
+                            labels=labels)
     if len(data) < 8:
         raise InputError(f"the planner needs at least 8 calibration samples ({len(data)} given)")
-    from rewriter.quant.data import held_out_count
-    n_eval = held_out_count(len(data))
-    cal_data, eval_data = data.split(n_eval)
-    eval_feeds = list(eval_data)
     form_plan = Plan(int8={"weights": s["weights"], "weight_form": s["weight_form"]})
     if form_plan.weight_form(s["migraphx_version"])[0] == "axis" and graph.opset < 13:
         graph, original = upgrade_opset(graph, original, base_dir, 13)
-    layers = [n for n in graph.nodes if n.op in LAYER_OPS]
-    if not layers:
+    if not any(n.op in LAYER_OPS for n in graph.nodes):
         raise InputError("the model has no Conv/MatMul/Gemm layers to plan")
-    tensors = sorted({n.inputs[0].name for n in layers if n.op in INT8_OPS})
+    if s["equalize"]:
+        _equalize_all(graph, original, base_dir, data, progress)
+    return graph, original, base_dir, data
+
+
+def _equalize_all(graph, original, base_dir, data, progress) -> None:
+    """equalize-channels on every conv the plan could put in INT8 (exact in float)."""
+    from rewriter.core.manager import run_pipeline
+    from rewriter.core.pass_base import Context
+    from rewriter.core.registry import resolve
+    from rewriter.quant.ranges import channel_stats
+
+    ids = [node_id(n) for n in graph.nodes if n.op in LAYER_OPS]
+    a = Assignment({i: "int8" for i in ids}, {}, ids, {})
     exp = export(graph, original, base_dir)
-    ranges = collect_ranges(exp.model, tensors, cal_data, method=s["method"],
-                            percentile=float(s["percentile"]), num_bins=int(s["num_bins"]),
-                            base_dir=exp.source_dir, initializers=exp.ort_initializers(),
-                            progress=progress)
-    ev = _Evaluator(graph, original, base_dir, eval_feeds, ranges, s)
-    shapes = _real_shapes(exp.model, eval_feeds[0], input_shapes)
-    results: list[LayerResult] = []
+    tensors = sorted({n.inputs[0].name for n in graph.nodes if n.op == "Conv"})
+    stats = channel_stats(exp.model, tensors, data, base_dir=exp.source_dir,
+                          initializers=exp.ort_initializers(), progress=progress)
+    plan = Plan(int8={"equalize": "all"})
+    run_pipeline(graph, resolve(["equalize-channels"]),
+                 Context(namer=Namer(graph), plan=plan, assignment=a, channel_stats=stats))
+
+
+def _sensitivity(ev, layers, shapes, progress) -> list[LayerResult]:
+    """Each layer alone in INT8 and alone in FP16, judged on fold 0."""
+    results = []
     bar = _progress(len(layers), progress)
     for n in layers:
         i = node_id(n)
-        m16 = ev.measure({i: "fp16"})
-        m8 = ev.measure({i: "int8"}) if n.op in INT8_OPS else None
+        m16 = ev.measure({i: "fp16"}, folds=[0])
+        m8 = ev.measure({i: "int8"}, folds=[0]) if n.op in INT8_OPS else None
         results.append(LayerResult(i, n.op, layer_flops(n, shapes),
-                                   m8["loss"] if m8 else None, m16["loss"],
-                                   m8["top1"] if m8 else None, m16["top1"],
-                                   m8["sqnr_db"] if m8 else None))
+                                   _harm(m8) if m8 else None, _harm(m16),
+                                   m8["top1"] if m8 else None, m16["top1"], None))
         bar.update(1)
     bar.close()
+    return results
 
+
+def _choose(ev, results: list[LayerResult], s: dict) -> tuple[dict, dict, list[str]]:
+    """(precision per layer, the chosen plan's k-fold judgement, notes)."""
     fp32_set: set[str] = set()
 
     def assign(demoted: set[str]) -> dict[str, str]:
@@ -314,20 +455,17 @@ def plan_auto(model, calib, *, input_shapes=None, settings: dict | None = None,
                 out[r.id] = "fp32"
         return out
 
-    def meets(m):
-        return m["top1"] >= s["min_top1"] and m["cosine"] >= s["min_cosine"]
-
     def bisect(ranked_ids: list[str], plan_for) -> tuple[int, dict]:
         """Fewest k of ranked_ids (most harmful first) to move so the plan meets the budget
         (k = len when even moving all of them does not)."""
         lo, hi = 0, len(ranked_ids)
         best = (hi, ev.measure(plan_for(hi)))
-        if not meets(best[1]):
+        if not best[1]["met"]:
             return best
         while lo < hi:
             mid = (lo + hi) // 2
             m = ev.measure(plan_for(mid))
-            if meets(m):
+            if m["met"]:
                 hi, best = mid, (mid, m)
             else:
                 lo = mid + 1
@@ -342,53 +480,56 @@ def plan_auto(model, calib, *, input_shapes=None, settings: dict | None = None,
     notes: list[str] = []
     # Stage 1: with no layer in INT8, which FP16 layers must stay FP32 for the budget?
     by_fp16 = sorted(results, key=lambda r: -r.fp16_loss)
-    m0 = ev.measure(assign(all_int8_out))
-    if not meets(m0):
+    if not ev.measure(assign(all_int8_out))["met"]:
         j, _ = bisect([r.id for r in by_fp16],
                       lambda j: (fp32_set.clear(), fp32_set.update(r.id for r in by_fp16[:j]),
                                  assign(all_int8_out))[2])
         fp32_set.clear()
         fp32_set.update(r.id for r in by_fp16[:j])
-        notes.append(f"FP16 everywhere misses the budget: {j} most FP16-sensitive layers kept FP32")
+        notes.append(f"FP16 everywhere misses the budget: {j} most FP16-sensitive layers "
+                     "kept FP32")
     # Stage 2: the fewest most INT8-sensitive layers to keep out of INT8.
     ranked = [r for r in ranked if r.id not in fp32_set]
     k, measured = bisect([r.id for r in ranked], lambda k: assign({r.id for r in ranked[:k]}))
-    if not meets(measured):
+    if not measured["met"]:
         notes.append("the budget is not met even in FP32 on these samples (check the data)")
     demoted = {r.id for r in ranked[:k]}
-    # Refine: bisection assumes sensitivity adds up in rank order; it does not quite, so try
-    # to bring each demoted layer back to INT8, least sensitive first, keeping the budget.
-    if k and meets(measured):
+    # Refine: sensitivity does not quite add up in rank order: try each demoted layer back
+    # in INT8, least harmful first, keeping the budget.
+    if k and measured["met"]:
         for r in reversed(ranked[:k][-int(s["refine"]):]):
             m = ev.measure(assign(demoted - {r.id}))
-            if meets(m):
+            if m["met"]:
                 demoted.discard(r.id)
                 measured = m
-    choice = assign(demoted)
-    for r in results:
-        r.choice = choice[r.id]
-    total = sum(r.flops for r in results) or 1.0
-    lam = sum(r.flops for r in results if r.choice == "int8") / total
-    plan_dict = {"version": 1, "default": "fp32",
-                 "overrides": {r.id: r.choice for r in results},
-                 "int8": {"calibration": {"method": s["method"], "percentile": s["percentile"],
-                                          "num_bins": s["num_bins"], "samples": s["samples"]},
-                          "weights": s["weights"], "weight_form": s["weight_form"],
-                          "bias": "float"},
-                 "verify": {"min_cosine": s["min_cosine"], "min_top1": s["min_top1"],
-                            "min_sqnr_db": 0.0}}
+    return assign(demoted), measured, notes
+
+
+def _certificate_notes(measured: dict, s: dict) -> list[str]:
+    from rewriter.verify.certify import samples_needed
+
+    if measured.get("certifiable", True):
+        return []
+    need = samples_needed(float(s["min_top1"]))
+    return [f"{measured['n']} samples cannot certify top-1 agreement {s['min_top1']} by "
+            f"counting (95%): at least {need} samples without a disagreement would; the "
+            "choice rests on the flip-risk model's bound (give more calibration samples, or "
+            "--strict to refuse)"]
+
+
+def _plan_dict(results: list[LayerResult], s: dict) -> dict:
+    d = {"version": 1, "default": "fp32",
+         "overrides": {r.id: r.choice for r in results},
+         "int8": {"calibration": {"method": s["method"], "percentile": s["percentile"],
+                                  "num_bins": s["num_bins"], "samples": s["samples"]},
+                  "weights": s["weights"], "weight_form": s["weight_form"], "bias": "float",
+                  "equalize": "all" if s["equalize"] else False,
+                  "bias_correction": bool(s["bias_correction"]), "rounding": s["rounding"]},
+         "verify": {"min_cosine": s["min_cosine"], "min_top1": s["min_top1"],
+                    "min_sqnr_db": 0.0}}
     if s["preprocess"]:
-        plan_dict["preprocess"] = s["preprocess"]
-    rep = PlannerReport(
-        layers=results, plan=plan_dict, measured=measured,
-        predicted_loss=predicted_loss(results, s["alpha"], s["beta"]),
-        int8_flop_share=lam,
-        predicted_speedup=predicted_speedup(lam, s["fp16_speed"], s["int8_speed"]),
-        lambda_for_target=(lambda_for(float(s["target_speedup"]), s["fp16_speed"], s["int8_speed"])
-                           if s["target_speedup"] else None),
-        settings={k_: v for k_, v in s.items() if k_ != "preprocess"},
-        evaluations=ev.count, seconds=time.perf_counter() - t0, notes=notes)
-    return plan_mod.from_dict(plan_dict, "auto"), rep
+        d["preprocess"] = s["preprocess"]
+    return d
 
 
 def _progress(total: int, enabled: bool):
@@ -410,17 +551,21 @@ def write_plot(rep: PlannerReport, path: str) -> bool:
     f16 = [r.fp16_loss for r in rep.layers]
     fig, ax = plt.subplots(figsize=(max(8, len(x) * 0.18), 4.5), dpi=110)
     floor = 1e-9
-    ax.semilogy(x, np.maximum(np.array(i8, float), floor), "o-", label="INT8 alone: 1 - cosine",
+    ax.semilogy(x, np.maximum(np.array(i8, float), floor), "o-",
+                label="INT8 alone: flip risk + 1 - cosine",
                 color="#d62728", ms=4)
-    ax.semilogy(x, np.maximum(np.array(f16, float), floor), "s-", label="FP16 alone: 1 - cosine",
+    ax.semilogy(x, np.maximum(np.array(f16, float), floor), "s-",
+                label="FP16 alone: flip risk + 1 - cosine",
                 color="#1f77b4", ms=3)
     colors = {"int8": "#d62728", "fp16": "#1f77b4", "fp32": "#7f7f7f"}
     for xi, r in zip(x, rep.layers):
         ax.axvspan(xi - 0.5, xi + 0.5, color=colors[r.choice], alpha=0.08, lw=0)
     ax.set_xlabel("layer (graph order); background = chosen precision (red int8, blue fp16, grey fp32)")
-    ax.set_ylabel("output loss (1 - cosine)")
+    ax.set_ylabel("harm")
+    top1 = rep.measured.get("top1")
     ax.set_title(f"Per-layer sensitivity: {sum(r.choice == 'int8' for r in rep.layers)} INT8 "
-                 f"layers, top-1 {rep.measured['top1']:.3f}, cosine {rep.measured['cosine']:.4f}")
+                 f"layers" + (f", top-1 {top1:.3f}" if top1 is not None else "")
+                 + f", cosine {rep.measured['cosine']:.4f}")
     ax.legend(loc="upper right")
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()

@@ -46,6 +46,7 @@ from __future__ import annotations
 import difflib
 import math
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -82,8 +83,6 @@ def collect_ranges(model, tensors: list[str], data, method: str = "minmax",
     reduced before the next one runs (see the module docstring for the bound and for
     measured time and memory). Results are identical for any ``chunk``.
     """
-    from rewriter.core.convert import Exported
-
     method = {"kl": "entropy", "max": "minmax"}.get(str(method).lower(), str(method).lower())
     if method not in METHODS:
         raise InputError(f"calibration method '{method}' is not one of {', '.join(METHODS)} "
@@ -99,6 +98,40 @@ def collect_ranges(model, tensors: list[str], data, method: str = "minmax",
                              f"and equals minmax), got {num_bins}")
     if not isinstance(chunk, int) or chunk < 1:
         raise InputError(f"chunk must be a positive integer, got {chunk!r}")
+    reducer = _Reducer(method, percentile, num_bins)
+    tensors = list(dict.fromkeys(tensors))
+    _stream(model, tensors, data, reducer, chunk, base_dir, initializers, progress,
+            f"calibrate ({method})")
+    return {t: reducer.result[t] for t in tensors}
+
+
+@dataclass
+class ChannelStats:
+    """Per-channel statistics of one activation tensor (channel = axis 1)."""
+
+    absmax: np.ndarray    # max |x| per channel
+    mean: np.ndarray      # mean x per channel
+
+
+def channel_stats(model, tensors: list[str], data, chunk: int = 64, base_dir=None,
+                  initializers=None, progress: bool = True) -> dict[str, ChannelStats]:
+    """Per-channel max |x| and mean of each tensor over the calibration data (axis 1 is the
+    channel; a tensor of rank < 2 counts as one channel). Streams like
+    :func:`collect_ranges`: bounded memory, identical results for any ``chunk``."""
+    reducer = _ChannelReducer()
+    tensors = list(dict.fromkeys(tensors))
+    _stream(model, tensors, data, reducer, chunk, base_dir, initializers, progress,
+            "channel statistics")
+    return {t: reducer.result[t] for t in tensors}
+
+
+def _stream(model, tensors: list[str], data, reducer, chunk: int, base_dir, initializers,
+            progress: bool, desc: str) -> None:
+    """Run the model over ``data`` with ``tensors`` exposed, ``chunk`` at a time, and hand
+    every batch's values to ``reducer.update(name, array)``; ``reducer.finish(names,
+    progress)`` after each chunk."""
+    from rewriter.core.convert import Exported
+
     if isinstance(model, Exported):
         if initializers is None:
             initializers = model.ort_initializers()
@@ -109,19 +142,14 @@ def collect_ranges(model, tensors: list[str], data, method: str = "minmax",
         data = load_calibration(data, proto)
     if len(data) == 0:
         raise InputError("calibration data holds no complete batch")
-
-    tensors = list(dict.fromkeys(tensors))
     graph_inputs, produced = _classify_tensors(proto, tensors)
     if not tensors:
-        return {}
+        return
     # Node order is topological: chunks of neighbouring tensors.
     order = {n: i for i, n in enumerate(produced)}
     inner = sorted((t for t in tensors if t not in graph_inputs), key=order.__getitem__)
     chunks = [inner[i:i + chunk] for i in range(0, len(inner), chunk)] or [[]]
-
-    reducer = _Reducer(method, percentile, num_bins)
-    bar = _bar(progress, total=len(chunks) * len(data), desc=f"calibrate ({method})",
-               unit="batch")
+    bar = _bar(progress, total=len(chunks) * len(data), desc=desc, unit="batch")
     try:
         for k, names in enumerate(chunks):
             bar.set_postfix_str(f"chunk {k + 1}/{len(chunks)}, {len(names)} tensors")
@@ -140,7 +168,36 @@ def collect_ranges(model, tensors: list[str], data, method: str = "minmax",
             reducer.finish(names + (graph_inputs if first else []), progress)
     finally:
         bar.close()
-    return {t: reducer.result[t] for t in tensors}
+
+
+class _ChannelReducer:
+    def __init__(self):
+        self.absmax: dict[str, np.ndarray] = {}
+        self.total: dict[str, np.ndarray] = {}
+        self.count: dict[str, int] = {}
+        self.result: dict[str, ChannelStats] = {}
+
+    def update(self, name: str, a: np.ndarray) -> None:
+        a = np.asarray(a, dtype=np.float64)
+        if a.size == 0:
+            return
+        a = a.reshape(a.shape[0], a.shape[1], -1) if a.ndim >= 2 else a.reshape(1, 1, -1)
+        a = np.where(np.isfinite(a), a, 0.0)
+        m = np.abs(a).max(axis=(0, 2))
+        s = a.sum(axis=(0, 2))
+        if name in self.absmax:
+            self.absmax[name] = np.maximum(self.absmax[name], m)
+            self.total[name] += s
+        else:
+            self.absmax[name], self.total[name] = m, s
+            self.count[name] = 0
+        self.count[name] += a.shape[0] * a.shape[2]
+
+    def finish(self, names: list[str], progress: bool) -> None:
+        for n in names:
+            if n in self.absmax:
+                self.result[n] = ChannelStats(self.absmax.pop(n),
+                                              self.total.pop(n) / max(1, self.count.pop(n)))
 
 
 def _bar(progress: bool, **kw):
@@ -235,7 +292,9 @@ class _Reducer:
         if self.method == "minmax":
             return
         if self.collector is None:
-            self.collector = Histograms(self.method, self.num_bins, self.percentile,
+            # mse searches a histogram of |x|, the one percentile builds
+            kind = "entropy" if self.method == "entropy" else "percentile"
+            self.collector = Histograms(kind, self.num_bins, self.percentile,
                                         NUM_QUANTIZED_BINS)
         self.collector.add(name, a)
 
@@ -250,11 +309,43 @@ class _Reducer:
                 self.result[n] = amax
             elif self.method == "percentile":
                 self.result[n] = min(_percentile_edge(hist, self.percentile), amax)
+            elif self.method == "mse":
+                self.result[n] = min(_mse_threshold(hist), amax)
             else:
                 lo, hi = self.collector.entropy_threshold(_rebin(hist, self.num_bins))
                 self.result[n] = min(max(abs(lo), abs(hi)), amax)
                 bar.update(1)
         bar.close()
+
+
+def _mse_threshold(histogram: tuple, levels: int = 127) -> float:
+    """The clip value t minimising the expected squared error of symmetric int8
+    quantisation, from a histogram of |x|: values below t round (error s^2/12 each,
+    s = t/levels), values above clip to t (error (|x| - t)^2 each). Candidates are the
+    bin edges from 1/3 of the range up (a smaller clip is never the optimum on
+    activations that matter); ties go to the larger t."""
+    hist, edges = np.asarray(histogram[0], np.float64), np.asarray(histogram[1], np.float64)
+    centers = (edges[:-1] + edges[1:]) / 2
+    total = hist.sum()
+    if total == 0:
+        return float(edges[-1])
+    cand = edges[max(1, len(edges) // 3):]
+    best, best_t = np.inf, float(edges[-1])
+    # cumulative sums give both error terms for every candidate in one pass
+    c_hist = np.cumsum(hist)
+    c_x = np.cumsum(hist * centers)
+    c_xx = np.cumsum(hist * centers * centers)
+    idx = np.searchsorted(centers, cand)          # bins with centre < t round, others clip
+    for t, k in zip(cand, idx):
+        below = c_hist[k - 1] if k > 0 else 0.0
+        n_above = total - below
+        s_x = c_x[-1] - (c_x[k - 1] if k > 0 else 0.0)
+        s_xx = c_xx[-1] - (c_xx[k - 1] if k > 0 else 0.0)
+        clip = s_xx - 2 * t * s_x + t * t * n_above
+        err = below * (t / levels) ** 2 / 12 + clip
+        if err <= best:
+            best, best_t = err, float(t)
+    return best_t
 
 
 def _percentile_edge(histogram: tuple, percentile: float) -> float:

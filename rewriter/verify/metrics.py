@@ -43,6 +43,7 @@ class OutputMetrics:
     top1: float | None = None  # argmax agreement over the last axis, where has_classes()
     ref_max: float = 0.0       # max |reference|, the scale max_rel is relative to
     dtype: str = "float32"     # the output's type: float16 outputs round 8000x coarser
+    certificate: dict | None = None   # lossy, several samples: verify.certify's judgement
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -122,7 +123,8 @@ def compare(name: str, ref: np.ndarray, out: np.ndarray) -> OutputMetrics:
 
 TINY_OUTPUT = 1e-3
 ABS_FLOOR = 1e-6
-LOSSY_DEFAULT = {"min_cosine": 0.99, "min_top1": 0.99, "min_sqnr_db": 15.0}
+LOSSY_DEFAULT = {"min_cosine": 0.99, "min_top1": 0.99, "min_sqnr_db": 15.0,
+                 "max_accuracy_drop": None}
 
 
 def judge(m: OutputMetrics, numerics: Numerics, depth: int = 1,
@@ -135,7 +137,7 @@ def judge(m: OutputMetrics, numerics: Numerics, depth: int = 1,
     if not m.shape_ok:
         return False
     if numerics is Numerics.LOSSY:
-        t = dict(LOSSY_DEFAULT, **(lossy or {}))
+        t = dict(LOSSY_DEFAULT, **{k: v for k, v in (lossy or {}).items() if v is not None})
         if m.integer:
             return 1.0 - m.mismatch >= t["min_top1"]
         ok = m.cosine >= t["min_cosine"] and m.sqnr_db >= t["min_sqnr_db"]

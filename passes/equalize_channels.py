@@ -1,0 +1,174 @@
+"""equalize-channels: move per-channel activation ranges into the weights before INT8.
+
+An INT8 conv's input is quantised with ONE scale for all its channels (MIGraphX takes
+per-tensor activation scales only), so a channel whose values span 0.1 next to one that
+spans 30 keeps about one level of 255. Channel ranges of MobileNet activations differ by
+100x and more. This pass divides each channel c of such an input by s_c and multiplies the
+conv's weights for that input channel by s_c: the same function, with the channels brought
+to one range before the quantiser sees them (cross-layer equalization, Nagel et al. 2019;
+with activation statistics, as SmoothQuant does)::
+
+    x -> Q/DQ -> Conv(W)            =>   x -> Mul(1/s) -> Q/DQ -> Conv(W * s)
+    y = Conv1(...) -> Relu -> x     =>   Conv1 rows and bias / s -> Relu -> Conv(W * s)
+
+Scales, from the calibration data's per-channel max |x| (``a_c``) and the weights' max |W|
+over each input channel (``w_c``, all INT8 consumers of the tensor):
+
+* only depthwise consumers: ``s_c = a_c / max(a)``. A depthwise conv's output channel c
+  reads input channel c alone, so with per-channel weight scales the weights lose nothing:
+  every channel comes out at the full range.
+* otherwise ``s_c = a_c^alpha / w_c^(1 - alpha)`` (alpha 0.5, SmoothQuant's balance): input
+  channel c feeds every output channel, so its range is shared between the activation's
+  quantiser and the weights'.
+
+s is normalised to max 1 and floored at 1e-4 (an all-zero channel stays zero).
+
+Where 1/s goes: into the producing conv's output rows and bias when the tensor comes from a
+Conv, directly or through a Relu (positively homogeneous: Relu(y / s) = Relu(y) / s), and
+nothing else reads it: no op is added. Otherwise, in particular after HardSwish, HardSigmoid,
+Relu6/Clip or Sigmoid, which are NOT positively homogeneous (HardSwish(x / s) !=
+HardSwish(x) / s), the function is kept exact by an explicit per-channel Mul after the
+activation, on the quantised branch only (a residual Add reading the same tensor still sees
+it unscaled). MIGraphX fuses that Mul with the activation before it; the Q/DQ -> Conv form
+it lowers to quant_convolution is unchanged (tests/test_migraphx_models.py).
+
+Skips (reasons in the report): no channel statistics, weights not constant, grouped (not
+depthwise) convs, channel counts that do not match, tensors of rank < 3.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from rewriter.core.errors import PreconditionError
+from rewriter.core.graph import node_id, own_constant
+from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
+
+MIN_SCALE = 1e-4
+
+
+class EqualizeChannels(Pass):
+    name = "equalize-channels"
+    phase = Phase.QUANTIZE
+    numerics = Numerics.CLOSE
+    summary = "per-channel activation ranges of INT8 conv inputs moved into their weights"
+
+    def requires(self, graph, ctx):
+        if ctx.assignment is None:
+            raise PreconditionError("equalize-channels needs a plan: use --plan (and --calib)")
+
+    def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
+        res = PassResult()
+        alpha = float(ctx.plan.int8.get("equalize_alpha", 0.5)) if ctx.plan is not None else 0.5
+        # int8.equalize: true equalises the inputs of the plan's INT8 convs; "all" those of
+        # every conv the plan could put in INT8 (the planner: one graph for every candidate).
+        scope = ctx.plan.int8.get("equalize") if ctx.plan is not None else True
+        consumers: dict[int, list] = {}
+        tensors = {}
+        for node in graph.nodes:
+            wanted = (scope == "all" and node_id(node) in ctx.assignment.precision) or \
+                ctx.assignment.precision.get(node_id(node)) == "int8"
+            if node.op == "Conv" and wanted:
+                x = node.inputs[0]
+                consumers.setdefault(id(x), []).append(node)
+                tensors[id(x)] = x
+        for key, convs in consumers.items():
+            x = tensors[key]
+            reason = self._equalize(graph, x, convs, ctx, alpha, res)
+            if reason:
+                res.skip(reason)
+            else:
+                res.count("equalized-tensors")
+                res.changed = True
+        return res
+
+    def _equalize(self, graph, x, convs, ctx, alpha, res) -> str | None:
+        stats = ctx.channel_stats.get(x.name)
+        if stats is None:
+            return "no-channel-statistics"
+        a = np.asarray(stats.absmax, np.float64)
+        c = len(a)
+        if x.shape is not None and len(x.shape) < 3:
+            return "rank-below-3"
+        w_max = np.zeros(c)
+        depthwise = True
+        for conv in convs:
+            w = conv.inputs[1] if len(conv.inputs) > 1 else None
+            if not isinstance(w, gs.Constant):
+                return "weights-not-constant"
+            group = int(conv.attrs.get("group", 1))
+            if w.values.shape[1] * group != c:
+                return "channel-mismatch"
+            if group == 1:
+                depthwise = False
+                w_max = np.maximum(w_max, np.abs(w.values).reshape(w.shape[0], c, -1)
+                                   .max(axis=(0, 2)))
+            elif group == c and w.values.shape[1] == 1:
+                per_out = np.abs(w.values).reshape(w.shape[0], -1).max(axis=1)
+                w_max = np.maximum(w_max, per_out.reshape(c, -1).max(axis=1))
+            else:
+                return "grouped-conv"
+        if not np.any(a > 0):
+            return "all-zero-activation"
+        if depthwise:
+            s = a / a.max()
+        else:
+            s = a ** alpha / np.maximum(w_max, 1e-12) ** (1 - alpha)
+            s = s / s.max()
+        s = np.maximum(s, MIN_SCALE)
+        if self._fold_into_producer(x, convs, s, ctx, res):
+            xs = x
+        else:
+            xs = self._insert_mul(graph, x, convs, s, ctx)
+            res.count("mul-inserted")
+        for conv in convs:
+            group = int(conv.attrs.get("group", 1))
+            w = conv.inputs[1].values.astype(np.float64)
+            if group == 1:
+                w = w * s.reshape((1, c) + (1,) * (w.ndim - 2))
+            else:   # depthwise: output channel k reads input channel k // multiplier
+                mult = w.shape[0] // c
+                w = w * np.repeat(s, mult).reshape((-1,) + (1,) * (w.ndim - 1))
+            own_constant(conv, 1, w.astype(conv.inputs[1].values.dtype), ctx.namer,
+                         "equalized")
+            conv.inputs[0] = xs
+        return None
+
+    def _fold_into_producer(self, x, convs, s, ctx, res) -> bool:
+        """Scale the producing conv's rows and bias by 1/s when that is exact and nothing
+        but these convs reads x (and, through a Relu, nothing else reads the conv)."""
+        if len(x.outputs) != len(convs) or not x.inputs:
+            return False
+        node = x.inputs[0]
+        if node.op == "Relu" and len(node.inputs[0].outputs) == 1 and node.inputs[0].inputs:
+            y = node.inputs[0]
+            conv = y.inputs[0]
+        else:
+            conv = node
+        if conv.op != "Conv" or not isinstance(conv.inputs[1], gs.Constant):
+            return False
+        if int(conv.attrs.get("group", 1)) != 1 and int(conv.attrs.get("group", 1)) != len(s):
+            return False
+        w = conv.inputs[1].values.astype(np.float64)
+        if w.shape[0] != len(s):
+            return False
+        own_constant(conv, 1, (w / s.reshape((-1,) + (1,) * (w.ndim - 1))).astype(
+            conv.inputs[1].values.dtype), ctx.namer, "equalized")
+        if len(conv.inputs) > 2 and isinstance(conv.inputs[2], gs.Constant):
+            b = conv.inputs[2].values.astype(np.float64)
+            own_constant(conv, 2, (b / s).astype(conv.inputs[2].values.dtype), ctx.namer,
+                         "equalized")
+        elif len(conv.inputs) > 2:
+            return False
+        res.count("folded-into-producer")
+        return True
+
+    def _insert_mul(self, graph, x, convs, s, ctx) -> gs.Variable:
+        rank = len(x.shape) if x.shape is not None else len(convs[0].inputs[1].shape)
+        inv = gs.Constant(ctx.namer(f"{x.name}_equalize"),
+                          (1.0 / s).reshape((1, -1) + (1,) * (rank - 2)).astype(np.float32))
+        out = gs.Variable(ctx.namer(f"{x.name}_equalized"), dtype=x.dtype, shape=x.shape)
+        graph.nodes.append(gs.Node("Mul", ctx.namer(f"{x.name}_Equalize"), inputs=[x, inv],
+                                   outputs=[out]))
+        return out

@@ -1,0 +1,226 @@
+"""Honest accuracy statements for lossy (INT8/FP16) models: how many samples, how sure.
+
+A plan is judged against the FP32 model on held-out samples. A point estimate on a few
+dozen samples says little: 21 of 21 agreeing is compatible with a true agreement of 85%.
+So every judgement here states ``n`` and 95% intervals, and a budget counts as met only
+when the interval's conservative end meets it:
+
+* **top-1 agreement**, counted: Wilson score interval. With no disagreement at all, n
+  samples can show at most ``n / (n + 1.96^2)`` (Wilson): 0.99 needs 381 samples, which
+  :func:`samples_needed` reports when the data cannot certify the budget at all.
+* **flip risk**, modelled, for small data: a sample's top-1 can only flip when the
+  quantisation changes its lead over some class by more than its FP32 margin (top-1 minus
+  runner-up). With the margins M of all samples and the lead changes D measured on held-out
+  samples, the flip rate on new inputs is estimated as P(M < D) = mean over D of F_M(D),
+  F_M the margins' empirical distribution interpolated linearly from (0, 0) (a sample's
+  flip does not need to be observed to count: its probability does). Its bootstrap 95%
+  upper bound gives a lower bound for agreement that small data can reach when the
+  perturbation is small next to the margins, and stays pessimistic when it is not.
+* **cosine** of the outputs per sample: mean with a bootstrap 95% interval, and the worst.
+* **KL** divergence of the quantised from the FP32 distribution per sample (softmax of the
+  outputs when they are not probabilities): mean and worst.
+* **task accuracy**, with labels: FP32 and quantised accuracy, their paired difference
+  (points) with a 95% interval (Wald on the per-sample differences, widened to the exact
+  discordance count when it is small); a budget in points of accuracy lost is met when the
+  upper bound of the loss, or the flip-risk bound (accuracy cannot move more than the
+  outputs flip), is within it.
+
+Outputs without classes (detection, masks: see ``metrics.has_classes``) are judged by
+cosine only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from rewriter.verify.metrics import has_classes
+
+Z = 1.959963984540054     # two-sided 95%
+BOOT = 1000
+
+
+def wilson(k: int, n: int, z: float = Z) -> tuple[float, float]:
+    """Wilson score interval of a proportion k/n."""
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * np.sqrt(max(p * (1 - p) / n + z * z / (4 * n * n), 0.0)) / d
+    return float(max(0.0, c - h)), float(min(1.0, c + h))
+
+
+def samples_needed(target: float, z: float = Z) -> int:
+    """Samples without a single disagreement that a Wilson lower bound of ``target``
+    needs: n / (n + z^2) >= target."""
+    if target >= 1.0:
+        return -1
+    return int(np.ceil(z * z * target / (1 - target)))
+
+
+def _bootstrap(values: np.ndarray, stat, reps: int = BOOT, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    n = len(values)
+    return np.array([stat(values[rng.integers(0, n, n)]) for _ in range(reps)])
+
+
+def _as_probs(x: np.ndarray) -> np.ndarray:
+    """Rows as probabilities: as they are when they already are, else their softmax."""
+    if np.all(x >= 0) and np.allclose(x.sum(axis=-1), 1.0, atol=1e-3):
+        return x
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def margins_and_leads(ref: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: the FP32 margin (top-1 minus runner-up) and the largest drop of the FP32
+    top class's lead over another class that the quantised output shows."""
+    ref, out = np.asarray(ref, np.float64), np.asarray(out, np.float64)
+    top = ref.argmax(axis=-1)
+    r_top = np.take_along_axis(ref, top[:, None], -1)
+    o_top = np.take_along_axis(out, top[:, None], -1)
+    lead_ref = r_top - ref                     # >= 0, 0 at the top class
+    lead_out = o_top - out
+    drop = (lead_ref - lead_out)
+    np.put_along_axis(drop, top[:, None], -np.inf, -1)
+    srt = np.sort(ref, axis=-1)
+    return srt[:, -1] - srt[:, -2], np.maximum(drop.max(axis=-1), 0.0)
+
+
+def flip_risk(margins: np.ndarray, drops: np.ndarray) -> float:
+    """mean over drops d of F(d), F the margins' empirical CDF interpolated from (0, 0)."""
+    m = np.sort(np.asarray(margins, np.float64))
+    n = len(m)
+    if n == 0:
+        return 1.0
+    xs = np.concatenate([[0.0], m])
+    ys = np.arange(n + 1) / n
+    return float(np.mean(np.interp(drops, xs, ys, right=1.0)))
+
+
+@dataclass
+class Judgement:
+    """What a lossy model keeps, on ``n`` samples, with 95% intervals."""
+
+    output: str
+    n: int
+    classes: bool
+    cosine: float
+    cosine_ci: tuple[float, float]
+    cosine_worst: float
+    top1: float | None = None
+    top1_ci: tuple[float, float] | None = None
+    flip_risk: float | None = None
+    flip_risk_upper: float | None = None
+    top1_lower: float | None = None           # 1 - flip-risk upper: what a budget meets
+    kl_mean: float | None = None
+    kl_worst: float | None = None
+    accuracy_fp32: float | None = None
+    accuracy: float | None = None
+    accuracy_drop: float | None = None        # points
+    accuracy_drop_ci: tuple[float, float] | None = None
+    budget: dict = field(default_factory=dict)
+    met: bool = False
+    certifiable: bool = True
+    why: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def line(self) -> str:
+        s = f"{self.output}: n={self.n}"
+        if self.top1 is not None:
+            s += (f", top-1 agreement {self.top1:.3f} [{self.top1_ci[0]:.3f}, "
+                  f"{self.top1_ci[1]:.3f}], flip-risk bound >= {1 - self.flip_risk_upper:.3f}")
+        s += (f", cosine {self.cosine:.4f} [{self.cosine_ci[0]:.4f}, {self.cosine_ci[1]:.4f}]"
+              f" (worst {self.cosine_worst:.4f})")
+        if self.accuracy is not None:
+            lo, hi = self.accuracy_drop_ci
+            s += (f", accuracy {self.accuracy_fp32:.3f} -> {self.accuracy:.3f} (loss "
+                  f"{self.accuracy_drop:+.1f} [{lo:+.1f}, {hi:+.1f}] points)")
+        return s + f"; budget {'met' if self.met else 'NOT met'} at 95%" + (
+            f" ({self.why})" if self.why else "")
+
+
+def judge_lossy(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
+                labels: np.ndarray | None = None, seed: int = 0) -> Judgement:
+    """Judge one output of ``n`` samples (axis 0) against its FP32 reference.
+
+    ``budget`` keys (any subset): ``min_top1``, ``min_cosine``, ``max_accuracy_drop``
+    (points, needs ``labels``)."""
+    ref = np.asarray(ref, np.float64)
+    out = np.asarray(out, np.float64)
+    n = ref.shape[0]
+    r2, o2 = ref.reshape(n, -1), out.reshape(n, -1)
+    nr, no = np.linalg.norm(r2, axis=1), np.linalg.norm(o2, axis=1)
+    cos = np.where((nr > 0) & (no > 0), np.sum(r2 * o2, 1) / np.maximum(nr * no, 1e-300),
+                   (nr == no).astype(float))
+    boots = _bootstrap(cos, np.mean, seed=seed)
+    j = Judgement(name, n, False, float(cos.mean()),
+                  (float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))),
+                  float(cos.min()), budget=dict(budget))
+    classes = has_classes(ref) and ref.ndim >= 2
+    if classes:
+        j.classes = True
+        rr = ref.reshape(-1, ref.shape[-1])
+        oo = out.reshape(-1, out.shape[-1])
+        per = rr.shape[0] // n                 # positions per sample (1 for [N, C])
+        agree = (rr.argmax(-1) == oo.argmax(-1)).reshape(n, per).mean(axis=1)
+        k = float(agree.sum())
+        j.top1 = float(agree.mean())
+        j.top1_ci = wilson(int(round(k)), n)
+        m, d = margins_and_leads(_as_probs(rr), _as_probs(oo))
+        m, d = m.reshape(n, per), d.reshape(n, per)
+        j.flip_risk = flip_risk(m.ravel(), d.ravel())
+        rng = np.random.default_rng(seed)
+        risks = []
+        for _ in range(BOOT):
+            idx = rng.integers(0, n, n)
+            risks.append(flip_risk(m[idx].ravel(), d[idx].ravel()))
+        j.flip_risk_upper = float(np.percentile(risks, 95))
+        j.top1_lower = 1.0 - j.flip_risk_upper
+        p, q = _as_probs(rr), _as_probs(oo)
+        kl = np.sum(p * (np.log(np.maximum(p, 1e-12)) - np.log(np.maximum(q, 1e-12))), -1)
+        kl = kl.reshape(n, per).mean(axis=1)
+        j.kl_mean, j.kl_worst = float(kl.mean()), float(kl.max())
+        if labels is not None and per == 1 and len(labels) == n:
+            a32 = (rr.argmax(-1) == labels).astype(float)
+            a8 = (oo.argmax(-1) == labels).astype(float)
+            diff = (a32 - a8) * 100
+            se = diff.std(ddof=1) / np.sqrt(n) if n > 1 else 100.0
+            j.accuracy_fp32, j.accuracy = float(a32.mean()), float(a8.mean())
+            j.accuracy_drop = float(diff.mean())
+            j.accuracy_drop_ci = (float(diff.mean() - Z * se), float(diff.mean() + Z * se))
+    _decide(j, budget)
+    return j
+
+
+def _decide(j: Judgement, budget: dict) -> None:
+    """met: every budget holds at its conservative end; certifiable: the counted top-1
+    could meet it at all with this many samples."""
+    reasons = []
+    ok = True
+    if "min_cosine" in budget and j.cosine_ci[0] < budget["min_cosine"]:
+        ok = False
+        reasons.append(f"cosine lower bound {j.cosine_ci[0]:.4f} < {budget['min_cosine']}")
+    if "min_top1" in budget and j.top1 is not None:
+        need = float(budget["min_top1"])
+        if j.top1_lower < need:
+            ok = False
+            reasons.append(f"top-1 lower bound {j.top1_lower:.3f} < {need}")
+        best = j.n / (j.n + Z * Z)
+        if best < need:
+            j.certifiable = False
+            reasons.append(f"counting alone cannot show {need} on {j.n} samples (at most "
+                           f"{best:.3f}; {samples_needed(need)} needed): the bound is the "
+                           "flip-risk model's")
+    if "max_accuracy_drop" in budget and j.accuracy_drop is not None:
+        cap = float(budget["max_accuracy_drop"])
+        bound = min(j.accuracy_drop_ci[1], 100 * (j.flip_risk_upper or 1.0))
+        if bound > cap:
+            ok = False
+            reasons.append(f"accuracy loss upper bound {bound:.1f} > {cap} points")
+    j.met = ok
+    j.why = "; ".join(reasons)

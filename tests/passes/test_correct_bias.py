@@ -1,0 +1,60 @@
+"""correct-bias: each INT8 conv's per-channel output mean matches FP32 after it."""
+
+import numpy as np
+import pytest
+from conftest import make_model, ops
+
+import rewriter
+from rewriter.quant.ranges import channel_stats
+
+TEXT = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 4, 8, 8] x) => (float[N, 8, 8, 8] y) {
+    a = Conv <pads = [1, 1, 1, 1]> (x, W1, B1)
+    r = Relu (a)
+    b = Conv <pads = [1, 1, 1, 1]> (r, W2)
+    h = Relu (b)
+    y = Conv <pads = [1, 1, 1, 1], group = 8> (h, W3, B3)
+}"""
+INITS = {"W1": (8, 4, 3, 3), "B1": (8,), "W2": (8, 8, 3, 3), "W3": (8, 1, 3, 3), "B3": (8,)}
+
+
+def means(m, names, feeds):
+    return {k: v.mean for k, v in channel_stats(m, names, feeds, progress=False).items()}
+
+
+@pytest.mark.parametrize("form", ["mul", "axis", "per-tensor"])
+def test_output_means_match_fp32_after_correction(form, rng):
+    m = make_model(TEXT, INITS, seed=3)
+    calib = [{"x": (rng.standard_normal((1, 4, 8, 8)) + 0.5).astype(np.float32)}
+             for _ in range(12)]
+    # Equalization (on by default) rescales the intermediate tensors compared here: off.
+    int8 = {"weights": "per-tensor"} if form == "per-tensor" else {"weight_form": form}
+    int8 = dict(int8, equalize=False, bias_correction=False, rounding="nearest")
+    plan = {"rules": [{"match": {"op": "Conv"}, "precision": "int8"}], "int8": int8}
+    raw, _ = rewriter.rewrite(m, plan=plan, calib=calib)
+    fixed, rep = rewriter.rewrite(m, plan=dict(plan, int8=dict(int8, bias_correction=True)),
+                                  calib=calib)
+    rec = [p for p in rep.passes if p.name == "correct-bias"]
+    assert len(rec) == 1 and rec[0].counts["corrected-layers"] == 3
+    names = ["a", "b", "y"]
+    ref = means(m, names, calib)
+    before = means(raw, names, calib)
+    after = means(fixed, names, calib)
+    gap = lambda d: max(np.abs(d[n] - ref[n]).max() for n in names)  # noqa: E731
+    # Corrected on the calibration part; on all 12 samples the shift shrinks a lot.
+    assert gap(after) < 0.3 * gap(before)
+    # The layers keep their names and the graph its interface.
+    assert {"a", "b", "y"} <= {o for n in fixed.graph.node for o in n.output}
+    assert ops(fixed).count("Conv") == 3
+
+
+def test_int32_bias_is_skipped(rng):
+    m = make_model(TEXT, INITS, seed=4)
+    calib = [{"x": rng.standard_normal((1, 4, 8, 8)).astype(np.float32)} for _ in range(12)]
+    plan = {"rules": [{"match": {"name": "y"}, "precision": "int8"}],
+            "int8": {"weight_form": "axis", "bias": "int32", "bias_correction": True,
+                     "equalize": False}}
+    _, rep = rewriter.rewrite(m, plan=plan, calib=calib)
+    rec = [p for p in rep.passes if p.name == "correct-bias"][0]
+    assert rec.counts["skip:bias-not-constant"] == 1

@@ -1,0 +1,134 @@
+"""equalize-channels: the same function in float, channel ranges evened out for INT8."""
+
+import numpy as np
+import onnx
+import pytest
+from conftest import make_model, ops, run_ort
+
+import rewriter
+from rewriter.core.graph import node_id
+from rewriter.quant import plan as plan_mod
+from rewriter.quant.ranges import ChannelStats, channel_stats
+
+# conv1 -> Relu -> conv2 (foldable); HardSwish -> depthwise (needs a Mul); a residual Add
+# that also reads the HardSwish output (must keep seeing it unscaled).
+TEXT = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 4, 8, 8] x) => (float[N, 8, 8, 8] y) {
+    a = Conv <pads = [1, 1, 1, 1]> (x, W1, B1)
+    r = Relu (a)
+    b = Conv (r, W2, B2)
+    h = HardSwish (b)
+    d = Conv <pads = [1, 1, 1, 1], group = 8> (h, W3)
+    y = Add (d, h)
+}"""
+
+
+def inits(rng):
+    w1 = rng.standard_normal((8, 4, 3, 3)).astype(np.float32)
+    w1[:4] *= 20.0                         # channels of very different ranges
+    return {"W1": w1, "B1": rng.standard_normal(8).astype(np.float32),
+            "W2": rng.standard_normal((8, 8, 1, 1)).astype(np.float32),
+            "B2": rng.standard_normal(8).astype(np.float32) * 5,
+            "W3": rng.standard_normal((8, 1, 3, 3)).astype(np.float32)}
+
+
+def stats_of(m, tensors, feeds):
+    return channel_stats(m, tensors, feeds, progress=False)
+
+
+def equalize(m, names, feeds, alpha=0.5):
+    p = plan_mod.load({"rules": [{"match": {"name": n}, "precision": "int8"} for n in names],
+                       "int8": {"equalize": True, "equalize_alpha": alpha}})
+    a = plan_mod.resolve(p, list(m.graph.node))
+    conv_in = {n.input[0] for n in m.graph.node if node_id(n) in names}
+    return rewriter.rewrite(m, ["equalize-channels"], verify=True, inputs=feeds[0], data={
+        "plan": p, "assignment": a, "channel_stats": stats_of(m, sorted(conv_in), feeds)})
+
+
+@pytest.fixture
+def setup(rng):
+    m = make_model(TEXT, inits(rng))
+    feeds = [{"x": rng.standard_normal((2, 4, 8, 8)).astype(np.float32)} for _ in range(4)]
+    return m, feeds
+
+
+def test_exact_in_float_and_channels_evened(setup):
+    m, feeds = setup
+    out, rep = equalize(m, ["b", "d"], feeds)
+    assert rep.ok   # verified against the original: same function
+    counts = rep.passes[0].counts
+    assert counts["equalized-tensors"] == 2
+    assert counts["folded-into-producer"] == 1 and counts["mul-inserted"] == 1
+    # r (Relu of conv a) is folded into a's rows: no op added there; h gets one Mul whose
+    # output only the depthwise conv reads; the residual Add still reads h.
+    assert ops(out).count("Mul") == 1
+    prod = {o: n for n in out.graph.node for o in n.output}
+    dw = [n for n in out.graph.node if node_id(n) == "d"][0]
+    assert prod[dw.input[0]].op_type == "Mul"
+    add = [n for n in out.graph.node if n.op_type == "Add"][0]
+    assert "h" in add.input
+    # Ranges of the equalised inputs: every channel of the depthwise input reaches the max.
+    eq = stats_of(out, [dw.input[0], "r"], feeds)
+    before = stats_of(m, ["h", "r"], feeds)
+    spread = lambda a: a.max() / max(a.min(), 1e-12)  # noqa: E731
+    assert spread(eq[dw.input[0]].absmax) < 1.01 < spread(before["h"].absmax)
+    assert spread(eq["r"].absmax) < spread(before["r"].absmax)
+    onnx.checker.check_model(out, full_check=True)
+
+
+def test_shared_weight_is_copied_not_edited(rng):
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4, 8, 8] x) => (float[N, 8, 8, 8] y, float[N, 8, 8, 8] z) {
+        h = HardSwish (x)
+        y = Conv <pads = [1, 1, 1, 1]> (h, W)
+        z = Conv <pads = [1, 1, 1, 1]> (x, W)
+    }"""
+    m = make_model(text, {"W": (8, 4, 3, 3)})
+    feeds = [{"x": (rng.standard_normal((1, 4, 8, 8)) * [[[[1]], [[10]], [[0.1]], [[3]]]]
+                    ).astype(np.float32)}]
+    out, rep = equalize(m, ["y"], feeds)
+    assert rep.ok
+    init = {t.name: onnx.numpy_helper.to_array(t) for t in out.graph.initializer}
+    z = [n for n in out.graph.node if node_id(n) == "z"][0]
+    y = [n for n in out.graph.node if node_id(n) == "y"][0]
+    assert z.input[1] == "W" and np.array_equal(init["W"], onnx.numpy_helper.to_array(
+        m.graph.initializer[0]))
+    assert y.input[1] != "W"
+
+
+def test_skip_reasons(rng):
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4, 8, 8] x, float[8, 4, 3, 3] Wd) => (float y, float z) {
+        y = Conv (x, Wd)
+        z = Conv <group = 2> (x, Wg)
+    }"""
+    m = make_model(text, {"Wg": (8, 2, 3, 3)})
+    p = plan_mod.load({"rules": [{"match": {"op": "Conv"}, "precision": "int8"}]})
+    a = plan_mod.resolve(p, list(m.graph.node))
+    stats = {"x": ChannelStats(np.array([1.0, 2.0, 3.0, 4.0]), np.zeros(4))}
+    _, rep = rewriter.rewrite(m, ["equalize-channels"], data={
+        "plan": p, "assignment": a, "channel_stats": stats})
+    assert rep.passes[0].counts["skip:weights-not-constant"] == 1
+    _, rep = rewriter.rewrite(m, ["equalize-channels"], data={
+        "plan": p, "assignment": a, "channel_stats": {}})
+    assert rep.passes[0].counts["skip:no-channel-statistics"] == 1
+
+
+def test_plan_default_with_equalization_lowers_and_helps(rng):
+    """On the generated MobileNet-like model with photo-like channel imbalance: the plan
+    option runs the pass, the output keeps MIGraphX's form, and INT8 gets closer to FP32."""
+    m = make_model(TEXT, inits(rng))
+    calib = [{"x": rng.standard_normal((1, 4, 8, 8)).astype(np.float32)} for _ in range(16)]
+    test = [{"x": rng.standard_normal((1, 4, 8, 8)).astype(np.float32)} for _ in range(16)]
+    base = {"rules": [{"match": {"op": "Conv"}, "precision": "int8"}]}
+    errs = []
+    for eq in (False, True):
+        plan = dict(base, int8={"equalize": eq})
+        out, rep = rewriter.rewrite(m, plan=plan, calib=calib)
+        assert ("equalize-channels" in [p.name for p in rep.passes]) == eq
+        err = [np.linalg.norm(run_ort(out, f)[0] - run_ort(m, f)[0]) for f in test]
+        errs.append(float(np.mean(err)))
+    assert errs[1] < errs[0]
