@@ -1,0 +1,54 @@
+"""The planner: k-fold judgement, bounds not points, labels, --strict."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import rewriter
+from rewriter.quant.planner import plan_auto
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = str(ROOT / "models" / "mobilenet_mini.onnx")
+
+
+def samples(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return [{"input": rng.standard_normal((1, 3, 64, 64)).astype(np.float32)} for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def planned():
+    return plan_auto(MODEL, samples(16), settings={"folds": 4, "min_top1": 0.9})
+
+
+def test_every_sample_is_judged_once_by_ranges_it_did_not_set(planned):
+    plan, rep = planned
+    m = rep.measured
+    assert m["n"] == 16          # all samples, k-fold: not a held-out third
+    assert m["top1_ci"][0] <= m["top1"] <= m["top1_ci"][1]
+    assert m["cosine_ci"][0] <= m["cosine"] <= m["cosine_ci"][1]
+    assert rep.settings["folds"] == 4
+    assert plan.int8["equalize"] == "all" and plan.int8["rounding"] == "gptq"
+    text = rep.render()
+    assert "judged on 16 held-out samples (4-fold, 95% intervals)" in text
+
+
+def test_small_data_says_it_cannot_certify(planned):
+    _, rep = planned
+    # 16 samples cannot show 0.9 by counting (at most 0.806): said, with what it would take.
+    assert not rep.measured["certifiable"] and not rep.certified
+    assert any("samples cannot certify" in n and "35 samples" in n for n in rep.notes)
+
+
+def test_strict_refuses_an_uncertified_plan():
+    with pytest.raises(rewriter.VerificationError, match="not certified"):
+        plan_auto(MODEL, samples(12, 1), settings={"folds": 3, "strict": True})
+
+
+def test_labels_add_task_accuracy():
+    _, rep = plan_auto(MODEL, samples(12, 2), settings={"folds": 3, "min_top1": 0.5,
+                                                        "max_accuracy_drop": 50.0},
+                       labels=np.arange(12) % 10)
+    m = rep.measured
+    assert m["accuracy_fp32"] is not None and m["accuracy_drop_ci"] is not None
