@@ -111,7 +111,7 @@ def judge(ref: np.ndarray, out: np.ndarray, labels) -> dict:
 
 
 def run(task: str, plans: list, n_calib: int, n_eval: int, calib_seed: int, eval_seed: int,
-        work: Path, extra: dict | None = None) -> list[dict]:
+        work: Path, extra: dict | None = None, qs: list | None = None) -> list[dict]:
     import rewriter
 
     model = str(CACHE / TASKS[task][0])
@@ -120,7 +120,14 @@ def run(task: str, plans: list, n_calib: int, n_eval: int, calib_seed: int, eval
     calib = [{"x": xc[i:i + 1]} for i in range(len(xc))]
     ref = outputs(model, xe)
     rows = []
+    for method in qs or []:
+        rows.append(_quantize_static(task, model, xc, method, work, ref, xe, ye))
+        print(line(rows[-1]), flush=True)
     for plan in plans:
+        label = plan
+        if isinstance(plan, dict):  # each task gets its own copy: _name is not a plan key
+            label, plan = plan.get("_name", "custom"), {k: v for k, v in plan.items()
+                                                        if k != "_name"}
         out = work / f"{task}.onnx"
         t = time.perf_counter()
         _, rep = rewriter.rewrite(model, output=out, plan=plan, calib=calib,
@@ -128,7 +135,7 @@ def run(task: str, plans: list, n_calib: int, n_eval: int, calib_seed: int, eval
         secs = time.perf_counter() - t
         layers = (rep.extra.get("plan") or {}).get("layers", {})
         convs = [v for v in layers.values() if v["op"] == "Conv"]
-        row = {"task": task, "plan": plan if isinstance(plan, str) else "custom",
+        row = {"task": task, "plan": label,
                "int8_convs": sum(v["precision"] == "int8" for v in convs),
                "convs": len(convs), "seconds": round(secs, 1),
                **judge(ref, outputs(str(out), xe), ye)}
@@ -139,8 +146,35 @@ def run(task: str, plans: list, n_calib: int, n_eval: int, calib_seed: int, eval
     return rows
 
 
+def _quantize_static(task, model, xc, method, work, ref, xe, ye) -> dict:
+    """onnxruntime's quantize_static in the symmetric signed form MIGraphX takes (QDQ, S8S8,
+    per-channel; tools/bench_quant.py's settings), on the same calibration samples."""
+    import shutil
+
+    from bench_quant import run_quantize_static
+
+    folder = work / f"{task}-calib"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for i in range(len(xc)):
+        np.save(folder / f"s_{i:05d}.npy", xc[i:i + 1])
+    out = work / f"{task}-qs-{method}.onnx"
+    t = time.perf_counter()
+    run_quantize_static({"model": model, "output": str(out), "calib": str(folder),
+                         "method": method})
+    secs = time.perf_counter() - t
+    import onnx
+    m = onnx.load(str(out), load_external_data=False)
+    prod = {o: n for n in m.graph.node for o in n.output}
+    convs = [n for n in m.graph.node if n.op_type == "Conv"]
+    int8 = sum(all(i in prod and prod[i].op_type == "DequantizeLinear" for i in c.input[:2])
+               for c in convs)
+    return {"task": task, "plan": f"qs-{method}", "int8_convs": int8, "convs": len(convs),
+            "seconds": round(secs, 1), **judge(ref, outputs(str(out), xe), ye)}
+
+
 def line(r: dict) -> str:
-    s = (f"{r['task']:13s} {r['plan']:8s} int8 {r['int8_convs']:2d}/{r['convs']:2d}  top-1 "
+    s = (f"{r['task']:13s} {r['plan'][:14]:14s} int8 {r['int8_convs']:2d}/{r['convs']:2d}  top-1 "
          f"{r['top1']:.3f} [{r['top1_ci'][0]:.3f}, {r['top1_ci'][1]:.3f}]  cos "
          f"{r['cosine']:.4f} [{r['cosine_ci'][0]:.4f}, {r['cosine_ci'][1]:.4f}]")
     if "acc" in r:
@@ -154,8 +188,11 @@ def main() -> int:
     p.add_argument("--task", action="append", choices=list(TASKS))
     p.add_argument("--all", action="store_true")
     p.add_argument("--plan", action="append", help="built-in plan or plan file (repeatable)")
-    p.add_argument("--plan-json", action="append", help="a plan as JSON (repeatable)")
+    p.add_argument("--plan-json", action="append",
+                   help="a plan as JSON (repeatable); a key _name labels its row")
     p.add_argument("--options", help="API options as JSON (e.g. planner settings)")
+    p.add_argument("--qs", action="append", choices=("MinMax", "Percentile", "Entropy"),
+                   help="also onnxruntime quantize_static with this method (repeatable)")
     p.add_argument("--n-calib", type=int, default=64)
     p.add_argument("--n-eval", type=int, default=200)
     p.add_argument("--calib-seed", type=int, default=0)
@@ -169,8 +206,9 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     rows = []
     for t in tasks:
-        rows += run(t, plans or ["default"], a.n_calib, a.n_eval, a.calib_seed, a.eval_seed,
-                    work, json.loads(a.options) if a.options else None)
+        rows += run(t, plans if plans or a.qs else ["default"], a.n_calib, a.n_eval,
+                    a.calib_seed, a.eval_seed, work,
+                    json.loads(a.options) if a.options else None, a.qs)
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
     return 0
