@@ -1,0 +1,386 @@
+"""expand-contrib: onnxruntime's com.microsoft ops back to standard ONNX ops.
+
+A model saved by onnxruntime's optimiser (``optimized_model_filepath``, ORT_ENABLE_EXTENDED
+or ALL) carries fused contrib ops; MIGraphX's parser does not know FusedConv, FusedGemm or
+FusedMatMul (some others it parses by name). Before -> after::
+
+    FusedConv(x, W, B, Z; act, params)      =>  act(Add(Conv(x, W, B), Z))
+    FusedGemm(A, B, C; act, act_alpha ..)   =>  act(Gemm(A, B, C))
+    FusedMatMul(A, B; transA, transB, transBatchA, transBatchB, alpha)
+                                            =>  Mul(MatMul(Transpose(A), Transpose(B)), alpha)
+    Gelu(x) / BiasGelu(x, b)                =>  v = x (+ b);  (v * 0.5) * (Erf(v / sqrt2) + 1)
+    FastGelu(x [, b])                       =>  v = x (+ b);  (v*0.5) * (Tanh(v*(v*C*v + B)) + 1)
+    QuickGelu(x; alpha=1.702)               =>  x * Sigmoid(x * alpha)
+    SkipLayerNormalization(x, s, g, b, bias)=>  t = x + s (+ bias);  LayerNorm(t, g, b; axis=-1)
+    BiasAdd(x, bias, skip)                  =>  (x + bias) + skip
+    NhwcMaxPool(x)                          =>  Transpose(MaxPool(Transpose(x)))
+    SkipSimplifiedLayerNormalization, and onnxruntime's own default-domain schemas
+    LayerNormalization (opset < 17) and SimplifiedLayerNormalization  =>  the decomposition
+
+The semantics are onnxruntime's CPU kernels' (contrib_ops/cpu: fused_activation.cc,
+fused_gemm.cc, the core MatMul's trans_batch, bert/bias_gelu.cc with B = sqrt(2/pi) and
+C = 0.044715*sqrt(2/pi), activations.h, skip_layer_norm.cc) and docs/ContribOperators.md:
+FusedConv adds Z before the activation; transBatchA moves A's first axis to just before the
+matrix axes (perm [1, .., r-2, 0, r-1]), then transA swaps the last two; skip broadcasts over
+the leading axes. The order of operations mirrors the kernels, so the GELUs come out
+bit-exact in onnxruntime; Conv+Z and the LayerNorms re-round (the kernel sums Z before the
+bias, and computes E[x^2] - E[x]^2 in one sweep): Numerics.CLOSE.
+
+LayerNorm becomes ONNX LayerNormalization from opset 17, else ReduceMean, Sub, Pow(2),
+ReduceMean, Add(eps), Sqrt, Div, Mul, Add: the pattern MIGraphX matches as layernorm. GELU
+uses Erf (ONNX Gelu is opset 20). Clip takes min/max as inputs from opset 11, as attributes
+before. Output tensor names are kept; the main new node (Conv, Gemm, MatMul, the norm) keeps
+the contrib node's name; a transposed weight is transposed once, at rewrite time. Shape
+inference stops at the first contrib op, so a dtype it missed is found by walking up through
+ops whose output has their first input's type. If/Loop/Scan bodies are done too.
+
+Skipped, counted as ``<reason>:<Op>``: any other contrib op (``unsupported-contrib``:
+Attention, EmbedLayerNormalization, the NCHWc ops with blocked weights ...), an activation
+outside the table, a dtype not found or not float (``unknown-dtype``), FusedMatMul
+transposes of an input of unknown rank or rank < 2, used Mean/InvStdDev outputs of a norm, a
+float16 norm that must be decomposed (the kernels accumulate in float32), ops missing at the
+model's opset (Erf < 9, ThresholdedRelu < 10, integer MaxPool < 12). The com.microsoft opset
+import stays (the exporter keeps the original's imports; unused, it is valid ONNX). Note
+that onnx.checker, hence loading, refuses the default-domain ORT schemas below opset 17.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from rewriter.core.graph import graph_protos, iter_graphs
+from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
+
+MS = "com.microsoft"
+# Activation -> its ONNX attributes, in FusedConv's activation_params order.
+ACTS = {"Relu": (), "Tanh": (), "Sigmoid": (), "Silu": (), "Softplus": (), "Softsign": (),
+        "LeakyRelu": ("alpha",), "Elu": ("alpha",), "ThresholdedRelu": ("alpha",),
+        "Selu": ("alpha", "gamma"), "HardSigmoid": ("alpha", "beta"), "Clip": ("min", "max")}
+# Default-domain ops that onnxruntime registers itself (not valid ONNX at these opsets).
+ORT_ONNX_DOMAIN = {"LayerNormalization": 17, "SimplifiedLayerNormalization": 1 << 30}
+# To find a dtype shape inference missed (it stops at the first contrib op): ops whose output
+# has the type of all their inputs (ALL_T), or of their first input (SAME_TYPE).
+ALL_T = {"Add", "Sub", "Mul", "Div", "MatMul", "Gemm", "Conv", "Sum", "Max", "Min", "Concat",
+         "FusedConv", "FusedGemm", "FusedMatMul", "TransposeMatMul", "BiasGelu", "FastGelu",
+         "BiasAdd", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization"}
+SAME_TYPE = {"Relu", "Sigmoid", "Tanh", "Erf", "Identity", "Transpose", "Reshape", "Flatten",
+             "Squeeze", "Unsqueeze", "Softmax", "MaxPool", "AveragePool", "GlobalAveragePool",
+             "Pow", "Sqrt", "LayerNormalization", "BatchNormalization", "LeakyRelu", "Clip",
+             "Neg", "Split", "Slice", "Gather", "Expand", "Pad", "Resize", "ReduceMean",
+             "ReduceSum"}
+
+
+def _contrib(domain, op: str, opset: int) -> bool:
+    d = domain or ""
+    return d.startswith(MS) or (d in ("", "ai.onnx") and opset < ORT_ONNX_DOMAIN.get(op, 0))
+
+
+class ExpandContrib(Pass):
+    name = "expand-contrib"
+    phase = Phase.FOLD
+    numerics = Numerics.CLOSE
+    summary = "rewrite onnxruntime's com.microsoft ops (FusedConv, Gelu ...) as standard ONNX"
+
+    def needs_shapes(self, model) -> bool:
+        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+        return any(_contrib(n.domain, n.op_type, opset)
+                   for g in graph_protos(model.graph) for n in g.node)
+
+    def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
+        res = PassResult()
+        consts: dict = {}
+        for g in iter_graphs(graph):
+            for node in list(g.nodes):   # topological: producers first, their dtypes set
+                if not node.outputs or not _contrib(node.domain, node.op, graph.opset):
+                    continue
+                known = (node.domain or "") in (MS, "", "ai.onnx")
+                handler = HANDLERS.get(node.op) if known else None
+                if handler is None:
+                    dom = "" if node.domain == MS else f"{node.domain}:"
+                    res.skip(f"unsupported-contrib:{dom}{node.op}")
+                    continue
+                e = _Emit(node, g, graph.opset, ctx, consts)
+                reason = (e.float_check() if node.op != "NhwcMaxPool" else None) or handler(e)
+                if reason:
+                    res.skip(f"{reason}:{node.op}")
+                    continue
+                g.nodes.extend(e.new)
+                res.count(f"expanded:{node.op}")
+                res.changed = True
+        return res
+
+
+class _Emit:
+    """Builds the replacement of one node. A handler checks first, then calls ``begin``
+    (which detaches the node) and emits; ``out=`` writes an original output tensor."""
+
+    def __init__(self, node, g, opset, ctx, consts):
+        self.node, self.g, self.opset, self.namer, self.consts = node, g, opset, ctx.namer, consts
+        self.ins = [t if t.name else None for t in node.inputs] + [None] * 5
+        self.outs: list = []
+        self.new: list[gs.Node] = []
+        self.base = node.outputs[0].name
+        self.dtype = _dtype(node)
+        self.named = False
+
+    def attr(self, k, default=None):
+        return self.node.attrs.get(k, default)
+
+    def used(self, i: int) -> bool:
+        outs = self.node.outputs
+        return (i < len(outs) and bool(outs[i].name)
+                and (bool(outs[i].outputs) or any(o is outs[i] for o in self.g.outputs)))
+
+    def float_check(self) -> str | None:
+        if self.dtype is None:
+            return "unknown-dtype"
+        return None if self.dtype.kind == "f" else "unsupported-dtype"
+
+    def begin(self, like=None) -> None:
+        self.outs = list(self.node.outputs)
+        self.node.inputs.clear()
+        self.node.outputs.clear()
+        y = self.outs[0]   # later contrib nodes read its dtype (and rank)
+        if y.dtype is None and self.dtype is not None:
+            y.dtype = self.dtype
+        if like is not None and y.shape is None and like.shape is not None:
+            y.shape = list(like.shape)
+
+    def const(self, v, dtype=None) -> gs.Constant:
+        a = np.asarray(v, dtype=dtype or self.dtype)
+        key = (id(self.g), a.dtype.str, a.shape, a.tobytes())
+        if key not in self.consts:   # one constant per value and graph, not one per site
+            self.consts[key] = gs.Constant(self.namer(f"{self.base}_c"), a)
+        return self.consts[key]
+
+    def op(self, op, *inputs, out=None, main=False, **attrs) -> gs.Tensor:
+        ins = [t if isinstance(t, gs.Tensor) else self.const(t) for t in inputs if t is not None]
+        if out is None:
+            out = gs.Variable(self.namer(f"{self.base}_{op.lower()}"), dtype=self.dtype)
+        if main and self.node.name and not self.named:
+            name, self.named = self.node.name, True
+        else:
+            name = self.namer(f"{self.node.name or self.base}_{op.lower()}")
+        self.new.append(gs.Node(op, name, attrs, ins, [out]))
+        return out
+
+    def act(self, act, x, params: dict, out):
+        if act == "Clip":
+            if self.opset >= 11:
+                return self.op("Clip", x, self.const(params["min"]), self.const(params["max"]),
+                               out=out)
+            return self.op("Clip", x, out=out, **params)
+        if act == "Silu":
+            return self.op("Mul", x, self.op("Sigmoid", x), out=out)
+        return self.op(act, x, out=out, **params)
+
+    def reduce_mean(self, x, axes):
+        if self.opset >= 18:
+            return self.op("ReduceMean", x, self.const(axes, np.int64), keepdims=1)
+        return self.op("ReduceMean", x, axes=axes, keepdims=1)
+
+
+def _typed_inputs(node) -> list:
+    if node.op in ALL_T:
+        return [t for t in node.inputs if t.name]
+    return node.inputs[:1] if node.op in SAME_TYPE or node.op in HANDLERS else []
+
+
+def _dtype(node) -> np.dtype | None:
+    """The type T of a contrib node's first output: known, or found breadth-first up through
+    inputs of that type (a weight of a Gemm upstream, say)."""
+    todo = node.outputs[:1] + _typed_inputs(node)
+    for t in todo:   # grows while it is read
+        if t.dtype is not None:
+            return np.dtype(t.dtype)
+        if t.inputs and len(todo) < 256:
+            todo.extend(_typed_inputs(t.inputs[0]))
+    return None
+
+
+def _act_params(e, act, values) -> dict | str:
+    if act not in ACTS:
+        return "unsupported-activation"
+    if act == "ThresholdedRelu" and e.opset < 10:
+        return "op-needs-higher-opset"
+    names = ACTS[act]
+    if isinstance(values, dict):   # FusedGemm: activation_<name> attributes
+        if act == "Clip" and not all(n in values for n in names):
+            return "clip-without-bounds"
+        return {n: float(values[n]) for n in names if n in values}
+    if len(values) != len(names):   # FusedConv: onnxruntime refuses a wrong count too
+        return "activation-params-count"
+    return {n: float(v) for n, v in zip(names, values)}
+
+
+def _fused_conv(e: _Emit):
+    act = e.attr("activation", "")
+    params = _act_params(e, act, list(e.attr("activation_params", []))) if act else {}
+    if isinstance(params, str):
+        return params
+    x, w, b, z = e.ins[:4]
+    attrs = {k: v for k, v in e.node.attrs.items() if not k.startswith("activation")}
+    e.begin()
+    y = e.outs[0]
+    last = not act and z is None
+    c = e.op("Conv", x, w, b, out=y if last else None, main=True, **attrs)
+    if z is not None:
+        c = e.op("Add", c, z, out=None if act else y)
+    if act:
+        e.act(act, c, params, y)
+
+
+def _fused_gemm(e: _Emit):
+    act = e.attr("activation", "")
+    acts = {k[len("activation_"):]: v for k, v in e.node.attrs.items()
+            if k.startswith("activation_")}
+    params = _act_params(e, act, acts) if act else {}
+    if isinstance(params, str):
+        return params
+    a, b, c = e.ins[:3]
+    attrs = {k: e.attr(k) for k in ("alpha", "beta", "transA", "transB") if k in e.node.attrs}
+    e.begin()
+    if c is None and e.opset < 11:   # C is optional only from Gemm-11
+        c = e.const(0.0)
+    g = e.op("Gemm", a, b, c, out=None if act else e.outs[0], main=True, **attrs)
+    if act:
+        e.act(act, g, params, e.outs[0])
+
+
+def _fused_matmul(e: _Emit):
+    ts = []
+    for t, tr, tb in ((e.ins[0], "transA", "transBatchA"), (e.ins[1], "transB", "transBatchB")):
+        tr, tb = int(e.attr(tr, 0)), int(e.attr(tb, 0))
+        perm = None
+        if tr or tb:
+            if t.shape is None:
+                return "unknown-rank"
+            r = len(t.shape)
+            if r < 2:
+                return "transpose-below-rank-2"
+            perm = list(range(1, r - 1)) + [0, r - 1] if tb else list(range(r))
+            if tr:
+                perm[-2], perm[-1] = perm[-1], perm[-2]
+            perm = None if perm == list(range(r)) else perm
+        ts.append((t, perm))
+    alpha = float(e.attr("alpha", 1.0))
+    e.begin()
+    ab = []
+    for t, perm in ts:
+        if perm is not None and isinstance(t, gs.Constant):   # a weight: transpose it now,
+            key = ("T", id(e.g), id(t), tuple(perm))           # once for all its readers
+            if key not in e.consts:
+                e.consts[key] = gs.Constant(e.namer(f"{t.name}_t"),
+                                            np.ascontiguousarray(t.values.transpose(perm)))
+            t = e.consts[key]
+        elif perm is not None:
+            t = e.op("Transpose", t, perm=perm)
+        ab.append(t)
+    m = e.op("MatMul", *ab, out=e.outs[0] if alpha == 1.0 else None, main=True)
+    if alpha != 1.0:
+        e.op("Mul", m, alpha, out=e.outs[0])
+
+
+def _gelu(e: _Emit):
+    if e.opset < 9:
+        return "op-needs-higher-opset"   # Erf
+    x, bias = e.ins[:2]
+    e.begin(like=x)
+    v = e.op("Add", x, bias) if bias is not None else x
+    erf = e.op("Erf", e.op("Mul", v, 1.0 / math.sqrt(2.0)))
+    e.op("Mul", e.op("Mul", v, 0.5), e.op("Add", erf, 1.0), out=e.outs[0])
+
+
+def _fast_gelu(e: _Emit):
+    x, bias = e.ins[:2]
+    e.begin(like=x)
+    v = e.op("Add", x, bias) if bias is not None else x
+    inner = e.op("Add", e.op("Mul", e.op("Mul", v, 0.035677408136300125), v), 0.7978845608028654)
+    t = e.op("Tanh", e.op("Mul", v, inner))
+    e.op("Mul", e.op("Mul", v, 0.5), e.op("Add", t, 1.0), out=e.outs[0])
+
+
+def _quick_gelu(e: _Emit):
+    x, alpha = e.ins[0], float(e.attr("alpha", 1.702))
+    e.begin(like=x)
+    s = e.op("Sigmoid", e.op("Mul", x, alpha) if alpha != 1.0 else x)
+    e.op("Mul", x, s, out=e.outs[0])
+
+
+def _bias_add(e: _Emit):
+    x, bias, skip = e.ins[:3]
+    e.begin(like=x)
+    e.op("Add", e.op("Add", x, bias), skip, out=e.outs[0])
+
+
+def _norm(e: _Emit, x, scale, bias, axis, eps, simplified, out):
+    """LayerNorm (or RMSNorm when ``simplified``) of ``x`` over the axes from ``axis`` on."""
+    if not simplified and e.opset >= 17:
+        return e.op("LayerNormalization", x, scale, bias, out=out, main=True, axis=axis,
+                    epsilon=eps)
+    axes = list(range(axis, 0))   # axis is negative here: no rank needed
+    d = x if simplified else e.op("Sub", x, e.reduce_mean(x, axes))
+    var = e.reduce_mean(e.op("Pow", d, 2.0), axes)
+    n = e.op("Div", d, e.op("Sqrt", e.op("Add", var, eps)))
+    y = e.op("Mul", n, scale, out=out if bias is None else None, main=True)
+    return y if bias is None else e.op("Add", y, bias, out=out)
+
+
+def _norm_check(e: _Emit, simplified) -> str | None:
+    if e.used(1) or e.used(2):   # Mean / InvStdDev: read by training graphs only
+        return "layernorm-statistics-used"
+    if (simplified or e.opset < 17) and e.dtype.itemsize < 4:
+        return "float16-layernorm-below-opset-17"   # the kernels accumulate in float32
+    return None
+
+
+def _layer_norm(e: _Emit):
+    simplified = e.node.op == "SimplifiedLayerNormalization"
+    x, axis = e.ins[0], int(e.attr("axis", -1))
+    if axis >= 0:
+        if x.shape is None:
+            return "unknown-rank"
+        axis -= len(x.shape)
+    reason = _norm_check(e, simplified)
+    if reason:
+        return reason
+    scale, bias = e.ins[1], None if simplified else e.ins[2]
+    e.begin(like=x)
+    _norm(e, x, scale, bias, axis, float(e.attr("epsilon", 1e-5)), simplified, e.outs[0])
+
+
+def _skip_layer_norm(e: _Emit):
+    simplified = e.node.op == "SkipSimplifiedLayerNormalization"
+    reason = _norm_check(e, simplified)
+    if reason:
+        return reason
+    x, skip, gamma = e.ins[:3]
+    beta, bias = (None, e.ins[3]) if simplified else e.ins[3:5]
+    keep_sum = e.used(3)   # input+skip+bias: kept when something reads it
+    e.begin(like=x)
+    s = e.op("Add", x, skip, out=e.outs[3] if keep_sum and bias is None else None)
+    if bias is not None:
+        s = e.op("Add", s, bias, out=e.outs[3] if keep_sum else None)
+    _norm(e, s, gamma, beta, -1, float(e.attr("epsilon", 1e-12)), simplified, e.outs[0])
+
+
+def _nhwc_max_pool(e: _Emit):
+    if e.opset < 12 and (e.dtype is None or e.dtype.kind != "f"):
+        return "op-needs-higher-opset"
+    r, x = len(e.attr("kernel_shape")) + 2, e.ins[0]   # kernel_shape is required
+    e.begin()
+    t = e.op("Transpose", x, perm=[0, r - 1] + list(range(1, r - 1)))
+    p = e.op("MaxPool", t, main=True, **dict(e.node.attrs))
+    e.op("Transpose", p, perm=[0] + list(range(2, r)) + [1], out=e.outs[0])
+
+
+HANDLERS = {"FusedConv": _fused_conv, "FusedGemm": _fused_gemm, "FusedMatMul": _fused_matmul,
+            "TransposeMatMul": _fused_matmul, "Gelu": _gelu, "BiasGelu": _gelu,
+            "FastGelu": _fast_gelu, "QuickGelu": _quick_gelu, "BiasAdd": _bias_add,
+            "LayerNormalization": _layer_norm, "SimplifiedLayerNormalization": _layer_norm,
+            "SkipLayerNormalization": _skip_layer_norm,
+            "SkipSimplifiedLayerNormalization": _skip_layer_norm,
+            "NhwcMaxPool": _nhwc_max_pool}
