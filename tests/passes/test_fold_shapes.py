@@ -1,0 +1,179 @@
+"""fold-shapes: static parts of partially symbolic shapes fold, symbolic parts stay, known
+If conditions inline their branch; every output checked at several values of the
+symbolic dims (a fold that assumed W = 1 would pass at W = 1 only)."""
+
+import numpy as np
+import onnx
+from conftest import make_model, ops, run_ort
+
+import rewriter
+
+I = {"zero": np.array(0, np.int64), "two": np.array(2, np.int64), "three": np.array(3, np.int64),
+     "ax0": np.array([0], np.int64), "m1": np.array([-1], np.int64)}
+
+
+def fs(m, **kw):
+    return rewriter.rewrite(m, ["fold-shapes"], verify=True, **kw)
+
+
+def same_at(m, out, name, shapes, dtype=np.float32):
+    rng = np.random.default_rng(7)
+    for shape in shapes:
+        f = {name: rng.standard_normal(shape).astype(dtype)}
+        a, b = run_ort(m, f), run_ort(out, f)
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+
+
+def test_static_dims_of_a_symbolic_shape_fold_and_symbolic_ones_stay():
+    # x: [1, 1, 64, W] as in an OCR recogniser: H/2 is static, W is not.
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 1, 64, W] x) => (float[1, 32, W, 2] y) {
+        s = Shape (x)
+        h = Gather <axis = 0> (s, two)
+        w = Gather <axis = 0> (s, three)
+        hh = Div (h, two)
+        hu = Unsqueeze (hh, ax0)
+        wu = Unsqueeze (w, ax0)
+        one = Constant <value = int64[1] {1}> ()
+        two1 = Constant <value = int64[1] {2}> ()
+        shp = Concat <axis = 0> (one, hu, wu, two1)
+        y = Reshape (x, shp)
+    }""", I)
+    out, rep = fs(m, input_shapes={"x": [1, 1, 64, 5]})
+    assert rep.passes[0].counts["folded"] >= 3
+    # What depends on W keeps its nodes; the H/2 branch is one constant now.
+    assert "Div" not in ops(out) and ops(out).count("Gather") == 1
+    assert ops(out).count("Shape") == 1
+    same_at(m, out, "x", [(1, 1, 64, 1), (1, 1, 64, 7), (1, 1, 64, 40)])
+
+
+def test_reshape_keeping_its_input_dims_gets_a_constant_shape():
+    # Reshape(x, [N, C*H*W]) written as Concat(Shape(x)[0:1], [-1]): N is x's own dim 0.
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 3, H, 4] x) => (float[N, 3, H, 4] y) {
+        s = Shape (x)
+        n = Slice (s, ax0, one)
+        h = Slice (s, two1, three1)
+        shp = Concat <axis = 0> (n, m1, h, four)
+        r = Reshape (x, shp)
+        y = Relu (r)
+    }""", {**I, "one": np.array([1], np.int64), "two1": np.array([2], np.int64),
+           "three1": np.array([3], np.int64), "four": np.array([4], np.int64)})
+    out, rep = fs(m, input_shapes={"x": [2, 3, 5, 4]})
+    assert rep.passes[0].counts["reshape-dims-copied"] == 1
+    assert ops(out) == ["Reshape", "Relu"]
+    shp = [onnx.numpy_helper.to_array(t).tolist() for t in out.graph.initializer]
+    assert [0, -1, 0, 4] in shp
+    same_at(m, out, "x", [(1, 3, 1, 4), (4, 3, 7, 4)])
+
+
+def test_same_dim_name_is_the_same_value_and_sympy_simplifies():
+    # N - N = 0 and (W * 2) / 2 == W are decided symbolically; W == 5 is not decidable.
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, W] x, float[N, 3] z) => (int64[1] d, bool[1] e, bool[1] u) {
+        sx = Shape (x)
+        sz = Shape (z)
+        nx = Slice (sx, ax0, one)
+        nz = Slice (sz, ax0, one)
+        d = Sub (nx, nz)
+        w = Slice (sx, one, two1)
+        w2 = Mul (w, two1)
+        wb = Div (w2, two1)
+        e = Equal (wb, w)
+        u = Equal (w, five)
+    }""", {**I, "one": np.array([1], np.int64), "two1": np.array([2], np.int64),
+           "five": np.array([5], np.int64)})
+    # d, e, u are graph outputs: the interface keeps its tensors, so check the values
+    # through a consumer instead.
+    g = m.graph
+    for name in ("d", "e", "u"):
+        g.node.append(onnx.helper.make_node("Identity", [name], [name + "_o"]))
+    del g.output[:]
+    g.output.extend([onnx.helper.make_tensor_value_info("d_o", onnx.TensorProto.INT64, [1]),
+                     onnx.helper.make_tensor_value_info("e_o", onnx.TensorProto.BOOL, [1]),
+                     onnx.helper.make_tensor_value_info("u_o", onnx.TensorProto.BOOL, [1])])
+    out, _ = rewriter.rewrite(m, ["fold-shapes"])
+    consts = {t.name: onnx.numpy_helper.to_array(t).tolist() for t in out.graph.initializer}
+    assert consts.get("d") == [0] and consts.get("e") == [True]
+    assert "u" not in consts and "Equal" in ops(out)      # W == 5: not decidable, kept
+    rng = np.random.default_rng(0)
+    for n, w in ((1, 5), (3, 4)):
+        f = {"x": rng.standard_normal((n, w)).astype(np.float32),
+             "z": rng.standard_normal((n, 3)).astype(np.float32)}
+        for a, b in zip(run_ort(m, f), run_ort(out, f)):
+            np.testing.assert_array_equal(a, b)
+
+
+def _if_model(cond_text: str, out_is_graph_output: bool = True) -> onnx.ModelProto:
+    tail = "" if out_is_graph_output else "\n        y = Relu (r)"
+    res = "y" if out_is_graph_output else "r"
+    return make_model(f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4, W] x) => (float[N, 4, W] y) {{
+        s = Shape (x)
+        {cond_text}
+        {res} = If (c) <
+            then_branch = t () => (float[N, 4, W] a) {{ a = Sigmoid (x) }},
+            else_branch = e () => (float[N, 4, W] b) {{ b = Neg (x) }}
+        >{tail}
+    }}""", {**I, "four": np.array(4, np.int64), "five": np.array(5, np.int64)})
+
+
+def test_if_on_a_static_dim_inlines_the_taken_branch():
+    for graph_output in (True, False):
+        m = _if_model("""r = Size (s)
+        c = Equal (r, three)""".replace("r =", "rk =").replace("(r,", "(rk,"), graph_output)
+        out, rep = fs(m, input_shapes={"x": [2, 4, 3]})
+        assert rep.passes[0].counts["inlined-if"] == 1
+        assert "If" not in ops(out) and "Sigmoid" in ops(out) and "Neg" not in ops(out)
+        assert [o.name for o in out.graph.output] == ["y"]
+        onnx.checker.check_model(out, full_check=True)
+        same_at(m, out, "x", [(1, 4, 1), (3, 4, 9)])
+
+
+def test_if_on_a_symbolic_dim_stays():
+    m = _if_model("""w = Gather <axis = 0> (s, two)
+        c = Equal (w, five)""")
+    out, rep = fs(m, input_shapes={"x": [2, 4, 3]})
+    assert "If" in ops(out) and rep.passes[0].counts.get("inlined-if", 0) == 0
+    same_at(m, out, "x", [(1, 4, 5), (2, 4, 3)])
+
+
+def test_nested_ifs_and_bodies_fold_too():
+    # Inside a body whose condition is an input, the inner If's condition is static.
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4] x, bool k) => (float[N, 4] y) {
+        y = If (k) <
+            then_branch = t () => (float[N, 4] a) {
+                s = Shape (x)
+                c4 = Gather <axis = 0> (s, one)
+                c = Equal (c4, four)
+                a = If (c) <
+                    then_branch = t2 () => (float[N, 4] a2) { a2 = Relu (x) },
+                    else_branch = e2 () => (float[N, 4] b2) { b2 = Neg (x) }
+                >
+            },
+            else_branch = e () => (float[N, 4] b) { b = Sigmoid (x) }
+        >
+    }""", {"one": np.array(1, np.int64), "four": np.array(4, np.int64)})
+    out, rep = rewriter.rewrite(m, ["fold-shapes"])
+    body = next(a.g for a in out.graph.node[0].attribute if a.name == "then_branch")
+    assert [n.op_type for n in body.node] == ["Relu"]
+    rng = np.random.default_rng(0)
+    for k in (True, False):
+        f = {"x": rng.standard_normal((3, 4)).astype(np.float32), "k": np.array(k)}
+        np.testing.assert_array_equal(run_ort(m, f)[0], run_ort(out, f)[0])
+
+
+def test_no_shape_ops_means_no_inference_and_no_change(rng):
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4] x) => (float[N, 4] y) { y = Relu (x) }""")
+    out, rep = rewriter.rewrite(m, ["fold-shapes"])
+    assert not rep.passes[0].changed and ops(out) == ["Relu"]
