@@ -1,0 +1,231 @@
+"""collapse-chains: layout and type no-ops go, chains of them become one node.
+
+Before -> after::
+
+    x:float -> Cast(to=float) -> y                         =>  x
+    x[2,3,4] -> Reshape([2,3,4]) / Expand([2,3,4]) -> y     =>  x      (static, same shape)
+    x -> Slice(0:INT_MAX on every axis, step 1) -> y        =>  x
+    x -> Reshape / Flatten / Squeeze / Unsqueeze -> Reshape(s)  =>  x -> Reshape(s)
+    x -> Transpose(p) -> Transpose(q) -> y                  =>  x -> Transpose(p∘q), or x
+    x -> Unsqueeze(a) -> Squeeze(a) -> y (and the reverse)  =>  x
+    x -> Slice(axes A) -> Slice(axes B), A and B disjoint  =>  x -> Slice(A ∪ B)
+
+Preconditions (else the chain stays; all exact rewrites, no values change):
+
+* the first node of a pair has no other reader and is not a graph output (else it would
+  stay and the pair would cost a node more, not less);
+* shapes, perms, axes and slice bounds are constants (attributes or initializers);
+* a Reshape after the chain has no 0 in its shape unless ``allowzero`` is set (a 0 copies
+  the dim of its *input*, which the chain changes); a Reshape with ``allowzero=1`` and a 0
+  is kept as it is;
+* a Cast goes only when its input's dtype is known and equal to the target type;
+* a Slice is a no-op when every axis goes from 0 to at least 2^31 - 1 with step 1, or
+  against a static shape; an Expand only against a static shape.
+If/Loop/Scan bodies are processed like the top level.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from rewriter.core.graph import bypass, iter_graphs
+from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
+
+RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+INT_MAX = (1 << 63) - 1
+
+
+class CollapseChains(Pass):
+    name = "collapse-chains"
+    phase = Phase.FOLD
+    numerics = Numerics.EXACT
+    summary = "drop no-op Cast/Reshape/Slice/Expand/Transpose; collapse layout chains"
+
+    def needs_shapes(self, model) -> bool:
+        from rewriter.core.report import op_histogram
+
+        ops = op_histogram(model.graph)
+        return any(ops.get(o) for o in ("Cast", "Reshape", "Expand", "Slice", "Squeeze", "Unsqueeze"))
+
+    def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
+        res = PassResult()
+        for g in iter_graphs(graph):
+            outs = {id(t) for t in g.outputs}
+            for node in list(g.nodes):
+                if not node.outputs or not node.inputs or node.domain not in (None, "", "ai.onnx"):
+                    continue
+                kind = _rewrite(node, g, outs, g.opset, ctx.namer)
+                if kind is None:
+                    continue
+                if kind.startswith("skip:"):
+                    res.skip(kind[5:])
+                    continue
+                res.count(kind)
+                res.changed = True
+        return res
+
+
+def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], opset: int, namer) -> str | None:
+    op = node.op
+    x = node.inputs[0]
+    if op == "Cast":
+        if x.dtype is not None and node.outputs[0].dtype is not None and _same_dtype(
+                x.dtype, node.outputs[0].dtype):
+            return _bypassed(node, g, outs, "removed-cast")
+        return None
+    if op in ("Reshape", "Expand") and _static(x) and _static(node.outputs[0]) and list(
+            x.shape) == list(node.outputs[0].shape):
+        return _bypassed(node, g, outs, f"removed-{op.lower()}")
+    if op == "Slice" and _slice_noop(node, opset):
+        return _bypassed(node, g, outs, "removed-slice")
+    prev = x.inputs[0] if len(x.inputs) == 1 else None
+    if prev is None or len(x.outputs) != 1 or id(x) in outs or prev.domain not in (
+            None, "", "ai.onnx") or not any(n is prev for n in g.nodes):
+        return None
+    if op == "Reshape" and prev.op in RESHAPES:
+        shape = _const(node.inputs[1]) if len(node.inputs) > 1 else None
+        if shape is None or (0 in shape.tolist() and not int(node.attrs.get("allowzero", 0))):
+            return None
+        node.inputs[0] = prev.inputs[0]
+        return "merged-reshape"
+    if op == "Transpose" and prev.op == "Transpose":
+        p, q = prev.attrs.get("perm"), node.attrs.get("perm")
+        if p is None or q is None:
+            return None
+        comp = [list(p)[i] for i in q]
+        node.inputs[0] = prev.inputs[0]
+        if comp == list(range(len(comp))):
+            return _drop_pair(node, g, outs, "removed-transpose-pair")
+        node.attrs["perm"] = comp
+        return "merged-transpose"
+    if {op, prev.op} == {"Squeeze", "Unsqueeze"}:
+        a, b = _axes(prev, opset), _axes(node, opset)
+        if a is None or b is None or _norm_axes(a, prev) != _norm_axes(b, node):
+            return None
+        node.inputs[0] = prev.inputs[0]
+        return _drop_pair(node, g, outs, "removed-squeeze-pair")
+    if op == "Slice" and prev.op == "Slice" and opset >= 10:
+        return _merge_slices(prev, node, namer)
+    return None
+
+
+def _drop_pair(node, g, outs, kind):
+    """The pair ending at ``node`` (already reading the pair's input) is the identity."""
+    if bypass(node, g, outs):
+        # graph input -> graph output: one Identity keeps both names (two nodes -> one)
+        node.op, node.attrs = "Identity", {}
+        while len(node.inputs) > 1:
+            node.inputs.pop()
+    return kind
+
+
+def _bypassed(node, g, outs, kind):
+    r = bypass(node, g, outs)
+    return f"skip:{r}" if r else kind
+
+
+def _same_dtype(a, b) -> bool:
+    try:
+        return np.dtype(a) == np.dtype(b)
+    except TypeError:
+        return False
+
+
+def _static(t) -> bool:
+    return t.shape is not None and all(isinstance(d, (int, np.integer)) and d >= 0
+                                       for d in t.shape)
+
+
+def _const(t) -> np.ndarray | None:
+    if isinstance(t, gs.Constant):
+        try:
+            return np.asarray(t.values).ravel()
+        except Exception:  # noqa: BLE001
+            return None
+    return None
+
+
+def _axes(node, opset):
+    if "axes" in node.attrs:
+        return [int(a) for a in node.attrs["axes"]]
+    if len(node.inputs) > 1 and node.inputs[1].name:
+        v = _const(node.inputs[1])
+        return None if v is None else [int(a) for a in v]
+    return None   # Squeeze without axes: depends on which dims are 1
+
+
+def _norm_axes(axes, node):
+    """Axes made non-negative against the rank they refer to (the Unsqueeze's output or
+    the Squeeze's input); None when that rank is unknown and an axis is negative."""
+    t = node.outputs[0] if node.op == "Unsqueeze" else node.inputs[0]
+    if all(a >= 0 for a in axes):
+        return sorted(axes)
+    if t.shape is None:
+        return None
+    return sorted(a % len(t.shape) for a in axes)
+
+
+def _slice_params(node):
+    p = [_const(node.inputs[i]) if len(node.inputs) > i and node.inputs[i].name else None
+         for i in range(1, 5)]
+    starts, ends, axes, steps = p
+    if starts is None or ends is None:
+        return None
+    if len(node.inputs) > 3 and node.inputs[3].name and axes is None:
+        return None
+    if len(node.inputs) > 4 and node.inputs[4].name and steps is None:
+        return None
+    axes = axes if axes is not None else np.arange(len(starts))
+    steps = steps if steps is not None else np.ones(len(starts), np.int64)
+    return starts, ends, axes, steps
+
+
+def _slice_noop(node, opset) -> bool:
+    """Every axis taken whole: start 0 (or -n), step 1, end at or past the end (an end of
+    2^31 - 1 or more is "to the end" for any size; others need the static dim)."""
+    x = node.inputs[0]
+    if opset < 10:
+        starts, ends = node.attrs.get("starts"), node.attrs.get("ends")
+        axes = node.attrs.get("axes", list(range(len(starts or []))))
+        steps = [1] * len(starts or [])
+        if starts is None or ends is None:
+            return False
+    else:
+        p = _slice_params(node)
+        if p is None:
+            return False
+        starts, ends, axes, steps = p
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        if int(st) != 1:
+            return False
+        if int(s) == 0 and int(e) >= (1 << 31) - 1:
+            continue
+        if not _static(x):
+            return False
+        n = x.shape[int(a) % len(x.shape)]
+        if int(s) not in (0, -n if n else 0) or int(e) < n:
+            return False
+    return True
+
+
+def _merge_slices(prev, node, namer) -> str | None:
+    a, b = _slice_params(prev), _slice_params(node)
+    x = prev.inputs[0]
+    if a is None or b is None or x.shape is None:
+        return None
+    r = len(x.shape)
+    axes_a = [int(i) % r for i in a[2]]
+    axes_b = [int(i) % r for i in b[2]]
+    if set(axes_a) & set(axes_b):
+        return None
+    dt = np.int64
+    merged = [np.concatenate([np.asarray(a[k], dt), np.asarray(b[k], dt)]) for k in (0, 1)]
+    merged += [np.array(axes_a + axes_b, dt),
+               np.concatenate([np.asarray(a[3], dt), np.asarray(b[3], dt)])]
+    base = node.outputs[0].name
+    new = [x] + [gs.Constant(namer(f"{base}_{tag}"), v) for tag, v in
+                 zip(("starts", "ends", "axes", "steps"), merged)]
+    node.inputs.clear()
+    node.inputs.extend(new)
+    return "merged-slice"

@@ -1,0 +1,117 @@
+"""collapse-chains: no-op layout/type nodes go, pairs collapse; nothing that changes values."""
+
+import numpy as np
+import onnx
+from conftest import make_model, ops, run_ort
+
+import rewriter
+
+
+def cc(m, **kw):
+    return rewriter.rewrite(m, ["collapse-chains"], verify=True, **kw)
+
+
+def same(m, out, feeds):
+    for a, b in zip(run_ort(m, feeds), run_ort(out, feeds)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_noop_cast_reshape_slice_expand_go(rng):
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2, 3, 4] x) => (float[2, 3, 4] y) {
+        a = Cast <to = 1> (x)
+        b = Reshape (a, s)
+        c = Slice (b, st, en)
+        d = Expand (c, s)
+        y = Relu (d)
+    }""", {"s": np.array([2, 3, 4], np.int64), "st": np.array([0, 0], np.int64),
+           "en": np.array([9223372036854775807, 3], np.int64)})
+    out, rep = cc(m)
+    assert ops(out) == ["Relu"]
+    same(m, out, {"x": rng.standard_normal((2, 3, 4)).astype(np.float32)})
+
+
+def test_changing_casts_slices_and_reshapes_stay(rng):
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2, 3, 4] x) => (float16[2, 12] y, float[2, 3, 3] z) {
+        a = Cast <to = 10> (x)
+        y = Reshape (a, s)
+        z = Slice (x, st, en, ax)
+    }""", {"s": np.array([2, 12], np.int64), "st": np.array([1], np.int64),
+           "en": np.array([4], np.int64), "ax": np.array([2], np.int64)})
+    out, rep = cc(m)
+    assert ops(out) == ["Cast", "Reshape", "Slice"] and not rep.passes[0].changed
+
+
+def test_pairs_collapse_with_symbolic_batch(rng):
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 3, 4, 5] x) => (float[N, 5, 4, 3] y, float[N, 60] z, float[N, 3, 4, 5] u) {
+        t1 = Transpose <perm = [0, 2, 3, 1]> (x)
+        y = Transpose <perm = [0, 2, 1, 3]> (t1)
+        f = Flatten <axis = 2> (x)
+        z = Reshape (f, s)
+        q = Unsqueeze (x, ax)
+        u = Squeeze (q, ax)
+    }""", {"s": np.array([-1, 60], np.int64), "ax": np.array([1], np.int64)})
+    out, rep = cc(m, input_shapes={"x": [2, 3, 4, 5]})
+    assert sorted(ops(out)) == ["Identity", "Reshape", "Transpose"]  # u = x needs an Identity
+    t = next(n for n in out.graph.node if n.op_type == "Transpose")
+    assert list(t.attribute[0].ints) == [0, 3, 2, 1]
+    for n in (1, 3):
+        same(m, out, {"x": rng.standard_normal((n, 3, 4, 5)).astype(np.float32)})
+
+
+def test_transpose_round_trip_and_slices_on_two_axes_merge(rng):
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 6, 8] x) => (float[N, 3, 4] y) {
+        t1 = Transpose <perm = [0, 2, 1]> (x)
+        t2 = Transpose <perm = [0, 2, 1]> (t1)
+        a = Slice (t2, s1, e1, a1)
+        b = Slice (a, s2, e2, a2, st2)
+        y = Relu (b)
+    }""", {"s1": np.array([0], np.int64), "e1": np.array([3], np.int64),
+           "a1": np.array([1], np.int64), "s2": np.array([1], np.int64),
+           "e2": np.array([8], np.int64), "a2": np.array([-1], np.int64),
+           "st2": np.array([2], np.int64)})
+    out, rep = cc(m, input_shapes={"x": [2, 6, 8]})
+    assert ops(out) == ["Slice", "Relu"]
+    same(m, out, {"x": rng.standard_normal((3, 6, 8)).astype(np.float32)})
+
+
+def test_a_shared_first_node_is_not_collapsed(rng):
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 6] x) => (float[6, N] y, float[N, 6] z) {
+        y = Transpose <perm = [1, 0]> (x)
+        z = Transpose <perm = [1, 0]> (y)
+    }""")
+    out, rep = cc(m)
+    assert ops(out) == ["Transpose", "Transpose"]
+
+
+def test_inside_a_loop_body():
+    body = onnx.helper.make_graph(
+        [onnx.helper.make_node("Cast", ["v"], ["c"], to=1),
+         onnx.helper.make_node("Add", ["c", "one"], ["v2"]),
+         onnx.helper.make_node("Identity", ["cond"], ["cond2"])], "body",
+        [onnx.helper.make_tensor_value_info("i", onnx.TensorProto.INT64, []),
+         onnx.helper.make_tensor_value_info("cond", onnx.TensorProto.BOOL, []),
+         onnx.helper.make_tensor_value_info("v", onnx.TensorProto.FLOAT, [2])],
+        [onnx.helper.make_tensor_value_info("cond2", onnx.TensorProto.BOOL, []),
+         onnx.helper.make_tensor_value_info("v2", onnx.TensorProto.FLOAT, [2])],
+        [onnx.numpy_helper.from_array(np.ones(2, np.float32), "one")])
+    g = onnx.helper.make_graph(
+        [onnx.helper.make_node("Loop", ["n", "", "x"], ["y"], body=body)], "m",
+        [onnx.helper.make_tensor_value_info("n", onnx.TensorProto.INT64, []),
+         onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])])
+    m = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    out, rep = rewriter.rewrite(m, ["collapse-chains"])
+    b = out.graph.node[0].attribute[0].g
+    assert "Cast" not in [n.op_type for n in b.node]
+    f = {"n": np.array(3, np.int64), "x": np.array([1.0, 2.0], np.float32)}
+    same(m, out, f)
