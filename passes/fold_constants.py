@@ -39,7 +39,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from rewriter.core.graph import iter_graphs, toposort
+from rewriter.core.graph import bypass, iter_graphs, toposort
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 NEVER = {
@@ -288,22 +288,4 @@ def _bypass(node: gs.Node, g: gs.Graph, graph_outputs: set[int]) -> str | None:
                 return "dropout-training-mode"
         if int(node.attrs.get("is_test", 1)) == 0 and g.opset < 7:
             return "dropout-training-mode"
-    x, y = node.inputs[0], node.outputs[0]
-    if id(y) in graph_outputs:
-        # The graph output's name must survive: make x's producer write y instead.
-        producer = x.inputs[0] if x.inputs else None
-        if (producer is None or id(x) in graph_outputs or any(x is t for t in g.inputs)
-                or not any(n is producer for n in g.nodes) or len(x.outputs) > 1):
-            return "identity-between-graph-io"
-        idx = producer.outputs.index(x)
-        node.outputs.clear()
-        node.inputs.clear()
-        producer.outputs[idx] = y
-        return None
-    for consumer in list(y.outputs):
-        for i, t in enumerate(consumer.inputs):
-            if t is y:
-                consumer.inputs[i] = x
-    node.outputs.clear()
-    node.inputs.clear()
-    return None
+    return bypass(node, g, graph_outputs)

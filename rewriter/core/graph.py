@@ -207,6 +207,31 @@ def toposort(graph: gs.Graph) -> None:
         g.nodes = [nodes[i] for i in order]
 
 
+def bypass(node: gs.Node, g: gs.Graph, graph_outputs: set[int]) -> str | None:
+    """Remove a node whose first output equals its first input (Identity, a no-op Cast or
+    Reshape): its readers read the input. When the output is a graph output its name must
+    survive, so the input's producer writes it instead. None if done, else a skip reason."""
+    x, y = node.inputs[0], node.outputs[0]
+    if id(y) in graph_outputs:
+        # The graph output's name must survive: make x's producer write y instead.
+        producer = x.inputs[0] if x.inputs else None
+        if (producer is None or id(x) in graph_outputs or any(x is t for t in g.inputs)
+                or not any(n is producer for n in g.nodes) or len(x.outputs) > 1):
+            return "identity-between-graph-io"
+        idx = producer.outputs.index(x)
+        node.outputs.clear()
+        node.inputs.clear()
+        producer.outputs[idx] = y
+        return None
+    for consumer in list(y.outputs):
+        for i, t in enumerate(consumer.inputs):
+            if t is y:
+                consumer.inputs[i] = x
+    node.outputs.clear()
+    node.inputs.clear()
+    return None
+
+
 class Namer:
     """Fresh, unique tensor/node names for one graph and its subgraphs.
 
@@ -228,6 +253,16 @@ class Namer:
             name = f"{base}_{i}"
         self.used.add(name)
         return name
+
+
+def peek_values(t: gs.Constant) -> np.ndarray:
+    """A constant's values without making them resident: ``t.values`` replaces lazy
+    (memory-mapped external) values with the loaded array for good, and the writer then
+    inlines a weight it would have streamed."""
+    from onnx_graphsurgeon.ir.tensor import LazyValues
+
+    v = t._values
+    return v.load() if isinstance(v, LazyValues) else v
 
 
 def set_values(t: gs.Constant, values: np.ndarray) -> None:
