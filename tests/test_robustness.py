@@ -279,7 +279,8 @@ def test_silero_vad_rewrites_and_verifies_both_rates(tmp_path):
                  "state": np.zeros((2, 1, 128), np.float32), "sr": np.array(sr, np.int64)}
         out = tmp_path / f"vad{sr}.onnx"
         model, report = rewriter.rewrite(path, output=out, verify=True, inputs=feeds)
-        assert report.ok and report.ops_after["If"] == report.ops_before["If"]
+        # The sr-dependent If stays; Ifs whose condition is static are inlined.
+        assert report.ok and 1 <= report.ops_after["If"] <= report.ops_before["If"]
         assert sum(report.ops_after.values()) < sum(report.ops_before.values())
         for m in report.verification:
             assert m["max_abs"] <= 1e-5
@@ -331,9 +332,11 @@ def test_custom_domain_function_sequence_optional_pass_through():
     model = ODD["custom_function_sequence"]
     out, report = rewriter.rewrite(model, verify=True)
     assert report.ok
-    # Only the Constant feeding the custom op's producer is folded away.
+    # The Constant feeding the custom op's producer is folded away and the contrib Gelu
+    # becomes standard ONNX; everything else passes through untouched.
     kept = [(n.domain, n.op_type) for n in out.graph.node]
-    for want in [("com.microsoft", "Gelu"), ("", "SequenceConstruct"), ("", "SequenceLength"),
+    assert ("com.microsoft", "Gelu") not in kept and ("", "Erf") in kept
+    for want in [("", "SequenceConstruct"), ("", "SequenceLength"),
                  ("", "Optional"), ("", "OptionalGetElement"), ("local", "twice")]:
         assert want in kept
     assert [f.name for f in out.functions] == ["twice"]
@@ -391,6 +394,11 @@ def test_every_opset_rewrites_and_verifies(opset):
 # --------------------------------------------------------------------------- sizes
 
 
+def _counts(report, name: str) -> dict:
+    """The counts of the pass called ``name`` (positions change as the pipeline grows)."""
+    return next(p.counts for p in report.passes if p.name == name)
+
+
 def test_huge_constant_of_shape_weight_not_evaluated():
     """ConstantOfShape asking for 16 GB feeding a Conv weight: skipped before evaluation."""
     shape = numpy_helper.from_array(np.array([1 << 16, 1 << 16, 1, 1], np.int64), "s")
@@ -401,7 +409,7 @@ def test_huge_constant_of_shape_weight_not_evaluated():
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     out, report = rewriter.rewrite(model)
-    assert report.passes[0].counts.get("skip:too-large") == 1
+    assert _counts(report, "fold-constants").get("skip:too-large") == 1
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # KiB
 
 
@@ -477,7 +485,7 @@ def test_bn_with_nonpositive_variance_left_alone():
             a.f = -10.0
     out, report = rewriter.rewrite(model, verify=True)
     assert "BatchNormalization" in _ops(out)
-    assert report.passes[1].counts.get("skip:bn-nonpositive-variance") == 1
+    assert _counts(report, "fuse-conv-bn").get("skip:bn-nonpositive-variance") == 1
 
 
 def test_weights_near_float_max_not_fused():
@@ -488,7 +496,7 @@ def test_weights_near_float_max_not_fused():
     arr.flat[5] = 3.1e38
     w.CopyFrom(numpy_helper.from_array(arr, "W"))
     out, report = rewriter.rewrite(model, verify=True)
-    assert report.passes[1].counts.get("skip:weights-near-overflow") == 1
+    assert _counts(report, "fuse-conv-bn").get("skip:weights-near-overflow") == 1
     assert _ops(out)[:2] == ["Conv", "BatchNormalization"]  # left exactly as it was
 
 

@@ -13,8 +13,15 @@ from rewriter.core.errors import InputError
 
 # (CLI name, "module:Class"). Modules are imported on first use, to keep start-up cheap.
 _PASSES = [
+    ("expand-contrib", "rewriter.passes.expand_contrib:ExpandContrib"),
+    ("fold-shapes", "rewriter.passes.fold_shapes:FoldShapes"),
     ("fold-constants", "rewriter.passes.fold_constants:FoldConstants"),
+    ("collapse-chains", "rewriter.passes.collapse_chains:CollapseChains"),
+    ("merge-duplicates", "rewriter.passes.merge_duplicates:MergeDuplicates"),
     ("fuse-conv-bn", "rewriter.passes.fuse_conv_bn:FuseConvBn"),
+    ("fuse-pad", "rewriter.passes.fuse_pad:FusePad"),
+    ("fuse-space-to-depth", "rewriter.passes.fuse_space_to_depth:FuseSpaceToDepth"),
+    ("fuse-matmul-add", "rewriter.passes.fuse_matmul_add:FuseMatmulAdd"),
     ("pad-channels", "rewriter.passes.pad_channels:PadChannels"),
     ("equalize-channels", "rewriter.passes.equalize_channels:EqualizeChannels"),
     ("insert-qdq", "rewriter.passes.insert_qdq:InsertQdq"),
@@ -22,7 +29,12 @@ _PASSES = [
     ("convert-fp16", "rewriter.passes.convert_fp16:ConvertFp16"),
 ]
 
-DEFAULT_PIPELINE = ["fold-constants", "fuse-conv-bn"]
+# FP32, numerically exact or equal to rounding; the order matters: contrib ops first (so
+# every later pass sees standard ops), shapes before constants (folded shapes feed them),
+# fusions on the folded graph, CSE last (fusions make new duplicates).
+DEFAULT_PIPELINE = ["expand-contrib", "fold-shapes", "fold-constants", "collapse-chains",
+                    "fuse-conv-bn", "fuse-pad", "fuse-space-to-depth", "fuse-matmul-add",
+                    "merge-duplicates"]
 
 
 def names() -> list[str]:
