@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 
 from rewriter.core import registry
-from rewriter.core.convert import export, to_graph, upgrade_opset
+from rewriter.core.convert import check_fixed_shapes, export, to_graph, upgrade_opset
 from rewriter.core.errors import InputError, PassError, VerificationError
 from rewriter.core.graph import Namer, graph_protos, node_id, weight_free_copy
 from rewriter.core.load import first_line, load_model, validate_model
@@ -67,8 +67,9 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
             target: str | None = None,
             migraphx: dict[str, Any] | None = None,
             labels: Any = None,
+            fix_shapes: bool = False,
             ) -> tuple[onnx.ModelProto, Report]:
-    """Rewrite a model with a pipeline of passes (default: fold-constants, fuse-conv-bn).
+    """Rewrite a model with a pipeline of passes (default: registry.DEFAULT_PIPELINE).
 
     Args:
         model: a path, or an in-memory ModelProto (copied, never modified).
@@ -76,6 +77,9 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
         output: where to save atomically (external data beside it when needed).
         verify: compare with the original in onnxruntime after every changing pass.
         input_shapes: {input name: dims} for symbolic dims (default 1); for random inputs.
+        fix_shapes: write ``input_shapes`` into the output's graph inputs and fold what
+            becomes static (like onnxsim's --overwrite-input-shape). MIGraphX turns
+            symbolic dims into 1 on its own; fixing them here is the explicit way.
         inputs: user inputs for verification instead of random ones.
         options: pass options (rewriter.core.pass_base.Options: fold_size_limit,
             pad_multiple, pad_sides, pad_max_overhead, migraphx_version ...) and
@@ -113,7 +117,7 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
     with _no_gc():
         run = _Rewrite(model, passes, output, verify, input_shapes, inputs, seed,
                        dict(options or {}), base_dir, dict(data or {}), plan, calib, progress,
-                       target, migraphx, labels)
+                       target, migraphx, labels, fix_shapes)
         return run.run(materialize)
 
 
@@ -121,12 +125,14 @@ class _Rewrite:
     """One call of :func:`rewrite`: its inputs, its state, and one method per step."""
 
     def __init__(self, model, passes, output, verify, input_shapes, inputs, seed, options,
-                 base_dir, data, plan, calib, progress, target, migraphx, labels=None):
+                 base_dir, data, plan, calib, progress, target, migraphx, labels=None,
+                 fix_shapes=False):
         self.model_arg, self.output, self.verify = model, output, verify
         self.input_shapes, self.inputs, self.seed = input_shapes, inputs, seed
         self.base_dir, self.plan, self.calib = base_dir, plan, calib
         self.progress, self.target, self.migraphx = progress, target, migraphx
         self.labels = labels
+        self.fix_shapes, self.fixed = fix_shapes, None
         self.planner_settings = options.pop("planner", None)
         if target == "migraphx" and options.get("migraphx_version") is None:
             from rewriter.migraphx.lowering import installed_version
@@ -174,6 +180,8 @@ class _Rewrite:
             records = self.run_plan(records)
         self.seconds["passes"] = sum(r.seconds for r in records)
         self.report.passes = records
+        if self.fixed:
+            self.static_outputs()
         exported = self.export_and_gate(records)
         self.final_verification(exported)
         if self.output is not None:
@@ -184,6 +192,21 @@ class _Rewrite:
             self.migraphx_step(exported)
         self.report.seconds = self.seconds
         return (exported.materialize() if materialize else exported.model), self.report
+
+    def static_outputs(self) -> None:
+        """--fix-shapes: the outputs' dims, declared for symbolic inputs, inferred again
+        from the rewritten graph (whose shape arithmetic is folded now)."""
+        from rewriter.core.convert import shape_info
+        infos = shape_info(export(self.graph, self.original, self.base_dir).model)
+        for t in self.graph.outputs:
+            vi = infos.get(t.name)
+            if vi is None or not vi.type.tensor_type.HasField("shape"):
+                continue
+            dims = [d.dim_value if d.HasField("dim_value") else None
+                    for d in vi.type.tensor_type.shape.dim]
+            if t.shape is None or len(t.shape) == len(dims):
+                t.shape = [d if d is not None else (t.shape[i] if t.shape else None)
+                           for i, d in enumerate(dims)]
 
     def load(self) -> None:
         model = self.model_arg
@@ -251,7 +274,9 @@ class _Rewrite:
     def import_graph(self) -> None:
         # Shape inference only when a pass needs it: on long graphs it is the memory peak.
         infer = bool(self.quantize) or any(p.needs_shapes(self.original) for p in self.pipeline)
-        self.graph = to_graph(self.original, self.base_dir, infer=infer)
+        if self.fix_shapes:
+            self.fixed = check_fixed_shapes(self.original, self.input_shapes)
+        self.graph = to_graph(self.original, self.base_dir, infer=infer, fixed=self.fixed)
 
     def make_verifier(self) -> None:
         if not self.verify:
@@ -517,7 +542,7 @@ class _Rewrite:
     def blame(self, records: list, problem: str) -> PassError:
         """The output fails the gate: a bug in a pass. Run the passes again from the
         original, gating after each one that changes the graph, to name the first bad one."""
-        graph = to_graph(self.original, self.base_dir, infer=True)
+        graph = to_graph(self.original, self.base_dir, infer=True, fixed=self.fixed)
         ctx = Context(self.options, Namer(graph), plan=self.ctx.plan,
                       assignment=self.ctx.assignment, ranges=self.ctx.ranges)
         found: list = []

@@ -58,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--input-shape", action="append", metavar="NAME:DIMS",
                    help="shape for an input with symbolic dims, e.g. input:1x3x224x224 "
                         "(repeatable; symbolic dims default to 1)")
+    g.add_argument("--fix-shapes", action="store_true",
+                   help="write the --input-shape dims into the output model's inputs and "
+                        "fold the shape arithmetic that becomes static (MIGraphX turns "
+                        "symbolic dims into 1 silently; this makes it explicit)")
     g.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
 
     g = p.add_argument_group("pad-channels")
@@ -175,7 +179,7 @@ def _run(args) -> int:
     try:
         model, report = rewrite(
             args.model, passes, output=args.output, verify=args.verify or bool(args.inputs),
-            input_shapes=shapes, inputs=inputs, seed=args.seed,
+            input_shapes=shapes, inputs=inputs, seed=args.seed, fix_shapes=args.fix_shapes,
             options={"fold_size_limit": args.fold_size_limit,
                      "planner": _planner_settings(args),
                      "pad_multiple": args.pad_multiple, "pad_sides": args.pad_sides,

@@ -287,7 +287,8 @@ def test_report_json(tmp_path, capfd):
     r = json.loads((tmp_path / "r.json").read_text())
     assert r["ok"] is True and r["input"] == str(RESNET)
     assert r["ops_before"]["BatchNormalization"] > 0 and "BatchNormalization" not in r["ops_after"]
-    assert [p["name"] for p in r["passes"]] == ["fold-constants", "fuse-conv-bn"]
+    from rewriter.core.registry import DEFAULT_PIPELINE
+    assert [p["name"] for p in r["passes"]] == DEFAULT_PIPELINE
     assert all(m["ok"] for m in r["verification"])
     assert "fuse-conv-bn" in stdout  # the table is printed without -q
 
@@ -332,3 +333,61 @@ def test_duplicate_node_names_rewrite_and_verify(tmp_path, capfd):
     names = [n.name for n in onnx.load(tmp_path / "o.onnx").graph.node]
     assert len(set(names)) == len(names)
     ort.session(str(tmp_path / "o.onnx"))  # onnxruntime loads it
+
+
+def _ocr_like(path: Path) -> Path:
+    """x: [N, 1, 32, W]; a Reshape whose target is computed from Shape(x)."""
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 1, 32, W] x) => (float[N, 128, W] y) {
+        c = Conv <pads = [1, 1, 1, 1], strides = [2, 1]> (x, K)
+        s = Shape (c)
+        n = Slice (s, a0, a1)
+        w = Slice (s, a3, a4)
+        shp = Concat <axis = 0> (n, k128, w)
+        y = Reshape (c, shp)
+    }"""
+    m = onnx.parser.parse_model(text)
+    rng = np.random.default_rng(3)
+    for name, v in {"K": rng.standard_normal((8, 1, 3, 3)).astype(np.float32),
+                    "a0": np.array([0]), "a1": np.array([1]), "a3": np.array([3]),
+                    "a4": np.array([4]), "k128": np.array([128])}.items():
+        m.graph.initializer.append(onnx.numpy_helper.from_array(np.asarray(v), name))
+    del m.graph.input[1:]
+    onnx.save(m, path)
+    return path
+
+
+def test_fix_shapes_writes_static_inputs_and_folds_the_shape_arithmetic(tmp_path, capfd):
+    src = _ocr_like(tmp_path / "ocr.onnx")
+    out = tmp_path / "fixed.onnx"
+    code, _, err = run(capfd, src, "-o", out, "--input-shape", "x:2x1x32x40", "--fix-shapes",
+                       "--verify", "-q")
+    assert code == 0, err
+    m = onnx.load(out)
+    dims = lambda vi: [d.dim_value if d.HasField("dim_value") else d.dim_param  # noqa: E731
+                       for d in vi.type.tensor_type.shape.dim]
+    assert dims(m.graph.input[0]) == [2, 1, 32, 40] and dims(m.graph.output[0]) == [2, 128, 40]
+    assert [n.op_type for n in m.graph.node] == ["Conv", "Reshape"]
+    x = np.random.default_rng(0).standard_normal((2, 1, 32, 40)).astype(np.float32)
+    ref = ort.run(ort.session(onnx.load(src)), {"x": x})[0]
+    np.testing.assert_allclose(ort.run(ort.session(m), {"x": x})[0], ref, rtol=1e-5, atol=1e-6)
+    # without --fix-shapes the input stays symbolic and W's arithmetic stays
+    code, _, err = run(capfd, src, "-o", tmp_path / "sym.onnx", "-q")
+    s = onnx.load(tmp_path / "sym.onnx")
+    assert code == 0 and dims(s.graph.input[0]) == ["N", 1, 32, "W"] and "Shape" in [
+        n.op_type for n in s.graph.node]
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["--fix-shapes"], "--fix-shapes needs --input-shape"),
+    (["--fix-shapes", "--input-shape", "x:1x2x32x8"], "dim 1 is 1 in the model"),
+    (["--fix-shapes", "--input-shape", "x:1x1x32"], "rank 4"),
+    (["--fix-shapes", "--input-shape", "z:1x1x32x8"], "not a graph input"),
+])
+def test_fix_shapes_bad_shapes_are_one_line(tmp_path, capfd, argv, fragment):
+    src = _ocr_like(tmp_path / "ocr.onnx")
+    code, _, err = run(capfd, src, "-o", tmp_path / "o.onnx", *argv)
+    assert code == 2
+    assert_one_line(err, fragment)
+    assert not (tmp_path / "o.onnx").exists()

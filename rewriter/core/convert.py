@@ -26,25 +26,57 @@ from .load import ExternalValues, first_line, resolve_external
 EXTERNAL_THRESHOLD = 1024
 
 
-def shape_info(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
+def shape_info(model: onnx.ModelProto, fixed: dict[str, list[int]] | None = None
+               ) -> dict[str, onnx.ValueInfoProto]:
     """Inferred value infos by name, computed on a weight-free copy of the model.
 
     Shape inference only needs the dims of big initializers, so they are replaced by
-    empty stubs: no copy of the weights, and it works on models over 2 GB.
+    empty stubs: no copy of the weights, and it works on models over 2 GB. ``fixed`` gives
+    graph inputs static dims first (--fix-shapes); the model's own value_info, written for
+    the symbolic shapes, is dropped then so that nothing stale survives.
     """
     stub = weight_free_copy(model)
+    if fixed:
+        for vi in stub.graph.input:
+            if vi.name in fixed:
+                dims = vi.type.tensor_type.shape.dim
+                for d, v in zip(dims, fixed[vi.name]):
+                    d.Clear()
+                    d.dim_value = int(v)
+        del stub.graph.value_info[:]
+        for vi in stub.graph.output:
+            vi.type.tensor_type.ClearField("shape")
     try:
         inferred = onnx.shape_inference.infer_shapes(stub, strict_mode=False, data_prop=True)
     except Exception:
         return {}
-    g = inferred.graph
-    return {vi.name: vi for vi in list(g.value_info) + list(g.output) + list(g.input)}
+    out: dict[str, onnx.ValueInfoProto] = {}
+    stack = [inferred.graph]
+    while stack:  # If/Loop/Scan bodies too: names are unique across the whole model
+        g = stack.pop()
+        for vi in list(g.value_info) + list(g.output) + list(g.input):
+            out[vi.name] = vi   # inputs and outputs win over a stale value_info
+        for node in g.node:
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    stack.append(a.g)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    stack.extend(a.graphs)
+    return out
 
 
 def to_graph(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
-             infer: bool = True) -> gs.Graph:
-    """Import into onnx-graphsurgeon; external weights become memory-mapped lazy values."""
+             infer: bool = True, fixed: dict[str, list[int]] | None = None) -> gs.Graph:
+    """Import into onnx-graphsurgeon; external weights become memory-mapped lazy values.
+
+    ``fixed`` ({input: dims}, checked by :func:`check_fixed_shapes`) writes static dims
+    into those graph inputs and re-derives every shape from them (--fix-shapes)."""
     graph = gs.import_onnx(model)
+    if fixed:
+        infer = True
+        for t in graph.inputs:
+            if t.name in fixed:
+                t.shape = [int(v) for v in fixed[t.name]]
     if base_dir is not None:
         for k, g in enumerate(iter_graphs(graph)):
             for t in g.tensors().values():
@@ -72,7 +104,7 @@ def to_graph(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
                             ExternalValues(v._values.tensor, path, off, length).load())
                         v.data_location = None
     if infer:
-        infos = shape_info(model)
+        infos = shape_info(model, fixed)
         for g in iter_graphs(graph):
             for name, t in g.tensors().items():
                 vi = infos.get(name)
@@ -80,10 +112,36 @@ def to_graph(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
                     tt = vi.type.tensor_type
                     if t.dtype is None and tt.elem_type:
                         t.dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
-                    if t.shape is None and tt.HasField("shape"):
+                    if (t.shape is None or fixed) and tt.HasField("shape"):
                         t.shape = [d.dim_value if d.HasField("dim_value") else
                                    (d.dim_param or None) for d in tt.shape.dim]
     return graph
+
+
+def check_fixed_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]] | None
+                       ) -> dict[str, list[int]]:
+    """--fix-shapes: every named input exists, has that rank, and its static dims agree."""
+    from rewriter.core.errors import InputError
+
+    if not shapes:
+        raise InputError("--fix-shapes needs --input-shape NAME:DIMS for the inputs to fix")
+    inits = {t.name for t in model.graph.initializer}
+    inputs = {vi.name: vi for vi in model.graph.input if vi.name not in inits}
+    for name, dims in shapes.items():
+        if name not in inputs:
+            raise InputError(f"--input-shape names '{name}', which is not a graph input "
+                             f"(inputs: {', '.join(inputs) or 'none'})")
+        have = inputs[name].type.tensor_type.shape.dim
+        if len(have) != len(dims):
+            raise InputError(f"input '{name}' has rank {len(have)}, --input-shape gives "
+                             f"{len(dims)} dims")
+        for i, (d, v) in enumerate(zip(have, dims)):
+            if int(v) < 0:
+                raise InputError(f"input '{name}': dim {i} is {v}; dims must be >= 0")
+            if d.HasField("dim_value") and d.dim_value != int(v):
+                raise InputError(f"input '{name}': dim {i} is {d.dim_value} in the model, "
+                                 f"--input-shape gives {v}")
+    return {k: [int(v) for v in dims] for k, dims in shapes.items()}
 
 
 MEMORY = "__rewrite_memory__"  # location of a weight stub whose bytes live in Exported.weights
