@@ -482,3 +482,20 @@ def test_packaged_op_list_is_reproducible_from_onnx_ops_txt():
     proc = subprocess.run([sys.executable, str(REPO / "tools" / "make_migraphx_profile.py"),
                            str(OPS_TXT), "--check"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.migraphx
+def test_foreign_domain_is_parsed_as_the_standard_op_by_migraphx(migraphx_version):
+    """MIGraphX looks ops up by name only (src/onnx/onnx_parser.cpp:620): a Relu in a
+    custom domain compiles as a plain Relu; the check must call that out."""
+    import migraphx
+
+    model = onnx.helper.make_model(onnx.helper.make_graph(
+        [onnx.helper.make_node("Relu", ["x"], ["y"], name="r", domain="com.example")], "g",
+        [onnx.helper.make_tensor_value_info("x", 1, [2, 3])],
+        [onnx.helper.make_tensor_value_info("y", 1, [2, 3])]),
+        opset_imports=[onnx.helper.make_opsetid("", 17), onnx.helper.make_opsetid("com.example", 1)])
+    prog = migraphx.parse_onnx_buffer(model.SerializeToString())
+    assert "relu" in str(prog)                # parsed, domain ignored
+    (f,) = [f for f in check_model(model).findings if f.code == "foreign-domain"]
+    assert f.node == "r" and f.severity == "error"

@@ -451,6 +451,14 @@ class _Checker:
                      f"registers: parsing throws 'Unknown operator'"
                      + (f"; {hint}" if hint else ""), g.path)
             return
+        if node.domain not in ("", "ai.onnx", "com.microsoft"):
+            # The parser looks ops up by name only (src/onnx/onnx_parser.cpp:620): an
+            # onnxruntime NCHWc Conv (blocked weights) would be read as a plain Conv.
+            self.add("error", "foreign-domain", label, op,
+                     f"{op} of domain '{node.domain}': MIGraphX ignores the domain and parses "
+                     f"it as the standard {op}, whose semantics differ; rewrite the model "
+                     f"without it (e.g. save from onnxruntime at the basic level)", g.path)
+            return
         for rule in self.profile["attribute_rules"]:
             if rule["op_type"] != op:
                 continue
