@@ -52,10 +52,11 @@ class CollapseChains(Pass):
         res = PassResult()
         for g in iter_graphs(graph):
             outs = {id(t) for t in g.outputs}
+            members = {id(n) for n in g.nodes}  # a producer in an outer scope is not ours
             for node in list(g.nodes):
                 if not node.outputs or not node.inputs or node.domain not in (None, "", "ai.onnx"):
                     continue
-                kind = _rewrite(node, g, outs, g.opset, ctx.namer)
+                kind = _rewrite(node, g, outs, members, g.opset, ctx.namer)
                 if kind is None:
                     continue
                 if kind.startswith("skip:"):
@@ -66,7 +67,8 @@ class CollapseChains(Pass):
         return res
 
 
-def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], opset: int, namer) -> str | None:
+def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opset: int,
+             namer) -> str | None:
     op = node.op
     x = node.inputs[0]
     if op == "Cast":
@@ -81,7 +83,7 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], opset: int, namer) -> s
         return _bypassed(node, g, outs, "removed-slice")
     prev = x.inputs[0] if len(x.inputs) == 1 else None
     if prev is None or len(x.outputs) != 1 or id(x) in outs or prev.domain not in (
-            None, "", "ai.onnx") or not any(n is prev for n in g.nodes):
+            None, "", "ai.onnx") or id(prev) not in members:
         return None
     if op == "Reshape" and prev.op in RESHAPES:
         shape = _const(node.inputs[1]) if len(node.inputs) > 1 else None

@@ -39,6 +39,10 @@ from rewriter.core.graph import iter_graphs, toposort
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 MAX_ELEMS = 1024
+# Where this pass has work: shape values start at Shape/Size, an If may become known, and
+# a Reshape may copy dims. Without any of them the integer arithmetic left is constant
+# folding's.
+SEEDS = frozenset({"Shape", "Size", "If", "Reshape"})
 ROUNDS = 4
 INT_KINDS = "iub"   # signed, unsigned, bool
 I64 = (-(1 << 63), (1 << 63) - 1)
@@ -58,6 +62,8 @@ class FoldShapes(Pass):
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()
+        if not any(n.op in SEEDS for g in iter_graphs(graph) for n in g.nodes):
+            return res   # no shape values and no Reshape: fold-constants does the rest
         for _ in range(ROUNDS):
             toposort(graph)
             values: dict[int, _V] = {}

@@ -151,6 +151,7 @@ class _Rewrite:
         self.verifier = None
         self.depth, self.worst = 0, Numerics.EXACT   # verification depth and tolerance kind
         self.last_metrics = None     # the check after the last pass that changed the graph
+        self.pending_gate = None     # the exit gate's onnxruntime load, running in a thread
         self.fp32_done: list = []    # records of the FP32 part, for a failure's report
         self.fp32_snapshot = None    # the FP32-rewritten model, to locate a lossy divergence
         self.verify_seconds = 0.0
@@ -183,11 +184,19 @@ class _Rewrite:
         if self.fixed:
             self.static_outputs()
         exported = self.export_and_gate(records)
-        self.final_verification(exported)
-        if self.output is not None:
-            t = time.perf_counter()
-            save_model(exported, self.output)
-            self.seconds["save"] = time.perf_counter() - t
+        try:
+            self.final_verification(exported)
+            if self.output is not None:
+                t = time.perf_counter()
+                # The gate's onnxruntime load finishes while the bytes are written; the
+                # files are renamed into place only if it passes.
+                save_model(exported, self.output, before_commit=lambda: self.finish_gate(records))
+                self.seconds["save"] = time.perf_counter() - t
+        except BaseException:
+            if self.pending_gate is not None:   # already failing: just let the thread end
+                self.pending_gate.join()
+            raise
+        self.finish_gate(records)
         if self.target == "migraphx":
             self.migraphx_step(exported)
         self.report.seconds = self.seconds
@@ -449,22 +458,44 @@ class _Rewrite:
                                           progress=self.progress)
 
     def export_and_gate(self, records: list):
+        """Export, then the exit gate. Its onnxruntime load (the slow half) runs in a thread
+        (onnxruntime releases the GIL) until :meth:`finish_gate`, before anything is
+        written."""
         t = time.perf_counter()
         exported = export(self.graph, self.original, self.base_dir)
-        problem = self.gate(exported, ort_load=self.verifier is None)
+        problem, light = self.gate_static(exported)
         if problem:
             raise self.blame(records, problem)
+        if self.verifier is None:   # verification loads it in onnxruntime anyway
+            self.pending_gate = _Background(self.ort_problem, exported, light)
         self.report.ops_after = op_histogram(exported.model.graph)
         self.report.bytes_after = total_weight_bytes(exported.model)
         self.seconds["export"] = time.perf_counter() - t
         return exported
 
+    def finish_gate(self, records: list) -> None:
+        pending, self.pending_gate = self.pending_gate, None
+        if pending is None:
+            return
+        t = time.perf_counter()
+        problem = pending.result()
+        self.seconds["export"] = self.seconds.get("export", 0.0) + time.perf_counter() - t
+        if problem:
+            raise self.blame(records, problem)
+
     def gate(self, exported, ort_load: bool) -> str | None:
         """Why ``exported`` must not be written, or None: onnx's checker with full_check
         (strict shape inference), held to what the input itself passes, and a load in
-        onnxruntime unless verification ran it already. All three read one weight-free copy
-        whose big weights are graph inputs: on a long graph each copy costs time and
-        memory, and onnxruntime then needs no weight bytes."""
+        onnxruntime unless verification ran it already."""
+        problem, light = self.gate_static(exported)
+        if problem or not ort_load:
+            return problem
+        return self.ort_problem(exported, light)
+
+    def gate_static(self, exported) -> tuple[str | None, onnx.ModelProto | None]:
+        """The checker and strict shape inference, and the weight-free copy they read.
+        All checks read one copy whose big weights are graph inputs: on a long graph each
+        copy costs time and memory, and onnxruntime then needs no weight bytes."""
         light = _weights_as_inputs(exported.model)
         try:
             if light is None:   # big weights inside bodies: check the stub copy instead
@@ -472,13 +503,15 @@ class _Rewrite:
             else:
                 onnx.checker.check_model(light)
         except (InputError, onnx.checker.ValidationError) as e:
-            return str(e) if isinstance(e, InputError) else f"onnx.checker: {first_line(e)}"
+            return (str(e) if isinstance(e, InputError) else f"onnx.checker: {first_line(e)}",
+                    light)
         problem = self.strict_inference(light if light is not None else
-                                         weight_free_copy(exported.model))
+                                        weight_free_copy(exported.model))
         if problem and self.input_strict_ok():   # held to what the input itself passes
-            return problem
-        if not ort_load:
-            return None
+            return problem, light
+        return None, light
+
+    def ort_problem(self, exported, light) -> str | None:
         from rewriter.core import ort
         try:
             if light is not None:
@@ -684,3 +717,32 @@ def _worst(metrics, verifier=None) -> str:
     if verifier is not None and verifier.lossy:
         s += " vs budget " + ", ".join(f"{k} {v:g}" for k, v in verifier.lossy.items())
     return s + ("" if m.shape_ok else ", shape/dtype differs")
+
+
+class _Background:
+    """``fn(*args)`` in a thread; :meth:`result` joins it and returns (or raises) its
+    outcome."""
+
+    def __init__(self, fn, *args):
+        import threading
+
+        self._out: tuple = (None, None)
+
+        def target():
+            try:
+                self._out = (fn(*args), None)
+            except BaseException as e:  # noqa: BLE001 - handed back to the caller
+                self._out = (None, e)
+
+        self._thread = threading.Thread(target=target, name="rewrite-gate", daemon=True)
+        self._thread.start()
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def result(self):
+        self._thread.join()
+        value, error = self._out
+        if error is not None:
+            raise error
+        return value

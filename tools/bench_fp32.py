@@ -488,6 +488,9 @@ def snapshot_ours(spec: str, work: Path) -> tuple[dict | None, str]:
     arch = subprocess.run(["git", "-C", str(REPO), "archive", commit, "rewriter", "passes"],
                           capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(src)], input=arch, check=True)
+    # passes/ installs as rewriter.passes (package-dir); inside the snapshot's rewriter/ it
+    # is found before the editable install's mapping to the checkout's passes/.
+    shutil.move(str(src / "passes"), str(src / "rewriter" / "passes"))
     subprocess.run([PY, "-m", "compileall", "-q", str(src)], check=True,
                    env={**os.environ, "PYTHONDONTWRITEBYTECODE": ""})
     env = {**os.environ, "PYTHONPATH": str(src)}

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
+import math
+
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
@@ -51,10 +53,18 @@ def iter_model_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
                     yield from iter_model_tensors(sg)
 
 
+# The standard ops with graph attributes; any op outside the default domain may have some
+# too (com.microsoft's BeamSearch, a custom op). Other nodes' attributes are not scanned:
+# every pass walks the graphs, and scanning 10^4 attribute dicts each time added up.
+SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+
+
 def iter_graphs(graph: gs.Graph) -> Iterator[gs.Graph]:
     """The graph and every subgraph (If/Loop/Scan bodies), outermost first."""
     yield graph
     for node in graph.nodes:
+        if node.op not in SUBGRAPH_OPS and node.domain in (None, "", "ai.onnx"):
+            continue
         for v in node.attrs.values():
             if isinstance(v, gs.Graph):
                 yield from iter_graphs(v)
@@ -67,11 +77,17 @@ def tensor_nbytes(t: onnx.TensorProto) -> int:
     """Data size from dims and dtype: no copy (reading raw_data would copy the bytes)."""
     if t.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
         return 0
-    try:
-        item = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-    except Exception:
-        return 0
-    return int(np.prod(t.dims, dtype=np.int64)) * item
+    item = _ITEMSIZE.get(t.data_type)
+    if item is None:
+        try:
+            item = _ITEMSIZE[t.data_type] = onnx.helper.tensor_dtype_to_np_dtype(
+                t.data_type).itemsize
+        except Exception:
+            return 0
+    return math.prod(t.dims) * item
+
+
+_ITEMSIZE: dict[int, int] = {}
 
 
 # Tensors up to this size are copied as they are (scales, zero points, shapes): readers such

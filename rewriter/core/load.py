@@ -142,7 +142,7 @@ def load_model(path: str | os.PathLike, check: bool = True) -> onnx.ModelProto:
         if t.data_location == onnx.TensorProto.EXTERNAL:
             resolve_external(t, p.parent)
     if check:
-        validate_model(model, str(p))
+        validate_model(model, str(p), text_checked=True)
     return model
 
 
@@ -203,7 +203,8 @@ def first_line(e: BaseException) -> str:
     return s[:300] if s else type(e).__name__
 
 
-def validate_model(model: onnx.ModelProto, what: str = "model") -> None:
+def validate_model(model: onnx.ModelProto, what: str = "model",
+                   text_checked: bool = False) -> None:
     """onnx.checker on the structure (weights are not loaded, so this stays cheap).
 
     External tensors are checked on a copy where they are empty: for a ModelProto, the
@@ -211,7 +212,7 @@ def validate_model(model: onnx.ModelProto, what: str = "model") -> None:
     loaded from another folder would be refused. Their files were validated by
     :func:`resolve_external` already (path inside the folder, file long enough).
     """
-    bad = _bad_text_or_type(model)
+    bad = None if text_checked else _bad_text_or_type(model)
     if bad:
         raise InputError(f"{what}: {bad}")
     # The structure is what is checked: serialising the weights into the C++ checker would
@@ -245,7 +246,9 @@ def _size_problem(t: onnx.TensorProto) -> str | None:
 
 
 def _raw_len(t: onnx.TensorProto) -> int:
-    """len(t.raw_data) without reading it (reading copies the bytes): from the sizes."""
+    """len(t.raw_data) without reading big data (reading copies the bytes): from the sizes."""
+    if t.ByteSize() < (1 << 16):
+        return len(t.raw_data)  # a small copy is cheaper than the arithmetic below
     head = onnx.TensorProto()
     copy_fields(t, head, "raw_data")
     rest = t.ByteSize() - head.ByteSize() - 1  # minus raw_data's tag byte

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import onnx
@@ -30,8 +31,7 @@ def total_weight_bytes(model: onnx.ModelProto) -> int:
         if t.data_location == onnx.TensorProto.EXTERNAL:
             info = _external_info(t)
             if info.get("location") == MEMORY:
-                n += int(np.prod(t.dims, dtype=np.int64)) * onnx.helper.tensor_dtype_to_np_dtype(
-                    t.data_type).itemsize
+                n += tensor_nbytes(t)
             else:
                 n += int(info.get("length", 0))
         else:
@@ -63,8 +63,12 @@ def _is_big(t: onnx.TensorProto) -> bool:
             or (t.data_type != onnx.TensorProto.STRING and tensor_nbytes(t) > EXTERNAL_THRESHOLD))
 
 
-def save_model(exp: Exported, path: str | os.PathLike, external: bool | None = None) -> list[str]:
+def save_model(exp: Exported, path: str | os.PathLike, external: bool | None = None,
+               before_commit: Callable[[], None] | None = None) -> list[str]:
     """Write atomically; return the files written.
+
+    ``before_commit`` runs once the bytes are in temporary files, before they are renamed
+    into place; if it raises, nothing is written (the gate's last check runs meanwhile).
 
     Inline (one .onnx file) unless asked, unless the input used external data, or unless
     the weights approach protobuf's 2 GB limit; then weights go to ``<name>.data``. Either
@@ -81,13 +85,14 @@ def save_model(exp: Exported, path: str | os.PathLike, external: bool | None = N
     if out.is_dir():
         raise InputError(f"{out}: is a folder; give an output file name")
     try:
-        return _save(exp, out, folder, external)
+        return _save(exp, out, folder, external, before_commit)
     except OSError as e:
         # ENOSPC, EROFS, EACCES for root on odd filesystems ...: the user's to fix (exit 2).
         raise InputError(f"{out}: cannot write the output ({e.strerror or e})") from None
 
 
-def _save(exp: Exported, out: Path, folder: Path, external: bool | None) -> list[str]:
+def _save(exp: Exported, out: Path, folder: Path, external: bool | None,
+          before_commit: Callable[[], None] | None) -> list[str]:
     model = exp.model
     inits = list(model.graph.initializer)
     has_ext = any(t.data_location == onnx.TensorProto.EXTERNAL and not is_stub(t) for t in inits)
@@ -162,6 +167,8 @@ def _save(exp: Exported, out: Path, folder: Path, external: bool | None) -> list
         mode = 0o666 & ~_umask()
         for t in tmps:
             os.chmod(t, mode)
+        if before_commit is not None:
+            before_commit()
         written = []
         if external:
             os.replace(tmps[0], folder / data_name)
