@@ -459,15 +459,21 @@ class _Rewrite:
 
     def export_and_gate(self, records: list):
         """Export, then the exit gate. Its onnxruntime load (the slow half) runs in a thread
-        (onnxruntime releases the GIL) until :meth:`finish_gate`, before anything is
-        written."""
+        (onnxruntime releases the GIL) alongside the checker, shape inference and writing,
+        until :meth:`finish_gate`, before anything is renamed into place."""
         t = time.perf_counter()
         exported = export(self.graph, self.original, self.base_dir)
-        problem, light = self.gate_static(exported)
+        light = _weights_as_inputs(exported.model)
+        if self.verifier is None:   # (verification loads it in onnxruntime anyway)
+            # Serialised here: the static checks below edit `light`.
+            self.pending_gate = _Background(self.ort_problem, exported,
+                                            None if light is None else light.SerializeToString())
+        problem = self.static_problem(exported, light)
         if problem:
+            if self.pending_gate is not None:
+                self.pending_gate.join()
+                self.pending_gate = None
             raise self.blame(records, problem)
-        if self.verifier is None:   # verification loads it in onnxruntime anyway
-            self.pending_gate = _Background(self.ort_problem, exported, light)
         self.report.ops_after = op_histogram(exported.model.graph)
         self.report.bytes_after = total_weight_bytes(exported.model)
         self.seconds["export"] = time.perf_counter() - t
@@ -486,36 +492,37 @@ class _Rewrite:
     def gate(self, exported, ort_load: bool) -> str | None:
         """Why ``exported`` must not be written, or None: onnx's checker with full_check
         (strict shape inference), held to what the input itself passes, and a load in
-        onnxruntime unless verification ran it already."""
-        problem, light = self.gate_static(exported)
+        onnxruntime unless verification ran it already. All of them read one weight-free
+        copy whose big weights are graph inputs: on a long graph each copy costs time and
+        memory, and onnxruntime then needs no weight bytes."""
+        light = _weights_as_inputs(exported.model)
+        light_bytes = None if light is None else light.SerializeToString()
+        problem = self.static_problem(exported, light)
         if problem or not ort_load:
             return problem
-        return self.ort_problem(exported, light)
+        return self.ort_problem(exported, light_bytes)
 
-    def gate_static(self, exported) -> tuple[str | None, onnx.ModelProto | None]:
-        """The checker and strict shape inference, and the weight-free copy they read.
-        All checks read one copy whose big weights are graph inputs: on a long graph each
-        copy costs time and memory, and onnxruntime then needs no weight bytes."""
-        light = _weights_as_inputs(exported.model)
+    def static_problem(self, exported, light: onnx.ModelProto | None) -> str | None:
+        """The checker and strict shape inference on ``light`` (which this edits), or on
+        a stub copy when big weights sit inside bodies (``light`` None)."""
         try:
-            if light is None:   # big weights inside bodies: check the stub copy instead
+            if light is None:
                 validate_model(exported.checkable(), "rewritten model")
             else:
                 onnx.checker.check_model(light)
         except (InputError, onnx.checker.ValidationError) as e:
-            return (str(e) if isinstance(e, InputError) else f"onnx.checker: {first_line(e)}",
-                    light)
+            return str(e) if isinstance(e, InputError) else f"onnx.checker: {first_line(e)}"
         problem = self.strict_inference(light if light is not None else
                                         weight_free_copy(exported.model))
         if problem and self.input_strict_ok():   # held to what the input itself passes
-            return problem, light
-        return None, light
+            return problem
+        return None
 
-    def ort_problem(self, exported, light) -> str | None:
+    def ort_problem(self, exported, light_bytes: bytes | None) -> str | None:
         from rewriter.core import ort
         try:
-            if light is not None:
-                ort.session(light, exported.source_dir)
+            if light_bytes is not None:
+                ort.session(light_bytes, exported.source_dir)
             else:
                 ort.session(exported.model, exported.source_dir,
                             initializers=exported.ort_initializers())

@@ -138,12 +138,20 @@ def load_model(path: str | os.PathLike, check: bool = True) -> onnx.ModelProto:
     bad = _bad_text_or_type(model)  # before reading external_data entries
     if bad:
         raise InputError(f"{p}: {bad}")
+    external = False
     for t in iter_model_tensors(model.graph):
         if t.data_location == onnx.TensorProto.EXTERNAL:
             resolve_external(t, p.parent)
+            external = True
     if check:
-        validate_model(model, str(p), text_checked=True)
+        validate_model(model, str(p), text_checked=True,
+                       whole=not external and p.stat().st_size < CHECK_WHOLE_BYTES)
     return model
+
+
+# Below this file size (all data inline) the checker reads the model itself: serialising a
+# few MB costs less than building the weight-free copy of thousands of small tensors.
+CHECK_WHOLE_BYTES = 32 << 20
 
 
 _DATA_TYPES = frozenset(onnx.TensorProto.DataType.values())
@@ -204,13 +212,14 @@ def first_line(e: BaseException) -> str:
 
 
 def validate_model(model: onnx.ModelProto, what: str = "model",
-                   text_checked: bool = False) -> None:
+                   text_checked: bool = False, whole: bool = False) -> None:
     """onnx.checker on the structure (weights are not loaded, so this stays cheap).
 
     External tensors are checked on a copy where they are empty: for a ModelProto, the
     checker looks for external data files relative to the *working directory*, so a model
     loaded from another folder would be refused. Their files were validated by
-    :func:`resolve_external` already (path inside the folder, file long enough).
+    :func:`resolve_external` already (path inside the folder, file long enough). ``whole``
+    (a small file with all data inline) checks the model itself instead of that copy.
     """
     bad = None if text_checked else _bad_text_or_type(model)
     if bad:
@@ -222,7 +231,8 @@ def validate_model(model: onnx.ModelProto, what: str = "model",
         bad = _size_problem(t)
         if bad:
             raise InputError(f"{what}: {bad}")
-    model = weight_free_copy(model, keep_dims=False)
+    if not whole:
+        model = weight_free_copy(model, keep_dims=False)
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as e:
