@@ -60,7 +60,9 @@ def exported_of(src: str):
 
     captured = {}
 
-    def keep(exp, path, external=None):
+    def keep(exp, path, external=None, before_commit=None):
+        if before_commit is not None:
+            before_commit()   # the exit gate's last check, as in a real save
         captured["exp"] = exp
         return [str(path)]
 
