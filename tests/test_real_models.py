@@ -51,3 +51,39 @@ def test_real_model_rewrites_and_verifies(name, shapes, tmp_path):
                                                  if i.name not in {t.name for t in src.graph.initializer}]
     assert [o.name for o in dst.graph.output] == [o.name for o in src.graph.output]
     assert sum(report.ops_after.values()) <= sum(report.ops_before.values())
+    # Nothing the passes introduce is refused by MIGraphX's static check (its rules are
+    # each run against the shared MIGraphX builds in tests/test_migraphx_rules.py).
+    _no_new_findings(src, dst, shapes)
+
+
+def _no_new_findings(src, dst, shapes) -> None:
+    """Per (severity, code), no more errors or warnings on ``dst`` than on ``src``."""
+    from collections import Counter
+
+    from rewriter.migraphx.check import check_model
+
+    def counts(model):
+        return Counter((f.severity, f.code) for f in
+                       check_model(model, input_shapes=shapes or None).findings
+                       if f.severity in ("error", "warning"))
+
+    before, after = counts(src), counts(dst)
+    assert all(after[k] <= before[k] for k in after), (before, after)
+
+
+SILERO = [("silero_vad.onnx", {"input": [1, 512]}), ("silero_vad_16k_op15.onnx", {"input": [1, 512]}),
+          ("silero_vad_op18_ifless.onnx", {"input": [1, 512]})]
+
+
+@pytest.mark.parametrize("name,shapes", SILERO, ids=[c[0][:-5] for c in SILERO])
+def test_static_check_no_new_findings_on_control_flow_models(name, shapes):
+    """If bodies, Loop and sequence ops: the default pipeline (fold-shapes inlines Ifs,
+    collapse-chains, CSE in bodies) adds no MIGraphX error or warning."""
+    import onnx
+
+    path = CACHE / name
+    if not path.exists():
+        pytest.skip(f"{name} not fetched (python tools/fetch_models.py)")
+    out, report = rewriter.rewrite(path)
+    assert report.ok
+    _no_new_findings(onnx.load(path), out, shapes)
