@@ -39,7 +39,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from rewriter.core.graph import bypass, iter_graphs, toposort
+from rewriter.core.graph import SUBGRAPH_OPS, bypass, iter_graphs, toposort
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 NEVER = {
@@ -136,8 +136,7 @@ def _check(node: gs.Node, graph_outputs: set[int]) -> str | None:
     """None if foldable, '' if simply not constant, else a skip reason."""
     if node.domain not in (None, "", "ai.onnx") or node.op in NEVER:
         return ""
-    if any(isinstance(v, gs.Graph) or (isinstance(v, list) and v and isinstance(v[0], gs.Graph))
-           for v in node.attrs.values()):
+    if node.op in SUBGRAPH_OPS:   # If/Loop/Scan: their bodies are folded, not the node
         return ""
     if node.op in ("Shape", "Size"):
         x = node.inputs[0]

@@ -316,16 +316,3 @@ def copy_fields(src, dst, skip: str) -> None:
             getattr(dst, fd.name).CopyFrom(value)
         else:
             setattr(dst, fd.name, value)
-
-
-def _subgraph_inputs(node: gs.Node) -> list[gs.Tensor]:
-    """Tensors a node's subgraphs read (outer-scope references included)."""
-    found: list[gs.Tensor] = []
-    for v in node.attrs.values():
-        graphs = [v] if isinstance(v, gs.Graph) else (
-            v if isinstance(v, list) and v and isinstance(v[0], gs.Graph) else [])
-        for sg in graphs:
-            for n in sg.nodes:
-                found.extend(n.inputs)
-                found.extend(_subgraph_inputs(n))
-    return found

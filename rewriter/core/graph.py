@@ -331,6 +331,8 @@ def copy_fields(src, dst, skip: str) -> None:
 def _subgraph_inputs(node: gs.Node) -> list[gs.Tensor]:
     """Tensors a node's subgraphs read (outer-scope references included)."""
     found: list[gs.Tensor] = []
+    if node.op not in SUBGRAPH_OPS and node.domain in (None, "", "ai.onnx"):
+        return found
     for v in node.attrs.values():
         graphs = [v] if isinstance(v, gs.Graph) else (
             v if isinstance(v, list) and v and isinstance(v[0], gs.Graph) else [])
