@@ -25,7 +25,8 @@ import onnx
 from rewriter.core import registry
 from rewriter.core.convert import check_fixed_shapes, export, to_graph, upgrade_opset
 from rewriter.core.errors import InputError, PassError, VerificationError
-from rewriter.core.graph import Namer, graph_protos, node_id, weight_free_copy
+from rewriter.core.graph import (SMALL_TENSOR, Namer, graph_protos, iter_model_tensors,
+                                 node_id, tensor_nbytes, weight_free_copy)
 from rewriter.core.load import first_line, load_model, validate_model
 from rewriter.core.manager import check_order, run_pipeline
 from rewriter.core.pass_base import Context, Numerics, Options
@@ -475,7 +476,7 @@ class _Rewrite:
                 self.pending_gate = None
             raise self.blame(records, problem)
         self.report.ops_after = op_histogram(exported.model.graph)
-        self.report.bytes_after = total_weight_bytes(exported.model)
+        self.report.bytes_after = exported.weight_bytes = total_weight_bytes(exported.model)
         self.seconds["export"] = time.perf_counter() - t
         return exported
 
@@ -684,6 +685,10 @@ def _weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
     become graph inputs of the same type and shape (an onnxruntime session of a 2.5 GB model
     then costs kilobytes). None when big tensors sit inside If/Loop/Scan bodies or Constant
     nodes: those cannot become graph inputs, so such a model is checked with its weights.""" 
+    if _all_small_inline(model):
+        copy = onnx.ModelProto()   # every tensor would be copied whole anyway
+        copy.CopyFrom(model)
+        return copy
     copy = weight_free_copy(model)
     for g in graph_protos(copy.graph):
         inits = list(g.initializer) if g is not copy.graph else []
@@ -701,6 +706,13 @@ def _weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
         del copy.graph.initializer[:]
         copy.graph.initializer.extend(keep)
     return copy
+
+
+def _all_small_inline(model: onnx.ModelProto) -> bool:
+    """No stub, no external tensor, none above SMALL_TENSOR: weight_free_copy would copy
+    every tensor as it is, so a plain protobuf copy (one C call) is the same model."""
+    return all(t.data_location != onnx.TensorProto.EXTERNAL and tensor_nbytes(t) <= SMALL_TENSOR
+               for t in iter_model_tensors(model.graph))
 
 
 def _has_data(t: onnx.TensorProto) -> bool:

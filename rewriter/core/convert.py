@@ -157,6 +157,7 @@ class Exported:
 
     def __init__(self, model: onnx.ModelProto, weights: dict, source_dir):
         self.model, self.weights, self.source_dir = model, weights, source_dir
+        self.weight_bytes: int | None = None   # total, once someone computed it
 
     def array(self, name: str) -> np.ndarray:
         w = self.weights[name]
@@ -216,13 +217,17 @@ def export(graph: gs.Graph, original: onnx.ModelProto, source_dir=None) -> Expor
     """
     weights: dict = {}
     swapped = []
+    top: list = []
     for g in iter_graphs(graph):
-        for t in g.tensors().values():
+        tensors = list(g.tensors().values())
+        if g is graph:
+            top = tensors
+        for t in tensors:
             if isinstance(t, gs.Constant) and not isinstance(t._values, LazyValues):
                 # gs keeps the imported data_location and writes it on export: a weight that
                 # was external and got new values would be "external" with inline bytes.
                 t.data_location = None
-    for t in graph.tensors().values():
+    for t in top:
         if not isinstance(t, gs.Constant) or t.name in weights:
             continue
         v = t._values

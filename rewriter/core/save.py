@@ -98,7 +98,9 @@ def _save(exp: Exported, out: Path, folder: Path, external: bool | None,
     inits = list(model.graph.initializer)
     has_ext = any(t.data_location == onnx.TensorProto.EXTERNAL and not is_stub(t) for t in inits)
     if external is None:
-        external = has_ext or total_weight_bytes(model) > PROTO_LIMIT
+        if exp.weight_bytes is None:
+            exp.weight_bytes = total_weight_bytes(model)
+        external = has_ext or exp.weight_bytes > PROTO_LIMIT
     data_name = out.name + ".data"
     if has_ext:
         # The input's weights are streamed from its data files while the output is written,
