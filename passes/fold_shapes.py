@@ -35,7 +35,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from rewriter.core.graph import iter_graphs, toposort
+from rewriter.core.graph import dead_code, iter_graphs, toposort
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 MAX_ELEMS = 1024
@@ -103,7 +103,7 @@ class FoldShapes(Pass):
             if not (folded or inlined):
                 break
             res.changed = True
-            graph.cleanup(remove_unused_graph_inputs=False, recurse_subgraphs=True)
+            dead_code(graph)
         return res
 
 

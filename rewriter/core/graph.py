@@ -223,6 +223,46 @@ def toposort(graph: gs.Graph) -> None:
         g.nodes = [nodes[i] for i in order]
 
 
+def dead_code(graph: gs.Graph) -> None:
+    """Remove the nodes no graph output depends on, bodies first (as onnx-graphsurgeon's
+    cleanup, which cost ~0.1 s per 4,000 nodes more): a body's reads of outer tensors
+    keep their producers; removed nodes are disconnected, so no tensor counts them as a
+    reader; graph inputs have no producer."""
+    for g in reversed(list(iter_graphs(graph))):
+        for t in g.inputs:
+            if t.inputs:
+                t.inputs.clear()
+        producer = {}
+        for n in g.nodes:
+            for t in n.outputs:
+                producer[id(t)] = n
+        needed: set[int] = set()
+        stack = [producer.get(id(t)) for t in g.outputs]
+        while stack:
+            n = stack.pop()
+            if n is None or id(n) in needed:
+                continue
+            needed.add(id(n))
+            for t in n.inputs:
+                p = producer.get(id(t))
+                if p is not None and id(p) not in needed:
+                    stack.append(p)
+            for t in _subgraph_inputs(n):
+                p = producer.get(id(t))
+                if p is not None and id(p) not in needed:
+                    stack.append(p)
+        if len(needed) == len(g.nodes):
+            continue
+        keep = []
+        for n in g.nodes:
+            if id(n) in needed:
+                keep.append(n)
+            else:
+                n.inputs.clear()
+                n.outputs.clear()
+        g.nodes = keep
+
+
 def bypass(node: gs.Node, g: gs.Graph, graph_outputs: set[int]) -> str | None:
     """Remove a node whose first output equals its first input (Identity, a no-op Cast or
     Reshape): its readers read the input. When the output is a graph output its name must

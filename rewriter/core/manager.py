@@ -14,7 +14,7 @@ from typing import Callable
 import onnx_graphsurgeon as gs
 
 from rewriter.core.errors import PassError, PreconditionError, RewriteError
-from rewriter.core.graph import iter_graphs, toposort
+from rewriter.core.graph import dead_code, iter_graphs, toposort
 from rewriter.core.pass_base import Context, Pass, Phase
 from rewriter.core.report import PassRecord
 
@@ -37,7 +37,7 @@ def check_order(passes: list[Pass]) -> None:
 
 
 def cleanup(graph: gs.Graph) -> None:
-    graph.cleanup(remove_unused_graph_inputs=False, recurse_subgraphs=True)
+    dead_code(graph)
     toposort(graph)
     for g in iter_graphs(graph):
         g.tensors(check_duplicates=True)
