@@ -19,15 +19,11 @@ import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from .errors import InputError
-from .graph import SMALL_TENSOR, iter_graphs, unique_node_names, weight_free_copy
+from .graph import iter_graphs, unique_node_names, weight_free_copy
 from .load import ExternalValues, first_line, resolve_external
 
 # Tensors above this many bytes go to the external data file when we write one.
 EXTERNAL_THRESHOLD = 1024
-# Weights up to SMALL_TENSOR travel inline in the exported ModelProto while their total
-# stays under this: thousands of tiny stubs cost more Python work (export, the gate's
-# copy, save) than copying a few MB; above it they are stubs, so memory stays bounded.
-INLINE_BUDGET = 16 << 20
 
 
 def shape_info(model: onnx.ModelProto, fixed: dict[str, list[int]] | None = None
@@ -231,7 +227,6 @@ def export(graph: gs.Graph, original: onnx.ModelProto, source_dir=None) -> Expor
                 # gs keeps the imported data_location and writes it on export: a weight that
                 # was external and got new values would be "external" with inline bytes.
                 t.data_location = None
-    inline_left = INLINE_BUDGET
     for t in top:
         if not isinstance(t, gs.Constant) or t.name in weights:
             continue
@@ -239,19 +234,14 @@ def export(graph: gs.Graph, original: onnx.ModelProto, source_dir=None) -> Expor
         if isinstance(v, ExternalValues):
             continue  # keeps its reference to the source file
         if isinstance(v, LazyValues):
-            if v.tensor.data_type == onnx.TensorProto.STRING:
+            if v.tensor.data_type == onnx.TensorProto.STRING or v.nbytes <= EXTERNAL_THRESHOLD:
                 continue
-            n = v.nbytes
             src, dtype, dims = v, v.tensor.data_type, v.shape
         else:
             arr = t.values
-            if arr.dtype.kind in "OSU":
+            if arr.dtype.kind in "OSU" or arr.nbytes <= EXTERNAL_THRESHOLD:
                 continue
-            n = arr.nbytes
             src, dtype, dims = arr, onnx.helper.np_dtype_to_tensor_dtype(arr.dtype), arr.shape
-        if n <= EXTERNAL_THRESHOLD or (n <= SMALL_TENSOR and n <= inline_left):
-            inline_left -= n if n > EXTERNAL_THRESHOLD else 0
-            continue
         weights[t.name] = src
         swapped.append((t, v))
         t._values = LazyValues(_stub(t.name, dtype, dims))
