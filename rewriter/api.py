@@ -497,7 +497,8 @@ class _Rewrite:
         copy whose big weights are graph inputs: on a long graph each copy costs time and
         memory, and onnxruntime then needs no weight bytes."""
         light = _weights_as_inputs(exported.model)
-        light_bytes = None if light is None else light.SerializeToString()
+        # Serialised before the static checks, which edit `light`.
+        light_bytes = None if light is None or not ort_load else light.SerializeToString()
         problem = self.static_problem(exported, light)
         if problem or not ort_load:
             return problem
