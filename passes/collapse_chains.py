@@ -42,11 +42,7 @@ class CollapseChains(Pass):
     numerics = Numerics.EXACT
     summary = "drop no-op Cast/Reshape/Slice/Expand/Transpose; collapse layout chains"
 
-    def needs_shapes(self, model) -> bool:
-        from rewriter.core.report import op_histogram
-
-        ops = op_histogram(model.graph)
-        return any(ops.get(o) for o in ("Cast", "Reshape", "Expand", "Slice", "Squeeze", "Unsqueeze"))
+    shape_ops = ("Cast", "Reshape", "Expand", "Slice", "Squeeze", "Unsqueeze")
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()

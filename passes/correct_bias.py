@@ -31,8 +31,7 @@ class CorrectBias(Pass):
     numerics = Numerics.LOSSY
     summary = "subtract the measured mean shift of each INT8 conv's output from its bias"
 
-    def needs_shapes(self, model) -> bool:
-        return False
+    shape_ops = ()
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()

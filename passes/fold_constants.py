@@ -67,12 +67,7 @@ class FoldConstants(Pass):
     numerics = Numerics.EXACT
     summary = "evaluate constant subgraphs (never Q/DQ), drop Identity/Dropout and dead nodes"
 
-    def needs_shapes(self, model) -> bool:
-        # Only Shape/Size folding reads inferred shapes.
-        from rewriter.core.report import op_histogram
-
-        ops = op_histogram(model.graph)
-        return bool(ops.get("Shape") or ops.get("Size"))
+    shape_ops = ("Shape", "Size")   # only Shape/Size folding reads inferred shapes
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()

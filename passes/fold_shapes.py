@@ -54,11 +54,7 @@ class FoldShapes(Pass):
     numerics = Numerics.EXACT
     summary = "fold shape arithmetic that does not depend on symbolic dims; inline known Ifs"
 
-    def needs_shapes(self, model) -> bool:
-        from rewriter.core.report import op_histogram
-
-        ops = op_histogram(model.graph)
-        return any(ops.get(o) for o in ("Shape", "Size", "If"))
+    shape_ops = ("Shape", "Size", "If")
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()

@@ -35,11 +35,7 @@ class FuseMatmulAdd(Pass):
     numerics = Numerics.CLOSE
     summary = "MatMul + bias Add -> Gemm (2-D inputs, constant bias)"
 
-    def needs_shapes(self, model) -> bool:
-        from rewriter.core.report import op_histogram
-
-        ops = op_histogram(model.graph)
-        return any(ops.get(o) for o in ("MatMul",))
+    shape_ops = ("MatMul",)
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()

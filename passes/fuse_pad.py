@@ -38,11 +38,7 @@ class FusePad(Pass):
     numerics = Numerics.CLOSE     # the same sums; a backend may order them differently
     summary = "fold a zero Pad into the pads of the Conv/AveragePool after it"
 
-    def needs_shapes(self, model) -> bool:
-        from rewriter.core.report import op_histogram
-
-        ops = op_histogram(model.graph)
-        return any(ops.get(o) for o in ("Pad",))
+    shape_ops = ("Pad",)
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()

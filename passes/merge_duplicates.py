@@ -37,8 +37,7 @@ class MergeDuplicates(Pass):
     numerics = Numerics.EXACT
     summary = "merge equal constants and identical nodes on identical inputs (CSE)"
 
-    def needs_shapes(self, model) -> bool:
-        return False
+    shape_ops = ()
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()

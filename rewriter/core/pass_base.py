@@ -113,11 +113,22 @@ class Pass:
     numerics: ClassVar[Numerics] = Numerics.EXACT
     summary: ClassVar[str] = ""
 
+    #: Ops (in any graph or body) whose presence means the pass reads inferred shapes;
+    #: ``()``: never; None: always, the safe default. Override needs_shapes for subtler rules.
+    shape_ops: tuple[str, ...] | None = None
+
     def needs_shapes(self, model) -> bool:
         """Does this pass need inferred shapes/dtypes on ``model`` (an onnx.ModelProto)?
         Shape inference costs time and memory on long graphs, so passes that can tell
-        they do not need it say so; the default is the safe answer."""
-        return True
+        they do not need it say so (``shape_ops``); the default is the safe answer."""
+        if self.shape_ops is None:
+            return True
+        if not self.shape_ops:
+            return False
+        from rewriter.core.report import op_histogram
+
+        ops = op_histogram(model.graph)
+        return any(ops.get(o) for o in self.shape_ops)
 
     def requires(self, graph: gs.Graph, ctx: Context) -> None:
         """Raise PreconditionError when the graph is not fit for this pass."""
