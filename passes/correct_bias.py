@@ -40,11 +40,7 @@ class CorrectBias(Pass):
             t = tensors.get(name)
             reason = self._correct(graph, t, np.asarray(shift, np.float64), ctx) \
                 if t is not None and t.inputs else "layer-not-found"
-            if reason:
-                res.skip(reason)
-            else:
-                res.count("corrected-layers")
-                res.changed = True
+            res.outcome(reason, "corrected-layers")
         return res
 
     def _correct(self, graph, t, shift, ctx) -> str | None:

@@ -75,12 +75,7 @@ class EqualizeChannels(Pass):
                 tensors[id(x)] = x
         for key, convs in consumers.items():
             x = tensors[key]
-            reason = self._equalize(graph, x, convs, ctx, alpha, res)
-            if reason:
-                res.skip(reason)
-            else:
-                res.count("equalized-tensors")
-                res.changed = True
+            res.outcome(self._equalize(graph, x, convs, ctx, alpha, res), "equalized-tensors")
         return res
 
     def _equalize(self, graph, x, convs, ctx, alpha, res) -> str | None:

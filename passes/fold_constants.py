@@ -82,11 +82,7 @@ class FoldConstants(Pass):
                     continue
                 if node.op in ("Identity", "Dropout"):
                     reason = _bypass(node, g, outputs)
-                    if reason:
-                        res.skip(reason)
-                    else:
-                        res.count(f"removed-{node.op.lower()}")
-                        res.changed = True
+                    res.outcome(reason, f"removed-{node.op.lower()}")
                     continue
                 reason = _check(node, outputs)
                 if reason is not None:

@@ -44,12 +44,7 @@ class FuseMatmulAdd(Pass):
             for node in list(g.nodes):
                 if node.op != "MatMul" or node.domain not in (None, "", "ai.onnx") or not node.outputs:
                     continue
-                reason = _fuse(node, outs)
-                if reason is None:
-                    res.count("fused")
-                    res.changed = True
-                elif reason:
-                    res.skip(reason)
+                res.outcome(_fuse(node, outs), "fused")
         return res
 
 

@@ -47,12 +47,7 @@ class FusePad(Pass):
             for node in list(g.nodes):
                 if node.op != "Pad" or node.domain not in (None, "", "ai.onnx") or not node.outputs:
                     continue
-                reason = _fuse(node, outs, g.opset)
-                if reason is None:
-                    res.count("fused")
-                    res.changed = True
-                else:
-                    res.skip(reason)
+                res.outcome(_fuse(node, outs, g.opset), "fused")
         return res
 
 

@@ -49,6 +49,15 @@ class PassResult:
     def skip(self, reason: str, n: int = 1) -> None:
         self.counts[f"skip:{reason}"] += n
 
+    def outcome(self, reason: str | None, done: str) -> None:
+        """One site's result: None = rewritten (count ``done``, changed), a reason = skipped
+        with it, "" = the pattern does not apply (nothing to count)."""
+        if reason is None:
+            self.count(done)
+            self.changed = True
+        elif reason:
+            self.skip(reason)
+
 
 @dataclass
 class Options:
