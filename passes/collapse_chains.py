@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rewriter.core.graph import bypass, iter_graphs
+from rewriter.core.graph import bypass, iter_graphs, static_shape
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
@@ -72,7 +72,7 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
                 x.dtype, node.outputs[0].dtype):
             return _bypassed(node, g, outs, "removed-cast")
         return None
-    if op in ("Reshape", "Expand") and _static(x) and _static(node.outputs[0]) and list(
+    if op in ("Reshape", "Expand") and static_shape(x) and static_shape(node.outputs[0]) and list(
             x.shape) == list(node.outputs[0].shape):
         return _bypassed(node, g, outs, f"removed-{op.lower()}")
     if op == "Slice" and _slice_noop(node, opset):
@@ -128,11 +128,6 @@ def _same_dtype(a, b) -> bool:
         return np.dtype(a) == np.dtype(b)
     except TypeError:
         return False
-
-
-def _static(t) -> bool:
-    return t.shape is not None and all(isinstance(d, (int, np.integer)) and d >= 0
-                                       for d in t.shape)
 
 
 def _const(t) -> np.ndarray | None:
@@ -199,7 +194,7 @@ def _slice_noop(node, opset) -> bool:
             return False
         if int(s) == 0 and int(e) >= (1 << 31) - 1:
             continue
-        if not _static(x):
+        if not static_shape(x):
             return False
         n = x.shape[int(a) % len(x.shape)]
         if int(s) not in (0, -n if n else 0) or int(e) < n:

@@ -39,7 +39,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from rewriter.core.graph import SUBGRAPH_OPS, bypass, iter_graphs, toposort
+from rewriter.core.graph import SUBGRAPH_OPS, bypass, iter_graphs, static_shape, toposort
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 NEVER = {
@@ -131,7 +131,7 @@ def _check(node: gs.Node, graph_outputs: set[int]) -> str | None:
         return ""
     if node.op in ("Shape", "Size"):
         x = node.inputs[0]
-        if isinstance(x, gs.Constant) or _static(x):
+        if isinstance(x, gs.Constant) or static_shape(x):
             return "graph-output" if any(id(t) in graph_outputs for t in node.outputs) else None
         return ""
     if not all(isinstance(t, gs.Constant) or (t.name == "" and not t.inputs) for t in node.inputs):
@@ -182,7 +182,7 @@ def _estimate_bytes(node: gs.Node) -> int | None:
         return None
     total = 0
     for t in node.outputs:
-        if t.dtype is None or not _static(t):
+        if t.dtype is None or not static_shape(t):
             return None
         total += _prod(t.shape) * np.dtype(t.dtype).itemsize
     return int(min(total, 2.0**62))
@@ -191,10 +191,6 @@ def _estimate_bytes(node: gs.Node) -> int | None:
 def _prod(dims) -> float:
     # float: absurd dims must not wrap around like int64 products do
     return float(np.prod([max(float(d), 0.0) for d in np.asarray(dims).ravel()]))
-
-
-def _static(t: gs.Tensor) -> bool:
-    return t.shape is not None and all(isinstance(d, (int, np.integer)) and d >= 0 for d in t.shape)
 
 
 # Ops that only re-lay out or re-type a weight on its way to the op that uses it.

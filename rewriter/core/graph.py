@@ -3,8 +3,10 @@
 Protobuf level: :func:`graph_protos` (a graph and every If/Loop/Scan body),
 :func:`iter_model_tensors`, :func:`node_id` (the one node label), :func:`weight_free_copy`
 (the one copy without weight bytes), node-name dedupe, :func:`copy_fields`. onnx-graphsurgeon
-level: :func:`iter_graphs`, :func:`toposort`, :class:`Namer` (fresh names),
-:func:`set_values` and :func:`own_constant` (copy a shared constant before editing it).
+level: :func:`iter_graphs`, :func:`toposort`, :func:`dead_code`, :func:`bypass` (drop a
+no-op node), :func:`static_shape`, :func:`peek_values` (read a constant without making it
+resident), :class:`Namer` (fresh names), :func:`set_values` and :func:`own_constant` (copy a
+shared constant before editing it).
 """
 
 from __future__ import annotations
@@ -261,6 +263,12 @@ def dead_code(graph: gs.Graph) -> None:
                 n.inputs.clear()
                 n.outputs.clear()
         g.nodes = keep
+
+
+def static_shape(t: gs.Tensor) -> bool:
+    """Every dim of ``t`` known and non-negative."""
+    return t.shape is not None and all(isinstance(d, (int, np.integer)) and d >= 0
+                                       for d in t.shape)
 
 
 def bypass(node: gs.Node, g: gs.Graph, graph_outputs: set[int]) -> str | None:
