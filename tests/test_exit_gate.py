@@ -275,3 +275,61 @@ def test_big_constant_node_passes_the_gate_when_nothing_folds_it():
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     out, _ = rewriter.rewrite(m, ["fuse-conv-bn"])
     assert [n.op_type for n in out.graph.node] == ["Constant", "MatMul"]
+
+
+class BreaksConvWeight(Pass):
+    """A buggy pass: gives the first Conv a weight of the wrong rank (a small float weight,
+    which the gate's onnxruntime load sees as a graph input)."""
+
+    name = "breaks-conv-weight"
+    phase = Phase.FUSE
+    numerics = Numerics.EXACT
+
+    def run(self, graph, ctx):
+        conv = next(n for n in graph.nodes if n.op == "Conv")
+        w = conv.inputs[1]
+        bad = np.ones((w.shape[0], w.shape[1], w.shape[2]), np.float32)
+        conv.inputs[1] = gs.Constant(ctx.namer("bad_w"), bad)
+        return PassResult(changed=True)
+
+
+def test_a_conv_weight_of_the_wrong_shape_fails_the_gate(tmp_path):
+    rng = np.random.default_rng(3)
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 2, 8, 8] x, float[4, 2, 3, 3] w) => (float[1, 4, 6, 6] y) { y = Conv(x, w) }""",
+                   {"w": rng.standard_normal((4, 2, 3, 3)).astype(np.float32)})
+    out = tmp_path / "o.onnx"
+    with pytest.raises(rewriter.PassError) as e:
+        rewriter.rewrite(m, [BreaksConvWeight()], output=out)
+    assert e.value.pass_name == "breaks-conv-weight" and e.value.exit_code == 3
+    assert not out.exists()
+
+
+def test_the_gates_onnxruntime_copy_moves_only_layer_weights():
+    """Conv/MatMul float weights become graph inputs of the gate's copy; a Reshape's shape,
+    a weight also read by another op, and every tensor of a model with a body stay."""
+    from rewriter.api import _weights_as_inputs
+
+    rng = np.random.default_rng(4)
+    inits = {"w": rng.standard_normal((4, 2, 3, 3)).astype(np.float32),
+             "b": rng.standard_normal(4).astype(np.float32),
+             "shape": np.array([1, -1], np.int64),
+             "m": rng.standard_normal((144, 3)).astype(np.float32),
+             "s": rng.standard_normal(3).astype(np.float32)}
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 2, 8, 8] x, float[4, 2, 3, 3] w, float[4] b, int64[2] shape, float[144, 3] m,
+       float[3] s) => (float[1, 3] y, float[3] z) {
+        c = Conv(x, w, b)  f = Reshape(c, shape)  p = MatMul(f, m)  y = Add(p, s)  z = Neg(s)
+    }""", inits)
+    light = _weights_as_inputs(m)
+    assert {i.name for i in light.graph.input} == {"x", "w", "b", "m"}
+    assert {t.name for t in light.graph.initializer} == {"shape", "s"}
+    onnx.checker.check_model(light, full_check=True)
+    feeds = {"x": rng.standard_normal((1, 2, 8, 8)).astype(np.float32),
+             **{k: inits[k] for k in ("w", "b", "m")}}
+    got = ort.run(ort.session(light), feeds)
+    want = ort.run(ort.session(m), {"x": feeds["x"]})
+    for a, b in zip(got, want):   # constant weights take prepacked kernels: not bit-equal
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
