@@ -103,6 +103,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from rewriter.core.errors import InputError
+from rewriter.core.gs_io import export_model
 from rewriter.core.graph import Namer, iter_graphs, own_constant
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
@@ -982,7 +983,7 @@ def _fill_missing_shapes(graph: gs.Graph, res: PassResult) -> None:
         import onnx
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-        model = gs.export_onnx(graph, do_type_check=False)
+        model = export_model(graph)
         inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=True,
                                                        guess_output_rank=True)
     except Exception:  # noqa: BLE001 - best effort: the analysis treats unknown as barrier

@@ -18,6 +18,8 @@ import pytest
 
 ONNX_DATA = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data")
 ROOT = Path(__file__).resolve().parents[1]
+# Trained models fetched by tools/fetch_models.py
+CACHE_MODELS = Path(os.environ.get("REWRITE_MODELS", Path.home() / ".cache" / "rewrite" / "models"))
 
 
 def load_script(rel: str):

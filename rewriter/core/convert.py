@@ -19,6 +19,7 @@ import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from .errors import InputError
+from .gs_io import export_model, import_model
 from .graph import iter_graphs, unique_node_names, weight_free_copy
 from .load import ExternalValues, first_line, resolve_external
 
@@ -71,7 +72,7 @@ def to_graph(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
 
     ``fixed`` ({input: dims}, checked by :func:`check_fixed_shapes`) writes static dims
     into those graph inputs and re-derives every shape from them (--fix-shapes)."""
-    graph = gs.import_onnx(model)
+    graph = import_model(model)
     if fixed:
         infer = True
         for t in graph.inputs:
@@ -255,7 +256,8 @@ def export(graph: gs.Graph, original: onnx.ModelProto, source_dir=None) -> Expor
 
 def to_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
     """Export, keeping the original's model-level fields and only its value_info names."""
-    model = gs.export_onnx(graph, do_type_check=False)
+    keep_vi = {vi.name for vi in original.graph.value_info}
+    model = export_model(graph, value_info=keep_vi.__contains__)
     model.ir_version = original.ir_version
     graph_inputs = {i.name for i in model.graph.input}
     if original.ir_version < 4 and any(t.name not in graph_inputs for t in model.graph.initializer):
@@ -279,7 +281,6 @@ def to_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
     if not model.functions and original.functions:
         model.functions.extend(original.functions)
     model.graph.name = original.graph.name
-    keep_vi = {vi.name for vi in original.graph.value_info}
     vis = [vi for vi in model.graph.value_info if vi.name in keep_vi]
     del model.graph.value_info[:]
     model.graph.value_info.extend(vis)

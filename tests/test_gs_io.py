@@ -1,0 +1,183 @@
+"""rewriter.core.gs_io builds the graph onnx-graphsurgeon's own import builds.
+
+Compared on every model the onnx wheel ships under backend/test/data, the generated
+models, hand-made edge cases (subgraphs reading outer names, shadowing, empty optional
+names, value_info that adds or overrides types) and, when fetched, the trained models:
+the export is byte-identical and every tensor has the same kind, type, shape, producers
+and consumers (by position), so passes cannot tell the two imports apart.
+"""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import onnx
+import onnx_graphsurgeon as gs
+import pytest
+from conftest import CACHE_MODELS, ONNX_DATA, ROOT
+from onnx import helper
+
+from rewriter.core.graph import iter_graphs
+from rewriter.core.gs_io import export_model, gc_paused, import_model, supported
+
+
+def _signature(graph: gs.Graph) -> list:
+    out = []
+    for g in iter_graphs(graph):
+        pos = {id(n): i for i, n in enumerate(g.nodes)}
+        out.append([(n.op, n.name, n.domain, [t.name for t in n.inputs],
+                     [t.name for t in n.outputs], sorted(n.attrs)) for n in g.nodes])
+        out.append([t.name for t in g.inputs] + ["|"] + [t.name for t in g.outputs])
+        for name, t in sorted(g.tensors().items()):
+            row = [name, type(t).__name__, [pos.get(id(n)) for n in t.inputs],
+                   [pos.get(id(n)) for n in t.outputs]]
+            if isinstance(t, gs.Constant):
+                v = t._values
+                row += [type(v).__name__, str(v.dtype), list(v.shape), v.nbytes,
+                        t.data_location, t._export_dtype]
+            else:
+                row += [str(t.dtype), t.shape, t.type]
+            out.append(row)
+    return out
+
+
+def assert_same_import(model: onnx.ModelProto) -> None:
+    """Same graph from both imports, and the same model from both exports."""
+    ref, got = gs.import_onnx(model), import_model(model)
+    assert _signature(got) == _signature(ref)
+    a = gs.export_onnx(ref, do_type_check=False).SerializeToString()
+    b = gs.export_onnx(got, do_type_check=False).SerializeToString()
+    assert a == b
+    assert_same_export(got)
+
+
+def assert_same_export(graph: gs.Graph) -> None:
+    a = gs.export_onnx(graph, do_type_check=False)
+    b = export_model(graph)
+    assert b.SerializeToString() == a.SerializeToString()
+    keep = {vi.name for vi in a.graph.value_info[::2]}
+    c = export_model(graph, value_info=keep.__contains__)
+    assert [vi.name for vi in c.graph.value_info] == [vi.name for vi in a.graph.value_info
+                                                     if vi.name in keep]
+
+
+def _backend_models() -> list[Path]:
+    return sorted(Path(ONNX_DATA).rglob("*.onnx"))
+
+
+def test_every_backend_data_model_imports_the_same():
+    paths = _backend_models()
+    assert len(paths) > 100
+    fast = 0
+    for p in paths:
+        m = onnx.load(str(p), load_external_data=False)
+        fast += supported(m)
+        assert_same_import(m)
+    assert fast > 0.9 * len(paths)   # the fast path is what runs, not the fallback
+
+
+@pytest.mark.parametrize("name", ["resnet_mini.onnx", "mobilenet_mini.onnx"])
+def test_generated_models_import_the_same(name):
+    assert_same_import(onnx.load(str(ROOT / "models" / name)))
+
+
+@pytest.mark.slow
+def test_trained_models_import_the_same():
+    paths = sorted(CACHE_MODELS.glob("*.onnx"))
+    if not paths:
+        pytest.skip("no trained models fetched (python tools/fetch_models.py)")
+    for p in paths:
+        assert_same_import(onnx.load(str(p), load_external_data=False))
+
+
+def test_subgraphs_outer_names_shadowing_and_value_info():
+    """An If whose branches read outer tensors, shadow one with their own initializer and
+    produce outputs with empty optional names; value_info that types an intermediate twice
+    (the second adds the shape) and re-types a graph input; a Constant node's tensor."""
+    then_g = helper.make_graph(
+        [helper.make_node("Add", ["a", "w"], ["t_out"])], "then", [],
+        [helper.make_tensor_value_info("t_out", onnx.TensorProto.FLOAT, [2])],
+        [helper.make_tensor("w", onnx.TensorProto.FLOAT, [2], [5.0, 6.0])])
+    else_g = helper.make_graph(
+        [helper.make_node("Dropout", ["b"], ["e_out", ""])], "else", [],
+        [helper.make_tensor_value_info("e_out", onnx.TensorProto.FLOAT, [2])])
+    nodes = [
+        helper.make_node("Constant", [], ["c"], value=helper.make_tensor(
+            "cv", onnx.TensorProto.FLOAT, [2], [1.0, 2.0])),
+        helper.make_node("Add", ["x", "c"], ["a"], name="add"),
+        helper.make_node("Mul", ["a", "w"], ["b"]),
+        helper.make_node("If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g),
+        helper.make_node("Resize", ["x", "", "scales"], ["r"], mode="nearest"),
+    ]
+    g = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n"]),
+         helper.make_tensor_value_info("cond", onnx.TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("r", onnx.TensorProto.FLOAT, None)],
+        [helper.make_tensor("w", onnx.TensorProto.FLOAT, [2], [3.0, 4.0]),
+         helper.make_tensor("scales", onnx.TensorProto.FLOAT, [1], [1.0])],
+        value_info=[helper.make_tensor_value_info("a", onnx.TensorProto.FLOAT, None),
+                    helper.make_tensor_value_info("a", onnx.TensorProto.FLOAT, [2]),
+                    helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2]),
+                    helper.make_tensor_value_info("b", onnx.TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    assert supported(m)
+    assert_same_import(m)
+
+
+def test_what_the_fast_path_does_not_cover_goes_to_graphsurgeon():
+    """Local functions: the fallback is graphsurgeon's import itself."""
+    f = helper.make_function("local", "Twice", ["x"], ["y"],
+                             [helper.make_node("Add", ["x", "x"], ["y"])],
+                             [helper.make_opsetid("", 17)])
+    g = helper.make_graph([helper.make_node("Twice", ["x"], ["y"], domain="local")], "g",
+                          [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])])
+    m = helper.make_model(g, functions=[f], opset_imports=[helper.make_opsetid("", 17),
+                                                           helper.make_opsetid("local", 1)])
+    assert not supported(m)
+    assert_same_import(m)
+    assert len(import_model(m).functions) == 1
+
+
+def test_gc_paused_restores_the_collector():
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()   # left as the caller had it
+    finally:
+        gc.enable()
+
+
+def test_export_of_every_attribute_kind_and_new_constants():
+    """What passes create: numpy-valued constants (weights, shapes), attributes of every
+    kind graphsurgeon accepts (python and numpy scalars, bools, mixed int/float lists,
+    strings, bytes, string lists, tensors, a nested graph), nodes without names, an
+    optional empty input, a domain, a constant graph output."""
+    import numpy as np
+
+    x = gs.Variable("x", np.float32, [1, 2])
+    w = gs.Constant("w", np.arange(4, dtype=np.float32).reshape(2, 2))
+    shape = gs.Constant("shape", np.array([2, 1], np.int64))
+    h = gs.Variable("h", np.float32, None)
+    y = gs.Variable("y", np.float32, [2, 1])
+    body_out = gs.Variable("b_out", np.float32, [1])
+    body = gs.Graph(nodes=[gs.Node("Identity", inputs=[x], outputs=[body_out])],
+                    outputs=[body_out], name="body")
+    attrs = {"i": 3, "f": 0.5, "b": True, "ni": np.int64(7), "nf": np.float32(0.25),
+             "ints": [1, 2], "floats": [1.0, 2.5], "mixed": [1, 2.5], "s": "abc",
+             "bytes": b"raw", "strs": ["a", "b"], "t": gs.Constant("tv", np.ones(2, np.int32)),
+             "g": body, "dt": np.float32}
+    nodes = [gs.Node("MatMul", inputs=[x, w], outputs=[h]),
+             gs.Node("Custom", "custom", attrs=attrs, inputs=[h, gs.Variable.empty(), shape],
+                     outputs=[y], domain="my.domain")]
+    const_out = gs.Constant("const_out", np.ones(3, np.float32))   # an output no node makes
+    graph = gs.Graph(nodes=nodes, inputs=[x], outputs=[y, const_out], opset=17)
+    assert_same_export(graph)
