@@ -6,7 +6,7 @@ Before -> after::
     a = Mul(x, s); b = Mul(x, s)                        =>   a = Mul(x, s); b's readers read a
     c1 = Conv(x, W); c2 = Conv(x, W)   (parallel convs) =>   one Conv
 
-Constants are equal when dtype, shape and bytes are (hashed, then compared). Nodes are equal
+Constants are equal when dtype, shape and bytes are (sampled, hashed, then compared). Nodes are equal
 when op, domain, attributes and inputs (after earlier merges, so chains collapse in one
 topological sweep) are, and they have the same number of outputs. Every graph is done,
 If/Loop/Scan bodies included.
@@ -77,16 +77,27 @@ def _merge_constants(g: gs.Graph, outs: set[int]) -> int:
         if len(ts) < 2 or np.dtype(dtype).kind in "OSU" or (
                 int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize > MAX_HASH_BYTES):
             continue
-        seen: dict[bytes, gs.Constant] = {}   # hashes only: one weight in memory at a time
+        # A fingerprint of 33 evenly spaced elements sorts them; only constants sharing one
+        # are hashed (one weight in memory at a time), and equal hashes are compared.
+        buckets: dict[bytes, list] = {}   # fingerprint -> [first constant, {sha1: rep}]
         for t in ts:
             try:
                 v = np.ascontiguousarray(peek_values(t))
             except Exception:  # noqa: BLE001 - unreadable lazy values: leave them
                 continue
+            flat = v.reshape(-1)
+            fp = flat[::max(1, flat.size // 32)].tobytes()
+            entry = buckets.get(fp)
+            if entry is None:
+                buckets[fp] = [t, None]
+                continue
+            if entry[1] is None:
+                first = np.ascontiguousarray(peek_values(entry[0]))
+                entry[1] = {hashlib.sha1(first.tobytes()).digest(): entry[0]}
             h = hashlib.sha1(v.tobytes()).digest()
-            rep = seen.get(h)
+            rep = entry[1].get(h)
             if rep is None:
-                seen[h] = t
+                entry[1][h] = t
             elif rep is not t and np.array_equal(peek_values(rep), v):
                 _rewire(t, rep)
                 merged += 1

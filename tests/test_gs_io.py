@@ -15,6 +15,7 @@ from pathlib import Path
 import onnx
 import onnx_graphsurgeon as gs
 import pytest
+from onnx_graphsurgeon.ir.tensor import LazyValues
 from conftest import CACHE_MODELS, ONNX_DATA, ROOT
 from onnx import helper
 
@@ -34,8 +35,11 @@ def _signature(graph: gs.Graph) -> list:
                    [pos.get(id(n)) for n in t.outputs]]
             if isinstance(t, gs.Constant):
                 v = t._values
-                row += [type(v).__name__, str(v.dtype), list(v.shape), v.nbytes,
+                row += [isinstance(v, LazyValues), str(v.dtype), list(v.shape), v.nbytes,
                         t.data_location, t._export_dtype]
+                if isinstance(v, LazyValues) and v.tensor.data_location != 1:
+                    a = v.load()   # the same array, as writable as graphsurgeon's
+                    row += [str(a.dtype), a.shape, a.tobytes(), a.flags.writeable]
             else:
                 row += [str(t.dtype), t.shape, t.type]
             out.append(row)

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import sys
 from collections import OrderedDict
 from typing import Callable
 
+import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter, update_import_domains
@@ -76,6 +78,29 @@ def gc_paused():
             gc.enable()
 
 
+T = onnx.TensorProto
+# Types whose raw_data numpy reads as it is (on a little-endian machine, as ONNX stores it).
+_RAW_DTYPES = {T.FLOAT: np.float32, T.DOUBLE: np.float64, T.FLOAT16: np.float16,
+               T.INT8: np.int8, T.UINT8: np.uint8, T.INT16: np.int16, T.UINT16: np.uint16,
+               T.INT32: np.int32, T.UINT32: np.uint32, T.INT64: np.int64,
+               T.UINT64: np.uint64, T.BOOL: np.bool_}
+_LITTLE = sys.byteorder == "little"
+
+
+class FastLazyValues(LazyValues):
+    """graphsurgeon's LazyValues with a direct read of plain raw data: the same writable
+    array ``onnx.numpy_helper.to_array`` gives, without its per-call dispatch (16 us a
+    tensor; 0.34 s when a 4,000-block chain's BN folding read its 21,334 weights)."""
+
+    def load(self):
+        t = self.tensor
+        dtype = _RAW_DTYPES.get(t.data_type)
+        if (dtype is None or not _LITTLE or not t.HasField("raw_data")
+                or t.data_location == T.EXTERNAL):
+            return super().load()
+        return np.frombuffer(t.raw_data, dtype=dtype).reshape(tuple(t.dims)).copy()
+
+
 def _synced(parent, field: str, items: list) -> SynchronizedList:
     """A SynchronizedList holding ``items``, without linking them back (the caller does)."""
     s = SynchronizedList.__new__(SynchronizedList)
@@ -104,7 +129,7 @@ class _Importer:
             dtype = get_numpy_type(dt)
             dtype = dtype if dtype is not None else dt
             kind = self.types[dt] = (dtype, get_itemsize(dtype))
-        lv = LazyValues.__new__(LazyValues)
+        lv = FastLazyValues.__new__(FastLazyValues)
         lv.tensor, lv.shape, lv.dtype = t, t.dims, kind[0]
         n = 1
         for d in t.dims:
