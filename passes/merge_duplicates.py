@@ -68,7 +68,7 @@ def _merge_constants(g: gs.Graph, outs: set[int]) -> int:
         if not isinstance(t, gs.Constant) or id(t) in outs or not t.outputs:
             continue
         try:
-            key = (str(np.dtype(t.dtype)), tuple(int(d) for d in t.shape))
+            key = (np.dtype(t.dtype), tuple(int(d) for d in t.shape))
         except (TypeError, ValueError):
             continue
         groups.setdefault(key, []).append(t)

@@ -25,8 +25,8 @@ import onnx
 from rewriter.core import registry
 from rewriter.core.convert import check_fixed_shapes, export, to_graph, upgrade_opset
 from rewriter.core.errors import InputError, PassError, VerificationError
-from rewriter.core.graph import (SMALL_TENSOR, Namer, graph_protos, iter_model_tensors,
-                                 node_id, tensor_nbytes, weight_free_copy)
+from rewriter.core.graph import (SMALL_TENSOR, Namer, copy_fields, graph_protos, node_id,
+                                 tensor_nbytes, weight_free_copy)
 from rewriter.core.load import first_line, load_model, validate_model
 from rewriter.core.manager import check_order, run_pipeline
 from rewriter.core.pass_base import Context, Numerics, Options
@@ -681,32 +681,38 @@ def _merge_records(records: list) -> list:
     return [first]
 
 
-def _weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
+def _weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto | None:
     """A copy for onnxruntime to load without weight bytes: the big top-level initializers
-    become graph inputs of the same type and shape (an onnxruntime session of a 2.5 GB model
-    then costs kilobytes). None when big tensors sit inside If/Loop/Scan bodies or Constant
-    nodes: those cannot become graph inputs, so such a model is checked with its weights.""" 
-    if _all_small_inline(model):
-        copy = onnx.ModelProto()   # every tensor would be copied whole anyway
-        copy.CopyFrom(model)
-        return _layer_weights_as_inputs(copy)
-    copy = weight_free_copy(model)
-    for g in graph_protos(copy.graph):
-        inits = list(g.initializer) if g is not copy.graph else []
-        if any(not _has_data(t) for t in inits + [a.t for n in g.node for a in n.attribute
-                                                  if a.type == onnx.AttributeProto.TENSOR]):
+    (and stubs) become graph inputs of the same type and shape (an onnxruntime session of a
+    2.5 GB model then costs kilobytes), and so do small layer weights
+    (:func:`_layer_weights`). None when big tensors sit inside If/Loop/Scan bodies or
+    Constant nodes: those cannot become graph inputs, so such a model is checked with its
+    weights. Built in one pass: nodes are copied as they are, initializers one by one."""
+    def big(t: onnx.TensorProto) -> bool:
+        return t.data_location == onnx.TensorProto.EXTERNAL or tensor_nbytes(t) > SMALL_TENSOR
+
+    g = model.graph
+    for sub in graph_protos(g):
+        inits = list(sub.initializer) if sub is not g else []
+        if any(big(t) for t in inits + [a.t for n in sub.node for a in n.attribute
+                                         if a.type == onnx.AttributeProto.TENSOR]):
             return None
-    keep = []
-    for t in copy.graph.initializer:
-        if _has_data(t):
-            keep.append(t)
-            continue
-        copy.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type,
-                                                                   list(t.dims)))
-    if len(keep) != len(copy.graph.initializer):
-        del copy.graph.initializer[:]
-        copy.graph.initializer.extend(keep)
-    return _layer_weights_as_inputs(copy)
+    light = onnx.ModelProto()
+    copy_fields(model, light, "graph")
+    copy_fields(g, light.graph, "initializer")
+    layer = _layer_weights(g)
+    for t in g.initializer:
+        if big(t) or t.name in layer:
+            vi = light.graph.input.add(name=t.name)
+            tt = vi.type.tensor_type
+            tt.elem_type = t.data_type
+            shape = tt.shape
+            shape.SetInParent()   # a scalar's shape is present and empty
+            for d in t.dims:
+                shape.dim.add(dim_value=d)
+        else:
+            light.graph.initializer.add().CopyFrom(t)
+    return light
 
 
 # Inputs that are plain data to these default-domain ops: a float tensor feeding only them
@@ -717,15 +723,15 @@ _FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16,
                           onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE})
 
 
-def _layer_weights_as_inputs(copy: onnx.ModelProto) -> onnx.ModelProto:
-    """Small float weights of convolutions and matmuls become graph inputs too.
+def _layer_weights(g: onnx.GraphProto) -> set[str]:
+    """Small float weights of convolutions and matmuls, which the gate's copy also passes
+    as graph inputs.
 
     onnxruntime copies (and prepacks) every constant at session creation: loading an
-    8000-node Conv chain of small weights took 0.73 s, 0.56 s with them as inputs. Only float
-    tensors whose every consumer takes them as data (:data:`_DATA_INPUT_OPS`) move; shape,
-    axis and index tensors, quantisation parameters and anything a body or a graph output
-    reads stay constants, so what the load checks is unchanged."""
-    g = copy.graph
+    8000-node Conv chain of small weights took 0.73 s, 0.56 s with them as inputs.
+    Only float tensors whose every consumer takes them as data (:data:`_DATA_INPUT_OPS`)
+    move; shape, axis and index tensors, quantisation parameters and anything a body or a
+    graph output reads stay constants, so what the load checks is unchanged."""
     blocked = {o.name for o in g.output} | {i.name for i in g.input}
     uses: dict[str, bool] = {}
     for n in g.node:
@@ -734,34 +740,9 @@ def _layer_weights_as_inputs(copy: onnx.ModelProto) -> onnx.ModelProto:
             uses[name] = uses.get(name, True) and ok
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                for a in n.attribute):
-            return copy   # a body may read any outer name: leave everything as it is
-    move = [t for t in g.initializer if t.data_type in _FLOAT_TYPES and uses.get(t.name)
-            and t.name not in blocked and len(t.dims) >= 1]
-    if not move:
-        return copy
-    moved = {t.name for t in move}
-    keep = [t for t in g.initializer if t.name not in moved]
-    g.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-                   for t in move)
-    del g.initializer[:]
-    g.initializer.extend(keep)
-    return copy
-
-
-def _all_small_inline(model: onnx.ModelProto) -> bool:
-    """No stub, no external tensor, none above SMALL_TENSOR: weight_free_copy would copy
-    every tensor as it is, so a plain protobuf copy (one C call) is the same model."""
-    return all(t.data_location != onnx.TensorProto.EXTERNAL and tensor_nbytes(t) <= SMALL_TENSOR
-               for t in iter_model_tensors(model.graph))
-
-
-def _has_data(t: onnx.TensorProto) -> bool:
-    """False for weight_free_copy's stubs: elements (a scalar has one) but no data."""
-    if t.HasField("raw_data") or any(len(getattr(t, f)) for f in (
-            "float_data", "int32_data", "int64_data", "double_data", "uint64_data",
-            "string_data")):
-        return True
-    return int(np.prod(t.dims, dtype=np.int64)) == 0
+            return set()   # a body may read any outer name: leave everything as it is
+    return {t.name for t in g.initializer if t.data_type in _FLOAT_TYPES and uses.get(t.name)
+            and t.name not in blocked and len(t.dims) >= 1}
 
 
 def _worst(metrics, verifier=None) -> str:

@@ -530,3 +530,34 @@ def test_big_model_over_2gb(tmp_path_factory):
     r = results["tools"]["rewrite"]
     assert r["exit"] == 0 and r["checker"] == "ok" and r["bn_left"] == 0
     assert r["within_budget"], r
+
+
+def test_invalid_utf8_found_in_every_string_a_node_can_carry():
+    """load's text check reads node and attribute fields directly: each string position
+    (top level and inside an If body, attribute tensors, node metadata, overload) is
+    corrupted in turn and must be reported."""
+    from rewriter.core.load import _bad_text_or_type
+
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["Bout"], name="Bnode", doc_string="Bdoc")],
+        "Bgraph", [], [helper.make_tensor_value_info("Bout", onnx.TensorProto.FLOAT, [1])])
+    cst = helper.make_node("Constant", [], ["Cout"], name="Cnode", value=helper.make_tensor(
+        "Ctensor", onnx.TensorProto.FLOAT, [1], [1.0]))
+    iff = helper.make_node("If", ["cond"], ["Iout"], name="Inode", domain="",
+                           then_branch=body, else_branch=body, doc_string="Idoc")
+    iff.attribute[0].doc_string = "Adoc"
+    iff.overload = "Ovl"
+    iff.metadata_props.add(key="Mkey", value="Mval")
+    g = helper.make_graph(
+        [cst, iff, helper.make_node("Add", ["Iout", "Cout"], ["y"], name="Anode")], "G",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1]),
+         helper.make_tensor_value_info("cond", onnx.TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+    data = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+    assert _bad_text_or_type(onnx.load_from_string(data)) is None
+    markers = [b"Bnode", b"Bdoc", b"Bout", b"Bgraph", b"Cnode", b"Ctensor", b"Cout",
+               b"Inode", b"Idoc", b"Adoc", b"Ovl", b"Mkey", b"Mval", b"Iout", b"Anode"]
+    for m in markers:
+        assert m in data, m
+        bad = onnx.load_from_string(data.replace(m, m[:-1] + b"\xf6"))
+        assert "not valid UTF-8" in (_bad_text_or_type(bad) or ""), m

@@ -307,18 +307,3 @@ def upgrade_opset(graph: gs.Graph, original: onnx.ModelProto, base_dir, target: 
 def _version() -> str:
     from .. import __version__
     return __version__
-
-
-def copy_fields(src, dst, skip: str) -> None:
-    for fd, value in src.ListFields():
-        if fd.name == skip:
-            continue
-        repeated = getattr(fd, "is_repeated", None)  # protobuf >= 6 dropped .label
-        if repeated is None:
-            repeated = fd.label == fd.LABEL_REPEATED
-        if repeated:
-            getattr(dst, fd.name).extend(value)
-        elif fd.type == fd.TYPE_MESSAGE:
-            getattr(dst, fd.name).CopyFrom(value)
-        else:
-            setattr(dst, fd.name, value)

@@ -102,20 +102,32 @@ def resolve_external(t: onnx.TensorProto, base_dir: Path) -> tuple[str, int, int
 
 def _data_bytes(t: onnx.TensorProto) -> int | None:
     """Bytes a fixed-size tensor's raw data takes (None for strings and unknown types)."""
-    try:
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(t.data_type)
-    except Exception:  # noqa: BLE001 - unknown or undefined data type
-        return None
-    if dtype.kind in "OSU":
+    bits = _ELEMENT_BITS.get(t.data_type)
+    if bits is None:
+        bits = _ELEMENT_BITS[t.data_type] = _element_bits(t.data_type)
+    if not bits:
         return None
     n = 1
     for d in t.dims:
         if d < 0:
             return None  # the checker reports negative dims with its own message
         n *= d
-    bits = {getattr(onnx.TensorProto, k): b for k, b in SUB_BYTE.items()
-            if hasattr(onnx.TensorProto, k)}.get(t.data_type)
-    return (n * bits + 7) // 8 if bits else n * dtype.itemsize
+    return (n * bits + 7) // 8
+
+
+_ELEMENT_BITS: dict[int, int] = {}   # data_type -> bits per element in raw data (0: n/a)
+
+
+def _element_bits(data_type: int) -> int:
+    try:
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(data_type)
+    except Exception:  # noqa: BLE001 - unknown or undefined data type
+        return 0
+    if dtype.kind in "OSU":
+        return 0
+    packed = {getattr(onnx.TensorProto, k): b for k, b in SUB_BYTE.items()
+              if hasattr(onnx.TensorProto, k)}
+    return packed.get(data_type, 8 * dtype.itemsize)
 
 
 # Packed types: several elements per byte in raw data (numpy holds one per byte).
@@ -181,6 +193,39 @@ def _bad_text_or_type(model: onnx.ModelProto) -> str | None:
     def walk(msg):
         if isinstance(msg, onnx.TensorProto):
             return tensor(msg)
+        if isinstance(msg, onnx.NodeProto):
+            return node(msg)
+        return fields(msg)
+
+    def node(n):
+        """The fields nodes carry, read directly (ListFields over every node and attribute
+        was most of this check's time on a 12,000-node model); a node or attribute with
+        any other field set (overload, metadata, sparse tensors, type protos), or an onnx
+        whose protos have fields this does not know, goes through the generic walk."""
+        if not _FAST_NODES or (n.HasField("overload") or len(n.metadata_props)
+                               or len(n.device_configurations)):
+            return fields(n)
+        bad = text([n.name, n.op_type, n.domain, n.doc_string]) or text(n.input) or text(
+            n.output)
+        for a in n.attribute:
+            if bad:
+                return bad
+            if (a.HasField("sparse_tensor") or a.HasField("tp") or len(a.sparse_tensors)
+                    or len(a.type_protos)):
+                bad = fields(a)
+                continue
+            bad = text([a.name, a.doc_string, a.ref_attr_name])
+            if not bad and a.HasField("t"):
+                bad = tensor(a.t)
+            if not bad and a.HasField("g"):
+                bad = walk(a.g)
+            for t in a.tensors:
+                bad = bad or tensor(t)
+            for g in a.graphs:
+                bad = bad or walk(g)
+        return bad
+
+    def fields(msg):
         for fd, value in msg.ListFields():
             repeated = getattr(fd, "is_repeated", None)
             if repeated is None:
@@ -202,6 +247,18 @@ def _bad_text_or_type(model: onnx.ModelProto) -> str | None:
         return None
 
     return walk(model)
+
+
+# The node and attribute fields node() above knows; with any other (a newer onnx), it
+# leaves nodes to the generic walk.
+_FAST_NODES = (
+    {f.name for f in onnx.NodeProto.DESCRIPTOR.fields}
+    == {"input", "output", "name", "op_type", "domain", "overload", "attribute",
+        "doc_string", "metadata_props", "device_configurations"}
+    and {f.name for f in onnx.AttributeProto.DESCRIPTOR.fields}
+    == {"name", "ref_attr_name", "doc_string", "type", "f", "i", "s", "t", "g",
+        "sparse_tensor", "tp", "floats", "ints", "strings", "tensors", "graphs",
+        "sparse_tensors", "type_protos"})
 
 
 def first_line(e: BaseException) -> str:
