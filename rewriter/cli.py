@@ -382,9 +382,14 @@ def _check_main(argv: list[str]) -> int:
 def entry() -> None:
     """The console script: main(), then a fast exit. A rewritten graph is millions of small
     objects in reference cycles; tearing them down at interpreter exit costs up to a second
-    and changes nothing, since every file is written and closed by then."""
+    and changes nothing, since every file is written and closed by then. For the same
+    reason the imported graph is frozen out of the cycle collector's scans (this process
+    does one rewrite; main() called in-process by others does not do this)."""
     import os
 
+    from rewriter.core.gs_io import freeze_next_import
+
+    freeze_next_import()
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -38,8 +38,8 @@ def _signature(graph: gs.Graph) -> list:
                 row += [isinstance(v, LazyValues), str(v.dtype), list(v.shape), v.nbytes,
                         t.data_location, t._export_dtype]
                 if isinstance(v, LazyValues) and v.tensor.data_location != 1:
-                    a = v.load()   # the same array, as writable as graphsurgeon's
-                    row += [str(a.dtype), a.shape, a.tobytes(), a.flags.writeable]
+                    a = v.load()   # the same array (ours may be read-only, never copied)
+                    row += [str(a.dtype), a.shape, a.tobytes()]
             else:
                 row += [str(t.dtype), t.shape, t.type]
             out.append(row)
@@ -185,3 +185,20 @@ def test_export_of_every_attribute_kind_and_new_constants():
     const_out = gs.Constant("const_out", np.ones(3, np.float32))   # an output no node makes
     graph = gs.Graph(nodes=nodes, inputs=[x], outputs=[y, const_out], opset=17)
     assert_same_export(graph)
+
+
+def test_freeze_next_import_freezes_once():
+    """The console script's request: the next import freezes (gc.freeze), later ones not."""
+    from rewriter.core import gs_io
+
+    m = onnx.load(str(ROOT / "models" / "resnet_mini.onnx"))
+    before = gc.get_freeze_count()
+    try:
+        gs_io.freeze_next_import()
+        import_model(m)
+        frozen = gc.get_freeze_count()
+        assert frozen > before
+        import_model(m)
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
