@@ -29,7 +29,7 @@ from rewriter.core.graph import (SMALL_TENSOR, Namer, copy_fields, graph_protos,
                                  tensor_nbytes, weight_free_copy)
 from rewriter.core.load import first_line, load_model, validate_model
 from rewriter.core.manager import check_order, run_pipeline
-from rewriter.core.pass_base import Context, Numerics, Options
+from rewriter.core.pass_base import Context, Numerics, Options, pipeline_needs_shapes
 from rewriter.core.report import Report, op_histogram
 from rewriter.core.save import save_model, total_weight_bytes
 
@@ -283,7 +283,7 @@ class _Rewrite:
 
     def import_graph(self) -> None:
         # Shape inference only when a pass needs it: on long graphs it is the memory peak.
-        infer = bool(self.quantize) or any(p.needs_shapes(self.original) for p in self.pipeline)
+        infer = bool(self.quantize) or pipeline_needs_shapes(self.pipeline, self.original)
         if self.fix_shapes:
             self.fixed = check_fixed_shapes(self.original, self.input_shapes)
         self.graph = to_graph(self.original, self.base_dir, infer=infer, fixed=self.fixed)

@@ -1,4 +1,5 @@
-"""rewriter.core.gs_io builds the graph onnx-graphsurgeon's own import builds.
+"""rewriter.core.gs_io builds the graph onnx-graphsurgeon's own import builds (and the
+import step's one-count shape decision agrees with asking every pass).
 
 Compared on every model the onnx wheel ships under backend/test/data, the generated
 models, hand-made edge cases (subgraphs reading outer names, shadowing, empty optional
@@ -202,3 +203,20 @@ def test_freeze_next_import_freezes_once():
         assert gc.get_freeze_count() == frozen
     finally:
         gc.unfreeze()
+
+
+def test_pipeline_needs_shapes_agrees_with_asking_every_pass():
+    """One op count for the whole pipeline gives each pass's own answer (backend-data
+    models and the generated ones; at least one model needs shapes, one does not)."""
+    from rewriter.core import registry
+    from rewriter.core.pass_base import pipeline_needs_shapes
+
+    passes = registry.resolve(None)
+    seen = set()
+    for p in _backend_models()[::7] + [ROOT / "models" / "resnet_mini.onnx"]:
+        m = onnx.load(str(p), load_external_data=False)
+        for k in range(len(passes)):
+            want = any(q.needs_shapes(m) for q in passes[k:])
+            assert pipeline_needs_shapes(passes[k:], m) == want, (p, k)
+            seen.add(want)
+    assert seen == {True, False}

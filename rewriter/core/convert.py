@@ -20,7 +20,7 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from .errors import InputError
 from .gs_io import export_model, import_model
-from .graph import iter_graphs, unique_node_names, weight_free_copy
+from .graph import iter_graphs, iter_model_tensors, unique_node_names, weight_free_copy
 from .load import ExternalValues, first_line, resolve_external
 
 # Tensors above this many bytes go to the external data file when we write one.
@@ -78,7 +78,8 @@ def to_graph(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
         for t in graph.inputs:
             if t.name in fixed:
                 t.shape = [int(v) for v in fixed[t.name]]
-    if base_dir is not None:
+    if base_dir is not None and any(t.data_location == onnx.TensorProto.EXTERNAL
+                                    for t in iter_model_tensors(model.graph)):
         for k, g in enumerate(iter_graphs(graph)):
             for t in g.tensors().values():
                 if (isinstance(t, gs.Constant) and isinstance(t._values, LazyValues)

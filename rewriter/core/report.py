@@ -15,10 +15,15 @@ import onnx
 
 
 def op_histogram(graph: onnx.GraphProto, into: Counter | None = None) -> Counter:
-    """Op types of a graph and all its subgraphs."""
+    """Op types of a graph and all its subgraphs (bodies are looked for where
+    core.graph.iter_graphs looks: the standard ops that have them, and foreign domains)."""
+    from rewriter.core.graph import SUBGRAPH_OPS
+
     c = into if into is not None else Counter()
+    c.update(node.op_type for node in graph.node)
     for node in graph.node:
-        c[node.op_type] += 1
+        if node.op_type not in SUBGRAPH_OPS and node.domain in ("", "ai.onnx"):
+            continue
         for a in node.attribute:
             if a.type == onnx.AttributeProto.GRAPH:
                 op_histogram(a.g, c)
