@@ -155,7 +155,8 @@ class FuseConvBn(Pass):
         # reverse). Real weights are nowhere near; a broken or hostile file is. The bound
         # max|W| * max|scale| spares a pass over the folded weights when it is far below.
         limit = float(np.finfo(dtype).max) ** 0.5
-        w_max = float(np.abs(w.values).max(initial=0))
+        wvals = w.values   # max|W| without an |W| temporary (NaN propagates as before)
+        w_max = float(np.maximum(wvals.max(), -wvals.min())) if wvals.size else 0.0
         bound = w_max * float(np.abs(scale).max(initial=0))
         if not (np.isfinite(bound) and bound < 0.5 * limit):
             bound = float(np.abs(wv).max(initial=0)) if np.isfinite(wv).all() else np.inf
