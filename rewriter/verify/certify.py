@@ -16,6 +16,14 @@ when the interval's conservative end meets it:
   flip does not need to be observed to count: its probability does). Its bootstrap 95%
   upper bound gives a lower bound for agreement that small data can reach when the
   perturbation is small next to the margins, and stays pessimistic when it is not.
+  Margins and leads are taken between *log*-probabilities (the logits, up to a per-sample
+  constant), where a perturbation moves a confident sample's lead about as much as an
+  ambiguous one's; mixing M and D as independent is then close to right. Between
+  probabilities it was not: a confident sample's lead barely moves (softmax saturates), so
+  its tiny drop was set against ambiguous samples' small margins and flips were
+  underestimated. Measured on 64-sample draws from 600 fresh samples of 4 tasks x 3 plans
+  (40 draws each): the bound was above the agreement of the other 536 samples in up to
+  38% of draws with probabilities, in at most 3% with log-probabilities.
 * **cosine** of the outputs per sample: mean with a bootstrap 95% interval, and the worst.
 * **KL** divergence of the quantised from the FP32 distribution per sample (softmax of the
   outputs when they are not probabilities): mean and worst.
@@ -72,6 +80,12 @@ def _as_probs(x: np.ndarray) -> np.ndarray:
         return x
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
+
+
+def _log_probs(x: np.ndarray) -> np.ndarray:
+    """log of :func:`_as_probs` (logits up to a per-row constant), floored at 1e-30: a
+    class below that is out of any race."""
+    return np.log(np.maximum(_as_probs(x), 1e-30))
 
 
 def margins_and_leads(ref: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -171,7 +185,7 @@ def judge_lossy(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
         k = float(agree.sum())
         j.top1 = float(agree.mean())
         j.top1_ci = wilson(int(round(k)), n)
-        m, d = margins_and_leads(_as_probs(rr), _as_probs(oo))
+        m, d = margins_and_leads(_log_probs(rr), _log_probs(oo))
         m, d = m.reshape(n, per), d.reshape(n, per)
         j.flip_risk = flip_risk(m.ravel(), d.ravel())
         rng = np.random.default_rng(seed)
