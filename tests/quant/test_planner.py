@@ -39,6 +39,9 @@ def test_small_data_says_it_cannot_certify(planned):
     # 16 samples cannot show 0.9 by counting (at most 0.806): said, with what it would take.
     assert not rep.measured["certifiable"] and not rep.certified
     assert any("samples cannot certify" in n and "35 samples" in n for n in rep.notes)
+    # ... and that choosing among many plans on those samples flatters the chosen one.
+    assert any(f"one of {rep.evaluations} measured" in n and "optimistic" in n
+               for n in rep.notes)
 
 
 def test_strict_refuses_an_uncertified_plan():
