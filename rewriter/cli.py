@@ -104,7 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, freeze_graph: bool = False) -> int:
+    """The CLI. ``freeze_graph`` (the console script's): this process does one FP32
+    rewrite, so its imported graph is frozen out of the cycle collector's scans
+    (core.gs_io.freeze_next_import). Not with --plan: the planner's graph is imported first
+    and would stay frozen, unfreed, through the rewrite that follows."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SUBCOMMANDS:
         return _subcommand(argv[0], argv[1:])
@@ -116,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
             print(e.code, file=sys.stderr)
             return EXIT_INPUT
         return EXIT_OK if e.code in (0, None) else EXIT_INPUT
+    if freeze_graph and not args.plan:
+        from rewriter.core.gs_io import freeze_next_import
+
+        freeze_next_import()
     try:
         with warnings.catch_warnings():
             if not args.verbose:
@@ -387,10 +395,7 @@ def entry() -> None:
     does one rewrite; main() called in-process by others does not do this)."""
     import os
 
-    from rewriter.core.gs_io import freeze_next_import
-
-    freeze_next_import()
-    code = main()
+    code = main(freeze_graph=True)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

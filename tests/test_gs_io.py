@@ -220,3 +220,22 @@ def test_pipeline_needs_shapes_agrees_with_asking_every_pass():
             assert pipeline_needs_shapes(passes[k:], m) == want, (p, k)
             seen.add(want)
     assert seen == {True, False}
+
+
+def test_the_console_script_freezes_only_fp32_runs(tmp_path, monkeypatch):
+    """cli.main(freeze_graph=True) asks for the freeze on a plain rewrite, not with --plan
+    (the planner's graph would stay frozen through the rewrite after it)."""
+    from rewriter import cli
+    from rewriter.core import gs_io
+
+    asked = []
+    monkeypatch.setattr(gs_io, "freeze_next_import", lambda: asked.append(True))
+    model = ROOT / "models" / "resnet_mini.onnx"
+    assert cli.main([str(model), "-o", str(tmp_path / "a.onnx"), "-q", "--target", "none"],
+                    freeze_graph=True) == 0
+    assert asked == [True]
+    assert cli.main([str(model), "-o", str(tmp_path / "b.onnx"), "-q", "--target", "none"]) == 0
+    assert asked == [True]
+    cli.main([str(model), "-o", str(tmp_path / "c.onnx"), "-q", "--target", "none",
+              "--plan", "fp16"], freeze_graph=True)
+    assert asked == [True]
