@@ -40,6 +40,7 @@ cosine only.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from statistics import NormalDist
 
 import numpy as np
 
@@ -136,6 +137,7 @@ class Judgement:
     accuracy_drop: float | None = None        # points
     accuracy_drop_ci: tuple[float, float] | None = None
     budget: dict = field(default_factory=dict)
+    alpha: float = 0.05                       # error of the decision bounds (see judge_lossy)
     met: bool = False
     certifiable: bool = True
     why: str = ""
@@ -159,11 +161,18 @@ class Judgement:
 
 
 def judge_lossy(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
-                labels: np.ndarray | None = None, seed: int = 0) -> Judgement:
+                labels: np.ndarray | None = None, seed: int = 0,
+                alpha: float = 0.05) -> Judgement:
     """Judge one output of ``n`` samples (axis 0) against its FP32 reference.
 
     ``budget`` keys (any subset): ``min_top1``, ``min_cosine``, ``max_accuracy_drop``
-    (points, needs ``labels``)."""
+    (points, needs ``labels``). ``alpha``: the error the decision bounds allow (0.05: the
+    95% bounds); a caller that compares many models on the same samples and keeps one that
+    passes divides it by their number (the planner), so that the kept one's bounds still
+    hold at 95% (Bonferroni). Bootstrap replicates grow with 1/alpha (up to 5000) so that
+    the tail percentile is not a single draw."""
+    reps = int(min(5000, max(BOOT, np.ceil(20 / alpha))))
+    z = NormalDist().inv_cdf(1 - alpha / 2)
     ref = np.asarray(ref, np.float64)
     out = np.asarray(out, np.float64)
     n = ref.shape[0]
@@ -171,10 +180,12 @@ def judge_lossy(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
     nr, no = np.linalg.norm(r2, axis=1), np.linalg.norm(o2, axis=1)
     cos = np.where((nr > 0) & (no > 0), np.sum(r2 * o2, 1) / np.maximum(nr * no, 1e-300),
                    (nr == no).astype(float))
-    boots = _bootstrap(cos, np.mean, seed=seed)
+    boots = _bootstrap(cos, np.mean, reps=reps, seed=seed)
     j = Judgement(name, n, False, float(cos.mean()),
-                  (float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))),
+                  (float(np.percentile(boots, 50 * alpha)),
+                   float(np.percentile(boots, 100 - 50 * alpha))),
                   float(cos.min()), budget=dict(budget))
+    j.alpha = alpha
     classes = has_classes(ref) and ref.ndim >= 2
     if classes:
         j.classes = True
@@ -190,10 +201,10 @@ def judge_lossy(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
         j.flip_risk = flip_risk(m.ravel(), d.ravel())
         rng = np.random.default_rng(seed)
         risks = []
-        for _ in range(BOOT):
+        for _ in range(reps):
             idx = rng.integers(0, n, n)
             risks.append(flip_risk(m[idx].ravel(), d[idx].ravel()))
-        j.flip_risk_upper = float(np.percentile(risks, 95))
+        j.flip_risk_upper = float(np.percentile(risks, 100 * (1 - alpha)))
         j.top1_lower = 1.0 - j.flip_risk_upper
         p, q = _as_probs(rr), _as_probs(oo)
         kl = np.sum(p * (np.log(np.maximum(p, 1e-12)) - np.log(np.maximum(q, 1e-12))), -1)
@@ -206,7 +217,7 @@ def judge_lossy(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
             se = diff.std(ddof=1) / np.sqrt(n) if n > 1 else 100.0
             j.accuracy_fp32, j.accuracy = float(a32.mean()), float(a8.mean())
             j.accuracy_drop = float(diff.mean())
-            j.accuracy_drop_ci = (float(diff.mean() - Z * se), float(diff.mean() + Z * se))
+            j.accuracy_drop_ci = (float(diff.mean() - z * se), float(diff.mean() + z * se))
     _decide(j, budget)
     return j
 

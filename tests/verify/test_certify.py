@@ -89,3 +89,19 @@ def test_flip_risk_bound_is_not_above_fresh_agreement():
         above += j.top1_lower > truth
     assert 0.8 < truth < 0.99
     assert above <= 4, (above, truth)
+
+
+def test_a_smaller_alpha_widens_every_decision_bound():
+    """The planner's correction for comparing plans: at alpha 0.05/30 the flip-risk bound,
+    the cosine bound and the accuracy-loss bound are all more conservative than at 0.05,
+    and the default is the plain 95% judgement."""
+    rng = np.random.default_rng(55)
+    ref = logits(64, seed=5)
+    out = ref + rng.normal(0, 1.0, ref.shape)
+    labels = ref.argmax(1)
+    a = judge_lossy("y", ref, out, BUDGET, labels=labels)
+    b = judge_lossy("y", ref, out, BUDGET, labels=labels, alpha=0.05 / 30)
+    assert a.alpha == 0.05 and b.alpha == pytest.approx(0.05 / 30)
+    assert b.top1_lower < a.top1_lower
+    assert b.cosine_ci[0] < a.cosine_ci[0] and b.cosine_ci[1] > a.cosine_ci[1]
+    assert b.accuracy_drop_ci[1] > a.accuracy_drop_ci[1]
