@@ -278,6 +278,10 @@ def _planner_args(p) -> None:
                    help="k-fold judgement: ranges from k-1 folds, judged on the k-th (4)")
     g.add_argument("--strict", action="store_true",
                    help="exit 1 when the data cannot certify the budget at 95%% confidence")
+    g.add_argument("--selection-correction", action="store_true",
+                   help="take each plan's bounds at 0.05/T for the T plans the search may "
+                        "compare (Bonferroni), so the kept plan's bounds hold at 95%% after "
+                        "the choice; keeps fewer layers INT8")
 
 
 def _planner_settings(args) -> dict:
@@ -286,7 +290,7 @@ def _planner_settings(args) -> dict:
             "target_speedup": args.target_speedup, "method": args.method,
             "percentile": args.percentile, "weights": args.weights, "samples": args.samples,
             "max_accuracy_drop": args.max_accuracy_drop, "folds": args.folds,
-            "strict": args.strict}
+            "strict": args.strict, "selection_correction": args.selection_correction}
 
 
 def _plan_main(argv: list[str]) -> int:

@@ -88,10 +88,7 @@ def test_default_plan_has_the_recipe_structure(cls_data, tmp_path):
 
 
 @pytest.mark.slow
-def test_auto_plan_keeps_accuracy_with_a_third_of_the_convs_in_int8(cls_data, tmp_path):
-    """The planner's bounds are corrected for the ~30 plans it may compare (Bonferroni):
-    on these 200 clean text lines it keeps 36% of the convs INT8 (before the correction
-    at least half), and fresh samples agree."""
+def test_auto_plan_keeps_accuracy_with_half_the_convs_in_int8(cls_data, tmp_path):
     calib, evalset = cls_data
     out = tmp_path / "auto.onnx"
     _, report = rewriter.rewrite(CLS, output=out, plan="auto", calib=calib, materialize=False)
@@ -100,5 +97,5 @@ def test_auto_plan_keeps_accuracy_with_a_third_of_the_convs_in_int8(cls_data, tm
     share = sum(v["precision"] == "int8" for v in convs) / len(convs)
     top1, cos = _agreement(CLS, out, evalset)
     print(f"auto plan: {share:.0%} of convs INT8, top-1 agreement {top1:.3f}, cosine {cos:.5f}")
-    assert share >= 0.3
+    assert share >= 0.5
     assert top1 >= 0.99 and cos >= 0.995

@@ -23,8 +23,10 @@ how sure the choice is.
    (``min_cosine``) and, with labels, the bound on the points of task accuracy lost
    (``max_accuracy_drop``). Point estimates never decide. The plan kept is one of up to
    T whole plans judged on the same samples (``_acceptance_tests``), and keeping the one
-   that passed biases its bounds upwards; so each is taken at 0.05 / T (Bonferroni), and
-   the kept plan's bounds hold at 95% after the choice.
+   that passed biases its bounds upwards: the report says so; with
+   ``selection_correction`` each bound is taken at 0.05 / T (Bonferroni), so the kept
+   plan's bounds hold at 95% after the choice, at the price of fewer INT8 layers
+   (docs/benchmarks_quant.md).
 5. **Certificate**: the chosen plan's k-fold judgement: n, the counted top-1 agreement with
    its Wilson interval, the flip-risk bound, the cosine interval and worst sample, KL, and
    with labels the accuracy change. Counting alone cannot show 0.99 on fewer than 381
@@ -57,7 +59,8 @@ from rewriter.quant.plan import INT8_OPS, LAYER_OPS, Assignment, Plan
 DEFAULTS = {"alpha": 0.7, "beta": 0.3, "int8_speed": 2176 / 1248, "fp16_speed": 1.5,
             "min_top1": 0.99, "min_cosine": 0.995, "max_accuracy_drop": None,
             "fp16_ok_loss": 1e-3, "refine": 16, "folds": 4, "equalize": True,
-            "bias_correction": False, "rounding": "gptq", "strict": False}
+            "bias_correction": False, "rounding": "gptq", "strict": False,
+            "selection_correction": False}
 
 
 @dataclass
@@ -350,7 +353,8 @@ def plan_auto(model, calib, *, input_shapes=None, settings: dict | None = None,
     ev = _CrossValidator(graph, original, base_dir, data, s, progress)
     shapes = _real_shapes(export(graph, original, base_dir).model, ev.feeds[0], input_shapes)
     results = _sensitivity(ev, layers, shapes, progress)
-    ev.alpha = 0.05 / _acceptance_tests(results, s)
+    if s["selection_correction"]:
+        ev.alpha = 0.05 / _acceptance_tests(results, s)
     choice, measured, notes = _choose(ev, results, s)
     for r in results:
         r.choice = choice[r.id]
@@ -537,11 +541,18 @@ def _certificate_notes(measured: dict, s: dict) -> list[str]:
              "choice rests on the flip-risk model's bound (give more calibration samples, or "
              "--strict to refuse)"]
     alpha = measured.get("alpha", 0.05)
-    if alpha < 0.05 and measured.get("top1_lower") is not None:
+    if measured.get("top1_lower") is None:
+        return notes
+    if alpha < 0.05:
         notes.append(f"the plan was kept among up to {round(0.05 / alpha)} plans judged on "
                      f"these same samples: its bounds are taken at {alpha:.4f} each so that "
                      "they hold at 95% after that choice (Bonferroni); fresh data is the "
                      "judge (rewrite --verify --inputs)")
+    else:
+        notes.append("the plan is the one of those measured whose bound passed on these same "
+                     "samples: that choice makes its bound optimistic (--selection-correction "
+                     "corrects for it, keeping fewer layers INT8); fresh data is the judge "
+                     "(rewrite --verify --inputs)")
     return notes
 
 

@@ -31,7 +31,7 @@ def test_every_sample_is_judged_once_by_ranges_it_did_not_set(planned):
     assert rep.settings["folds"] == 4
     assert plan.int8["equalize"] == "all" and plan.int8["rounding"] == "gptq"
     text = rep.render()
-    assert "judged on 16 held-out samples (4-fold, 95% after choosing among up to" in text
+    assert "judged on 16 held-out samples (4-fold, 95% intervals)" in text
 
 
 def test_small_data_says_it_cannot_certify(planned):
@@ -39,9 +39,17 @@ def test_small_data_says_it_cannot_certify(planned):
     # 16 samples cannot show 0.9 by counting (at most 0.806): said, with what it would take.
     assert not rep.measured["certifiable"] and not rep.certified
     assert any("samples cannot certify" in n and "35 samples" in n for n in rep.notes)
-    # ... and that its bounds are corrected for choosing among plans on those samples.
+    # ... and that choosing among plans on those samples flatters the kept one.
+    assert rep.measured["alpha"] == 0.05
+    assert any("makes its bound optimistic" in n for n in rep.notes)
+
+
+def test_selection_correction_takes_bounds_at_alpha_over_the_plans_compared():
+    _, rep = plan_auto(MODEL, samples(16), settings={"folds": 4, "min_top1": 0.9,
+                                                     "selection_correction": True})
     alpha = rep.measured["alpha"]
     assert alpha < 0.05 and any("Bonferroni" in n for n in rep.notes)
+    assert f"95% after choosing among up to {round(0.05 / alpha)} plans" in rep.render()
 
 
 def test_strict_refuses_an_uncertified_plan():
