@@ -225,7 +225,11 @@ class _Rewrite:
             self.original.CopyFrom(model)
             validate_model(self.original)
             return
-        self.original = load_model(model)
+        # Big inline weights stay in the file (read memory-mapped, streamed back inline)
+        # when external data resolves against the file's own folder.
+        here = self.base_dir is None or os.path.realpath(self.base_dir) == os.path.realpath(
+            Path(model).parent)
+        self.original = load_model(model, weights_in_file=here)
         if self.base_dir is None:
             self.base_dir = Path(model).parent
         out = self.output

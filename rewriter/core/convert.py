@@ -234,8 +234,12 @@ def export(graph: gs.Graph, original: onnx.ModelProto, source_dir=None) -> Expor
             continue
         v = t._values
         if isinstance(v, ExternalValues):
-            continue  # keeps its reference to the source file
-        if isinstance(v, LazyValues):
+            if not v.inline:
+                continue  # keeps its reference to the source file
+            # an inline weight left in the input file: a stub whatever its size, so that
+            # it is written back inline and the output never points into the input
+            src, dtype, dims = v, v.tensor.data_type, v.shape
+        elif isinstance(v, LazyValues):
             if v.tensor.data_type == onnx.TensorProto.STRING or v.nbytes <= EXTERNAL_THRESHOLD:
                 continue
             src, dtype, dims = v, v.tensor.data_type, v.shape

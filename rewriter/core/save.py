@@ -47,6 +47,8 @@ def _source_chunks(t: onnx.TensorProto, exp: Exported) -> tuple[int, object]:
         if isinstance(w, np.ndarray):
             arr = np.ascontiguousarray(w)
             return arr.nbytes, iter([memoryview(arr).cast("B")])
+        if isinstance(w, ExternalValues):   # an inline weight left in the input file
+            return w.length, w
         b = raw_bytes(w)
         return len(b), iter([b])
     if t.data_location == onnx.TensorProto.EXTERNAL:
@@ -149,7 +151,9 @@ def _save_inline(exp: Exported, out: Path, folder: Path, inits: list,
             for h, n, chunks in pieces:
                 f.write(b"\x2a" + varint(len(h) + n))  # GraphProto.initializer: field 5
                 f.write(h)
-                if chunks is not None:
+                if isinstance(chunks, ExternalValues):
+                    _copy_range(f, chunks)
+                elif chunks is not None:
                     for c in chunks:
                         f.write(c)
         _commit([(tmp_model, out)], before_commit)
@@ -158,6 +162,30 @@ def _save_inline(exp: Exported, out: Path, folder: Path, inits: list,
         if os.path.exists(tmp_model):
             os.unlink(tmp_model)
         raise
+
+
+def _copy_range(f, src: ExternalValues) -> None:
+    """Append ``src``'s bytes to ``f`` with a kernel-side copy (os.copy_file_range): no
+    user-space copy and no page faults on fresh buffers (0.05 s of resnet50_like's 100 MB);
+    read and write where the file system refuses it."""
+    f.flush()   # then f's next write goes where the kernel's copy left the descriptor
+    off, left = src.offset, src.length
+    with open(src.path, "rb") as g:
+        try:
+            while left:
+                n = os.copy_file_range(g.fileno(), f.fileno(), left, off)
+                if not n:
+                    break
+                off, left = off + n, left - n
+        except (OSError, AttributeError):   # EXDEV, ENOSYS, EINVAL ...; not on this OS
+            pass
+        g.seek(off)
+        while left:
+            b = g.read(min(left, 64 << 20))
+            if not b:
+                raise InputError(f"{src.path} is shorter than its weights' declared data")
+            f.write(b)
+            left -= len(b)
 
 
 def _save_external(exp: Exported, out: Path, folder: Path, data_name: str,
