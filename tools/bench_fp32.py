@@ -701,9 +701,9 @@ def _verdict(m: dict, tools: list[str], large: bool) -> str:
     peers = {t: _median(m["tools"][t]) for t in tools if t != "ours" and t in m["tools"]}
     peers = {t: v for t, v in peers.items() if v is not None}
     if t_ours is None:
-        return f"| {m['name']} | failed | | | | | | | |"
+        return f"| {m['name']} | failed | | | | | | | | |"
     if not peers:
-        return f"| {m['name']} | {t_ours:.2f} | no peer finished | | | | | | |"
+        return f"| {m['name']} | {t_ours:.2f} | no peer finished | | | | | | | |"
     fast_t = min(peers, key=peers.get)
     fast = peers[fast_t]
     beaten = [t for t, v in peers.items() if v < t_ours]
@@ -721,7 +721,24 @@ def _verdict(m: dict, tools: list[str], large: bool) -> str:
             "**" + ", ".join(TOOLS[t][0] for t in as_good) + "**")
     half = ("yes" if t_ours <= 0.5 * fast else "**no**") if large else "n/a"
     return (f"| {m['name']} | {t_ours:.2f} | {TOOLS[fast_t][0]} {fast:.2f} | "
-            f"{t_ours / fast:.2f} | {faster} | {real} | {half} | {nodes_ok} | {_equiv(chk)} |")
+            f"{t_ours / fast:.2f} | {_paired(m, fast_t)} | {faster} | {real} | {half} | "
+            f"{nodes_ok} | {_equiv(chk)} |")
+
+
+def _paired(m: dict, peer: str) -> str:
+    """Ours / ``peer`` round by round (runs are interleaved, so round i of each ran under
+    about the same load): the median ratio, its 95% bootstrap interval, and in how many
+    rounds ours was faster. "-" with fewer than 5 complete rounds."""
+    runs = [m["tools"][t].get("runs", []) for t in ("ours", peer)]
+    if len(runs[0]) != len(runs[1]) or len(runs[0]) < 5 or any(
+            "error" in r for rs in runs for r in rs):
+        return "-"
+    import numpy as np
+    q = np.array([r["wall"] for r in runs[0]]) / np.array([r["wall"] for r in runs[1]])
+    rng = np.random.default_rng(0)
+    boot = np.median(rng.choice(q, (5000, len(q))), axis=1)
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return f"{np.median(q):.2f} ({lo:.2f}–{hi:.2f}), {int((q < 1).sum())}/{len(q)}"
 
 
 def _as_good(chk: dict, nodes_ours) -> bool:
@@ -786,17 +803,21 @@ def render(res: dict) -> str:
         for m in ms:
             m["_repeat"] = res["repeat"]
         L.append("### Verdict against the goals\n")
-        L.append("| model | ours s | fastest peer s | ours / fastest | faster than every peer | "
+        L.append("| model | ours s | fastest peer s | ours / fastest | paired per round² | "
+                 "faster than every peer | "
                  "faster peers with an as-good output¹ | ≤ 0.5 × fastest | nodes ≤ every peer | "
                  "our max_rel |")
-        L.append("|---|---:|---|---:|---|---|---|---|---|")
+        L.append("|---|---:|---|---:|---|---|---|---|---|---|")
         for m in ms:
             if "error" in m:
-                L.append(f"| {m['name']} | {m['error']} | | | | | | | |")
+                L.append(f"| {m['name']} | {m['error']} | | | | | | | | |")
             else:
                 L.append(_verdict(m, tools, large=group in ("large", "chain")))
         L.append("\n¹ A faster peer whose output runs in onnxruntime with the model's own inputs, "
-                 f"matches the input within {EQUIV_TOL:g} and has no more nodes than ours.\n")
+                 f"matches the input within {EQUIV_TOL:g} and has no more nodes than ours.\n"
+                 "² Ours / the fastest peer in each interleaved round: median ratio (95% "
+                 "bootstrap interval), rounds in which ours was faster. Below 1 with the whole "
+                 "interval below 1: faster with confidence.\n")
         if group == "chain":
             L.extend(_scaling(ms, tools))
         L.append("### Details\n")
