@@ -22,8 +22,13 @@ An If whose condition is known is replaced by the branch it takes (its nodes mov
 enclosing graph; its outputs take the If's output names), then values are propagated again,
 up to four rounds. A Reshape whose target shape is symbolic only where it repeats its
 input's dims at the same positions gets those entries as 0 ("copy") and a constant shape:
-Reshape(x, Concat(Shape(x)[0:1], [-1])) is Reshape(x, [0, -1]). Skipped with a reason: a branch whose tensor names clash with the
-enclosing graph's (if-name-clash).
+Reshape(x, Concat(Shape(x)[0:1], [-1])) is Reshape(x, [0, -1]). Where they are x's dims in
+the same order at other positions, an Unsqueeze (or a Squeeze of static 1s) moves them
+there first: [N, 64, A] -> [N, 4, 16, A] is Reshape(Unsqueeze(x, [2]), [0, 4, 16, 0]), and a
+Reshape that only adds or drops unit dims becomes that Unsqueeze or Squeeze. Never a -1
+for a symbolic entry (onnxruntime's [0, 4, 16, -1] fails on an empty batch).
+Skipped with a reason: a branch whose tensor names clash with the enclosing graph's
+(if-name-clash).
 
 Shapes come from ONNX shape inference (data propagation on), run once before the pipeline,
 If/Loop/Scan bodies included; bodies are processed like the top level.
@@ -79,8 +84,9 @@ class FoldShapes(Pass):
                             else:
                                 inlined += 1
                         continue
-                    if node.op == "Reshape" and _copy_dims(node, values, ctx.namer):
-                        res.count("reshape-dims-copied")
+                    kind = _copy_dims(node, values, ctx.namer, g) if node.op == "Reshape" else None
+                    if kind:
+                        res.count(kind)
                         folded += 1
                         continue
                     if _foldable(node, values, outs):
@@ -459,27 +465,107 @@ def _foldable(node: gs.Node, values: dict, graph_outputs: set[int]) -> bool:
     return True
 
 
-def _copy_dims(node: gs.Node, values: dict, namer) -> bool:
+def _copy_dims(node: gs.Node, values: dict, namer, g: gs.Graph | None = None) -> str | None:
     """Reshape(x, shape) whose symbolic entries are x's own dims at the same positions:
-    those entries become 0 ("copy the input's dim"), and the shape a constant."""
+    those entries become 0 ("copy the input's dim"), and the shape a constant. Where they
+    are x's dims at other positions, in order, :func:`_realign` moves them first. The kind
+    of rewrite, or None."""
     if int(node.attrs.get("allowzero", 0)) or len(node.inputs) < 2 or isinstance(
             node.inputs[1], gs.Constant):
-        return False
+        return None
     v = values.get(id(node.inputs[1]))
     dims = _dims(node.inputs[0])
     if v is None or dims is None or v.concrete() or v.arr.ndim != 1:
-        return False
+        return None
+    entries = v.arr.tolist()
     new = []
-    for i, e in enumerate(v.arr.tolist()):
+    for i, e in enumerate(entries):
         if isinstance(e, int):
             new.append(e)
         elif i < len(dims) and _cmp("eq")(e, dims[i]) is True:
             new.append(0)
         else:
-            return False
+            return _realign(node, entries, dims, namer, g) if g is not None else None
     name = namer(f"{node.inputs[1].name}_copydims") if namer else node.inputs[1].name + "_c"
     node.inputs[1] = gs.Constant(name, np.array(new, np.int64))
-    return True
+    return "reshape-dims-copied"
+
+
+def _realign(node: gs.Node, entries: list, dims: list, namer, g: gs.Graph) -> str | None:
+    """Reshape(x, shape) whose symbolic entries are x's symbolic dims in the same order but
+    at other positions, e.g. [N, 64, A] -> [N, 4, 16, A]: an Unsqueeze (or a Squeeze of
+    static 1s) first puts each at its output position, then the Reshape copies it (0):
+    Reshape(Unsqueeze(x, [2]), [0, 4, 16, 0]). onnxruntime writes [0, 4, 16, -1], which
+    fails on an empty tensor (N = 0: -1 cannot be inferred); a 0 never does. When the
+    moved tensor is the output already (a Reshape that only adds or drops unit dims), the
+    Unsqueeze or Squeeze replaces the Reshape."""
+    if any(isinstance(e, int) and e <= 0 for e in entries):
+        return None   # -1 or a literal copy: left as it is
+    eq = _cmp("eq")
+    sym = [(q, e) for q, e in enumerate(entries) if not isinstance(e, int)]
+    pos = []
+    for _, e in sym:
+        at = [p for p, d in enumerate(dims) if not isinstance(d, int) and eq(e, d) is True]
+        if len(at) != 1:
+            return None
+        pos.append(at[0])
+    if any(a >= b for a, b in zip(pos, pos[1:])):
+        return None
+    shift = [q - p for (q, _), p in zip(sym, pos)]
+    axes: list[int] = []
+    x = node.inputs[0]
+    shape = list(x.shape)
+    if all(s >= 0 for s in shift) and shift == sorted(shift):
+        op, before = "Unsqueeze", 0
+        for (q, _), s in zip(sym, shift):
+            axes += range(q - (s - before), q)   # output positions of the new unit axes
+            before = s
+        for a in axes:
+            shape.insert(a, 1)
+            dims = dims[:a] + [1] + dims[a:]
+    elif all(s <= 0 for s in shift) and shift == sorted(shift, reverse=True):
+        op, before, lo = "Squeeze", 0, 0
+        for p, s in zip(pos, shift):
+            ones = [i for i in range(lo, p) if dims[i] == 1 and i not in axes]
+            if len(ones) < before - s:
+                return None
+            axes += ones[:before - s]
+            before, lo = s, p + 1
+        shape = [d for i, d in enumerate(shape) if i not in axes]
+        dims = [d for i, d in enumerate(dims) if i not in axes]
+    else:
+        return None
+    out = node.outputs[0]
+    exact = len(dims) == len(entries) and all(
+        (a == b) if isinstance(b, int) else (not isinstance(a, int) and eq(a, b) is True)
+        for a, b in zip(dims, entries))
+    axes_t = gs.Constant(namer(f"{node.name or out.name}_axes") if namer else out.name + "_axes",
+                         np.array(sorted(axes), np.int64))
+    if exact:   # the Reshape itself becomes the Unsqueeze/Squeeze
+        node.op, node.attrs = op, {}
+        _set_axes(node, axes_t, g.opset)
+        return f"reshape-as-{op.lower()}"
+    moved = gs.Variable(namer(f"{x.name}_{op.lower()}") if namer else x.name + "_m",
+                        dtype=x.dtype, shape=shape)
+    extra = gs.Node(op, name=namer(f"{node.name or out.name}_{op.lower()}") if namer else "",
+                    inputs=[x], outputs=[moved])
+    _set_axes(extra, axes_t, g.opset)
+    g.nodes.append(extra)
+    node.inputs[0] = moved
+    new = [0 if not isinstance(e, int) else e for e in entries]
+    name = namer(f"{node.inputs[1].name}_copydims") if namer else node.inputs[1].name + "_c"
+    node.inputs[1] = gs.Constant(name, np.array(new, np.int64))
+    return f"reshape-dims-{op.lower()}d"
+
+
+def _set_axes(node: gs.Node, axes: gs.Constant, opset: int) -> None:
+    """Unsqueeze/Squeeze axes: an input from opset 13, an attribute before."""
+    while len(node.inputs) > 1:
+        node.inputs.pop()
+    if opset >= 13:
+        node.inputs.append(axes)
+    else:
+        node.attrs["axes"] = [int(a) for a in axes.values]
 
 
 def _reshape_out_shape(node: gs.Node) -> None:

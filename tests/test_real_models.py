@@ -51,6 +51,15 @@ def test_real_model_rewrites_and_verifies(name, shapes, tmp_path):
                                                  if i.name not in {t.name for t in src.graph.initializer}]
     assert [o.name for o in dst.graph.output] == [o.name for o in src.graph.output]
     assert sum(report.ops_after.values()) <= sum(report.ops_before.values())
+    # No more nodes than onnxruntime's basic offline optimiser leaves (issue 15; onnxsim and
+    # OnnxSlim, which CI does not install, are compared by tools/lean.py).
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.optimized_model_filepath = str(tmp_path / "ort_basic.onnx")
+    ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    ort_nodes = len(onnx.load(tmp_path / "ort_basic.onnx").graph.node)
+    assert len(dst.graph.node) <= ort_nodes, (len(dst.graph.node), ort_nodes)
     # Nothing the passes introduce is refused by MIGraphX's static check (its rules are
     # each run against the shared MIGraphX builds in tests/test_migraphx_rules.py).
     _no_new_findings(src, dst, shapes)

@@ -44,9 +44,28 @@ def test_static_dims_of_a_symbolic_shape_fold_and_symbolic_ones_stay():
     }""", I)
     out, rep = fs(m, input_shapes={"x": [1, 1, 64, 5]})
     assert rep.passes[0].counts["folded"] >= 3
-    # What depends on W keeps its nodes; the H/2 branch is one constant now.
+    # The H/2 branch is one constant now, and W is x's own dim: a Squeeze of the leading
+    # unit dim puts it where the Reshape copies it (0), so no shape node is left.
+    assert ops(out) == ["Squeeze", "Reshape"]
+    same_at(m, out, "x", [(1, 1, 64, 1), (1, 1, 64, 7), (1, 1, 64, 40)])
+    # W computed on (2W): what depends on W keeps its nodes; the H/2 branch still folds.
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 1, 64, W] x) => (float[1, 32, W2, 1] y) {
+        s = Shape (x)
+        h = Gather <axis = 0> (s, two)
+        w = Gather <axis = 0> (s, three)
+        hh = Div (h, two)
+        w2 = Mul (w, two)
+        hu = Unsqueeze (hh, ax0)
+        wu = Unsqueeze (w2, ax0)
+        one = Constant <value = int64[1] {1}> ()
+        shp = Concat <axis = 0> (one, hu, wu, one)
+        y = Reshape (x, shp)
+    }""", I)
+    out, rep = fs(m, input_shapes={"x": [1, 1, 64, 5]})
     assert "Div" not in ops(out) and ops(out).count("Gather") == 1
-    assert ops(out).count("Shape") == 1
+    assert ops(out).count("Shape") == 1 and "Mul" in ops(out)
     same_at(m, out, "x", [(1, 1, 64, 1), (1, 1, 64, 7), (1, 1, 64, 40)])
 
 
@@ -177,3 +196,89 @@ def test_no_shape_ops_means_no_inference_and_no_change(rng):
     g (float[N, 4] x) => (float[N, 4] y) { y = Relu (x) }""")
     out, rep = rewriter.rewrite(m, ["fold-shapes"])
     assert not rep.passes[0].changed and ops(out) == ["Relu"]
+
+
+def _split_last(opset: int, src: str, dst: str, body: str):
+    return make_model(f"""
+    <ir_version: 8, opset_import: ["" : {opset}]>
+    g ({src} x) => ({dst} y) {{
+        s = Shape (x)
+{body}
+        y = Reshape (x, shp)
+    }}""", I)
+
+
+def _shape_tail(pick: str) -> str:
+    # entries: "s<k>" = x's dim k, an integer = that constant
+    lines, names = [], []
+    for i, e in enumerate(pick.split(",")):
+        if e.startswith("s"):
+            lines.append(f"        i{i} = Constant <value = int64[1] {{{e[1:]}}}> ()")
+            lines.append(f"        e{i} = Gather <axis = 0> (s, i{i})")
+        else:
+            lines.append(f"        e{i} = Constant <value = int64[1] {{{e}}}> ()")
+        names.append(f"e{i}")
+    lines.append(f"        shp = Concat <axis = 0> ({', '.join(names)})")
+    return "\n".join(lines)
+
+
+def test_reshape_moving_a_symbolic_dim_right_becomes_unsqueeze_and_copy():
+    """[N, 64, A] -> [N, 4, 16, A] (a YOLO head's DFL): Reshape(Unsqueeze(x, [2]),
+    [0, 4, 16, 0]); no -1, so an empty batch still reshapes."""
+    m = _split_last(17, "float[N, 64, A]", "float[N, 4, 16, A]", _shape_tail("s0,4,16,s2"))
+    out, rep = fs(m, input_shapes={"x": [2, 64, 5]})
+    assert rep.passes[0].counts.get("reshape-dims-unsqueezed") == 1
+    assert sorted(ops(out)) == ["Reshape", "Unsqueeze"]
+    shape = next(t for t in out.graph.initializer if list(onnx.numpy_helper.to_array(t)) ==
+                 [0, 4, 16, 0])
+    assert shape is not None
+    # (A = 0 is left out: the original's computed 0 at position 3 means "copy x's dim 3",
+    # which x has not, so the original itself fails there)
+    same_at(m, out, "x", [(2, 64, 5), (1, 64, 1), (3, 64, 40), (0, 64, 7)])
+
+
+def test_reshape_dropping_a_unit_dim_becomes_squeeze():
+    """[N, 1, 4, A] -> [N, 4, A]: the Reshape is a Squeeze."""
+    m = _split_last(17, "float[N, 1, 4, A]", "float[N, 4, A]", _shape_tail("s0,4,s3"))
+    out, rep = fs(m, input_shapes={"x": [2, 1, 4, 5]})
+    assert rep.passes[0].counts.get("reshape-as-squeeze") == 1
+    assert ops(out) == ["Squeeze"]
+    same_at(m, out, "x", [(2, 1, 4, 5), (0, 1, 4, 3), (1, 1, 4, 1)])
+
+
+def test_two_symbolic_dims_move_and_opset_11_takes_axes_as_attribute():
+    """[N, H, 8, W] -> [N, H, 2, 4, W] at opset 11 (Unsqueeze axes an attribute), and
+    [N, 1, H, 1, W] -> [N, H, W] squeezed twice."""
+    m = _split_last(11, "float[N, H, 8, W]", "float[N, H, 2, 4, W]", _shape_tail("s0,s1,2,4,s3"))
+    out, rep = fs(m, input_shapes={"x": [2, 3, 8, 5]})
+    assert rep.passes[0].counts.get("reshape-dims-unsqueezed") == 1
+    u = next(n for n in out.graph.node if n.op_type == "Unsqueeze")
+    assert [a.ints for a in u.attribute if a.name == "axes"] == [[3]]
+    same_at(m, out, "x", [(2, 3, 8, 5), (0, 2, 8, 1), (1, 1, 8, 4)])
+    m = _split_last(17, "float[N, A, 3, B]", "float[N, 1, A, 3, 1, B]",
+                    _shape_tail("s0,1,s1,3,1,s3"))
+    out, rep = fs(m, input_shapes={"x": [2, 3, 3, 5]})
+    assert ops(out) == ["Unsqueeze"]   # the unit dims inserted are the whole Reshape
+    same_at(m, out, "x", [(2, 3, 3, 5), (0, 2, 3, 1), (1, 1, 3, 4)])
+    m = _split_last(17, "float[N, 1, H, 1, W]", "float[N, H, W]", _shape_tail("s0,s2,s4"))
+    out, rep = fs(m, input_shapes={"x": [2, 1, 3, 1, 5]})
+    assert ops(out) == ["Squeeze"]
+    same_at(m, out, "x", [(2, 1, 3, 1, 5), (0, 1, 3, 1, 2)])
+    # more unit dims than needed: only as many as each dim moves left
+    m = _split_last(17, "float[N, 1, A, 1, 1, B]", "float[N, A, 1, B]",
+                    _shape_tail("s0,s2,1,s5"))
+    out, rep = fs(m, input_shapes={"x": [2, 1, 3, 1, 1, 5]})
+    assert ops(out) == ["Squeeze"]
+    same_at(m, out, "x", [(2, 1, 3, 1, 1, 5), (0, 1, 2, 1, 1, 4)])
+
+
+def test_reshape_that_cannot_be_realigned_keeps_its_shape_nodes():
+    """Symbolic dims swapped, one moving left past no unit dim, or moving in opposite
+    directions: the computed shape stays."""
+    for src, dst, pick in [("float[N, A, B]", "float[N, B, A]", "s0,s2,s1"),
+                           ("float[N, 4, A]", "float[N, A, 4]", "s0,s2,4"),
+                           ("float[N, 2, A, B]", "float[2, N, A, B]", "2,s0,s2,s3"),
+                           ("float[B, A, 6]", "float[2, A, 3, B]", "2,s1,3,s0")]:
+        m = _split_last(17, src, dst, _shape_tail(pick))
+        out, rep = fs(m)
+        assert "Shape" in ops(out) and "Squeeze" not in ops(out) and "Unsqueeze" not in ops(out)
