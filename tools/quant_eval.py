@@ -174,7 +174,7 @@ def _quantize_static(task, model, xc, method, work, ref, xe, ye) -> dict:
 
 
 def line(r: dict) -> str:
-    s = (f"{r['task']:13s} {r['plan'][:14]:14s} int8 {r['int8_convs']:2d}/{r['convs']:2d}  top-1 "
+    s = (f"{r['task']:13s} {r['plan'][:24]:24s} int8 {r['int8_convs']:2d}/{r['convs']:2d}  top-1 "
          f"{r['top1']:.3f} [{r['top1_ci'][0]:.3f}, {r['top1_ci'][1]:.3f}]  cos "
          f"{r['cosine']:.4f} [{r['cosine_ci'][0]:.4f}, {r['cosine_ci'][1]:.4f}]")
     if "acc" in r:

@@ -9,6 +9,10 @@ FLOP), the other layers stay as the planner chose them (FP16 where it chose INT8
 such plan is judged on the 300 fresh samples, as quant_eval judges ``--plan auto``. If no
 ranked half reaches 0.99 on fresh data, the planner's caution is not what keeps auto below
 the goal: INT8 itself is. ``--ungrouped-only`` keeps depthwise (grouped) convs out of INT8.
+``--asymmetric`` judges each plan again with asymmetric activation ranges: every activation
+Q/DQ whose tensor's calibration minimum is above -amax/2 gets the range [min(lo, 0), amax]
+over all 256 int8 levels with a non-zero zero point (amax the plan's own symmetric clip),
+an experiment: the pipeline writes zero points 0, MIGraphX's fast path.
 """
 
 from __future__ import annotations
@@ -24,7 +28,69 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import quant_eval as qe  # noqa: E402
 
 
-def run(task: str, fracs: list[float], work: Path, pointwise: bool = False) -> list[dict]:
+def asymmetric(src: Path, dst: Path, xs) -> None:
+    """``src`` with one-sided activation tensors quantised over [lo, amax] (see above)."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper as nh
+
+    from rewriter.core import ort
+
+    m = onnx.load(str(src))
+    g = m.graph
+    consts = {i.name: nh.to_array(i) for i in g.initializer}
+    consts.update({n.output[0]: nh.to_array(a.t) for n in g.node if n.op_type == "Constant"
+                   for a in n.attribute if a.name == "value"})
+    qs = [n for n in g.node if n.op_type == "QuantizeLinear" and n.input[0] not in consts]
+    names = sorted({q.input[0] for q in qs})
+    probe = onnx.ModelProto()
+    probe.CopyFrom(m)
+    probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(t) for t in names)
+    sess = ort.session(probe)
+    feed = sess.get_inputs()[0].name
+    lo = {t: 0.0 for t in names}
+    for i in range(len(xs)):
+        for t, a in zip(names, ort.run(sess, {feed: xs[i:i + 1]}, names)):
+            lo[t] = min(lo[t], float(a.min()))
+    for q in qs:
+        amax = 127 * float(consts[q.input[1]])
+        if lo[q.input[0]] < -amax / 2:
+            continue
+        scale = (amax - lo[q.input[0]]) / 255
+        zp = int(np.clip(np.round(-128 - lo[q.input[0]] / scale), -128, 127))
+        qparams = (q.output[0] + "_asym_scale", q.output[0] + "_asym_zero_point")
+        g.initializer.extend([nh.from_array(np.array(scale, np.float32), qparams[0]),
+                              nh.from_array(np.array(zp, np.int8), qparams[1])])
+        for n in g.node:
+            if n is q or (n.op_type == "DequantizeLinear" and n.input[0] == q.output[0]):
+                n.input[1], n.input[2] = qparams
+    onnx.save(m, str(dst))
+
+
+def judge(ref, out, labels) -> dict:
+    """quant_eval's judgement plus, between log-probabilities, how close to a tie the flipped
+    samples were: the largest FP32 margin among them, the share of all samples with a margin
+    that small, and the 90th percentile of the drops of the FP32 top class's lead."""
+    import numpy as np
+
+    from rewriter.verify.certify import _log_probs, margins_and_leads
+
+    margins, drops = margins_and_leads(_log_probs(ref), _log_probs(out))
+    flipped = ref.argmax(1) != out.argmax(1)
+    worst = float(margins[flipped].max()) if flipped.any() else 0.0
+    return {**qe.judge(ref, out, labels), "flipped_margin_max": worst,
+            "margin_share": float(np.mean(margins <= worst)),
+            "lead_drop_q90": float(np.quantile(drops, 0.9))}
+
+
+def show(row: dict) -> None:
+    print(f"{qe.line(row)}  flipped margins <= {row['flipped_margin_max']:.3f} "
+          f"({row['margin_share']:.1%} of samples), lead drop q90 {row['lead_drop_q90']:.3f}",
+          flush=True)
+
+
+def run(task: str, fracs: list[float], work: Path, pointwise: bool = False,
+        asym: bool = False) -> list[dict]:
     import onnx
 
     import rewriter
@@ -58,9 +124,14 @@ def run(task: str, fracs: list[float], work: Path, pointwise: bool = False) -> l
             label = f"{'ungrouped ' if pointwise else ''}{key} {frac:.0%}"
             row = {"task": task, "plan": label, "int8_convs": len(pick),
                    "convs": n_convs, "seconds": 0.0,
-                   **qe.judge(ref, qe.outputs(str(out), xe), ye)}
-            print(qe.line(row), flush=True)
+                   **judge(ref, qe.outputs(str(out), xe), ye)}
+            show(row)
             rows.append(row)
+            if asym:
+                asymmetric(out, out.with_suffix(".asym.onnx"), xc)
+                rows.append({**row, "plan": label + " asym",
+                             **judge(ref, qe.outputs(str(out.with_suffix(".asym.onnx")), xe), ye)})
+                show(rows[-1])
     return rows
 
 
@@ -70,13 +141,15 @@ def main() -> int:
     p.add_argument("--frac", default="0.5,0.6")
     p.add_argument("--ungrouped-only", action="store_true",
                    help="only convs with group 1 may be INT8 (depthwise ones never are)")
+    p.add_argument("--asymmetric", action="store_true",
+                   help="judge each plan again with asymmetric activation ranges")
     p.add_argument("--work", default="/tmp/quant_half_oracle")
     p.add_argument("--json")
     a = p.parse_args()
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     rows = [r for t in a.task for r in run(t, [float(f) for f in a.frac.split(",")], work,
-                                           a.ungrouped_only)]
+                                           a.ungrouped_only, a.asymmetric)]
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1, default=float))
     return 0
