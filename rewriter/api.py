@@ -23,7 +23,8 @@ import numpy as np
 import onnx
 
 from rewriter.core import registry
-from rewriter.core.convert import check_fixed_shapes, export, to_graph, upgrade_opset
+from rewriter.core.convert import (check_fixed_shapes, export, to_graph, upgrade_opset,
+                                   wrong_stfts)
 from rewriter.core.errors import InputError, PassError, VerificationError
 from rewriter.core.graph import (SMALL_TENSOR, Namer, copy_fields, graph_protos, node_id,
                                  tensor_nbytes, weight_free_copy)
@@ -304,6 +305,11 @@ class _Rewrite:
         else:
             feeds = make_feeds(self.original, self.input_shapes, self.seed)
             what = f"random inputs seed {self.seed}"
+        for feed in [feeds] if isinstance(feeds, dict) else feeds:
+            for name, dims in (self.fixed or {}).items():
+                if name in feed and list(np.shape(feed[name])) != dims:
+                    raise InputError(f"{what}: input '{name}' is {list(np.shape(feed[name]))}, "
+                                     f"but --fix-shapes writes {dims}")
         labels = self.held_labels if feeds is self.held_out else None
         self.verifier = Verifier(self.original, self.base_dir, feeds, path=self.path,
                                  lossy=self.plan.verify if self.plan is not None else None,
@@ -322,7 +328,11 @@ class _Rewrite:
         elif p.numerics is Numerics.CLOSE:
             self.worst = Numerics.CLOSE
         exported = export(self.graph, self.original, self.base_dir)
-        metrics = self.verifier.check(exported, self.worst, self.depth)
+        from rewriter.verify.verifier import ModelLoadError
+        try:
+            metrics = self.verifier.check(exported, self.worst, self.depth)
+        except ModelLoadError as e:
+            raise self.unloadable(records, str(e)) from None
         self.last_metrics = metrics
         rec.verification = [m.to_dict() for m in metrics]
         self.verify_seconds += time.perf_counter() - t
@@ -469,7 +479,9 @@ class _Rewrite:
         t = time.perf_counter()
         exported = export(self.graph, self.original, self.base_dir)
         light = _weights_as_inputs(exported.model)
-        if self.verifier is None:   # (verification loads it in onnxruntime anyway)
+        if self.fix_shapes:   # loaded as a user would, optimised: see fixed_input_problem
+            self.pending_gate = _Background(self.ort_problem, exported, None, True)
+        elif self.verifier is None:   # (verification loads it in onnxruntime anyway)
             # Serialised here: the static checks below edit `light`.
             self.pending_gate = _Background(self.ort_problem, exported,
                                             None if light is None else light.SerializeToString())
@@ -478,7 +490,7 @@ class _Rewrite:
             if self.pending_gate is not None:
                 self.pending_gate.join()
                 self.pending_gate = None
-            raise self.blame(records, problem)
+            raise self.unloadable(records, problem)
         self.report.ops_after = op_histogram(exported.model.graph)
         self.report.bytes_after = exported.weight_bytes = total_weight_bytes(exported.model)
         self.seconds["export"] = time.perf_counter() - t
@@ -492,7 +504,34 @@ class _Rewrite:
         problem = pending.result()
         self.seconds["export"] = self.seconds.get("export", 0.0) + time.perf_counter() - t
         if problem:
-            raise self.blame(records, problem)
+            raise self.unloadable(records, problem)
+
+    def unloadable(self, records: list, problem: str) -> Exception:
+        """The error for an output that fails the gate: the user's, when the input itself
+        does not take the shapes --fix-shapes writes; otherwise a pass's (blamed)."""
+        why = self.fixed_input_problem()
+        if why:
+            shapes = ", ".join(f"{k}:{'x'.join(map(str, v))}" for k, v in self.fixed.items())
+            return InputError(f"--fix-shapes: the model does not take {shapes}: written into "
+                              f"the input itself, onnxruntime refuses it ({why})")
+        return self.blame(records, problem)
+
+    def fixed_input_problem(self) -> str | None:
+        """Why onnxruntime (optimising, as users load models) refuses the original with the
+        --fix-shapes dims written into its inputs, or None. A branch of an If that the
+        given sizes never take can contradict them: onnxruntime then refuses the model,
+        optimised, though it runs it unoptimised on those sizes."""
+        if not self.fix_shapes or not self.fixed:
+            return None
+        if not hasattr(self, "_fixed_problem"):
+            from rewriter.core import ort
+            m = _with_fixed_inputs(self.original, self.fixed)
+            try:
+                ort.session(m, self.base_dir, optimize=True)
+                self._fixed_problem = None
+            except Exception as e:  # noqa: BLE001 - its message is the finding
+                self._fixed_problem = first_line(e)
+        return self._fixed_problem
 
     def gate(self, exported, ort_load: bool) -> str | None:
         """Why ``exported`` must not be written, or None: onnx's checker with full_check
@@ -524,13 +563,14 @@ class _Rewrite:
             return problem
         return None
 
-    def ort_problem(self, exported, light_bytes: bytes | None) -> str | None:
+    def ort_problem(self, exported, light_bytes: bytes | None,
+                    optimize: bool = False) -> str | None:
         from rewriter.core import ort
         try:
             if light_bytes is not None:
-                ort.session(light_bytes, exported.source_dir)
+                ort.session(light_bytes, exported.source_dir, optimize=optimize)
             else:
-                ort.session(exported.model, exported.source_dir,
+                ort.session(exported.model, exported.source_dir, optimize=optimize,
                             initializers=exported.ort_initializers())
         except Exception as e:  # noqa: BLE001
             if self.input_ort_ok():
@@ -554,6 +594,10 @@ class _Rewrite:
         try:
             inferred = onnx.shape_inference.infer_shapes(copy, strict_mode=True)
         except Exception as e:  # noqa: BLE001 - any inference error is the finding
+            if wrong_stfts(onnx.shape_inference.infer_shapes(copy).graph):
+                self.report.warnings.append("onnx's shape inference gets STFT's bins wrong "
+                                            "(onesided): its full check is skipped")
+                return None
             return f"onnx's full check (strict shape inference) fails: {first_line(e)}"
         for o in inferred.graph.output:
             want = declared.get(o.name)
@@ -568,8 +612,9 @@ class _Rewrite:
         return None
 
     def input_strict_ok(self) -> bool:
-        if not hasattr(self, "_input_strict"):
-            problem = self.strict_inference(weight_free_copy(self.original))
+        if not hasattr(self, "_input_strict"):   # with --fix-shapes, with its dims written
+            problem = self.strict_inference(_with_fixed_inputs(weight_free_copy(self.original),
+                                                               self.fixed))
             self._input_strict = problem is None
             if problem:
                 self.report.warnings.append(f"the input fails onnx's full check "
@@ -615,8 +660,12 @@ class _Rewrite:
             return
         t = time.perf_counter()
         # Passes that changed nothing leave the graph as the last check saw it: reuse it.
-        metrics = self.last_metrics or self.verifier.check(exported, self.worst,
-                                                           max(1, self.depth))
+        from rewriter.verify.verifier import ModelLoadError
+        try:
+            metrics = self.last_metrics or self.verifier.check(exported, self.worst,
+                                                               max(1, self.depth))
+        except ModelLoadError as e:
+            raise self.unloadable(self.report.passes or [], str(e)) from None
         self.report.verification = [m.to_dict() for m in metrics]
         self.seconds["verify"] = self.verify_seconds + time.perf_counter() - t
         if not self.report.ok:
@@ -761,6 +810,20 @@ def _worst(metrics, verifier=None) -> str:
     if verifier is not None and verifier.lossy:
         s += " vs budget " + ", ".join(f"{k} {v:g}" for k, v in verifier.lossy.items())
     return s + ("" if m.shape_ok else ", shape/dtype differs")
+
+
+def _with_fixed_inputs(model: onnx.ModelProto, fixed: dict | None) -> onnx.ModelProto:
+    """``model`` (a copy when ``fixed``) with the --fix-shapes dims written into its inputs."""
+    if not fixed:
+        return model
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for vi in m.graph.input:
+        if vi.name in fixed:
+            for d, v in zip(vi.type.tensor_type.shape.dim, fixed[vi.name]):
+                d.Clear()
+                d.dim_value = v
+    return m
 
 
 class _Background:

@@ -391,3 +391,98 @@ def test_fix_shapes_bad_shapes_are_one_line(tmp_path, capfd, argv, fragment):
     assert code == 2
     assert_one_line(err, fragment)
     assert not (tmp_path / "o.onnx").exists()
+
+
+def _two_rate_model(path: Path) -> Path:
+    """x [1, N]; an If on the input ``sr`` picks a branch: 16 kHz takes any N, 8 kHz only
+    N = 1 (Squeeze without axes, then an LSTM that needs rank 3), as silero-vad's per-rate
+    branches take their own frame sizes. With N symbolic both branches type-check."""
+    f = onnx.TensorProto.FLOAT
+    rng = np.random.default_rng(5)
+    then = helper.make_graph([helper.make_node("Relu", ["x"], ["a"])], "rate16", [],
+                             [helper.make_tensor_value_info("a", f, [1, "N"])])
+    other = helper.make_graph(
+        [helper.make_node("Squeeze", ["x"], ["b0"]),
+         helper.make_node("Unsqueeze", ["b0", "ax3"], ["b1"]),
+         helper.make_node("LSTM", ["b1", "W", "R"], ["", "b2"], hidden_size=2),
+         helper.make_node("Flatten", ["b2"], ["b"], axis=2)], "rate8", [],
+        [helper.make_tensor_value_info("b", f, [1, "N"])])
+    g = helper.make_graph(
+        [helper.make_node("Equal", ["sr", "k16"], ["is16"]),
+         helper.make_node("If", ["is16"], ["y"], then_branch=then, else_branch=other)],
+        "two_rates",
+        [helper.make_tensor_value_info("x", f, [1, "N"]),
+         helper.make_tensor_value_info("sr", onnx.TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", f, [1, "N"])],
+        [helper.make_tensor("k16", onnx.TensorProto.INT64, [], [16000]),
+         helper.make_tensor("ax3", onnx.TensorProto.INT64, [3], [0, 1, 2]),
+         onnx.numpy_helper.from_array(rng.standard_normal((1, 8, 1)).astype(np.float32), "W"),
+         onnx.numpy_helper.from_array(rng.standard_normal((1, 8, 2)).astype(np.float32), "R")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_fix_shapes_a_branch_cannot_take_is_the_users_one_line_error(tmp_path, capfd, verify):
+    src = _two_rate_model(tmp_path / "rates.onnx")
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, x=np.ones((1, 512), np.float32), sr=np.array(16000, np.int64))
+    argv = ["--verify", "--inputs", inputs] if verify else []
+    code, _, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--input-shape", "x:1x512",
+                       "--fix-shapes", *argv)
+    assert code == 2, err
+    assert_one_line(err, "--fix-shapes: the model does not take x:1x512")
+    assert not (tmp_path / "o.onnx").exists()
+    # inputs that disagree with the shapes written are the user's one-line error too
+    if verify:
+        code, _, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--input-shape", "x:1x1",
+                           "--fix-shapes", *argv)
+        assert code == 2 and not (tmp_path / "o.onnx").exists()
+        assert_one_line(err, "user inputs: input 'x' is [1, 512], but --fix-shapes writes [1, 1]")
+        np.savez(inputs, x=np.ones((1, 1), np.float32), sr=np.array(8000, np.int64))
+    # the size the other branch takes is fine, and the output loads as users load models
+    code, _, err = run(capfd, src, "-o", tmp_path / "one.onnx", "--input-shape", "x:1x1",
+                       "--fix-shapes", "-q", *argv)
+    assert code == 0, err
+    ort.session(tmp_path / "one.onnx", optimize=True)
+
+
+def _spectrogram(path: Path) -> Path:
+    """signal [1, T, 1] -> STFT (16-sample Hann window, hop 8, onesided by default: 9 bins)
+    -> power -> reshaped by its own shape -> a [9, 4] filter bank: onnx 1.23 infers 16
+    bins."""
+    f = onnx.TensorProto.FLOAT
+    w = np.random.default_rng(3).random((9, 4)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("STFT", ["x", "hop", "win"], ["s"]),
+         helper.make_node("Mul", ["s", "s"], ["p2"]),
+         helper.make_node("ReduceSum", ["p2", "last"], ["p"], keepdims=0),
+         # [1, -1, bins] from p's own shape: folded from a wrong shape, it breaks the model
+         helper.make_node("Shape", ["p"], ["sh"]),
+         helper.make_node("Slice", ["sh", "zero", "one"], ["n"]),
+         helper.make_node("Slice", ["sh", "two", "three"], ["bins"]),
+         helper.make_node("Concat", ["n", "last", "bins"], ["shape"], axis=0),
+         helper.make_node("Reshape", ["p", "shape"], ["q"]),
+         helper.make_node("MatMul", ["q", "bank"], ["y"])],
+        "spectrogram", [helper.make_tensor_value_info("x", f, [1, "T", 1])],
+        [helper.make_tensor_value_info("y", f, [1, "F", 4])],
+        [helper.make_tensor("hop", onnx.TensorProto.INT64, [], [8]),
+         onnx.numpy_helper.from_array(np.hanning(16).astype(np.float32), "win"),
+         helper.make_tensor("last", onnx.TensorProto.INT64, [1], [-1]),
+         *[helper.make_tensor(k, onnx.TensorProto.INT64, [1], [v])
+           for k, v in [("zero", 0), ("one", 1), ("two", 2), ("three", 3)]],
+         onnx.numpy_helper.from_array(w, "bank")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_fix_shapes_does_not_trust_onnx_wrong_stft_bins(tmp_path, capfd):
+    src = _spectrogram(tmp_path / "spec.onnx")
+    out = tmp_path / "o.onnx"
+    code, _, err = run(capfd, src, "-o", out, "--input-shape", "x:1x160x1", "--fix-shapes",
+                       "--verify", "-q")
+    assert code == 0, err
+    x = np.random.default_rng(0).standard_normal((1, 160, 1)).astype(np.float32)
+    got = ort.run(ort.session(out, optimize=True), {"x": x})[0]
+    np.testing.assert_allclose(got, ort.run(ort.session(src), {"x": x})[0], rtol=1e-5)
+    assert got.shape == (1, 19, 4)

@@ -146,6 +146,42 @@ def test_fp16_batchnorm_with_fp32_statistics_not_after_a_conv(tmp_path, capfd):
     assert {t.data_type for t in out.graph.initializer} == {onnx.TensorProto.FLOAT16}
 
 
+def test_fp16_model_behind_fp32_inputs_is_held_to_fp16_rounding(tmp_path, capfd):
+    """onnxruntime's float16 converter (keep_io_types) writes float32 inputs and outputs
+    around a float16 model: folding BN into the convs re-rounds in float16, which float32's
+    tolerance (by the outputs' type) refused as drift."""
+    rng = np.random.default_rng(1)
+    m = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 15]>
+    g (float[2, 8, 12, 12] x) => (float[2, 8, 12, 12] y) {
+        h = Cast <to = 10> (x)
+        c1 = Conv <pads = [1, 1, 1, 1]> (h, W1, B1)
+        n1 = BatchNormalization(c1, s1, b1, mu1, var1)
+        r1 = Relu(n1)
+        c2 = Conv <pads = [1, 1, 1, 1]> (r1, W2, B2)
+        n2 = BatchNormalization(c2, s2, b2, mu2, var2)
+        y = Cast <to = 1> (n2)
+    }""")
+    for k in "12":
+        for name, v in ((f"W{k}", rng.standard_normal((8, 8, 3, 3)) * 0.3),
+                        (f"B{k}", rng.standard_normal(8)), (f"s{k}", rng.uniform(0.5, 3, 8)),
+                        (f"b{k}", rng.standard_normal(8)), (f"mu{k}", rng.standard_normal(8)),
+                        (f"var{k}", rng.uniform(0.05, 2, 8))):
+            m.graph.initializer.append(numpy_helper.from_array(v.astype(np.float16), name))
+    onnx.checker.check_model(m, full_check=True)
+    src = tmp_path / "m.onnx"
+    onnx.save(m, src)
+    code, _, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--report",
+                       tmp_path / "r.json", "-q", "--verify", "--target", "none")
+    assert code == 0, err
+    import json
+    rep = json.loads((tmp_path / "r.json").read_text())
+    fused = [p for p in rep["passes"] if p["name"] == "fuse-conv-bn"][0]
+    drift = fused["verification"][0]["max_rel"]
+    assert 1e-5 < drift < 4 * float(np.finfo(np.float16).eps)   # float16's, not float32's
+    assert [n.op_type for n in onnx.load(tmp_path / "o.onnx").graph.node].count("Conv") == 2
+
+
 def test_int32_bias_with_per_tensor_weights_on_opset_11(tmp_path, capfd):
     m = make_model("""
     <ir_version: 7, opset_import: ["" : 11]>

@@ -63,7 +63,89 @@ def shape_info(model: onnx.ModelProto, fixed: dict[str, list[int]] | None = None
                     stack.append(a.g)
                 elif a.type == onnx.AttributeProto.GRAPHS:
                     stack.extend(a.graphs)
+    _distrust_wrong_stft(inferred.graph, out)
     return out
+
+
+def _distrust_wrong_stft(graph: onnx.GraphProto, infos: dict[str, onnx.ValueInfoProto]) -> None:
+    """Drop the shapes onnx inferred from a wrong STFT shape, and everything downstream.
+
+    onnx 1.23 infers STFT's bins as the frame length even when ``onesided`` (the default)
+    makes them frame_length // 2 + 1 (fixed upstream later): shapes folded or written from
+    that would be wrong, and onnxruntime refuses a model carrying them. The bins are
+    re-derived from the spec; where they disagree, the STFT's output and every tensor
+    computed from it keep their types but lose their shapes."""
+    tainted = wrong_stfts(graph, infos)
+    if not tainted:
+        return
+    # A node with bodies uses what its bodies read from outside too.
+    uses = [(n, set(n.input).union(*(m.input for m in _all_nodes(n))))
+            for n in _all_nodes(graph)]
+    grew = True
+    while grew:
+        grew = False
+        for n, names in uses:
+            if not tainted.isdisjoint(names) and not tainted.issuperset(n.output):
+                tainted.update(o for o in n.output if o)
+                grew = True
+    for name in tainted & infos.keys():
+        vi = onnx.ValueInfoProto()
+        vi.CopyFrom(infos[name])
+        if vi.type.HasField("tensor_type"):
+            vi.type.tensor_type.ClearField("shape")
+        infos[name] = vi
+
+
+def _all_nodes(where) -> list[onnx.NodeProto]:
+    """Every node of a graph, or of a node's bodies, bodies of bodies included."""
+    stack = [where] if isinstance(where, onnx.GraphProto) else \
+        [a.g for a in where.attribute if a.type == onnx.AttributeProto.GRAPH] + \
+        [g for a in where.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs]
+    nodes = []
+    while stack:
+        g = stack.pop()
+        for n in g.node:
+            nodes.append(n)
+            stack.extend(a.g for a in n.attribute if a.type == onnx.AttributeProto.GRAPH)
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPHS:
+                    stack.extend(a.graphs)
+    return nodes
+
+
+def wrong_stfts(graph: onnx.GraphProto, infos: dict[str, onnx.ValueInfoProto] | None = None
+                ) -> set[str]:
+    """Outputs of STFT nodes whose inferred bins (in ``infos``, by default the graph's own
+    value_info and outputs) disagree with the spec (see :func:`_distrust_wrong_stft`)."""
+    if infos is None:
+        infos = {vi.name: vi for vi in list(graph.value_info) + list(graph.output)}
+        for n in _all_nodes(graph):
+            for a in n.attribute:
+                for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
+                    infos.update({vi.name: vi for vi in list(g.value_info) + list(g.output)})
+    consts = {t.name: t for t in graph.initializer}
+    consts.update({n.output[0]: a.t for n in graph.node if n.op_type == "Constant"
+                   for a in n.attribute if a.name == "value"})
+    tainted: set[str] = set()
+    for n in _all_nodes(graph):
+        if n.op_type != "STFT" or not n.output or n.output[0] not in infos:
+            continue
+        onesided = next((a.i for a in n.attribute if a.name == "onesided"), 1)
+        length = None
+        if len(n.input) > 3 and n.input[3] in consts:
+            length = int(onnx.numpy_helper.to_array(consts[n.input[3]]).reshape(-1)[0])
+        elif len(n.input) > 2 and n.input[2] in consts:   # the window's length
+            length = int(consts[n.input[2]].dims[0]) if len(consts[n.input[2]].dims) == 1 \
+                else None
+        elif len(n.input) > 2 and n.input[2] in infos:
+            dims = infos[n.input[2]].type.tensor_type.shape.dim
+            length = dims[0].dim_value if len(dims) == 1 and dims[0].HasField("dim_value") \
+                else None
+        dims = infos[n.output[0]].type.tensor_type.shape.dim
+        if len(dims) == 4 and dims[2].HasField("dim_value") and (
+                length is None or dims[2].dim_value != (length // 2 + 1 if onesided else length)):
+            tainted.add(n.output[0])
+    return tainted
 
 
 def to_graph(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import numpy as np
+import onnx
 
 from rewriter.core.pass_base import Numerics
 
@@ -127,9 +128,38 @@ LOSSY_DEFAULT = {"min_cosine": 0.99, "min_top1": 0.99, "min_sqnr_db": 15.0,
                  "max_accuracy_drop": None}
 
 
+_LOW_FLOATS = {onnx.TensorProto.FLOAT16: np.float16, onnx.TensorProto.BFLOAT16: 2.0 ** -7}
+
+
+def compute_eps(model: onnx.ModelProto) -> float:
+    """The machine epsilon of the least precise float type the model computes in (weights,
+    Casts, declared tensors, bodies included), or 0.0 when that is float32 or better: a
+    model that computes in float16 behind float32 inputs and outputs (as onnxruntime's
+    float16 converter with keep_io_types writes) re-rounds in float16."""
+    from rewriter.core.graph import graph_protos
+
+    types: set[int] = set()
+    for g in graph_protos(model.graph):
+        types.update(t.data_type for t in g.initializer)
+        for vi in list(g.input) + list(g.output) + list(g.value_info):
+            types.add(vi.type.tensor_type.elem_type)
+        for n in g.node:
+            for a in n.attribute:
+                if a.name == "to" and n.op_type == "Cast":
+                    types.add(a.i)
+                elif a.type == onnx.AttributeProto.TENSOR:
+                    types.add(a.t.data_type)
+    eps = [float(np.finfo(v).eps) if isinstance(v, type) else v
+           for k, v in _LOW_FLOATS.items() if k in types]
+    return max(eps, default=0.0)
+
+
 def judge(m: OutputMetrics, numerics: Numerics, depth: int = 1,
-          lossy: dict | None = None) -> bool:
+          lossy: dict | None = None, model_eps: float = 0.0) -> bool:
     """Within tolerance for a chain of ``depth`` rewrites of this kind?
+
+    ``model_eps`` (:func:`compute_eps` of the original) widens the tolerance as the output's
+    own type does: a re-association costs a few ulps of the type it is computed in.
 
     LOSSY (reduced precision) is judged by the plan's thresholds: cosine, SQNR and, where
     it means something (:func:`has_classes`), top-1 agreement.
@@ -145,6 +175,7 @@ def judge(m: OutputMetrics, numerics: Numerics, depth: int = 1,
     # A re-association costs a few ulps of the output's own type: float16 outputs (a
     # float16 model's) cannot meet float32's tolerance.
     eps = float(np.finfo(m.dtype).eps) if m.dtype in ("float16", "float32", "float64") else 0.0
+    eps = max(eps, model_eps)
     tol = max(TOLERANCE[numerics], 4 * eps) * max(1, depth) ** 0.5
     if m.integer:
         # Integer outputs (ArgMax, TopK indices): a few flips are float ties going the

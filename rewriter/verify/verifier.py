@@ -9,7 +9,7 @@ from rewriter.core import ort
 from rewriter.core.errors import InputError
 from rewriter.core.graph import duplicate_node_names, unique_node_names
 from rewriter.core.pass_base import Numerics
-from rewriter.verify.metrics import OutputMetrics, compare, cosine, judge
+from rewriter.verify.metrics import OutputMetrics, compare, compute_eps, cosine, judge
 
 
 class Verifier:
@@ -26,6 +26,7 @@ class Verifier:
         self.feed_sets = feeds if isinstance(feeds, list) else [feeds]
         self.lossy = lossy
         self.output_names = [o.name for o in original.graph.output]
+        self.model_eps = compute_eps(original)
         if duplicate_node_names(original):
             # onnxruntime refuses two nodes of one name; the rewrite renames them (the
             # output loads), so the reference runs a renamed copy.
@@ -49,13 +50,19 @@ class Verifier:
     def check(self, exported, numerics: Numerics, depth: int = 1) -> list[OutputMetrics]:
         """Compare an :class:`rewriter.core.convert.Exported` model with the reference."""
         model = exported.model
-        sess = self.backend.session(model, exported.source_dir,
-                                    initializers=exported.ort_initializers())
+        try:
+            sess = self.backend.session(model, exported.source_dir,
+                                        initializers=exported.ort_initializers())
+        except Exception as e:  # noqa: BLE001 - the caller names the pass or the input
+            raise ModelLoadError(f"onnxruntime cannot load it: {_line(e)}") from None
         names = [o.name for o in model.graph.output]
         if names != self.output_names:
             return [OutputMetrics(n, False, float("inf"), float("inf"), 0.0, 1.0, ok=False)
                     for n in self.output_names]
-        outs = stack_runs([self.backend.run(sess, f) for f in self.feed_sets])
+        try:
+            outs = stack_runs([self.backend.run(sess, f) for f in self.feed_sets])
+        except Exception as e:  # noqa: BLE001 - the original ran on these feeds
+            raise ModelLoadError(f"onnxruntime cannot run it: {_line(e)}") from None
         metrics = []
         for name, r, o in zip(names, self.reference, outs):
             m = compare(name, r, o)
@@ -66,7 +73,7 @@ class Verifier:
                 m.certificate = j.to_dict()
                 m.ok = m.ok and j.met
             else:
-                m.ok = m.ok and judge(m, numerics, depth, self.lossy)
+                m.ok = m.ok and judge(m, numerics, depth, self.lossy, self.model_eps)
             metrics.append(m)
         return metrics
 
@@ -80,6 +87,11 @@ class Verifier:
         budget = {k: budget[k] for k in ("min_top1", "min_cosine", "max_accuracy_drop")
                   if k in budget and budget[k] is not None}
         return judge_lossy(name, ref, out, budget, labels=self.labels)
+
+
+class ModelLoadError(RuntimeError):
+    """The rewritten model does not load, or does not run on the inputs the original ran
+    on, in the verification backend."""
 
 
 def stack_runs(runs: list[list[np.ndarray]]) -> list[np.ndarray]:
