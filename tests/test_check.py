@@ -499,3 +499,23 @@ def test_foreign_domain_is_parsed_as_the_standard_op_by_migraphx(migraphx_versio
     assert "relu" in str(prog)                # parsed, domain ignored
     (f,) = [f for f in check_model(model).findings if f.code == "foreign-domain"]
     assert f.node == "r" and f.severity == "error"
+
+
+def test_summary_line_never_shows_a_common_ending_cut_inside_a_word():
+    """Two inputs' messages that end alike only inside a token (':1x1 with your sizes...')
+    once printed as 'src, src_mask: :1x1 with your sizes ...'. A reason shared from a ': '
+    on is shown once; otherwise the first node's own message, said to be an example."""
+    def finding(node, msg):
+        return Finding("warning", "dynamic-input-dim", node, "input", msg)
+
+    odd = CheckResult([finding("src", "dims batchxsrc_len: pass --input-shape src:1x1 with "
+                                      "your sizes at position(s) [0, 1]"),
+                       finding("mask", "dims batchxlen: pass --input-shape mask:1x1 with "
+                                       "your sizes at position(s) [0, 1]")])
+    assert odd.summary_lines() == [
+        "warning dynamic-input-dim (2): src, mask: e.g. src: dims batchxsrc_len: pass "
+        "--input-shape src:1x1 with your sizes at position(s) [0, 1]"]
+    alike = CheckResult([finding("a", "a: the same reason, at some length"),
+                         finding("b", "b: the same reason, at some length")])
+    assert alike.summary_lines() == [
+        "warning dynamic-input-dim (2): a, b: the same reason, at some length"]

@@ -119,9 +119,10 @@ def render_text(result: CheckResult, details: bool = False) -> str:
     return "\n".join(lines)
 
 
-def _common_tail(messages: list[str]) -> str:
-    """What all messages of one rule say alike: their longest common ending, from a word
-    boundary after ': ' (the rule's reason); the first message when they share little."""
+def _common_tail(messages: list[str]) -> str | None:
+    """What all messages of one rule say alike: their longest common ending that starts
+    after a ': ' (the rule's reason); None when they share no such ending of 20 characters
+    or more (each message is then about its own node)."""
     if len(messages) == 1:
         return messages[0]
     first = messages[0]
@@ -130,8 +131,10 @@ def _common_tail(messages: list[str]) -> str:
         n += 1
     tail = first[len(first) - n:]
     cut = tail.find(": ")
-    tail = tail[cut + 2:] if cut >= 0 else tail
-    return tail if len(tail) >= 20 else first
+    if cut < 0:   # the shared ending starts inside a word: no reason in common
+        return None
+    tail = tail[cut + 2:]
+    return tail if len(tail) >= 20 else None
 
 
 def _summary_lines(result: "CheckResult", severities=SEVERITIES, width: int = 240) -> list[str]:
@@ -145,6 +148,8 @@ def _summary_lines(result: "CheckResult", severities=SEVERITIES, width: int = 24
         nodes = list(dict.fromkeys(f.node for f in items))
         shown = ", ".join(nodes[:4]) + (f" and {len(nodes) - 4} more" if len(nodes) > 4 else "")
         what = _common_tail([f.message for f in items])
+        if what is None:
+            what = f"e.g. {items[0].node}: {items[0].message}"
         line = f"{sev} {code} ({len(items)}): {shown}: {what}"
         lines.append(line if len(line) <= width else line[:width - 3] + "...")
     return lines
