@@ -18,9 +18,10 @@ a constant c scales W and b; Add/Sub of a constant d shifts b. Chains are absorb
 the conv's output reaches anything else, so the activation (Relu, Clip, HardSwish, ...)
 ends up directly after the conv, where MIGraphX (rocMLIR/MIOpen) fuses conv+bias+act.
 
-A BatchNormalization that does not follow a conv (DenseNet's BN after Concat) becomes one
-Mul and one Add with per-channel constants, merged with the per-channel Mul/Add after it.
-MIGraphX decomposes BN the same way at parse time; here it is explicit and foldable.
+A BatchNormalization that does not follow a conv (DenseNet's BN after Concat) but is
+followed by per-channel Mul/Add becomes one Mul and one Add with per-channel constants, the
+chain merged into them (fewer nodes); a BN followed by nothing it can merge with stays as it
+is (Mul+Add would be one node more; MIGraphX decomposes BN into them at parse time anyway).
 
 Preconditions (else skipped with a reason in the report):
 
@@ -221,6 +222,8 @@ class FuseConvBn(Pass):
             scale, shift = scale * s, shift * s + t
             absorbed.append(nxt)
             y = nxt.outputs[0]
+        if len(absorbed) == 1:   # nothing to merge with: Mul+Add would be one node more
+            return
         # The data's type, not the statistics': from opset 15 an fp16 BN may carry fp32
         # scale/mean/var, and Mul/Add need both operands of one type.
         dtype = np.dtype(x.dtype if x.dtype is not None else bn.inputs[1].values.dtype)

@@ -129,11 +129,15 @@ def test_fp16_batchnorm_with_fp32_statistics_not_after_a_conv(tmp_path, capfd):
     <ir_version: 8, opset_import: ["" : 15]>
     g (float16[2, 4, 3, 3] x) => (float16[2, 4, 3, 3] y) {
         r = Relu(x)
-        y = BatchNormalization(r, s, b, mu, var)
+        n = BatchNormalization(r, s, b, mu, var)
+        y = Mul(n, k)
     }""")
     for name, v in (("s", rng.uniform(0.5, 1.5, 4)), ("b", rng.standard_normal(4)),
                     ("mu", rng.standard_normal(4)), ("var", rng.uniform(0.5, 2, 4))):
         m.graph.initializer.append(numpy_helper.from_array(v.astype(np.float32), name))
+    # a per-channel scale after it: the BN and it merge into one Mul and one Add
+    m.graph.initializer.append(numpy_helper.from_array(
+        rng.uniform(0.5, 2, (4, 1, 1)).astype(np.float16), "k"))
     onnx.checker.check_model(m, full_check=True)
     src = tmp_path / "m.onnx"
     onnx.save(m, src)

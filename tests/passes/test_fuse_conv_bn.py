@@ -203,6 +203,20 @@ def test_standalone_bn_becomes_mul_add_and_merges_with_following_affine():
     check_close(m, out, feeds((2, 8, 5, 5)))
 
 
+def test_standalone_bn_with_nothing_to_merge_with_stays_one_node():
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 8, 5, 5] x) => (float z) {
+        p = MaxPool <kernel_shape = [1, 1]> (x)
+        y = BatchNormalization (p, g, b, m, v)
+        z = Relu (y)
+    }"""
+    m = make_model(text, BN)
+    out, rep = rewriter.rewrite(m, ["fuse-conv-bn"], verify=True)
+    assert ops(out) == ["MaxPool", "BatchNormalization", "Relu"]
+    assert not rep.passes[0].changed
+
+
 def test_idempotent():
     m = conv_bn()
     once, _ = rewriter.rewrite(m, ["fuse-conv-bn"])
