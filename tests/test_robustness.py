@@ -561,3 +561,39 @@ def test_invalid_utf8_found_in_every_string_a_node_can_carry():
         assert m in data, m
         bad = onnx.load_from_string(data.replace(m, m[:-1] + b"\xf6"))
         assert "not valid UTF-8" in (_bad_text_or_type(bad) or ""), m
+
+
+def test_nodes_out_of_order_are_sorted_not_refused(tmp_path):
+    """onnxruntime's float16 converter writes nodes out of order; onnxruntime runs such a
+    model and onnx.checker refuses it. The copy is sorted (a body's reads from outside
+    count as the If's inputs); the input file is untouched; a cycle is still refused."""
+    f = TensorProto.FLOAT
+    rng = np.random.default_rng(7)
+    body = helper.make_graph([helper.make_node("Mul", ["a", "w2"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", f, [2, 3])])
+    other = helper.make_graph([helper.make_node("Neg", ["a"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", f, [2, 3])])
+    nodes = [helper.make_node("If", ["c"], ["y"], then_branch=body, else_branch=other),
+             helper.make_node("Add", ["b", "w1"], ["a"]),     # read by both bodies
+             helper.make_node("Relu", ["x"], ["b"])]
+    g = helper.make_graph(
+        nodes, "unsorted", [helper.make_tensor_value_info("x", f, [2, 3]),
+                            helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", f, [2, 3])],
+        [numpy_helper.from_array(rng.standard_normal((2, 3)).astype(np.float32), "w1"),
+         numpy_helper.from_array(rng.standard_normal((2, 3)).astype(np.float32), "w2")])
+    src = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
+    before = src.read_bytes()
+    out, rep = rewriter.rewrite(str(src), output=tmp_path / "o.onnx", verify=True)
+    assert src.read_bytes() == before and rep.ok
+    onnx.checker.check_model(onnx.load(tmp_path / "o.onnx"), full_check=True)
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+    for c in (True, False):
+        feeds = {"x": x, "c": np.array(c)}
+        np.testing.assert_array_equal(ort.run(ort.session(tmp_path / "o.onnx"), feeds)[0],
+                                      ort.run(ort.session(src), feeds)[0])
+    g.node[2].input[0] = "y"   # Relu now reads the If's output: a cycle
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
+    with pytest.raises(InputError, match="topologically sorted"):
+        rewriter.rewrite(str(src), output=tmp_path / "o2.onnx")

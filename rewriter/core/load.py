@@ -10,6 +10,7 @@ tensor memory-mapped.
 
 from __future__ import annotations
 
+import heapq
 import mmap
 import os
 from pathlib import Path
@@ -20,7 +21,7 @@ import onnx
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from .errors import InputError
-from .graph import SMALL_TENSOR, iter_model_tensors, varint, weight_free_copy
+from .graph import SMALL_TENSOR, graph_protos, iter_model_tensors, varint, weight_free_copy
 
 
 class ExternalValues(LazyValues):
@@ -470,14 +471,65 @@ def validate_model(model: onnx.ModelProto, what: str = "model",
         bad = _size_problem(t)
         if bad:
             raise InputError(f"{what}: {bad}")
+    original = model
     if not whole:
         model = weight_free_copy(model, keep_dims=False)
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as e:
+        # Nodes out of order (onnxruntime's float16 converter writes them so, and
+        # onnxruntime runs them): sorted, in our copy, when a topological order exists.
+        if "topologically sorted" in str(e) and sort_nodes(original):
+            return validate_model(original, what, text_checked=True, whole=whole)
         raise InputError(f"{what}: onnx.checker rejects it: {first_line(e)}") from None
     except Exception as e:  # e.g. protobuf size errors
         raise InputError(f"{what}: cannot be checked: {first_line(e)}") from None
+
+
+def sort_nodes(model: onnx.ModelProto) -> bool:
+    """Put every graph's nodes (bodies included) in a topological order, keeping the
+    given order where it already is one. False when nothing moved: already in order (the
+    checker's complaint is then something else, e.g. a value nobody produces), or a cycle.
+    A node waits for the values it and its bodies read that its own graph produces."""
+    graphs = list(graph_protos(model.graph))
+    orders = []
+    for g in graphs:
+        made = {o: i for i, n in enumerate(g.node) for o in n.output if o}
+        needs = []
+        for n in g.node:
+            reads = set(n.input)
+            for a in n.attribute:   # what a body reads from this graph
+                for b in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
+                    reads.update(x for h in graph_protos(b) for m in h.node for x in m.input)
+            needs.append({made[x] for x in reads if x in made} - {len(needs)})
+        users: dict[int, list[int]] = {}
+        for i, deps in enumerate(needs):
+            for d in deps:
+                users.setdefault(d, []).append(i)
+        left = [len(d) for d in needs]
+        ready = [i for i, k in enumerate(left) if k == 0]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            i = heapq.heappop(ready)
+            order.append(i)
+            for u in users.get(i, []):
+                left[u] -= 1
+                if left[u] == 0:
+                    heapq.heappush(ready, u)
+        if len(order) != len(g.node):
+            return False
+        orders.append(order)
+    moved = False
+    for g, order in zip(graphs, orders):
+        if order != sorted(order):
+            nodes = [onnx.NodeProto() for _ in order]
+            for new, i in zip(nodes, order):
+                new.CopyFrom(g.node[i])
+            del g.node[:]
+            g.node.extend(nodes)
+            moved = True
+    return moved
 
 
 def _size_problem(t: onnx.TensorProto) -> str | None:
