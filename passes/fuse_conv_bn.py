@@ -18,6 +18,10 @@ a constant c scales W and b; Add/Sub of a constant d shifts b. Chains are absorb
 the conv's output reaches anything else, so the activation (Relu, Clip, HardSwish, ...)
 ends up directly after the conv, where MIGraphX (rocMLIR/MIOpen) fuses conv+bias+act.
 
+A Mul by a constant per input channel (or a scalar) whose result only convs read as their
+data goes into their weights (``scale-into-next-conv``): Conv(x * c, W) = Conv(x, W * c), zero
+padding included. GELU's trailing Mul by 0.5 before a conv is the common case.
+
 A BatchNormalization that does not follow a conv (DenseNet's BN after Concat) but is
 followed by per-channel Mul/Add becomes one Mul and one Add with per-channel constants, the
 chain merged into them (fewer nodes); a BN followed by nothing it can merge with stays as it
@@ -82,6 +86,9 @@ class FuseConvBn(Pass):
             for node in list(g.nodes):
                 if node.op == "BatchNormalization" and node.outputs:
                     self._standalone_bn(node, g, outs, local, ctx, res)
+            for node in list(g.nodes):
+                if node.op == "Mul" and node.outputs:
+                    self._scale_into_next_convs(node, outs, ctx, res)
             res.counts["conv+activation pairs"] = (res.counts.get("conv+activation pairs", 0)
                                                    + _count_pairs(g))
         return res
@@ -185,6 +192,59 @@ class FuseConvBn(Pass):
         conv.outputs[0] = last_out
         res.count("fused-bn", sum(n.op == "BatchNormalization" for n in absorbed))
         res.count("fused-scale-shift", sum(n.op != "BatchNormalization" for n in absorbed))
+        res.changed = True
+
+    # ------------------------------------------------------------------ scale before convs
+    def _scale_into_next_convs(self, mul, outs, ctx, res):
+        """x -> Mul(c) -> Conv(W) ... with c a constant per input channel (or a scalar) and
+        the Mul read only by convs as their data: Conv(x, W * c) for each (zero padding
+        stays zero, so it is exact up to rounding). GELU's trailing Mul by 0.5 before a
+        conv is the common case."""
+        if len(mul.inputs) != 2:
+            return
+        x, c = mul.inputs
+        if isinstance(x, gs.Constant):
+            x, c = c, x
+        y = mul.outputs[0]
+        if (not isinstance(c, gs.Constant) or isinstance(x, gs.Constant) or id(y) in outs
+                or not y.outputs or c.values.dtype.kind != "f"):
+            return
+        convs = list({id(n): n for n in y.outputs}.values())
+        if any(n.op != "Conv" or n.inputs[0] is not y or y in n.inputs[1:]
+               or not isinstance(n.inputs[1], gs.Constant)
+               or n.inputs[1].values.dtype != c.values.dtype for n in convs):
+            return
+        v = c.values
+        rank = len(convs[0].inputs[1].shape)
+        cin = {int(n.inputs[1].shape[1]) * int(n.attrs.get("group", 1)) for n in convs}
+        if v.ndim > rank or len(cin) != 1 or any(len(n.inputs[1].shape) != rank for n in convs):
+            return
+        cin = cin.pop()
+        full = (1,) * (rank - v.ndim) + tuple(v.shape)
+        if any(d != 1 for i, d in enumerate(full) if i != 1) or full[1] not in (1, cin):
+            return
+        if full[1] != 1 and (x.shape is None or len(x.shape) != rank or x.shape[1] != cin):
+            return   # x might have one channel that the Mul broadcasts: keep it
+        vec = np.broadcast_to(v.astype(np.float64).reshape(-1), (cin,))
+        new = []
+        for conv in convs:
+            w = conv.inputs[1]
+            group = int(conv.attrs.get("group", 1))
+            k, per = w.shape[0], w.shape[1]
+            # output channel o reads input channels (o // (k / group)) * per + j
+            f = vec.reshape(group, per)[np.arange(k) // (k // group)]
+            wv = w.values.astype(np.float64) * f.reshape((k, per) + (1,) * (rank - 2))
+            limit = float(np.finfo(w.values.dtype).max) ** 0.5
+            if not np.isfinite(wv).all() or float(np.abs(wv).max(initial=0)) > limit:
+                res.skip("weights-near-overflow")
+                return
+            new.append(wv.astype(w.values.dtype))
+        for conv, wv in zip(convs, new):
+            own_constant(conv, 1, wv, ctx.namer, "scaled")
+            conv.inputs[0] = x
+        mul.outputs.clear()
+        mul.inputs.clear()
+        res.count("scale-into-next-conv")
         res.changed = True
 
     def _note_blocked(self, conv, res, reason):

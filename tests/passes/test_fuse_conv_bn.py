@@ -246,3 +246,69 @@ def test_verification_catches_a_broken_pass():
         rewriter.rewrite(conv_bn(), [Corrupt()], verify=True)
     assert "corrupt" in str(e.value)
     assert e.value.report.failed_pass == "corrupt"
+
+
+def _scaled_inputs(scale_shape, second="Conv <group = 4, pads = [1, 1, 1, 1]> (s, D)",
+                   x_dims="N, 4, 9, 9", extra=""):
+    """x -> Mul(S) read by two convs: a padded dense conv whose weight W a third conv (on
+    x itself) shares, and ``second`` (a depthwise conv by default)."""
+    text = f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[{x_dims}] x) => (float a, float b, float c) {{
+        s = Mul (x, S)
+        a = Conv <pads = [1, 1, 1, 1]> (s, W, B)
+        b = {second}
+        c = Conv (x, W)
+        {extra}
+    }}"""
+    return make_model(text, {"S": scale_shape, "W": (6, 4, 3, 3), "B": (6,),
+                             "D": (4, 1, 3, 3)})
+
+
+def check_all(before, after, f, tol=1e-5):
+    for r, o in zip(run_ort(before, f), run_ort(after, f)):
+        assert r.shape == o.shape
+        assert np.max(np.abs(r - o)) <= tol * max(1.0, np.max(np.abs(r)))
+
+
+@pytest.mark.parametrize("scale_shape", [(4, 1, 1), (1, 4, 1, 1), (), (1,)])
+def test_scale_before_convs_goes_into_their_weights(scale_shape):
+    m = _scaled_inputs(scale_shape)
+    out, rep = rewriter.rewrite(m, ["fuse-conv-bn"], verify=True)
+    assert ops(out) == ["Conv", "Conv", "Conv"]
+    assert rep.passes[0].counts["scale-into-next-conv"] == 1
+    convs = out.graph.node
+    assert all(n.input[0] == "x" for n in convs)
+    # the weight the unscaled conv shares is copied for the scaled one, never edited
+    assert convs[2].input[1] == "W" and convs[0].input[1] != "W"
+    w = {t.name: onnx.numpy_helper.to_array(t) for t in m.graph.initializer}["W"]
+    after = {t.name: onnx.numpy_helper.to_array(t) for t in out.graph.initializer}
+    np.testing.assert_array_equal(after["W"], w)
+    check_all(m, out, feeds((2, 4, 9, 9), seed=3))
+
+
+@pytest.mark.parametrize("why,model", [
+    ("the Mul's result is also read by a Relu",
+     lambda: _scaled_inputs((4, 1, 1), extra="r = Relu (s)")),
+    ("a one-channel x that the Mul broadcasts to four",
+     lambda: make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 1, 9, 9] x) => (float a) {
+        s = Mul (x, S)
+        a = Conv (s, W)
+    }""", {"S": (1, 4, 1, 1), "W": (6, 4, 3, 3)})),
+    ("a scale that is not per channel",
+     lambda: _scaled_inputs((4, 9, 1))),
+    ("the Mul read by something other than a conv",
+     lambda: make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4, 9, 9] x) => (float a) {
+        s = Mul (x, S)
+        a = Add (s, x)
+    }""", {"S": (4, 1, 1)})),
+])
+def test_scale_before_convs_left_alone(why, model):
+    m = model()
+    out, rep = rewriter.rewrite(m, ["fuse-conv-bn"])
+    assert "Mul" in ops(out), why
+    assert "scale-into-next-conv" not in rep.passes[0].counts
