@@ -104,13 +104,16 @@ def _all_nodes(where) -> list[onnx.NodeProto]:
     nodes = []
     while stack:
         g = stack.pop()
+        nodes.extend(g.node)
         for n in g.node:
-            nodes.append(n)
-            stack.extend(a.g for a in n.attribute if a.type == onnx.AttributeProto.GRAPH)
-            for a in n.attribute:
-                if a.type == onnx.AttributeProto.GRAPHS:
-                    stack.extend(a.graphs)
+            if n.op_type in _BODY_OPS:   # reading every node's attributes costs 30 ms / 10k
+                stack.extend(a.g for a in n.attribute if a.type == onnx.AttributeProto.GRAPH)
+                stack.extend(h for a in n.attribute if a.type == onnx.AttributeProto.GRAPHS
+                             for h in a.graphs)
     return nodes
+
+
+_BODY_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 
 def wrong_stfts(graph: onnx.GraphProto, infos: dict[str, onnx.ValueInfoProto] | None = None
@@ -123,12 +126,15 @@ def wrong_stfts(graph: onnx.GraphProto, infos: dict[str, onnx.ValueInfoProto] | 
             for a in n.attribute:
                 for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
                     infos.update({vi.name: vi for vi in list(g.value_info) + list(g.output)})
+    stfts = [n for n in _all_nodes(graph) if n.op_type == "STFT"]
+    if not stfts:
+        return set()
     consts = {t.name: t for t in graph.initializer}
     consts.update({n.output[0]: a.t for n in graph.node if n.op_type == "Constant"
                    for a in n.attribute if a.name == "value"})
     tainted: set[str] = set()
-    for n in _all_nodes(graph):
-        if n.op_type != "STFT" or not n.output or n.output[0] not in infos:
+    for n in stfts:
+        if not n.output or n.output[0] not in infos:
             continue
         onesided = next((a.i for a in n.attribute if a.name == "onesided"), 1)
         length = None
