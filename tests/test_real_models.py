@@ -128,3 +128,83 @@ def test_onnxruntime_extended_model_back_to_portable_onnx(name, shapes, tmp_path
     assert all(n.domain in ("", "ai.onnx") for n in out.graph.node)
     assert not [f for f in check_model(out, input_shapes=shapes).findings
                 if f.severity == "error"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rate,n", [(16000, 512), (8000, 256)])
+def test_fix_shapes_on_silero_per_rate_branches(rate, n, tmp_path):
+    """Silero VAD picks a branch per sample rate, each built for its own frame size. Fixed
+    to 512 samples the 8 kHz branch cannot type-check, and onnxruntime (optimising, as
+    users load models) refuses the model: the user's one-line error, not a pass's or an
+    internal error (found on models new to the tests). 256 samples both branches take."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from rewriter.core import ort as rort
+    from rewriter.core.errors import InputError
+
+    path = CACHE / "silero_vad.onnx"
+    if not path.exists():
+        pytest.skip("silero_vad.onnx not fetched (python tools/fetch_models.py)")
+    rng = np.random.default_rng(rate)
+    feeds = {"input": (0.1 * rng.standard_normal((1, n))).astype(np.float32),
+             "state": np.zeros((2, 1, 128), np.float32), "sr": np.array(rate, np.int64)}
+    shapes = {"input": [1, n], "state": [2, 1, 128]}
+    out = tmp_path / "o.onnx"
+    if n == 512:
+        with pytest.raises(InputError, match="--fix-shapes: the model does not take input:1x512"):
+            rewriter.rewrite(path, output=out, verify=True, inputs=feeds, input_shapes=shapes,
+                             fix_shapes=True)
+        assert not out.exists()
+        return
+    _, report = rewriter.rewrite(path, output=out, verify=True, inputs=feeds,
+                                 input_shapes=shapes, fix_shapes=True, materialize=False)
+    assert report.ok
+    sess = rort.session(out, optimize=True)
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for a, b in zip(rort.run(sess, feeds), ref.run(None, feeds)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_fix_shapes_on_an_stft_preprocessor(tmp_path):
+    """onnx-asr's NeMo log-mel preprocessor: onnx 1.23 infers the onesided STFT's bins as
+    the frame length, and folding or writing shapes from that broke the model with
+    --fix-shapes (exit 2 or 3 before). Fixed to one second of audio it rewrites, verifies
+    and loads optimised, with the mel features of the original."""
+    import numpy as np
+    import onnx
+
+    from rewriter.core import ort
+
+    path = CACHE / "onnx_asr_nemo128.onnx"
+    if not path.exists():
+        pytest.skip("onnx_asr_nemo128.onnx not fetched (python tools/fetch_models.py)")
+    t = np.arange(16000) / 16000
+    wave = (0.3 * np.sin(2 * np.pi * 440 * t) + 0.05 * np.random.default_rng(0).standard_normal(
+        16000)).astype(np.float32)[None]
+    feeds = {"waveforms": wave, "waveforms_lens": np.array([16000], np.int64)}
+    out = tmp_path / "o.onnx"
+    _, report = rewriter.rewrite(path, output=out, verify=True, inputs=feeds,
+                                 input_shapes={"waveforms": [1, 16000], "waveforms_lens": [1]},
+                                 fix_shapes=True, materialize=False)
+    assert report.ok
+    dims = [d.dim_value for d in onnx.load(out).graph.input[0].type.tensor_type.shape.dim]
+    assert dims == [1, 16000]
+    got = ort.run(ort.session(out, optimize=True), feeds)[0]
+    ref = ort.run(ort.session(path), feeds)[0]
+    assert got.shape == ref.shape == (1, 128, 101) and np.abs(ref).max() > 1
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+    # without --fix-shapes (random lengths would mask every frame: these real inputs), and
+    # no more nodes than onnxruntime's basic optimiser leaves
+    import onnxruntime
+
+    _, report = rewriter.rewrite(path, output=tmp_path / "sym.onnx", verify=True, inputs=feeds,
+                                 materialize=False)
+    assert report.ok
+    so = onnxruntime.SessionOptions()
+    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.optimized_model_filepath = str(tmp_path / "ort_basic.onnx")
+    onnxruntime.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    assert len(onnx.load(tmp_path / "sym.onnx").graph.node) <= len(
+        onnx.load(tmp_path / "ort_basic.onnx").graph.node)

@@ -128,6 +128,14 @@ MODELS: tuple[RealModel, ...] = (
         "YOLOX-style text/object detector, static input 1x3x416x416, opset 11, IR 6, "
         "BN fused, SiLU as Sigmoid+Mul, Resize, Slice-based Focus stem",
     ),
+    RealModel(
+        "onnx_asr_nemo128.onnx", "onnx-asr", "0.12.0",
+        "onnx_asr/preprocessors/data/nemo128.onnx", 138824,
+        "5b4a84c52eeaa615dc46d781cc7e4598f9b432184831d57493c48adcd01371a9",
+        "NeMo 128-bin log-mel preprocessor of onnx-asr: STFT (onesided by default), mel "
+        "MatMul, per-utterance normalisation; opset 17, inputs waveforms [batch, N] and "
+        "waveforms_lens [batch]",
+    ),
 )
 
 BY_NAME = {m.file: m for m in MODELS}
