@@ -182,15 +182,37 @@ def unique_node_names(model: onnx.ModelProto) -> int:
     return changed
 
 
+def stable_order(deps: list[set[int]]) -> list[int] | None:
+    """A topological order of items 0..n-1 (``deps[i]``: the items i waits for), keeping
+    the given order wherever the dependencies allow it (Kahn's algorithm with the index as
+    priority); None on a cycle."""
+    import heapq
+
+    users: dict[int, list[int]] = {}
+    for i, ds in enumerate(deps):
+        for d in ds:
+            users.setdefault(d, []).append(i)
+    left = [len(ds) for ds in deps]
+    ready = [i for i, k in enumerate(left) if k == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users.get(i, ()):
+            left[u] -= 1
+            if left[u] == 0:
+                heapq.heappush(ready, u)
+    return order if len(order) == len(deps) else None
+
+
 def toposort(graph: gs.Graph) -> None:
     """Stable topological sort of a graph and its subgraphs.
 
-    Nodes keep their original order wherever the data flow allows it (Kahn's algorithm
-    with the old index as priority): outputs stay readable, diffs small and deterministic.
-    A subgraph's outer-scope reads count as inputs of the node that owns it.
+    Nodes keep their original order wherever the data flow allows it (:func:`stable_order`):
+    outputs stay readable, diffs small and deterministic. A subgraph's outer-scope reads
+    count as inputs of the node that owns it.
     """
-    import heapq
-
     for g in iter_graphs(graph):
         nodes = g.nodes
         index = {id(n): i for i, n in enumerate(nodes)}
@@ -198,28 +220,16 @@ def toposort(graph: gs.Graph) -> None:
         for n in nodes:
             for t in n.outputs:
                 producer[id(t)] = n
-        consumers: dict[int, list[int]] = {}
-        indeg = [0] * len(nodes)
-        for i, n in enumerate(nodes):
-            deps = set()
+        deps = []
+        for n in nodes:
+            ds = set()
             for t in list(n.inputs) + _subgraph_inputs(n):
                 p = producer.get(id(t))
                 if p is not None and p is not n:
-                    deps.add(index[id(p)])
-            indeg[i] = len(deps)
-            for d in deps:
-                consumers.setdefault(d, []).append(i)
-        ready = [i for i, d in enumerate(indeg) if d == 0]
-        heapq.heapify(ready)
-        order = []
-        while ready:
-            i = heapq.heappop(ready)
-            order.append(i)
-            for c in consumers.get(i, ()):
-                indeg[c] -= 1
-                if indeg[c] == 0:
-                    heapq.heappush(ready, c)
-        if len(order) != len(nodes):
+                    ds.add(index[id(p)])
+            deps.append(ds)
+        order = stable_order(deps)
+        if order is None:
             from .errors import InputError
             raise InputError(f"graph '{g.name}' has a cycle")
         g.nodes = [nodes[i] for i in order]

@@ -10,7 +10,6 @@ tensor memory-mapped.
 
 from __future__ import annotations
 
-import heapq
 import mmap
 import os
 from pathlib import Path
@@ -21,7 +20,8 @@ import onnx
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from .errors import InputError
-from .graph import SMALL_TENSOR, graph_protos, iter_model_tensors, varint, weight_free_copy
+from .graph import (SMALL_TENSOR, graph_protos, iter_model_tensors, stable_order, varint,
+                    weight_free_copy)
 
 
 class ExternalValues(LazyValues):
@@ -502,22 +502,8 @@ def sort_nodes(model: onnx.ModelProto) -> bool:
                 for b in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
                     reads.update(x for h in graph_protos(b) for m in h.node for x in m.input)
             needs.append({made[x] for x in reads if x in made} - {len(needs)})
-        users: dict[int, list[int]] = {}
-        for i, deps in enumerate(needs):
-            for d in deps:
-                users.setdefault(d, []).append(i)
-        left = [len(d) for d in needs]
-        ready = [i for i, k in enumerate(left) if k == 0]
-        heapq.heapify(ready)
-        order = []
-        while ready:
-            i = heapq.heappop(ready)
-            order.append(i)
-            for u in users.get(i, []):
-                left[u] -= 1
-                if left[u] == 0:
-                    heapq.heappush(ready, u)
-        if len(order) != len(g.node):
+        order = stable_order(needs)
+        if order is None:
             return False
         orders.append(order)
     moved = False
