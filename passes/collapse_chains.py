@@ -9,6 +9,7 @@ Before -> after::
     x -> Transpose(p) -> Transpose(q) -> y                  =>  x -> Transpose(p∘q), or x
     x -> Unsqueeze(a) -> Squeeze(a) -> y (and the reverse)  =>  x
     x -> Slice(axes A) -> Slice(axes B), A and B disjoint  =>  x -> Slice(A ∪ B)
+    GRU/LSTM/RNN(..., initial_h = ConstantOfShape(0) -> Slice ...)  =>  GRU(..., no initial_h)
 
 Preconditions (else the chain stays; all exact rewrites, no values change):
 
@@ -52,6 +53,10 @@ class CollapseChains(Pass):
             for node in list(g.nodes):
                 if not node.outputs or not node.inputs or node.domain not in (None, "", "ai.onnx"):
                     continue
+                if node.op in RECURRENT and _drop_zero_state(node):
+                    res.count("zero-initial-state-dropped")
+                    res.changed = True
+                    continue
                 kind = _rewrite(node, g, outs, members, g.opset, ctx.namer)
                 if kind is None:
                     continue
@@ -61,6 +66,43 @@ class CollapseChains(Pass):
                 res.count(kind)
                 res.changed = True
         return res
+
+
+# RNN/GRU/LSTM optional inputs whose default is zeros: initial_h (5), and LSTM's initial_c
+# (6) and peepholes (7).
+RECURRENT = {"RNN": (5,), "GRU": (5,), "LSTM": (5, 6, 7)}
+# Ops that keep an all-zero tensor all zero (whatever they do to its shape).
+_KEEPS_ZERO = ("Slice", "Reshape", "Expand", "Transpose", "Squeeze", "Unsqueeze", "Identity",
+               "Flatten", "Gather", "Tile", "Cast")
+
+
+def _drop_zero_state(node: gs.Node) -> bool:
+    """An initial state (or peephole) that is all zeros, often built for a symbolic batch
+    by Shape -> Concat -> ConstantOfShape(0) -> Slice, is the op's default: the input is
+    left out and the chain that built it becomes dead. The original ran with it, so its
+    shape was the default's; the values are the same zeros."""
+    changed = False
+    for i in RECURRENT[node.op]:
+        if i < len(node.inputs) and node.inputs[i].name and _all_zero(node.inputs[i]):
+            node.inputs[i] = gs.Variable.empty()
+            changed = True
+    while changed and node.inputs and not node.inputs[-1].name:
+        node.inputs.pop()
+    return changed
+
+
+def _all_zero(t, depth: int = 8) -> bool:
+    if isinstance(t, gs.Constant):
+        return t.values.size > 0 and not np.any(t.values)
+    if depth == 0 or len(t.inputs) != 1:
+        return False
+    p = t.inputs[0]
+    if p.op == "ConstantOfShape":
+        v = p.attrs.get("value")
+        return v is None or not np.any(v.values if isinstance(v, gs.Constant) else v)
+    if p.op in _KEEPS_ZERO and p.inputs and p.domain in (None, "", "ai.onnx"):
+        return _all_zero(p.inputs[0], depth - 1)
+    return False
 
 
 def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opset: int,

@@ -115,3 +115,53 @@ def test_inside_a_loop_body():
     assert "Cast" not in [n.op_type for n in b.node]
     f = {"n": np.array(3, np.int64), "x": np.array([1.0, 2.0], np.float32)}
     same(m, out, f)
+
+
+def _recurrent(h0_value: float, lstm_h0: str = "Z") -> onnx.ModelProto:
+    """Two GRUs reading one zero state built for the symbolic batch (Shape -> Gather ->
+    Concat -> ConstantOfShape -> Slice, as exporters write it), and an LSTM whose initial_c
+    is zero but whose initial_h is ``lstm_h0``."""
+    text = f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[T, N, 3] x) => (float y1, float y2, float y3) {{
+        s = Shape (x)
+        n = Gather <axis = 0> (s, one)
+        dims = Concat <axis = 0> (two, n, four)
+        z = ConstantOfShape <value = float[1] {{{h0_value}}}> (dims)
+        h1 = Slice (z, zero, one, zero)
+        h2 = Slice (z, one, two, zero)
+        a, y1 = GRU <hidden_size = 4> (x, W, R, B, , h1)
+        b, y2 = GRU <hidden_size = 4> (x, W2, R2, B2, , h2)
+        c0 = Slice (z, zero, one, zero)
+        d, y3, e = LSTM <hidden_size = 4> (x, LW, LR, LB, , {lstm_h0}, c0)
+    }}"""
+    inits = {"W": (1, 12, 3), "R": (1, 12, 4), "B": (1, 24), "W2": (1, 12, 3),
+             "R2": (1, 12, 4), "B2": (1, 24), "LW": (1, 16, 3), "LR": (1, 16, 4),
+             "LB": (1, 32), "Z": (1, 1, 4) if lstm_h0 == "Z" else None}
+    inits = {k: v for k, v in inits.items() if v is not None}
+    consts = {"zero": np.array([0]), "one": np.array([1]), "two": np.array([2]),
+              "four": np.array([4])}
+    return make_model(text, {**inits, **consts})
+
+
+def test_zero_initial_state_is_left_out_and_its_chain_goes():
+    m = _recurrent(0.0, lstm_h0="h1")
+    out, rep = cc(m, inputs={"x": np.random.default_rng(4).standard_normal(
+        (5, 3, 3)).astype(np.float32)})
+    assert rep.passes[0].counts["zero-initial-state-dropped"] == 3
+    assert ops(out) == ["GRU", "GRU", "LSTM"]
+    assert [list(n.input)[4:] for n in out.graph.node] == [[], [], []]
+
+
+def test_a_state_that_is_not_zero_stays():
+    feeds = {"x": np.random.default_rng(5).standard_normal((5, 1, 3)).astype(np.float32)}
+    m = _recurrent(0.5)
+    out, rep = cc(m, inputs=feeds)
+    assert "zero-initial-state-dropped" not in rep.passes[0].counts
+    assert ops(out).count("ConstantOfShape") == 1
+    # zero initial_c, a random initial_h (batch 1): only initial_c goes
+    m = _recurrent(0.0, lstm_h0="Z")
+    out, rep = cc(m, inputs=feeds)
+    lstm = [n for n in out.graph.node if n.op_type == "LSTM"][0]
+    assert list(lstm.input)[4:] == ["", "Z"]
+    same(m, out, feeds)
