@@ -479,12 +479,13 @@ class _Rewrite:
         t = time.perf_counter()
         exported = export(self.graph, self.original, self.base_dir)
         light = _weights_as_inputs(exported.model)
-        if self.fix_shapes:   # loaded as a user would, optimised: see fixed_input_problem
-            self.pending_gate = _Background(self.ort_problem, exported, None, True)
-        elif self.verifier is None:   # (verification loads it in onnxruntime anyway)
+        # Verification loads it in onnxruntime anyway, unoptimised; with --fix-shapes it is
+        # also loaded as users load models, optimised (see fixed_input_problem).
+        if self.verifier is None or self.fix_shapes:
             # Serialised here: the static checks below edit `light`.
             self.pending_gate = _Background(self.ort_problem, exported,
-                                            None if light is None else light.SerializeToString())
+                                            None if light is None else light.SerializeToString(),
+                                            self.fix_shapes)
         problem = self.static_problem(exported, light)
         if problem:
             if self.pending_gate is not None:
