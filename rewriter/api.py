@@ -24,7 +24,7 @@ import onnx
 
 from rewriter.core import registry
 from rewriter.core.convert import (check_fixed_shapes, export, to_graph, upgrade_opset,
-                                   wrong_stfts)
+                                   write_input_dims, wrong_stfts)
 from rewriter.core.errors import InputError, PassError, VerificationError
 from rewriter.core.graph import (SMALL_TENSOR, Namer, copy_fields, graph_protos, node_id,
                                  tensor_nbytes, weight_free_copy)
@@ -526,7 +526,9 @@ class _Rewrite:
             return None
         if not hasattr(self, "_fixed_problem"):
             from rewriter.core import ort
-            m = _with_fixed_inputs(self.original, self.fixed)
+            m = onnx.ModelProto()
+            m.CopyFrom(self.original)
+            write_input_dims(m, self.fixed)
             try:
                 ort.session(m, self.base_dir, optimize=True)
                 self._fixed_problem = None
@@ -614,8 +616,8 @@ class _Rewrite:
 
     def input_strict_ok(self) -> bool:
         if not hasattr(self, "_input_strict"):   # with --fix-shapes, with its dims written
-            problem = self.strict_inference(_with_fixed_inputs(weight_free_copy(self.original),
-                                                               self.fixed))
+            problem = self.strict_inference(write_input_dims(weight_free_copy(self.original),
+                                                             self.fixed or {}))
             self._input_strict = problem is None
             if problem:
                 self.report.warnings.append(f"the input fails onnx's full check "
@@ -811,20 +813,6 @@ def _worst(metrics, verifier=None) -> str:
     if verifier is not None and verifier.lossy:
         s += " vs budget " + ", ".join(f"{k} {v:g}" for k, v in verifier.lossy.items())
     return s + ("" if m.shape_ok else ", shape/dtype differs")
-
-
-def _with_fixed_inputs(model: onnx.ModelProto, fixed: dict | None) -> onnx.ModelProto:
-    """``model`` (a copy when ``fixed``) with the --fix-shapes dims written into its inputs."""
-    if not fixed:
-        return model
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    for vi in m.graph.input:
-        if vi.name in fixed:
-            for d, v in zip(vi.type.tensor_type.shape.dim, fixed[vi.name]):
-                d.Clear()
-                d.dim_value = v
-    return m
 
 
 class _Background:

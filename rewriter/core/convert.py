@@ -20,7 +20,8 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from .errors import InputError
 from .gs_io import export_model, import_model
-from .graph import iter_graphs, iter_model_tensors, unique_node_names, weight_free_copy
+from .graph import (graph_protos, iter_graphs, node_bodies, iter_model_tensors, unique_node_names,
+                     weight_free_copy)
 from .load import ExternalValues, first_line, resolve_external
 
 # Tensors above this many bytes go to the external data file when we write one.
@@ -38,12 +39,7 @@ def shape_info(model: onnx.ModelProto, fixed: dict[str, list[int]] | None = None
     """
     stub = weight_free_copy(model)
     if fixed:
-        for vi in stub.graph.input:
-            if vi.name in fixed:
-                dims = vi.type.tensor_type.shape.dim
-                for d, v in zip(dims, fixed[vi.name]):
-                    d.Clear()
-                    d.dim_value = int(v)
+        write_input_dims(stub, fixed)
         del stub.graph.value_info[:]
         for vi in stub.graph.output:
             vi.type.tensor_type.ClearField("shape")
@@ -67,6 +63,16 @@ def shape_info(model: onnx.ModelProto, fixed: dict[str, list[int]] | None = None
     return out
 
 
+def write_input_dims(model: onnx.ModelProto, fixed: dict[str, list[int]]) -> onnx.ModelProto:
+    """Write the --fix-shapes dims into ``model``'s graph inputs, in place; returns it."""
+    for vi in model.graph.input:
+        if vi.name in fixed:
+            for d, v in zip(vi.type.tensor_type.shape.dim, fixed[vi.name]):
+                d.Clear()
+                d.dim_value = int(v)
+    return model
+
+
 def _distrust_wrong_stft(graph: onnx.GraphProto, infos: dict[str, onnx.ValueInfoProto]) -> None:
     """Drop the shapes onnx inferred from a wrong STFT shape, and everything downstream.
 
@@ -79,8 +85,9 @@ def _distrust_wrong_stft(graph: onnx.GraphProto, infos: dict[str, onnx.ValueInfo
     if not tainted:
         return
     # A node with bodies uses what its bodies read from outside too.
-    uses = [(n, set(n.input).union(*(m.input for m in _all_nodes(n))))
-            for n in _all_nodes(graph)]
+    uses = [(n, set(n.input).union(*(m.input for b in node_bodies(n) for h in graph_protos(b)
+                                     for m in h.node)))
+            for g in graph_protos(graph) for n in g.node]
     grew = True
     while grew:
         grew = False
@@ -96,37 +103,14 @@ def _distrust_wrong_stft(graph: onnx.GraphProto, infos: dict[str, onnx.ValueInfo
         infos[name] = vi
 
 
-def _all_nodes(where) -> list[onnx.NodeProto]:
-    """Every node of a graph, or of a node's bodies, bodies of bodies included."""
-    stack = [where] if isinstance(where, onnx.GraphProto) else \
-        [a.g for a in where.attribute if a.type == onnx.AttributeProto.GRAPH] + \
-        [g for a in where.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs]
-    nodes = []
-    while stack:
-        g = stack.pop()
-        nodes.extend(g.node)
-        for n in g.node:
-            if n.op_type in _BODY_OPS:   # reading every node's attributes costs 30 ms / 10k
-                stack.extend(a.g for a in n.attribute if a.type == onnx.AttributeProto.GRAPH)
-                stack.extend(h for a in n.attribute if a.type == onnx.AttributeProto.GRAPHS
-                             for h in a.graphs)
-    return nodes
-
-
-_BODY_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
-
-
 def wrong_stfts(graph: onnx.GraphProto, infos: dict[str, onnx.ValueInfoProto] | None = None
                 ) -> set[str]:
     """Outputs of STFT nodes whose inferred bins (in ``infos``, by default the graph's own
     value_info and outputs) disagree with the spec (see :func:`_distrust_wrong_stft`)."""
     if infos is None:
-        infos = {vi.name: vi for vi in list(graph.value_info) + list(graph.output)}
-        for n in _all_nodes(graph):
-            for a in n.attribute:
-                for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
-                    infos.update({vi.name: vi for vi in list(g.value_info) + list(g.output)})
-    stfts = [n for n in _all_nodes(graph) if n.op_type == "STFT"]
+        infos = {vi.name: vi for g in graph_protos(graph)
+                 for vi in list(g.value_info) + list(g.output)}
+    stfts = [n for g in graph_protos(graph) for n in g.node if n.op_type == "STFT"]
     if not stfts:
         return set()
     consts = {t.name: t for t in graph.initializer}

@@ -136,9 +136,20 @@ def weight_free_copy(model: onnx.ModelProto, keep_dims: bool = True) -> onnx.Mod
     return out
 
 
+def node_bodies(n: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """A node's graph attributes (If's branches, a Loop's or Scan's body)."""
+    return [a.g for a in n.attribute if a.type == onnx.AttributeProto.GRAPH] + [
+        g for a in n.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs]
+
+
 def graph_protos(g: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """The graph and every body (If/Loop/Scan/SequenceMap, and custom ops' graph
+    attributes), outermost first; like :func:`iter_graphs`, default-domain ops that cannot
+    hold a body are not scanned (their attributes cost 30 ms per 10^4 nodes)."""
     yield g
     for n in g.node:
+        if n.op_type not in SUBGRAPH_OPS and n.domain in ("", "ai.onnx"):
+            continue
         for a in n.attribute:
             if a.type == onnx.AttributeProto.GRAPH:
                 yield from graph_protos(a.g)

@@ -20,8 +20,8 @@ import onnx
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from .errors import InputError
-from .graph import (SMALL_TENSOR, graph_protos, iter_model_tensors, stable_order, varint,
-                    weight_free_copy)
+from .graph import (SMALL_TENSOR, graph_protos, iter_model_tensors, node_bodies, stable_order,
+                    varint, weight_free_copy)
 
 
 class ExternalValues(LazyValues):
@@ -497,10 +497,8 @@ def sort_nodes(model: onnx.ModelProto) -> bool:
         made = {o: i for i, n in enumerate(g.node) for o in n.output if o}
         needs = []
         for n in g.node:
-            reads = set(n.input)
-            for a in n.attribute:   # what a body reads from this graph
-                for b in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
-                    reads.update(x for h in graph_protos(b) for m in h.node for x in m.input)
+            reads = set(n.input).union(   # and what its bodies read from this graph
+                *(m.input for b in node_bodies(n) for h in graph_protos(b) for m in h.node))
             needs.append({made[x] for x in reads if x in made} - {len(needs)})
         order = stable_order(needs)
         if order is None:
