@@ -188,6 +188,7 @@ class _Rewrite:
         exported = self.export_and_gate(records)
         try:
             self.final_verification(exported)
+            self.migraphx_check(exported)
             if self.output is not None:
                 t = time.perf_counter()
                 # The gate's onnxruntime load finishes while the bytes are written; the
@@ -199,8 +200,7 @@ class _Rewrite:
                 self.pending_gate.join()
             raise
         self.finish_gate(records)
-        if self.target == "migraphx":
-            self.migraphx_step(exported)
+        self.migraphx_compile(exported)
         self.report.seconds = self.seconds
         return (exported.materialize() if materialize else exported.model), self.report
 
@@ -482,6 +482,10 @@ class _Rewrite:
         # Verification loads it in onnxruntime anyway, unoptimised; with --fix-shapes it is
         # also loaded as users load models, optimised (see fixed_input_problem).
         if self.verifier is None or self.fix_shapes:
+            # Imported here, not in the thread: importing is Python work that would take
+            # turns for the GIL with this thread's, slowed twice over; the load itself
+            # releases the GIL.
+            import onnxruntime  # noqa: F401
             # Serialised here: the static checks below edit `light`.
             self.pending_gate = _Background(self.ort_problem, exported,
                                             None if light is None else light.SerializeToString(),
@@ -562,6 +566,8 @@ class _Rewrite:
             return str(e) if isinstance(e, InputError) else f"onnx.checker: {first_line(e)}"
         problem = self.strict_inference(light if light is not None else
                                         weight_free_copy(exported.model))
+        # What the static MIGraphX check reads: shapes inferred once, here.
+        self.gate_typed = self.last_inferred if light is not None and not problem else None
         if problem and self.input_strict_ok():   # held to what the input itself passes
             return problem
         return None
@@ -594,6 +600,7 @@ class _Rewrite:
                                     for d in o.type.tensor_type.shape.dim]
                 o.type.tensor_type.ClearField("shape")
         del copy.graph.value_info[:]
+        self.last_inferred = None
         try:
             inferred = onnx.shape_inference.infer_shapes(copy, strict_mode=True)
         except Exception as e:  # noqa: BLE001 - any inference error is the finding
@@ -602,6 +609,7 @@ class _Rewrite:
                                             "(onesided): its full check is skipped")
                 return None
             return f"onnx's full check (strict shape inference) fails: {first_line(e)}"
+        self.last_inferred = inferred
         for o in inferred.graph.output:
             want = declared.get(o.name)
             tt = o.type.tensor_type if o.type.HasField("tensor_type") else None
@@ -677,14 +685,28 @@ class _Rewrite:
             raise self.verification_error("rewritten model's outputs drift beyond tolerance",
                                           metrics, exported, lossy=self.plan is not None)
 
-    def migraphx_step(self, exported) -> None:
+    def migraphx_check(self, exported) -> None:
+        """The static check. It runs before the output is written, while the exit gate's
+        onnxruntime load (in its thread) would otherwise be waited for."""
+        if self.target != "migraphx":
+            return
         t = time.perf_counter()
-        from rewriter.migraphx.target import check_and_compile
-        check_and_compile(self.report, exported, self.original, self.base_dir, self.output,
-                          self.migraphx, self.options.migraphx_version, self.input_shapes,
-                          self.inputs, self.seed, self.held_out, self.plan, self.verifier,
-                          self.path)
+        from rewriter.migraphx.target import static_check
+        self.migraphx_checked = static_check(self.report, exported,
+                                             self.options.migraphx_version, self.input_shapes,
+                                             typed=getattr(self, "gate_typed", None))
         self.seconds["migraphx"] = time.perf_counter() - t
+
+    def migraphx_compile(self, exported) -> None:
+        if self.target != "migraphx" or self.migraphx is None:
+            return
+        t = time.perf_counter()
+        from rewriter.migraphx.target import compile_output
+        compile_output(self.report, self.migraphx_checked, exported, self.original,
+                       self.base_dir, self.output, self.migraphx, self.input_shapes,
+                       self.inputs, self.seed, self.held_out, self.plan, self.verifier,
+                       self.path)
+        self.seconds["migraphx"] += time.perf_counter() - t
 
     # -- failures -------------------------------------------------------------------------------
 

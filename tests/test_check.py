@@ -519,3 +519,37 @@ def test_summary_line_never_shows_a_common_ending_cut_inside_a_word():
                          finding("b", "b: the same reason, at some length")])
     assert alike.summary_lines() == [
         "warning dynamic-input-dim (2): a, b: the same reason, at some length"]
+
+
+def test_rewrite_checks_with_the_gates_inferred_copy_as_on_its_own(tmp_path):
+    """The rewriter hands the check the exit gate's shape-inferred copy, whose float
+    weights are graph inputs: every finding must be the one the check makes by itself on
+    the written model (weights still count as constants, declared types still count)."""
+    from rewriter.api import rewrite
+
+    w = RNG.standard_normal((8, 4, 3, 3)).astype(np.float32)
+    folded = build("""
+    g (float[1,4,8,8] x) => (float[1,8,8,8] y) {
+        xq = QuantizeLinear(x, xs, xz)
+        xd = DequantizeLinear(xq, xs, xz)
+        y = Conv <pads=[1,1,1,1]> (xd, w)
+    }""", w=w, xs=np.float32(0.05), xz=np.int8(0))
+    big = build("""
+    g (float[1,64,8,8] x) => (float[1,64,8,8] y) {
+        xq = QuantizeLinear(x, xs, xz)
+        xd = DequantizeLinear(xq, xs, xz)
+        y = Conv <pads=[1,1,1,1]> (xd, w)
+    }""", w=RNG.standard_normal((64, 64, 3, 3)).astype(np.float32), xs=np.float32(0.05),
+        xz=np.int8(0))
+    models = {"folded": folded, "big-weight": big, "qdq": qdq_conv(w_axis=0),
+              "uint8": qdq_conv(x_zp=np.uint8(128)),
+              "dynamic": onnx.load(REPO / "models" / "resnet_mini.onnx")}
+    for name, model in models.items():
+        out = tmp_path / f"{name}.onnx"
+        _, report = rewrite(model, output=out, target="migraphx")
+        version = report.extra["migraphx_check"]["profile"]["target_version"]
+        alone = _check_model(onnx.load(out), version=tuple(map(int, version.split(".")))
+                             if version else None).to_dict()
+        assert report.extra["migraphx_check"] == alone, name
+        found = {f["code"] for f in alone["findings"]}
+        assert ("qdq-weight-folded" in found) == (name in ("folded", "big-weight")), name

@@ -22,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 import rewriter
 from rewriter.core import ort
 from rewriter.core.errors import InputError
-from rewriter.core.graph import duplicate_node_names, iter_model_tensors
+from rewriter.core.graph import TENSOR_ATTR_OPS, duplicate_node_names, iter_model_tensors
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -141,6 +141,17 @@ def test_small_external_weight_changed_by_a_pass(tmp_path):
     _, report = rewriter.rewrite(path, output=out, verify=True)
     assert report.ok
     onnx.checker.check_model(str(out))
+
+
+def test_tensor_walks_skip_only_ops_that_cannot_hold_a_tensor():
+    """iter_model_tensors skips default-domain ops outside TENSOR_ATTR_OPS: the set must
+    hold every standard op with a tensor or graph attribute in the installed onnx."""
+    A = onnx.AttributeProto
+    holders = {s.name for s in onnx.defs.get_all_schemas_with_history()
+               if s.domain in ("", "ai.onnx") and any(
+                   a.type in (A.TENSOR, A.TENSORS, A.SPARSE_TENSOR, A.GRAPH, A.GRAPHS)
+                   for a in s.attributes.values())}
+    assert holders and holders <= TENSOR_ATTR_OPS
 
 
 def test_constant_node_tensor_in_external_data(tmp_path):

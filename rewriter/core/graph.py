@@ -40,11 +40,15 @@ def node_id(node) -> str:
 
 
 def iter_model_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    """Initializers and Constant-node tensors of a graph and all its subgraphs."""
+    """Initializers and Constant-node tensors of a graph and all its subgraphs. Attributes
+    of default-domain ops that cannot hold a tensor or a body are not scanned (onnx.checker
+    refuses attributes an op does not define)."""
     yield from graph.initializer
     for sp in graph.sparse_initializer:
         yield sp.values
     for node in graph.node:
+        if node.op_type not in TENSOR_ATTR_OPS and node.domain in ("", "ai.onnx"):
+            continue
         for a in node.attribute:
             if a.type == onnx.AttributeProto.TENSOR:
                 yield a.t
@@ -59,6 +63,8 @@ def iter_model_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
 # too (com.microsoft's BeamSearch, a custom op). Other nodes' attributes are not scanned:
 # every pass walks the graphs, and scanning 10^4 attribute dicts each time added up.
 SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+# The default-domain ops with a tensor or graph attribute in any opset (onnx.defs).
+TENSOR_ATTR_OPS = SUBGRAPH_OPS | {"Constant", "ConstantOfShape"}
 
 
 def iter_graphs(graph: gs.Graph) -> Iterator[gs.Graph]:

@@ -46,7 +46,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from rewriter.core.graph import node_id, weight_free_copy
+from rewriter.core.graph import SMALL_TENSOR, node_id, tensor_nbytes, weight_free_copy
 
 PROFILE_PATH = Path(__file__).resolve().parent / "data" / "migraphx_profile.json"
 SCHEMA_VERSION = 1
@@ -191,16 +191,20 @@ def check_model(model: onnx.ModelProto | str | os.PathLike,
                 profile: dict | str | os.PathLike | None = None,
                 input_shapes: Mapping[str, Iterable[int]] | None = None,
                 plan_int8_nodes: Iterable[str] | None = None,
-                version: tuple[int, ...] | None = None) -> CheckResult:
+                version: tuple[int, ...] | None = None,
+                typed: onnx.ModelProto | None = None) -> CheckResult:
     """Check ``model`` against the MIGraphX profile; see the module docstring.
 
     ``version`` (major, minor[, patch]) is the target MIGraphX: rules that differ between
-    versions (per-axis weight scales, zero scales) take its entry; None states both."""
+    versions (per-axis weight scales, zero scales) take its entry; None states both.
+    ``typed``: a weight-free copy of ``model`` with its shapes inferred already, whose
+    graph inputs may include top-level initializers (the rewriter's exit gate infers
+    one); without it the check makes and infers its own."""
     if not isinstance(model, onnx.ModelProto):
         model = onnx.load(os.fspath(model), load_external_data=False)
     if profile is None or isinstance(profile, (str, os.PathLike)):
         profile = load_profile(profile)
-    checker = _Checker(model, profile, input_shapes or {}, version)
+    checker = _Checker(model, profile, input_shapes or {}, version, typed)
     checker.run(list(plan_int8_nodes or []))
     src = profile.get("source", {})
     summary = {"profile_version": profile.get("profile_version"),
@@ -212,6 +216,22 @@ def check_model(model: onnx.ModelProto | str | os.PathLike,
     return CheckResult(checker.findings, summary, checker.qdq_layers)
 
 
+def _moved_weights(model: onnx.ModelProto, typed: onnx.ModelProto) -> dict:
+    """The initializers of ``model`` that ``typed`` holds as graph inputs, as the checker
+    sees weights: small ones as they are (read, never copied), big ones as stubs (dims, no
+    data) like :func:`weight_free_copy`'s."""
+    names = {i.name for i in typed.graph.input}
+    out: dict[str, TensorProto] = {}
+    for t in model.graph.initializer:
+        if t.name in names:
+            if t.data_location == TensorProto.EXTERNAL or tensor_nbytes(t) > SMALL_TENSOR:
+                stub = TensorProto(name=t.name, data_type=t.data_type)
+                stub.dims.extend(t.dims)
+                t = stub
+            out[t.name] = t
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 
 
@@ -219,11 +239,16 @@ class _Graph:
     """One graph's lookups: producers, constants, types; outer scopes chained."""
 
     def __init__(self, graph: onnx.GraphProto, path: str, outer: "_Graph | None",
-                 profile: dict):
+                 profile: dict, extra_inits: dict | None = None):
         self.graph, self.path, self.outer = graph, path, outer
         self.inits = {t.name: t for t in graph.initializer}
+        self.inits.update(extra_inits or {})   # weights a typed copy holds as graph inputs
         self.inits.update({s.values.name: s.values for s in graph.sparse_initializer})
         self.producer: dict[str, onnx.NodeProto] = {}
+        # Q/DQ here or in an outer scope (which a body's names may come from): without
+        # any, no value is dequantized and the Q/DQ rules have nothing to look at.
+        self.has_qdq = (outer is not None and outer.has_qdq) or any(
+            n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in graph.node)
         for n in graph.node:
             for o in n.output:
                 if o:
@@ -360,7 +385,8 @@ def _version_matches(entry: dict, version: tuple[int, ...] | None) -> bool:
 
 class _Checker:
     def __init__(self, model: onnx.ModelProto, profile: dict, input_shapes: Mapping,
-                 version: tuple[int, ...] | None = None):
+                 version: tuple[int, ...] | None = None,
+                 typed: onnx.ModelProto | None = None):
         self.model, self.profile, self.version = model, profile, version
         self.kernel_dqs: set[str] = set()
         self.kernel_blockers: dict[str, list[str]] = {}
@@ -368,14 +394,37 @@ class _Checker:
         self.input_shapes = {k: [int(d) for d in v] for k, v in input_shapes.items()}
         self.ops = set(profile["onnx_ops"])
         self.qdq = profile["qdq"]
+        self.through = frozenset(self.qdq.get("passthrough_ops", []))
+        bad = profile.get("refused_dtypes", {})
+        self.refused_codes = {int(k): v for k, v in bad.get("codes", {}).items()}
+        # Rules by op type, looked up once per node instead of scanned.
+        self.attribute_rules: dict[str, list] = {}
+        for rule in profile["attribute_rules"]:
+            self.attribute_rules.setdefault(rule["op_type"], []).append(rule)
+        self.constant_rules: dict[str, list] = {}
+        for rule in profile["constant_inputs"]:
+            self.constant_rules.setdefault(rule["op_type"], []).append(rule)
         self.findings: list[Finding] = []
         self._seen: set[tuple] = set()
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
                           0)
-        light = weight_free_copy(model)
+        self.moved: dict[str, TensorProto] = {}
+        if typed is not None:
+            self.typed, self.inferred = typed, True
+            self.moved = _moved_weights(model, typed)
+            # Types the model declares for values inference did not reach (custom ops).
+            tg = typed.graph
+            have = {v.name for vis in (tg.input, tg.value_info, tg.output) for v in vis}
+            for vi in model.graph.value_info:
+                if vi.name not in have:
+                    tg.value_info.add().CopyFrom(vi)
+        else:
+            self.typed, self.inferred = None, False
+        light = None if typed is not None else weight_free_copy(model)
         try:
-            self.typed = onnx.shape_inference.infer_shapes(light, strict_mode=False)
-            self.inferred = True
+            if light is not None:
+                self.typed = onnx.shape_inference.infer_shapes(light, strict_mode=False)
+                self.inferred = True
         except Exception as e:   # a broken or exotic model: check without intermediate types
             self.typed, self.inferred = light, False
             self.add("info", "shape-inference-failed", "<model>", "", f"types of intermediate "
@@ -394,12 +443,13 @@ class _Checker:
     # -- driver -------------------------------------------------------------------------------
 
     def run(self, plan_int8_nodes: list[str]) -> None:
-        self.main = self.visit(self.typed.graph, "", None)
+        self.main = self.visit(self.typed.graph, "", None, self.moved)
         self.check_inputs(self.main)
         self.check_plan(self.main, plan_int8_nodes)
 
-    def visit(self, graph: onnx.GraphProto, path: str, outer: _Graph | None) -> _Graph:
-        g = _Graph(graph, path, outer, self.profile)
+    def visit(self, graph: onnx.GraphProto, path: str, outer: _Graph | None,
+              extra_inits: dict | None = None) -> _Graph:
+        g = _Graph(graph, path, outer, self.profile, extra_inits)
         self.check_values(g)
         for node in graph.node:
             self.check_node(g, node)
@@ -424,22 +474,25 @@ class _Checker:
             if t.data_type in codes:
                 self.add(bad_dtypes["severity"], "unsupported-dtype", t.name, "initializer",
                          f"{codes[t.data_type]} tensor: {bad_dtypes['reason']}", g.path)
-        inputs = {i.name for i in g.graph.input}
+        inputs = {i.name for i in g.graph.input} - set(g.inits)
         outputs = {o.name for o in g.graph.output}
         for name, tp in g.types.items():
+            kind = tp.WhichOneof("value")
+            if kind not in kinds and not (kind == "tensor_type"
+                                          and tp.tensor_type.elem_type in codes
+                                          and (name in inputs or name in outputs)):
+                continue
             node = g.producer.get(name)
             if node is not None and node.op_type not in self.ops:
                 continue   # already reported as an unsupported op
             where = ("graph input" if name in inputs else "graph output" if name in outputs
                      else node.op_type if node is not None else "value")
             label = node_id(node) if node is not None else name
-            kind = tp.WhichOneof("value")
             if kind in kinds:
                 self.add(vt["severity"], "unsupported-value-type", label, where,
                          f"'{name}' is a {kind.replace('_type', '')} value: {vt['reason']}",
                          g.path)
-            elif (kind == "tensor_type" and tp.tensor_type.elem_type in codes
-                  and (name in inputs or name in outputs)):
+            else:
                 # Intermediate values get their FP8 type from an initializer or a dtype
                 # attribute, which are reported where they are; only the boundary is new here.
                 self.add(bad_dtypes["severity"], "unsupported-dtype", label, where,
@@ -464,18 +517,14 @@ class _Checker:
                      f"it as the standard {op}, whose semantics differ; rewrite the model "
                      f"without it (e.g. save from onnxruntime at the basic level)", g.path)
             return
-        for rule in self.profile["attribute_rules"]:
-            if rule["op_type"] != op:
-                continue
+        for rule in self.attribute_rules.get(op, ()):
             value = _attr(node, rule["attribute"], rule.get("default"))
             if isinstance(value, bytes):
                 value = value.decode()
             if value in rule["refused"]:
                 self.add(rule["severity"], rule["code"], label, op,
                          f"{rule['attribute']}={value!r}: {rule['reason']}", g.path)
-        for rule in self.profile["constant_inputs"]:
-            if rule["op_type"] != op:
-                continue
+        for rule in self.constant_rules.get(op, ()):
             for idx, what in rule["inputs"].items():
                 i = int(idx)
                 if i < len(node.input) and node.input[i] and not g.is_const(node.input[i]):
@@ -485,8 +534,7 @@ class _Checker:
         self.check_dtype_attrs(g, node)
 
     def check_dtype_attrs(self, g: _Graph, node: onnx.NodeProto) -> None:
-        bad = self.profile.get("refused_dtypes", {})
-        codes = {int(k): v for k, v in bad.get("codes", {}).items()}
+        bad, codes = self.profile.get("refused_dtypes", {}), self.refused_codes
         for a in node.attribute:
             dtype = None
             if a.type == onnx.AttributeProto.INT and a.name in ("to", "dtype", "output_dtype"):
@@ -512,7 +560,7 @@ class _Checker:
                    ) -> onnx.NodeProto | None:
         """The DequantizeLinear ``name`` comes from, through the ops simplify_qdq looks
         through; ``path`` collects the nodes passed on the way."""
-        through = set(self.qdq.get("passthrough_ops", []))
+        through = self.through
         seen = 0
         node = g.find_producer(name)
         while node is not None and seen < 16:
@@ -530,6 +578,8 @@ class _Checker:
         kernels = q["int8_kernels"]
         # Q/DQ that feed a conv/dot input: a [1] scale there throws instead of being odd.
         self.kernel_dqs: set[str] = set()
+        if not g.has_qdq:
+            return
         for node in g.graph.node:
             if node.op_type in kernels:
                 for i in node.input[:2]:
@@ -592,7 +642,7 @@ class _Checker:
     def _hidden_dq(self, g: _Graph, name: str, depth: int = 4) -> list[str]:
         """The ops (not looked through) between ``name`` and a DequantizeLinear a few steps
         up its first inputs, or [] when there is none."""
-        through = set(self.qdq.get("passthrough_ops", []))
+        through = self.through
         ops: list[str] = []
         node = g.find_producer(name)
         while node is not None and len(ops) < depth and node.input:

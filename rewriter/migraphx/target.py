@@ -52,14 +52,9 @@ def migraphx_step(output_path: str | os.PathLike, verifier, feed_sets: list[dict
     (None: an FP32 rewrite). Returns a JSON-able dict (status compiled | skipped | failed,
     metrics, lowering, ok).
     """
-    if backend == "migraphx":
-        from rewriter.migraphx import backend as be
-    elif backend == "ort-migraphx":
-        from rewriter.migraphx import ort_ep as be
-    else:
-        raise InputError(f"unknown backend '{backend}' (migraphx, ort-migraphx)")
+    be = _backend(backend)
     ok, why = be.available()
-    if not ok:
+    if not ok:   # nothing below the return reads output_path, verifier or feed_sets
         if require:
             raise BackendUnavailable(f"{backend} is required but not available: {why}")
         info = {"backend": backend, "status": "skipped", "ok": True,
@@ -94,6 +89,16 @@ def migraphx_step(output_path: str | os.PathLike, verifier, feed_sets: list[dict
     lowering_ok = info.get("lowering", {}).get("status") != "failed"
     info["ok"] = info["status"] != "failed" and metrics_ok and lowering_ok
     return info
+
+
+def _backend(name: str):
+    if name == "migraphx":
+        from rewriter.migraphx import backend as be
+    elif name == "ort-migraphx":
+        from rewriter.migraphx import ort_ep as be
+    else:
+        raise InputError(f"unknown backend '{name}' (migraphx, ort-migraphx)")
+    return be
 
 
 def _compile_migraphx(be, info, output_path, verifier, feed_sets, shapes, numerics, lossy,
@@ -199,23 +204,36 @@ def _metric_line(m: dict, ort: dict | None) -> str:
     return s
 
 
-def check_and_compile(report, exported, original, base_dir, output, mgx: dict | None,
-                      version: tuple[int, ...] | None, input_shapes, inputs, seed: int,
-                      held_out: list, plan, verifier, model_path: str | None) -> None:
-    """The API's target step: the static check into ``report`` (grouped warnings), then,
-    when ``mgx`` is given, :func:`migraphx_step` on the saved output."""
+def static_check(report, exported, version: tuple[int, ...] | None, input_shapes,
+                 typed=None) -> tuple:
+    """The API's target step, first half: the static check into ``report`` (grouped
+    warnings). Returns what :func:`compile_output` needs: the check's result, the layers
+    meant to run INT8 and what to call them."""
     from rewriter.migraphx.check import check_model
 
     layers = (report.extra.get("plan") or {}).get("layers", {})
     int8 = [k for k, v in layers.items() if v["precision"] == "int8"]
     result = check_model(exported.model, input_shapes=input_shapes, plan_int8_nodes=int8,
-                         version=version)
+                         version=version, typed=typed)
     what = "planned INT8 layers"
     if not int8 and result.qdq_layers:   # a model quantized elsewhere: its Q/DQ layers
         int8, what = list(result.qdq_layers), "Q/DQ layers"
     report.extra["migraphx_check"] = result.to_dict()
     report.warnings.extend(f"migraphx {line}" for line in result.summary_lines(("error", "warning")))
-    if mgx is None:
+    return result, int8, what
+
+
+def compile_output(report, checked: tuple, exported, original, base_dir, output, mgx: dict,
+                   input_shapes, inputs, seed: int, held_out: list, plan, verifier,
+                   model_path: str | None) -> None:
+    """The API's target step, second half: :func:`migraphx_step` on the saved output
+    (``checked`` is what :func:`static_check` returned)."""
+    result, int8, what = checked
+    backend = mgx.get("backend", "migraphx")
+    if not _backend(backend).available()[0]:   # skipped: no inputs to make, nothing to save
+        report.extra["compile"] = migraphx_step(
+            output, None, [], input_shapes, planned_int8=int8, backend=backend,
+            require=bool(mgx.get("require")), what=what)
         return
     feed_sets = _feed_sets(original, input_shapes, inputs, seed, held_out, plan,
                            int(mgx.get("samples", 8)))
