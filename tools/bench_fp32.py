@@ -93,7 +93,7 @@ def _script(name: str) -> str:
 # name -> (label, module that must import, argv builder). "ours" first: ratios divide by it.
 TOOLS = {
     "ours": ("rewrite (ours)", "rewriter",
-             lambda i, o: [_script("rewrite"), i, "-o", o, "--target", "none"]),
+             lambda i, o: [_script("rewrite"), i, "-o", o]),
     "onnxsim": ("onnxsim", "onnxsim", lambda i, o: [_script("onnxsim"), i, o]),
     "onnxslim": ("onnxslim", "onnxslim", lambda i, o: [_script("onnxslim"), i, o]),
     "onnxoptimizer": ("onnxoptimizer", "onnxoptimizer",
@@ -770,7 +770,7 @@ def render(res: dict) -> str:
         "How: every tool is a separate whole process per model (start-up and imports "
         f"included), R = {res['repeat']} runs interleaved across tools, median wall time; peak "
         f"RSS from {'GNU time %M (the tool process alone)' if res.get('rss_source') == 'time' else 'the child rusage (os.wait4)'}. Commands: "
-        "`rewrite IN -o OUT --target none`; `onnxsim IN OUT`; `onnxslim IN OUT`; "
+        "`rewrite IN -o OUT` (the default, static MIGraphX check included); `onnxsim IN OUT`; `onnxslim IN OUT`; "
         "onnxoptimizer: `python -c` load, `onnxoptimizer.optimize(model, "
         f"{res['onnxoptimizer_passes']})`, save; onnxruntime basic: `python -c` "
         "InferenceSession with ORT_ENABLE_BASIC and optimized_model_filepath. "
