@@ -301,14 +301,19 @@ def test_per_channel_activation_scale_found():
     assert set(named(check_model(model), "qdq-per-channel-activation")) == {"xq_node", "y_node"}
 
 
-def test_folded_weight_found_and_plan_names_the_conv():
-    w = RNG.standard_normal((8, 4, 3, 3)).astype(np.float32)
-    model = build("""
-    g (float[1,4,8,8] x) => (float[1,8,8,8] y) {
+def folded_weight_conv(c_in: int = 4, c_out: int = 8) -> onnx.ModelProto:
+    """A dequantized activation into a conv whose weight is a float constant."""
+    return build(f"""
+    g (float[1,{c_in},8,8] x) => (float[1,{c_out},8,8] y) {{
         xq = QuantizeLinear(x, xs, xz)
         xd = DequantizeLinear(xq, xs, xz)
         y = Conv <pads=[1,1,1,1]> (xd, w)
-    }""", w=w, xs=np.float32(0.05), xz=np.int8(0))
+    }}""", w=RNG.standard_normal((c_out, c_in, 3, 3)).astype(np.float32),
+                 xs=np.float32(0.05), xz=np.int8(0))
+
+
+def test_folded_weight_found_and_plan_names_the_conv():
+    model = folded_weight_conv()
     result = check_model(model, plan_int8_nodes=["y_node"])
     assert named(result, "qdq-weight-folded") == ["y_node"]
     (f,) = [f for f in result.findings if f.code == "plan-int8-stays-float"]
@@ -527,20 +532,8 @@ def test_rewrite_checks_with_the_gates_inferred_copy_as_on_its_own(tmp_path):
     the written model (weights still count as constants, declared types still count)."""
     from rewriter.api import rewrite
 
-    w = RNG.standard_normal((8, 4, 3, 3)).astype(np.float32)
-    folded = build("""
-    g (float[1,4,8,8] x) => (float[1,8,8,8] y) {
-        xq = QuantizeLinear(x, xs, xz)
-        xd = DequantizeLinear(xq, xs, xz)
-        y = Conv <pads=[1,1,1,1]> (xd, w)
-    }""", w=w, xs=np.float32(0.05), xz=np.int8(0))
-    big = build("""
-    g (float[1,64,8,8] x) => (float[1,64,8,8] y) {
-        xq = QuantizeLinear(x, xs, xz)
-        xd = DequantizeLinear(xq, xs, xz)
-        y = Conv <pads=[1,1,1,1]> (xd, w)
-    }""", w=RNG.standard_normal((64, 64, 3, 3)).astype(np.float32), xs=np.float32(0.05),
-        xz=np.int8(0))
+    # 64x64x3x3 float32 = 144 KB: above SMALL_TENSOR, a stub in the check's copy.
+    folded, big = folded_weight_conv(), folded_weight_conv(64, 64)
     models = {"folded": folded, "big-weight": big, "qdq": qdq_conv(w_axis=0),
               "uint8": qdq_conv(x_zp=np.uint8(128)),
               "dynamic": onnx.load(REPO / "models" / "resnet_mini.onnx")}
