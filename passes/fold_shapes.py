@@ -40,6 +40,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from rewriter.core.convert import refresh_shapes
 from rewriter.core.graph import dead_code, iter_graphs, toposort
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
@@ -65,7 +66,7 @@ class FoldShapes(Pass):
         res = PassResult()
         if not any(n.op in SEEDS for g in iter_graphs(graph) for n in g.nodes):
             return res   # no shape values and no Reshape: fold-constants does the rest
-        for _ in range(ROUNDS):
+        for round_ in range(ROUNDS):
             toposort(graph)
             values: dict[int, _V] = {}
             folded = inlined = 0
@@ -96,17 +97,31 @@ class FoldShapes(Pass):
                         node.outputs.clear()
                         node.inputs.clear()
                         folded += 1
+            shaped = 0   # Reshape outputs whose shape is known now, not to the first inference
             for g in iter_graphs(graph):
                 for node in g.nodes:
                     if node.op == "Reshape" and node.outputs:
-                        _reshape_out_shape(node)
+                        shaped += _reshape_out_shape(node)
             res.count("folded", folded)
             res.count("inlined-if", inlined)
             if not (folded or inlined):
                 break
             res.changed = True
             dead_code(graph)
+            if (shaped or inlined) and round_ + 1 < ROUNDS and _shapes_left(graph):
+                # What this round made known (a Reshape's output shape, an inlined branch)
+                # can make more static downstream, through ops this pass does not evaluate
+                # (an LSTM's output, a Transpose): onnx infers the graph again.
+                res.count("shapes-refreshed", int(refresh_shapes(graph, f"r{round_}_") > 0))
         return res
+
+
+def _shapes_left(graph: gs.Graph) -> bool:
+    """Is there a Shape or Size of a tensor whose dims are not all static?"""
+    return any(n.op in ("Shape", "Size") and n.inputs and (
+        n.inputs[0].shape is None or not all(isinstance(d, (int, np.integer)) and d >= 0
+                                             for d in n.inputs[0].shape))
+        for g in iter_graphs(graph) for n in g.nodes)
 
 
 # --- values -------------------------------------------------------------------------------
@@ -568,13 +583,13 @@ def _set_axes(node: gs.Node, axes: gs.Constant, opset: int) -> None:
         node.attrs["axes"] = [int(a) for a in axes.values]
 
 
-def _reshape_out_shape(node: gs.Node) -> None:
+def _reshape_out_shape(node: gs.Node) -> bool:
     """Shape inference ran before the target shape was known: fill in the output's shape
     from the now-constant target, so passes after this one (MatMul + Add -> Gemm needs the
-    rank) see it. Only where the output's shape was unknown."""
+    rank) see it. Only where the output's shape was unknown; True if it was filled."""
     y = node.outputs[0]
     if y.shape is not None or len(node.inputs) < 2 or not isinstance(node.inputs[1], gs.Constant):
-        return
+        return False
     x = node.inputs[0]
     target = [int(v) for v in np.ravel(node.inputs[1].values)]
     allow = int(node.attrs.get("allowzero", 0))
@@ -585,6 +600,7 @@ def _reshape_out_shape(node: gs.Node) -> None:
         else:
             out.append(None if v < 0 else v)
     y.shape = out
+    return True
 
 
 # --- If with a known condition ------------------------------------------------------------

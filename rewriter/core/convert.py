@@ -192,6 +192,41 @@ def to_graph(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
     return graph
 
 
+def refresh_shapes(graph: gs.Graph, tag: str) -> int:
+    """Infer the shapes of ``graph`` as it is now (after a pass made shapes static that the
+    first inference saw as computed) and give each variable the new shape where it is more
+    static than the one it has. Weights are not copied (:func:`export` stubs them). onnx
+    names the dims it cannot resolve ``unk__N`` afresh in every run: those names are
+    prefixed with ``tag`` so that no dim of this run shares a name (and so a value, for
+    fold-shapes) with one of another run. Returns how many tensors gained a static dim."""
+    stand_in = onnx.ModelProto(ir_version=onnx.IR_VERSION)
+    domains = graph.import_domains or [onnx.helper.make_opsetid("", graph.opset)]
+    stand_in.opset_import.extend(domains)
+    infos = shape_info(export(graph, stand_in).model)
+    if not infos:
+        return 0
+    own = {d for t in graph.inputs for d in (t.shape or []) if isinstance(d, str)}
+    gained = 0
+    for g in iter_graphs(graph):
+        for name, t in g.tensors().items():
+            vi = infos.get(name)
+            if (not isinstance(t, gs.Variable) or vi is None
+                    or not vi.type.HasField("tensor_type")
+                    or not vi.type.tensor_type.HasField("shape")):
+                continue
+            new = [d.dim_value if d.HasField("dim_value") else
+                   (d.dim_param if d.dim_param in own else
+                    f"{tag}{d.dim_param}" if d.dim_param else None)
+                   for d in vi.type.tensor_type.shape.dim]
+            old = t.shape
+            static = sum(isinstance(d, int) for d in new)
+            if old is None or (len(old) == len(new) and static > sum(
+                    isinstance(d, (int, np.integer)) and d >= 0 for d in old)):
+                t.shape = new
+                gained += 1
+    return gained
+
+
 def check_fixed_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]] | None
                        ) -> dict[str, list[int]]:
     """--fix-shapes: every named input exists, has that rank, and its static dims agree."""
