@@ -31,7 +31,13 @@ Skipped with a reason: a branch whose tensor names clash with the enclosing grap
 (if-name-clash).
 
 Shapes come from ONNX shape inference (data propagation on), run once before the pipeline,
-If/Loop/Scan bodies included; bodies are processed like the top level.
+If/Loop/Scan bodies included; bodies are processed like the top level. Where a round gave a
+Reshape output a shape that inference did not find (its data propagation stops in some
+chains) or inlined a branch, and a Shape or Size of a not fully static tensor is left,
+inference runs again on the graph as it is (:func:`rewriter.core.convert.refresh_shapes`;
+its fresh unknown dims are renamed per run, so they never alias a dim of another run) and
+the next round sees what became static downstream, through ops this pass does not
+evaluate (an LSTM, a Transpose).
 """
 
 from __future__ import annotations
