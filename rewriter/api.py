@@ -566,8 +566,10 @@ class _Rewrite:
             return str(e) if isinstance(e, InputError) else f"onnx.checker: {first_line(e)}"
         problem = self.strict_inference(light if light is not None else
                                         weight_free_copy(exported.model))
-        # What the static MIGraphX check reads: shapes inferred once, here.
-        self.gate_typed = self.last_inferred if light is not None and not problem else None
+        # What the static MIGraphX check reads: shapes inferred once, here (kept only for it).
+        self.gate_typed = (self.last_inferred if self.target == "migraphx" and light is not None
+                           and not problem else None)
+        self.last_inferred = None
         if problem and self.input_strict_ok():   # held to what the input itself passes
             return problem
         return None
@@ -626,6 +628,7 @@ class _Rewrite:
         if not hasattr(self, "_input_strict"):   # with --fix-shapes, with its dims written
             problem = self.strict_inference(write_input_dims(weight_free_copy(self.original),
                                                              self.fixed or {}))
+            self.last_inferred = None
             self._input_strict = problem is None
             if problem:
                 self.report.warnings.append(f"the input fails onnx's full check "
@@ -695,6 +698,7 @@ class _Rewrite:
         self.migraphx_checked = static_check(self.report, exported,
                                              self.options.migraphx_version, self.input_shapes,
                                              typed=getattr(self, "gate_typed", None))
+        self.gate_typed = None   # the check's copy: not held through the save
         self.seconds["migraphx"] = time.perf_counter() - t
 
     def migraphx_compile(self, exported) -> None:

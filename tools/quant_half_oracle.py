@@ -112,10 +112,10 @@ def tune_scales(src: Path, dst: Path, xs, ref) -> tuple[float, float]:
         for s in names:
             base, pick = cur[s], 1.0
             for mult in (0.5, 0.65, 0.8, 0.9, 1.1, 1.25, 1.5):
-                v = kl({**cur, s: (base * mult).astype(np.float32)})
+                v = kl({**cur, s: np.asarray(base * mult, dtype=np.float32)})
                 if v < best - 1e-9:
                     best, pick = v, mult
-            cur[s] = (base * pick).astype(np.float32)
+            cur[s] = np.asarray(base * pick, dtype=np.float32)
     for s in names:
         inits[s].CopyFrom(nh.from_array(cur[s], s))
     onnx.save(m, str(dst))
