@@ -154,6 +154,8 @@ class _Rewrite:
         self.depth, self.worst = 0, Numerics.EXACT   # verification depth and tolerance kind
         self.last_metrics = None     # the check after the last pass that changed the graph
         self.pending_gate = None     # the exit gate's onnxruntime load, running in a thread
+        self.last_inferred = None    # strict shape inference's result, for the line after it
+        self.gate_typed = None       # the gate's inferred copy, for the static MIGraphX check
         self.fp32_done: list = []    # records of the FP32 part, for a failure's report
         self.fp32_snapshot = None    # the FP32-rewritten model, to locate a lossy divergence
         self.verify_seconds = 0.0
@@ -697,7 +699,7 @@ class _Rewrite:
         from rewriter.migraphx.target import static_check
         self.migraphx_checked = static_check(self.report, exported,
                                              self.options.migraphx_version, self.input_shapes,
-                                             typed=getattr(self, "gate_typed", None))
+                                             typed=self.gate_typed)
         self.gate_typed = None   # the check's copy: not held through the save
         self.seconds["migraphx"] = time.perf_counter() - t
 

@@ -419,16 +419,15 @@ class _Checker:
                 if vi.name not in have:
                     tg.value_info.add().CopyFrom(vi)
         else:
-            self.typed, self.inferred = None, False
-        light = None if typed is not None else weight_free_copy(model)
-        try:
-            if light is not None:
+            light = weight_free_copy(model)
+            try:
                 self.typed = onnx.shape_inference.infer_shapes(light, strict_mode=False)
                 self.inferred = True
-        except Exception as e:   # a broken or exotic model: check without intermediate types
-            self.typed, self.inferred = light, False
-            self.add("info", "shape-inference-failed", "<model>", "", f"types of intermediate "
-                     f"values unknown, dtype checks are partial: {type(e).__name__}: {e}")
+            except Exception as e:   # a broken or exotic model: no intermediate types
+                self.typed, self.inferred = light, False
+                self.add("info", "shape-inference-failed", "<model>", "", f"types of "
+                         f"intermediate values unknown, dtype checks are partial: "
+                         f"{type(e).__name__}: {e}")
         # Why a DequantizeLinear would not feed an int8 kernel, keyed by its output name.
         self.dq_blockers: dict[str, list[str]] = {}
         self.main: _Graph | None = None
