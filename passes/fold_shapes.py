@@ -25,8 +25,10 @@ input's dims at the same positions gets those entries as 0 ("copy") and a consta
 Reshape(x, Concat(Shape(x)[0:1], [-1])) is Reshape(x, [0, -1]). Where they are x's dims in
 the same order at other positions, an Unsqueeze (or a Squeeze of static 1s) moves them
 there first: [N, 64, A] -> [N, 4, 16, A] is Reshape(Unsqueeze(x, [2]), [0, 4, 16, 0]), and a
-Reshape that only adds or drops unit dims becomes that Unsqueeze or Squeeze. Never a -1
-for a symbolic entry (onnxruntime's [0, 4, 16, -1] fails on an empty batch).
+Reshape that only adds or drops unit dims becomes that Unsqueeze or Squeeze. A -1 for a
+symbolic entry only when every other entry is a positive integer ([N*H, 192] is
+[-1, 192]): then it always equals the entry; next to a 0 it does not (onnxruntime's
+[0, 4, 16, -1] fails on an empty batch).
 Skipped with a reason: a branch whose tensor names clash with the enclosing graph's
 (if-name-clash).
 
@@ -491,14 +493,15 @@ def _copy_dims(node: gs.Node, values: dict, namer, g: gs.Graph | None = None) ->
     those entries become 0 ("copy the input's dim"), and the shape a constant. Where they
     are x's dims at other positions, in order, :func:`_realign` moves them first. The kind
     of rewrite, or None."""
-    if int(node.attrs.get("allowzero", 0)) or len(node.inputs) < 2 or isinstance(
-            node.inputs[1], gs.Constant):
+    if len(node.inputs) < 2 or isinstance(node.inputs[1], gs.Constant):
         return None
     v = values.get(id(node.inputs[1]))
-    dims = _dims(node.inputs[0])
-    if v is None or dims is None or v.concrete() or v.arr.ndim != 1:
+    if v is None or v.concrete() or v.arr.ndim != 1:
         return None
-    entries = v.arr.tolist()
+    entries = [_norm(e) for e in v.arr.tolist()]   # numpy or sympy integers -> int
+    dims = _dims(node.inputs[0])
+    if dims is None or int(node.attrs.get("allowzero", 0)):   # allowzero: 0 is a zero
+        return _infer_one(node, entries, namer)
     new = []
     for i, e in enumerate(entries):
         if isinstance(e, int):
@@ -506,10 +509,28 @@ def _copy_dims(node: gs.Node, values: dict, namer, g: gs.Graph | None = None) ->
         elif i < len(dims) and _cmp("eq")(e, dims[i]) is True:
             new.append(0)
         else:
-            return _realign(node, entries, dims, namer, g) if g is not None else None
+            kind = _realign(node, entries, dims, namer, g) if g is not None else None
+            return kind or _infer_one(node, entries, namer)
     name = namer(f"{node.inputs[1].name}_copydims") if namer else node.inputs[1].name + "_c"
     node.inputs[1] = gs.Constant(name, np.array(new, np.int64))
     return "reshape-dims-copied"
+
+
+def _infer_one(node: gs.Node, entries: list, namer) -> str | None:
+    """Reshape(x, shape) whose target has one symbolic entry and positive integers
+    everywhere else: that entry becomes -1, and the shape a constant. Wherever the original
+    Reshape runs, -1 gives that entry's value: the element count divided by the other
+    entries' product, which is never 0 (a 0 or -1 the entry takes at run time means "copy"
+    or "infer" there, and comes out the same; with allowzero a 0 is a zero, and the count
+    is 0 then). Not with a 0 or -1 among the other entries: [0, 4, 16, -1] fails on an
+    empty tensor."""
+    sym = [i for i, e in enumerate(entries) if not isinstance(e, int)]
+    if len(sym) != 1 or any(isinstance(e, int) and e <= 0 for e in entries):
+        return None
+    new = [-1 if i == sym[0] else e for i, e in enumerate(entries)]
+    name = namer(f"{node.inputs[1].name}_inferred") if namer else node.inputs[1].name + "_i"
+    node.inputs[1] = gs.Constant(name, np.array(new, np.int64))
+    return "reshape-dim-inferred"
 
 
 def _realign(node: gs.Node, entries: list, dims: list, namer, g: gs.Graph) -> str | None:

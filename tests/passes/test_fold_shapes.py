@@ -48,25 +48,28 @@ def test_static_dims_of_a_symbolic_shape_fold_and_symbolic_ones_stay():
     # unit dim puts it where the Reshape copies it (0), so no shape node is left.
     assert ops(out) == ["Squeeze", "Reshape"]
     same_at(m, out, "x", [(1, 1, 64, 1), (1, 1, 64, 7), (1, 1, 64, 40)])
-    # W computed on (2W): what depends on W keeps its nodes; the H/2 branch still folds.
+    # W computed on (2W) next to the batch N: what depends on W keeps its nodes (two
+    # symbolic entries, one not x's own dim); the H/2 branch still folds.
     m = make_model("""
     <ir_version: 8, opset_import: ["" : 17]>
-    g (float[1, 1, 64, W] x) => (float[1, 32, W2, 1] y) {
+    g (float[N, 1, 64, W] x) => (float[N, 32, W2, 1] y) {
         s = Shape (x)
+        n = Gather <axis = 0> (s, zero)
         h = Gather <axis = 0> (s, two)
         w = Gather <axis = 0> (s, three)
         hh = Div (h, two)
         w2 = Mul (w, two)
+        nu = Unsqueeze (n, ax0)
         hu = Unsqueeze (hh, ax0)
         wu = Unsqueeze (w2, ax0)
         one = Constant <value = int64[1] {1}> ()
-        shp = Concat <axis = 0> (one, hu, wu, one)
+        shp = Concat <axis = 0> (nu, hu, wu, one)
         y = Reshape (x, shp)
     }""", I)
-    out, rep = fs(m, input_shapes={"x": [1, 1, 64, 5]})
-    assert "Div" not in ops(out) and ops(out).count("Gather") == 1
+    out, rep = fs(m, input_shapes={"x": [2, 1, 64, 5]})
+    assert "Div" not in ops(out)
     assert ops(out).count("Shape") == 1 and "Mul" in ops(out)
-    same_at(m, out, "x", [(1, 1, 64, 1), (1, 1, 64, 7), (1, 1, 64, 40)])
+    same_at(m, out, "x", [(1, 1, 64, 1), (3, 1, 64, 7), (2, 1, 64, 40), (0, 1, 64, 3)])
 
 
 def test_reshape_keeping_its_input_dims_gets_a_constant_shape():
@@ -324,3 +327,42 @@ def test_dims_made_static_downstream_of_a_folded_reshape_fold_in_the_next_round(
     # y's leading dim is the Transpose's unit dim: z's shape is a constant now.
     assert ops(out) == ["Transpose", "Reshape", "Transpose", "Reshape"]
     same_at(m, out, "x", [(1, 4, 2, 1), (1, 4, 2, 6), (1, 4, 2, 33)])
+
+
+def test_one_symbolic_entry_among_positive_ones_becomes_minus_one():
+    """[N*H, 4] (N and H symbolic, a product no input dim equals) is [-1, 4]: with every
+    other entry a positive integer, -1 always comes out as that entry, empty tensors
+    included. With allowzero the same holds. Next to a 0 ("copy", or a zero with
+    allowzero) or a second symbolic entry the computed shape stays."""
+    def model(tail: str, allowzero: int = 0) -> onnx.ModelProto:
+        return make_model(f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, H, 4] x) => (float[M, K] y) {{
+            s = Shape (x)
+            n = Slice (s, ax0, one)
+            h = Slice (s, one, two1)
+            nh = Mul (n, h)
+            {tail}
+            y = Reshape <allowzero = {allowzero}> (x, shp)
+        }}""", {**I, "one": np.array([1], np.int64), "two1": np.array([2], np.int64),
+               "four": np.array([4], np.int64), "z1": np.array([0], np.int64)})
+
+    # (3, 0, 4) only with allowzero: without it N*H = 0 means "copy N = 3" and the
+    # original itself fails there.
+    sizes = [(2, 3, 4), (1, 1, 4), (0, 3, 4), (5, 7, 4)]
+    for allowzero in (0, 1):
+        m = model("shp = Concat <axis = 0> (nh, four)", allowzero)
+        out, rep = fs(m, input_shapes={"x": [2, 3, 4]})
+        assert rep.passes[0].counts["reshape-dim-inferred"] == 1
+        assert ops(out) == ["Reshape"]
+        assert [-1, 4] in [onnx.numpy_helper.to_array(t).tolist() for t in out.graph.initializer]
+        same_at(m, out, "x", sizes + [(3, 0, 4)] * allowzero)
+    # Two symbolic entries ([H, N, 4]), or a 0 ("copy N") beside the symbolic H*4: the
+    # computed shape stays ([0, -1] would fail on N = 0).
+    for tail in ("shp = Concat <axis = 0> (h, n, four)",
+                 "h4 = Mul (h, four)\n            shp = Concat <axis = 0> (z1, h4)"):
+        m = model(tail)
+        out, rep = fs(m, input_shapes={"x": [2, 3, 4]})
+        assert "reshape-dim-inferred" not in rep.passes[0].counts
+        assert "Shape" in ops(out)
+        same_at(m, out, "x", [(2, 3, 4), (1, 1, 4), (5, 7, 4)])
