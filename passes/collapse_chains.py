@@ -7,6 +7,8 @@ Before -> after::
     x -> Slice(0:INT_MAX on every axis, step 1) -> y        =>  x
     x -> Reshape / Flatten / Squeeze / Unsqueeze -> Reshape(s)  =>  x -> Reshape(s)
     x -> Transpose(p) -> Transpose(q) -> y                  =>  x -> Transpose(p∘q), or x
+    ... and the first Transpose also read by a Shape, p∘q the identity
+                                        =>  y is x; Shape(x) -> Gather(p)
     x -> Unsqueeze(a) -> Squeeze(a) -> y (and the reverse)  =>  x
     x -> Slice(axes A) -> Slice(axes B), A and B disjoint  =>  x -> Slice(A ∪ B)
     GRU/LSTM/RNN(..., initial_h = ConstantOfShape(0) -> Slice ...)  =>  GRU(..., no initial_h)
@@ -14,7 +16,9 @@ Before -> after::
 Preconditions (else the chain stays; all exact rewrites, no values change):
 
 * the first node of a pair has no other reader and is not a graph output (else it would
-  stay and the pair would cost a node more, not less);
+  stay and the pair would cost a node more, not less); one exception: a Transpose pair
+  that is the identity, whose first Transpose is also read by one Shape (that Shape then
+  reads the pair's input through a Gather of the perm);
 * shapes, perms, axes and slice bounds are constants (attributes or initializers);
 * a Reshape after the chain has no 0 in its shape unless ``allowzero`` is set (a 0 copies
   the dim of its *input*, which the chain changes); a Reshape with ``allowzero=1`` and a 0
@@ -120,6 +124,9 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
     if op == "Slice" and _slice_noop(node, opset):
         return _bypassed(node, g, outs, "removed-slice")
     prev = x.inputs[0] if len(x.inputs) == 1 else None
+    if (op == "Transpose" and prev is not None and prev.op == "Transpose"
+            and len(x.outputs) == 2 and id(prev) in members and id(x) not in outs):
+        _shape_before_transpose(node, prev, x, g, namer)   # x's other reader a Shape: moved
     if prev is None or len(x.outputs) != 1 or id(x) in outs or prev.domain not in (
             None, "", "ai.onnx") or id(prev) not in members:
         return None
@@ -148,6 +155,37 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
     if op == "Slice" and prev.op == "Slice" and opset >= 10:
         return _merge_slices(prev, node, namer)
     return None
+
+
+def _shape_before_transpose(node: gs.Node, prev: gs.Node, x: gs.Tensor, g: gs.Graph,
+                            namer) -> None:
+    """x = Transpose(x0, p) read by ``node`` (a Transpose that undoes it) and by one Shape:
+    the Shape reads x0 and a Gather picks p's dims, Shape(x)[s:e] = Shape(x0)[p[s:e]], so
+    the Transpose pair can go (three nodes -> two, as onnxruntime's transpose optimiser
+    does). Anything else: nothing changes."""
+    p, q = prev.attrs.get("perm"), node.attrs.get("perm")
+    if p is None or q is None or [list(p)[i] for i in q] != list(range(len(p))):
+        return
+    others = [n for n in x.outputs if n is not node]
+    shape = others[0] if len(others) == 1 else None
+    if (shape is None or shape.op != "Shape" or shape.domain not in (None, "", "ai.onnx")
+            or not any(n is shape for n in g.nodes) or not shape.outputs):
+        return
+    r = len(p)
+    start = int(shape.attrs.get("start", 0))
+    end = int(shape.attrs.get("end", r))
+    start, end = (min(max(v + r if v < 0 else v, 0), r) for v in (start, end))
+    idx = gs.Constant(namer(f"{x.name}_perm") if namer else x.name + "_perm",
+                      np.array(list(p)[start:end], np.int64))
+    dims = gs.Variable(namer(f"{x.name}_shape0") if namer else x.name + "_shape0",
+                       dtype=np.int64, shape=[r])
+    out = shape.outputs[0]
+    shape.inputs[0] = prev.inputs[0]
+    shape.attrs.pop("start", None)
+    shape.attrs.pop("end", None)
+    shape.outputs[0] = dims
+    g.nodes.append(gs.Node("Gather", namer(f"{shape.name or out.name}_gather") if namer else "",
+                           attrs={"axis": 0}, inputs=[dims, idx], outputs=[out]))
 
 
 def _drop_pair(node, g, outs, kind):

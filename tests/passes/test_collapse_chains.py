@@ -93,6 +93,33 @@ def test_a_shared_first_node_is_not_collapsed(rng):
     assert ops(out) == ["Transpose", "Transpose"]
 
 
+def test_transpose_round_trip_also_read_by_a_shape_goes(rng):
+    """A bidirectional RNN's layout: Transpose -> Transpose (the identity) with the first
+    also read by a Shape (its sequence length, here with start/end). The Shape reads the
+    input through a Gather of the perm, and the pair goes: 3 nodes -> 2. Not when the pair
+    is not the identity, or a second Shape reads it (no fewer nodes then)."""
+    def model(q: str, second: bool = False) -> onnx.ModelProto:
+        return make_model(f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 5, 4] x) => (float[A, B, C] y, int64[1] s{', int64[3] s2' if second else ''}) {{
+            t1 = Transpose <perm = [1, 0, 2]> (x)
+            t2 = Transpose <perm = {q}> (t1)
+            y = Relu (t2)
+            s = Shape <start = -3, end = 1> (t1)
+            {'s2 = Shape (t1)' if second else ''}
+        }}""")
+
+    m = model("[1, 0, 2]")
+    out, rep = cc(m, input_shapes={"x": [2, 5, 4]})
+    assert sorted(ops(out)) == ["Gather", "Relu", "Shape"]
+    assert rep.passes[0].counts["removed-transpose-pair"] == 1
+    for n in (1, 3, 0):
+        same(m, out, {"x": rng.standard_normal((n, 5, 4)).astype(np.float32)})
+    for other in (model("[0, 2, 1]"), model("[1, 0, 2]", second=True)):
+        out, _ = cc(other, input_shapes={"x": [2, 5, 4]})
+        assert ops(out).count("Transpose") == 2 and "Gather" not in ops(out)
+
+
 def test_inside_a_loop_body():
     body = onnx.helper.make_graph(
         [onnx.helper.make_node("Cast", ["v"], ["c"], to=1),
