@@ -39,6 +39,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import onnx_graphsurgeon as gs
+
 from rewriter.core.errors import InputError
 from rewriter.core.graph import node_id
 from rewriter.quant import METHODS, WEIGHT_FORMS
@@ -280,11 +282,29 @@ def resolve(plan: Plan, nodes: list) -> Assignment:
         else:
             prec[i], why[i] = plan.default, "default"
     notes = []
+    computed = {node_id(n) for n in layers if _computed_weight(n)}
     for i in ids:
         if prec[i] == "int8" and ops[i] not in INT8_OPS:
             notes.append(f"{i}: {ops[i]} has no int8 kernel in MIGraphX; kept fp32")
             prec[i], why[i] = "fp32", why[i] + " (no int8 kernel)"
+        elif prec[i] == "int8" and i in computed:
+            # insert-qdq quantises a layer's constant weight; attention's Q x K^T has none
+            notes.append(f"{i}: its second input is computed, not a weight (INT8 needs a "
+                         "constant one); kept fp32")
+            prec[i], why[i] = "fp32", why[i] + " (computed weight)"
     return Assignment(prec, why, ids, ops, notes)
+
+
+def _computed_weight(node) -> bool:
+    """A graph layer (onnx-graphsurgeon) whose second input is not a constant."""
+    inputs = getattr(node, "inputs", None)
+    return (inputs is not None and len(inputs) > 1 and not isinstance(inputs[1], gs.Constant)
+            and not _dequantized(inputs[1]))
+
+
+def _dequantized(t) -> bool:
+    """Produced by a DequantizeLinear (a model quantised already)."""
+    return len(getattr(t, "inputs", [])) == 1 and t.inputs[0].op == "DequantizeLinear"
 
 
 def _op(node) -> str:

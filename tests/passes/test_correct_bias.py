@@ -37,6 +37,8 @@ def test_output_means_match_fp32_after_correction(form, rng):
                                   calib=calib)
     rec = [p for p in rep.passes if p.name == "correct-bias"]
     assert len(rec) == 1 and rec[0].counts["corrected-layers"] == 3
+    # Its measuring (a run of the calibration data per layer) is in the time line too.
+    assert rep.seconds["bias-correction"] > 0
     names = ["a", "b", "y"]
     ref = means(m, names, calib)
     before = means(raw, names, calib)

@@ -310,3 +310,29 @@ def test_weight_form_auto_follows_the_migraphx_version():
     assert plan_mod.load({"int8": {"weights": "per-tensor"}}).weight_form(None)[0] == "per-tensor"
     with pytest.raises(rewriter.InputError, match="weight_form"):
         plan_mod.load({"int8": {"weight_form": "mull"}})
+
+
+def test_a_layer_whose_second_input_is_computed_is_not_planned_int8(rng):
+    """Attention's Q x K^T has no weight for insert-qdq to quantise: the plan keeps it
+    fp32 and says why, instead of calling it INT8 while it runs in float (which the
+    static check then flagged as plan-int8-stays-float)."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 4, 8, 8] x) => (float[1, 4, 64, 64] y) {
+        a = Conv <pads = [1, 1, 1, 1]> (x, W)
+        f = Reshape (a, s)
+        t = Transpose <perm = [0, 1, 3, 2]> (f)
+        y = MatMul (t, f)
+    }""", {"W": (4, 4, 3, 3), "s": np.array([1, 4, 1, 64], np.int64)})
+    calib = [{"x": rng.standard_normal((1, 4, 8, 8)).astype(np.float32)} for _ in range(4)]
+    plan = {"rules": [{"match": {"op": ["Conv", "MatMul"]}, "precision": "int8"}]}
+    out, rep = rewriter.rewrite(m, plan=plan, calib=calib, target="migraphx")
+    layers = rep.extra["plan"]["layers"]
+    (mm,) = [v for v in layers.values() if v["op"] == "MatMul"]
+    (conv,) = [v for v in layers.values() if v["op"] == "Conv"]
+    assert mm["precision"] == "fp32" and "computed weight" in mm["why"]
+    assert conv["precision"] == "int8"
+    assert any("second input is computed" in w for w in rep.warnings)
+    codes = {f["code"] for f in rep.extra["migraphx_check"]["findings"]}
+    assert "plan-int8-stays-float" not in codes
+    assert ops(out).count("QuantizeLinear") == 1
