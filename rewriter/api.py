@@ -154,7 +154,6 @@ class _Rewrite:
         self.depth, self.worst = 0, Numerics.EXACT   # verification depth and tolerance kind
         self.last_metrics = None     # the check after the last pass that changed the graph
         self.pending_gate = None     # the exit gate's onnxruntime load, running in a thread
-        self.last_inferred = None    # strict shape inference's result, for the line after it
         self.gate_typed = None       # the gate's inferred copy, for the static MIGraphX check
         self.fp32_done: list = []    # records of the FP32 part, for a failure's report
         self.fp32_snapshot = None    # the FP32-rewritten model, to locate a lossy divergence
@@ -571,12 +570,10 @@ class _Rewrite:
                 onnx.checker.check_model(light)
         except (InputError, onnx.checker.ValidationError) as e:
             return str(e) if isinstance(e, InputError) else f"onnx.checker: {first_line(e)}"
-        problem = self.strict_inference(light if light is not None else
-                                        weight_free_copy(exported.model))
+        problem, inferred = self.strict_inference(light if light is not None else
+                                                  weight_free_copy(exported.model))
         # What the static MIGraphX check reads: shapes inferred once, here (kept only for it).
-        self.gate_typed = (self.last_inferred if self.target == "migraphx" and light is not None
-                           and not problem else None)
-        self.last_inferred = None
+        self.gate_typed = inferred if self.target == "migraphx" and light is not None else None
         if problem and self.input_strict_ok():   # held to what the input itself passes
             return problem
         return None
@@ -595,13 +592,15 @@ class _Rewrite:
                 return f"onnxruntime cannot load it: {first_line(e)}"
         return None
 
-    def strict_inference(self, copy: onnx.ModelProto) -> str | None:
+    def strict_inference(self, copy: onnx.ModelProto
+                         ) -> tuple[str | None, onnx.ModelProto | None]:
         """onnx's strict shape inference (full_check's half that the structural check does
         not do) on ``copy``, a weight-free copy it may edit. Declared shapes of graph
         outputs and value_info are hints a model may get wrong without any pass's help (a
         Reshape whose shape folding made constant can show that the input declared its
         output wrongly): those are left out of the check and a declared output shape the
-        data contradicts is reported as the input's, not failed."""
+        data contradicts is reported as the input's, not failed. Returns (the problem or
+        None, the inferred copy or None)."""
         declared = {}
         for o in copy.graph.output:
             if o.type.HasField("tensor_type") and o.type.tensor_type.HasField("shape"):
@@ -609,16 +608,14 @@ class _Rewrite:
                                     for d in o.type.tensor_type.shape.dim]
                 o.type.tensor_type.ClearField("shape")
         del copy.graph.value_info[:]
-        self.last_inferred = None
         try:
             inferred = onnx.shape_inference.infer_shapes(copy, strict_mode=True)
         except Exception as e:  # noqa: BLE001 - any inference error is the finding
             if wrong_stfts(onnx.shape_inference.infer_shapes(copy).graph):
                 self.report.warnings.append("onnx's shape inference gets STFT's bins wrong "
                                             "(onesided): its full check is skipped")
-                return None
-            return f"onnx's full check (strict shape inference) fails: {first_line(e)}"
-        self.last_inferred = inferred
+                return None, None
+            return f"onnx's full check (strict shape inference) fails: {first_line(e)}", None
         for o in inferred.graph.output:
             want = declared.get(o.name)
             tt = o.type.tensor_type if o.type.HasField("tensor_type") else None
@@ -629,13 +626,12 @@ class _Rewrite:
                 self.report.warnings.append(
                     f"output '{o.name}' is declared {want} but computes {got} (the input's "
                     "declaration; kept as it is)")
-        return None
+        return None, inferred
 
     def input_strict_ok(self) -> bool:
         if not hasattr(self, "_input_strict"):   # with --fix-shapes, with its dims written
-            problem = self.strict_inference(write_input_dims(weight_free_copy(self.original),
-                                                             self.fixed or {}))
-            self.last_inferred = None
+            problem, _ = self.strict_inference(write_input_dims(
+                weight_free_copy(self.original), self.fixed or {}))
             self._input_strict = problem is None
             if problem:
                 self.report.warnings.append(f"the input fails onnx's full check "
