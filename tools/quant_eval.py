@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rewriter.verify.certify import paired_loss_ci, wilson
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 CACHE = Path(os.environ.get("REWRITE_MODELS", Path.home() / ".cache" / "rewrite" / "models"))
@@ -68,16 +70,6 @@ def task_data(task: str, n: int, seed: int) -> tuple[np.ndarray, np.ndarray | No
     return np.stack(xs), np.array(ys)
 
 
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    if n == 0:
-        return 0.0, 1.0
-    p = k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return float(c - h), float(c + h)
-
-
 def bootstrap_mean(v: np.ndarray, reps: int = 2000, seed: int = 0) -> tuple[float, float]:
     rng = np.random.default_rng(seed)
     means = v[rng.integers(0, len(v), (reps, len(v)))].mean(axis=1)
@@ -101,12 +93,10 @@ def judge(ref: np.ndarray, out: np.ndarray, labels) -> dict:
          "cosine_min": float(cos.min())}
     if labels is not None:
         a32, a8 = ref.argmax(1) == labels, out.argmax(1) == labels
-        d = a8.astype(float) - a32.astype(float)
-        se = d.std(ddof=1) / np.sqrt(len(d)) if len(d) > 1 else 0.0
+        lo, hi = paired_loss_ci(a32, a8)    # the interval the planner's reports use
         r.update(acc_fp32=float(a32.mean()), acc=float(a8.mean()),
-                 drop_points=float(-d.mean() * 100),
-                 drop_ci=(float((-d.mean() - 1.96 * se) * 100),
-                          float((-d.mean() + 1.96 * se) * 100)))
+                 drop_points=float(a32.mean() - a8.mean()) * 100,
+                 drop_ci=(100 * lo, 100 * hi))
     return r
 
 

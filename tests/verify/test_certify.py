@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from rewriter.verify.certify import flip_risk, judge_lossy, margins_and_leads, samples_needed, wilson
+from rewriter.verify.certify import (flip_risk, judge_lossy, margins_and_leads, paired_loss_ci,
+                                     samples_needed, wilson)
 
 BUDGET = {"min_top1": 0.99, "min_cosine": 0.995}
 
@@ -55,10 +56,10 @@ def test_labels_give_the_accuracy_change():
     labels = ref.argmax(1).copy()
     labels[:10] = 1 - labels[:10]                     # FP32 wrong on 10 of 100
     out = ref.copy()
-    out[10:15] = out[10:15][:, ::-1]                  # 5 correct ones flip
+    out[10:18] = out[10:18][:, ::-1]                  # 8 correct ones flip (McNemar p 0.008)
     j = judge_lossy("y", ref, out, {"max_accuracy_drop": 1.0}, labels=labels)
-    assert j.accuracy_fp32 == pytest.approx(0.9) and j.accuracy == pytest.approx(0.85)
-    assert j.accuracy_drop == pytest.approx(5.0) and j.accuracy_drop_ci[0] > 0
+    assert j.accuracy_fp32 == pytest.approx(0.9) and j.accuracy == pytest.approx(0.82)
+    assert j.accuracy_drop == pytest.approx(8.0) and j.accuracy_drop_ci[0] > 0
     assert not j.met
 
 
@@ -105,3 +106,47 @@ def test_a_smaller_alpha_widens_every_decision_bound():
     assert b.top1_lower < a.top1_lower
     assert b.cosine_ci[0] < a.cosine_ci[0] and b.cosine_ci[1] > a.cosine_ci[1]
     assert b.accuracy_drop_ci[1] > a.accuracy_drop_ci[1]
+
+
+def test_accuracy_loss_interval_keeps_a_width_without_discordant_samples():
+    """64 samples on which the two models are right and wrong together say little about a
+    0.5-point loss: the bound stays near 4 points (a Wald interval on the per-sample
+    differences has width 0 there and would certify any budget)."""
+    right = np.arange(64) % 5 != 0
+    lo, hi = paired_loss_ci(right, right.copy())
+    assert lo < -0.03 and hi > 0.03
+
+
+def test_accuracy_loss_upper_bound_covers_the_true_loss():
+    """Simulated pairs with a true loss of 2 points from rare discordance (2% of samples
+    lost, none gained), 64 samples: the 95% upper bound must be at or above 2 points in at
+    least 90% of 400 draws. The Wald interval covers in about 71% (the draws with no lost
+    sample give it width 0)."""
+    rng = np.random.default_rng(13)
+    covered = 0
+    for _ in range(400):
+        r32 = np.ones(64, bool)
+        r8 = rng.random(64) >= 0.02
+        covered += paired_loss_ci(r32, r8)[1] >= 0.02
+    assert covered / 400 >= 0.9
+
+
+def test_accuracy_budget_counts_only_flips_of_right_answers():
+    """200 samples, 3 classes: 150 FP32 gets right with a wide lead and 50 it gets wrong by
+    a hair, all of which flip to another wrong class. Accuracy does not move, but the
+    all-sample flip-risk bound is about 18% and the paired interval of 0-vs-0 discordance
+    still reaches about 1.4 points; only the flip risk of the right answers shows a loss
+    under 1 point."""
+    rng = np.random.default_rng(21)
+    ref = np.zeros((200, 3))
+    ref[:, 0] = 5.0
+    ref[:, 1] = rng.uniform(0.0, 1.0, 200)
+    ref[150:, 1] = 5.0 - rng.uniform(0.01, 0.05, 50)     # wrong ones: a near-tie of 0 and 1
+    labels = np.zeros(200, int)
+    labels[150:] = 2
+    out = ref + rng.normal(0, 0.05, ref.shape)
+    out[150:, :2] = out[150:, 1::-1]                     # the near-ties flip, still wrong
+    j = judge_lossy("y", ref, out, {"max_accuracy_drop": 1.0}, labels=labels)
+    assert j.accuracy_drop == 0.0 and j.accuracy_drop_ci[1] > 1.0
+    assert j.flip_risk_upper > 0.1 and j.loss_risk_upper < 0.01
+    assert j.met
