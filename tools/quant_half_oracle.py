@@ -16,6 +16,9 @@ an experiment: the pipeline writes zero points 0, MIGraphX's fast path.
 ``--tune-scales`` judges each plan again after an end-to-end search of its activation
 scales: coordinate descent, two sweeps, each scale times 0.5-1.5, keeping what lowers the
 mean KL divergence from FP32 on the 64 calibration samples (an experiment too).
+``--n-eval N --eval-seed S`` judge on N fresh samples drawn with seed S (300 and 1 by
+default, quant_eval's set); ``--bias-correction`` and ``--alpha A`` set those two INT8
+options of the plan (the planner's plans leave bias correction off; alpha 0.5 by default).
 """
 
 from __future__ import annotations
@@ -145,7 +148,8 @@ def show(row: dict) -> None:
 
 
 def run(task: str, fracs: list[float], work: Path, pointwise: bool = False,
-        asym: bool = False, tune: bool = False) -> list[dict]:
+        asym: bool = False, tune: bool = False, n_eval: int = 300, eval_seed: int = 1,
+        int8: dict | None = None) -> list[dict]:
     import onnx
 
     import rewriter
@@ -154,7 +158,7 @@ def run(task: str, fracs: list[float], work: Path, pointwise: bool = False,
 
     model = str(qe.CACHE / qe.TASKS[task][0])
     xc, _ = qe.task_data(task, 64, 0)
-    xe, ye = qe.task_data(task, 300, 1)
+    xe, ye = qe.task_data(task, n_eval, eval_seed)
     calib = [{"x": xc[i:i + 1]} for i in range(len(xc))]
     ref = qe.outputs(model, xe)
     _, rep = plan_auto(model, calib)
@@ -174,8 +178,9 @@ def run(task: str, fracs: list[float], work: Path, pointwise: bool = False,
             over = {r.id: "int8" if r.id in pick else (r.choice if r.choice != "int8" else "fp16")
                     for r in rep.layers}
             out = work / f"{task}.{key}.{frac}{'.pw' if pointwise else ''}.onnx"
-            rewriter.rewrite(model, output=out, plan=dict(rep.plan, overrides=over),
-                             calib=calib, materialize=False)
+            plan = dict(rep.plan, overrides=over,
+                        int8={**(rep.plan.get("int8") or {}), **(int8 or {})})
+            rewriter.rewrite(model, output=out, plan=plan, calib=calib, materialize=False)
             label = f"{'ungrouped ' if pointwise else ''}{key} {frac:.0%}"
             row = {"task": task, "plan": label, "int8_convs": len(pick),
                    "convs": n_convs, "seconds": 0.0,
@@ -207,13 +212,21 @@ def main() -> int:
                    help="judge each plan again with asymmetric activation ranges")
     p.add_argument("--tune-scales", action="store_true",
                    help="judge each plan again after an end-to-end activation-scale search")
+    p.add_argument("--n-eval", type=int, default=300, help="fresh samples to judge on")
+    p.add_argument("--eval-seed", type=int, default=1)
+    p.add_argument("--bias-correction", action="store_true",
+                   help="bias correction on in the plans (the planner leaves it off)")
+    p.add_argument("--alpha", type=float, help="equalize_alpha of the plans (default 0.5)")
     p.add_argument("--work", default="/tmp/quant_half_oracle")
     p.add_argument("--json")
     a = p.parse_args()
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
+    int8 = {**({"bias_correction": True} if a.bias_correction else {}),
+            **({"equalize_alpha": a.alpha} if a.alpha is not None else {})}
     rows = [r for t in a.task for r in run(t, [float(f) for f in a.frac.split(",")], work,
-                                           a.ungrouped_only, a.asymmetric, a.tune_scales)]
+                                           a.ungrouped_only, a.asymmetric, a.tune_scales,
+                                           a.n_eval, a.eval_seed, int8)]
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1, default=float))
     return 0
