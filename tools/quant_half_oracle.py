@@ -16,6 +16,8 @@ an experiment: the pipeline writes zero points 0, MIGraphX's fast path.
 ``--tune-scales`` judges each plan again after an end-to-end search of its activation
 scales: coordinate descent, two sweeps, each scale times 0.5-1.5, keeping what lowers the
 mean KL divergence from FP32 on the 64 calibration samples (an experiment too).
+``--ablate`` judges each plan again without its activation Q/DQ (INT8 weights, float
+activations), then without each activation's Q/DQ alone: where the loss comes from.
 ``--n-eval N --eval-seed S`` judge on N fresh samples drawn with seed S (300 and 1 by
 default, quant_eval's set); ``--bias-correction`` and ``--alpha A`` set those two INT8
 options of the plan (the planner's plans leave bias correction off; alpha 0.5 by default).
@@ -125,6 +127,30 @@ def tune_scales(src: Path, dst: Path, xs, ref) -> tuple[float, float]:
     return start, best
 
 
+def without_activation_qdq(src: Path, dst: Path, tensors: set | None = None) -> list[str]:
+    """``src`` with the Q -> DQ pairs on computed tensors (all, or those in ``tensors``)
+    removed: the DQ's readers read the tensor itself. Returns the activation tensors."""
+    import onnx
+
+    m = onnx.load(str(src))
+    g = m.graph
+    consts = {i.name for i in g.initializer} | {n.output[0] for n in g.node
+                                                 if n.op_type == "Constant"}
+    acts = sorted({n.input[0] for n in g.node
+                   if n.op_type == "QuantizeLinear" and n.input[0] not in consts})
+    drop = {n.output[0]: n.input[0] for n in g.node if n.op_type == "QuantizeLinear"
+            and n.input[0] in (acts if tensors is None else tensors)}
+    to = {n.output[0]: drop[n.input[0]] for n in g.node
+          if n.op_type == "DequantizeLinear" and n.input[0] in drop}
+    keep = [n for n in g.node if n.output[0] not in drop and n.output[0] not in to]
+    for n in keep:
+        n.input[:] = [to.get(x, x) for x in n.input]
+    del g.node[:]
+    g.node.extend(keep)
+    onnx.save(m, str(dst))
+    return acts
+
+
 def judge(ref, out, labels) -> dict:
     """quant_eval's judgement plus, between log-probabilities, how close to a tie the flipped
     samples were: the largest FP32 margin among them, the share of all samples with a margin
@@ -149,7 +175,7 @@ def show(row: dict) -> None:
 
 def run(task: str, fracs: list[float], work: Path, pointwise: bool = False,
         asym: bool = False, tune: bool = False, n_eval: int = 300, eval_seed: int = 1,
-        int8: dict | None = None) -> list[dict]:
+        int8: dict | None = None, ablate: bool = False) -> list[dict]:
     import onnx
 
     import rewriter
@@ -192,6 +218,17 @@ def run(task: str, fracs: list[float], work: Path, pointwise: bool = False,
                 rows.append({**row, "plan": label + " asym",
                              **judge(ref, qe.outputs(str(out.with_suffix(".asym.onnx")), xe), ye)})
                 show(rows[-1])
+            if ablate:
+                bare = out.with_suffix(".bare.onnx")
+                acts = without_activation_qdq(out, bare)
+                rows.append({**row, "plan": label + " weights only",
+                             **judge(ref, qe.outputs(str(bare), xe), ye)})
+                show(rows[-1])
+                for t in acts:
+                    without_activation_qdq(out, bare, {t})
+                    agree = qe.outputs(str(bare), xe).argmax(1) == ref.argmax(1)
+                    print(f"  without {t}'s Q/DQ: {int((~agree).sum())} flips", flush=True)
+                    rows[-1].setdefault("flips_without", {})[t] = int((~agree).sum())
             if tune:
                 tuned = out.with_suffix(".tuned.onnx")
                 before, after = tune_scales(out, tuned, xc, qe.outputs(model, xc))
@@ -212,6 +249,8 @@ def main() -> int:
                    help="judge each plan again with asymmetric activation ranges")
     p.add_argument("--tune-scales", action="store_true",
                    help="judge each plan again after an end-to-end activation-scale search")
+    p.add_argument("--ablate", action="store_true",
+                   help="judge each plan again without activation Q/DQ, all and one by one")
     p.add_argument("--n-eval", type=int, default=300, help="fresh samples to judge on")
     p.add_argument("--eval-seed", type=int, default=1)
     p.add_argument("--bias-correction", action="store_true",
@@ -226,7 +265,7 @@ def main() -> int:
             **({"equalize_alpha": a.alpha} if a.alpha is not None else {})}
     rows = [r for t in a.task for r in run(t, [float(f) for f in a.frac.split(",")], work,
                                            a.ungrouped_only, a.asymmetric, a.tune_scales,
-                                           a.n_eval, a.eval_seed, int8)]
+                                           a.n_eval, a.eval_seed, int8, a.ablate)]
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1, default=float))
     return 0
