@@ -82,9 +82,7 @@ class EqualizeChannels(Pass):
         stats = ctx.channel_stats.get(x.name)
         if stats is None:
             return "no-channel-statistics"
-        # int8.equalize_range mse: each channel brought to its own least-error clip
-        # (the statistics carry it then), not to its max
-        a = np.asarray(stats.absmax if stats.clip is None else stats.clip, np.float64)
+        a = np.asarray(stats.absmax, np.float64)
         c = len(a)
         if x.shape is not None and len(x.shape) < 3:
             return "rank-below-3"

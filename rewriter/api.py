@@ -462,8 +462,7 @@ class _Rewrite:
         tensors = sorted({n.inputs[0].name for n in int8 if n.op == "Conv"})
         self.ctx.channel_stats = channel_stats(
             exported.model, tensors, self.calib_data, base_dir=exported.source_dir,
-            initializers=exported.ort_initializers(), progress=self.progress,
-            clip=self.plan.int8.get("equalize_range") == "mse")
+            initializers=exported.ort_initializers(), progress=self.progress)
         self.extra_records += run_pipeline(self.graph, registry.resolve(["equalize-channels"]),
                                            self.ctx, self.after_change)
 

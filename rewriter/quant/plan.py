@@ -55,8 +55,8 @@ POSITIONS = ("first_conv", "last_conv", "classifier")
 _DEFAULT_INT8 = {"calibration": {"method": "mse", "percentile": 99.999, "num_bins": 2048,
                                  "samples": 200},
                  "weights": "per-channel", "weight_form": "auto", "bias": "float",
-                 "equalize": True, "equalize_alpha": 0.5, "equalize_range": "max",
-                 "bias_correction": True, "rounding": "gptq"}
+                 "equalize": True, "equalize_alpha": 0.5, "bias_correction": True,
+                 "rounding": "gptq"}
 # The first MIGraphX version whose simplify_qdq throws on a per-axis weight DequantizeLinear
 # (develop after PR #4470; shared/migraphx/PROFILE.md item 9, run on the 2.15 and 2.16 builds).
 PER_AXIS_BREAKS_FROM = (2, 16)
@@ -196,7 +196,6 @@ def from_dict(d: Any, source: str) -> Plan:
               "bias": int8.get("bias", "float"),
               "equalize": int8.get("equalize", _DEFAULT_INT8["equalize"]),
               "equalize_alpha": float(int8.get("equalize_alpha", 0.5)),
-              "equalize_range": int8.get("equalize_range", _DEFAULT_INT8["equalize_range"]),
               "bias_correction": bool(int8.get("bias_correction",
                                                _DEFAULT_INT8["bias_correction"])),
               "rounding": int8.get("rounding", _DEFAULT_INT8["rounding"])}
@@ -204,8 +203,6 @@ def from_dict(d: Any, source: str) -> Plan:
         raise InputError(f"plan {source}: int8.rounding must be nearest or gptq")
     if p.int8["equalize"] not in (True, False, "all"):
         raise InputError(f"plan {source}: int8.equalize must be true, false or all")
-    if p.int8["equalize_range"] not in ("max", "mse"):
-        raise InputError(f"plan {source}: int8.equalize_range must be max or mse")
     if not 0.0 <= p.int8["equalize_alpha"] <= 1.0:
         raise InputError(f"plan {source}: int8.equalize_alpha must be in [0, 1]")
     if p.int8["weight_form"] not in WEIGHT_FORMS:

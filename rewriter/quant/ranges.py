@@ -111,17 +111,14 @@ class ChannelStats:
 
     absmax: np.ndarray    # max |x| per channel
     mean: np.ndarray      # mean x per channel
-    clip: np.ndarray | None = None   # per channel, the int8 clip of least squared error
 
 
 def channel_stats(model, tensors: list[str], data, chunk: int = 64, base_dir=None,
-                  initializers=None, progress: bool = True,
-                  clip: bool = False) -> dict[str, ChannelStats]:
+                  initializers=None, progress: bool = True) -> dict[str, ChannelStats]:
     """Per-channel max |x| and mean of each tensor over the calibration data (axis 1 is the
-    channel; a tensor of rank < 2 counts as one channel), and with ``clip`` each channel's
-    MSE-optimal symmetric int8 clip (from a per-channel histogram of |x|). Streams like
+    channel; a tensor of rank < 2 counts as one channel). Streams like
     :func:`collect_ranges`: bounded memory, identical results for any ``chunk``."""
-    reducer = _ChannelReducer(clip)
+    reducer = _ChannelReducer()
     tensors = list(dict.fromkeys(tensors))
     _stream(model, tensors, data, reducer, chunk, base_dir, initializers, progress,
             "channel statistics")
@@ -174,35 +171,11 @@ def _stream(model, tensors: list[str], data, reducer, chunk: int, base_dir, init
 
 
 class _ChannelReducer:
-    BINS = 256
-
-    def __init__(self, clip: bool = False):
+    def __init__(self):
         self.absmax: dict[str, np.ndarray] = {}
         self.total: dict[str, np.ndarray] = {}
         self.count: dict[str, int] = {}
         self.result: dict[str, ChannelStats] = {}
-        self.clip = clip
-        self.hist: dict[str, tuple[np.ndarray, np.ndarray]] = {}   # (counts [C, B], range [C])
-
-    def _histogram(self, name: str, a: np.ndarray, m: np.ndarray) -> None:
-        """Per-channel histograms of |x| over [0, range_c), B bins; a channel's range
-        doubles (bins merged in pairs) whenever a value reaches past it, so memory stays
-        C x B and the bins are the same whatever the order of the data."""
-        b = self.BINS
-        if name not in self.hist:
-            top = np.where(m > 0, 2.0 ** np.ceil(np.log2(np.maximum(m, 1e-30)) + 1e-9), 1.0)
-            self.hist[name] = (np.zeros((len(m), b)), top)
-        h, top = self.hist[name]
-        grow = m >= top
-        while grow.any():
-            rows = h[grow]
-            h[grow] = np.concatenate([rows[:, 0::2] + rows[:, 1::2],
-                                      np.zeros((rows.shape[0], b // 2))], axis=1)
-            top[grow] *= 2
-            grow = m >= top
-        idx = np.minimum((np.abs(a) / top[None, :, None] * b).astype(np.int64), b - 1)
-        idx += (np.arange(len(m)) * b)[None, :, None]
-        h += np.bincount(idx.ravel(), minlength=h.size).reshape(h.shape)
 
     def update(self, name: str, a: np.ndarray) -> None:
         a = np.asarray(a, dtype=np.float64)
@@ -219,19 +192,12 @@ class _ChannelReducer:
             self.absmax[name], self.total[name] = m, s
             self.count[name] = 0
         self.count[name] += a.shape[0] * a.shape[2]
-        if self.clip:
-            self._histogram(name, a, m)
 
     def finish(self, names: list[str], progress: bool) -> None:
         for n in names:
             if n in self.absmax:
-                amax = self.absmax.pop(n)
-                clip = None
-                if n in self.hist:
-                    h, top = self.hist.pop(n)
-                    clip = np.minimum(_mse_thresholds(h, top), amax)
-                self.result[n] = ChannelStats(amax, self.total.pop(n) / max(1, self.count.pop(n)),
-                                              clip)
+                self.result[n] = ChannelStats(self.absmax.pop(n),
+                                              self.total.pop(n) / max(1, self.count.pop(n)))
 
 
 def _bar(progress: bool, **kw):
@@ -380,25 +346,6 @@ def _mse_threshold(histogram: tuple, levels: int = 127) -> float:
         if err <= best:
             best, best_t = err, float(t)
     return best_t
-
-
-def _mse_thresholds(hist: np.ndarray, top: np.ndarray, levels: int = 127) -> np.ndarray:
-    """:func:`_mse_threshold` for every row of ``hist`` at once (row c: bins of |x| over
-    [0, top[c])): per row, the bin edge from 1/3 of the range up that minimises the
-    expected squared error of symmetric int8 quantisation clipped there."""
-    c, b = hist.shape
-    width = top / b
-    centers = (np.arange(b) + 0.5)[None, :] * width[:, None]
-    ks = np.arange(max(1, b // 3), b + 1)
-    t = ks[None, :] * width[:, None]                                   # [C, K]
-    # bins j >= k clip to t, bins below round; sums over the clipped tail from the top
-    tail = lambda v: np.concatenate([np.cumsum(v[:, ::-1], axis=1)[:, ::-1],  # noqa: E731
-                                     np.zeros((c, 1))], axis=1)[:, ks]
-    n_above, s_x, s_xx = tail(hist), tail(hist * centers), tail(hist * centers ** 2)
-    below = hist.sum(axis=1, keepdims=True) - n_above
-    err = below * (t / levels) ** 2 / 12 + s_xx - 2 * t * s_x + t * t * n_above
-    pick = err.shape[1] - 1 - np.argmin(err[:, ::-1], axis=1)          # ties: larger t
-    return t[np.arange(c), pick]
 
 
 def _percentile_edge(histogram: tuple, percentile: float) -> float:
