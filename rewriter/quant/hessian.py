@@ -64,19 +64,28 @@ def patches(x: np.ndarray, spec: ConvSpec) -> np.ndarray:
 
 
 class HessianReducer:
-    """Streams batches of conv inputs into H = sum x x^T / count per conv and group."""
+    """Streams batches of conv inputs into H = sum x x^T / count per conv and group; with
+    ``groups`` (the group of each item, in the order the data streams) the sums are kept per
+    group too, so that each group's complement comes out of the same single pass."""
 
-    def __init__(self, specs: list[ConvSpec], max_patches: int = 4096, seed: int = 0):
+    def __init__(self, specs: list[ConvSpec], max_patches: int = 4096, seed: int = 0,
+                 groups: list[int] | None = None):
         self.by_input: dict[str, list[ConvSpec]] = {}
         for s in specs:
             self.by_input.setdefault(s.input, []).append(s)
         self.max_patches, self.rng = max_patches, np.random.default_rng(seed)
-        self.h: dict[str, np.ndarray] = {}
-        self.count: dict[str, int] = {}
+        self.groups = groups
+        self.seen: dict[str, int] = {}                     # items streamed, per tensor
+        self.h: dict[str, dict] = {}                       # conv id -> group -> sum x x^T
+        self.count: dict[str, dict] = {}
         self.batches = 1
         self.result: dict[str, np.ndarray] = {}
+        self.without: dict[int, dict[str, np.ndarray]] = {}  # group -> H of the others
 
     def update(self, name: str, a: np.ndarray) -> None:
+        item = self.seen.get(name, 0)
+        self.seen[name] = item + 1
+        key = self.groups[item] if self.groups is not None else 0
         for spec in self.by_input.get(name, []):
             x = patches(np.asarray(a, np.float32), spec)
             keep = max(1, self.max_patches // max(1, self.batches))
@@ -84,27 +93,45 @@ class HessianReducer:
                 x = x[:, :, self.rng.choice(x.shape[2], keep, replace=False)]
             x = x.astype(np.float64)
             h = x @ x.transpose(0, 2, 1)
-            if spec.id in self.h:
-                self.h[spec.id] += h
-                self.count[spec.id] += x.shape[2]
-            else:
-                self.h[spec.id], self.count[spec.id] = h, x.shape[2]
+            hs, cs = self.h.setdefault(spec.id, {}), self.count.setdefault(spec.id, {})
+            hs[key] = hs[key] + h if key in hs else h
+            cs[key] = cs.get(key, 0) + x.shape[2]
 
     def finish(self, names: list[str], progress: bool) -> None:
         for name in names:
             for spec in self.by_input.get(name, []):
-                if spec.id in self.h:
-                    self.result[spec.id] = self.h.pop(spec.id) / max(1, self.count.pop(spec.id))
+                if spec.id not in self.h:
+                    continue
+                hs, cs = self.h.pop(spec.id), self.count.pop(spec.id)
+                total, n = sum(hs.values()), sum(cs.values())
+                self.result[spec.id] = total / max(1, n)
+                if self.groups is not None:
+                    for g in set(self.groups):
+                        rest = n - cs.get(g, 0)
+                        if rest > 0:
+                            self.without.setdefault(g, {})[spec.id] = \
+                                (total - hs[g]) / rest if g in hs else total / rest
 
 
 def conv_hessians(model, specs: list[ConvSpec], data, base_dir=None, initializers=None,
-                  max_patches: int = 4096, progress: bool = True) -> dict[str, np.ndarray]:
-    """conv id -> H [group, D, D] over the calibration data (see the module docstring)."""
+                  max_patches: int = 4096, progress: bool = True,
+                  folds: list[list[int]] | None = None):
+    """conv id -> H [group, D, D] over the calibration data (see the module docstring).
+    With ``folds`` (item indices per fold), also, for each fold f, the H of the other folds'
+    items: ``(H, [H without fold 0, H without fold 1, ...])``, from one pass."""
     from rewriter.quant.ranges import _stream
 
-    reducer = HessianReducer(specs, max_patches)
+    groups = None
+    if folds is not None:
+        groups = [0] * len(data)
+        for f, idx in enumerate(folds):
+            for j in idx:
+                groups[j] = f
+    reducer = HessianReducer(specs, max_patches, groups=groups)
     reducer.batches = max(1, len(data))
     tensors = sorted({s.input for s in specs})
     _stream(model, tensors, data, reducer, 64, base_dir, initializers, progress,
             "weight rounding statistics")
-    return reducer.result
+    if folds is None:
+        return reducer.result
+    return reducer.result, [reducer.without.get(f, {}) for f in range(len(folds))]

@@ -7,9 +7,11 @@ how sure the choice is.
    conv are equalised (equalize-channels, scope "all"): exact in float, and what lets
    depthwise MobileNets keep their accuracy in INT8.
 2. **k-fold**: the calibration samples are split into ``folds`` (4) interleaved folds; for
-   fold f, activation ranges (``method``, MSE by default) come from the other folds. A plan
-   is judged by running fold f's samples on the model built with fold f's ranges, for every
-   f: every sample is judged once and never by ranges it set, and all samples count.
+   fold f, activation ranges (``method``, MSE by default) and the GPTQ rounding statistics
+   come from the other folds. A plan is judged by running fold f's samples on the model
+   built with fold f's ranges and rounding, for every f: every sample is judged once and
+   never by ranges or rounding it set, and all samples count. (The equalisation of step 1
+   uses every sample's channel maxima.)
 3. **Sensitivity** (one fold, for speed): each layer alone in INT8, and alone in FP16,
    against FP32. The harm of a layer is its expected flip rate (rewriter.verify.certify:
    from the samples' FP32 margins and the lead changes the layer causes) for classifier
@@ -251,14 +253,17 @@ class _CrossValidator:
                 percentile=float(settings["percentile"]), num_bins=int(settings["num_bins"]),
                 base_dir=exp.source_dir, initializers=exp.ort_initializers(),
                 progress=progress))
-        self.hessians, self.weight_cache = {}, {}
+        # GPTQ rounding is fitted to its samples too: fold f's weights are rounded with the
+        # other folds' statistics, so that no sample judges weights fitted to it.
+        self.hessians = [{} for _ in range(k)]
+        self.weight_cache = [{} for _ in range(k)]
         if settings["rounding"] == "gptq":
             from rewriter.quant.hessian import conv_hessians, conv_spec
             specs = [sp for sp in (conv_spec(n, n.inputs[1].shape) for n in layers
                                    if n.op == "Conv" and n.inputs[1].shape is not None) if sp]
-            self.hessians = conv_hessians(exp.model, specs, data, base_dir=exp.source_dir,
-                                          initializers=exp.ort_initializers(),
-                                          progress=progress)
+            _, self.hessians = conv_hessians(exp.model, specs, data, base_dir=exp.source_dir,
+                                             initializers=exp.ort_initializers(),
+                                             progress=progress, folds=self.folds)
         sess = ort.session(exp.model, exp.source_dir, initializers=exp.ort_initializers())
         self.output_names = [o.name for o in exp.model.graph.output]
         self.reference = [ort.run(sess, f) for f in self.feeds]
@@ -279,7 +284,7 @@ class _CrossValidator:
         folds = list(range(len(self.folds))) if folds is None else folds
         idx, outs = [], []
         for f in folds:
-            exp = self._build(precision, self.ranges[f])
+            exp = self._build(precision, f)
             sess = ort.session(exp.model, exp.source_dir, initializers=exp.ort_initializers())
             for j in self.folds[f]:
                 idx.append(j)
@@ -289,7 +294,8 @@ class _CrossValidator:
         # the number of plans compared (self.alpha); one-fold sensitivity probes only rank.
         return self._judge(idx, outs, self.alpha if len(folds) == len(self.folds) else 0.05)
 
-    def _build(self, precision, ranges):
+    def _build(self, precision, f: int):
+        """The plan's model for judging fold f: the other folds' ranges and rounding."""
         from rewriter.core.manager import run_pipeline
         from rewriter.core.pass_base import Context, Options
         from rewriter.core.registry import resolve
@@ -302,8 +308,8 @@ class _CrossValidator:
         plan = Plan(int8={"calibration": {}, "weights": self.s["weights"],
                           "weight_form": self.s["weight_form"], "bias": "float"})
         ctx = Context(Options(migraphx_version=self.s.get("migraphx_version")), Namer(g),
-                      plan=plan, assignment=a, ranges=ranges, hessians=self.hessians,
-                      weight_cache=self.weight_cache)
+                      plan=plan, assignment=a, ranges=self.ranges[f],
+                      hessians=self.hessians[f], weight_cache=self.weight_cache[f])
         run_pipeline(g, resolve(["insert-qdq", "convert-fp16"]), ctx)
         return export(g, self.original, self.base_dir)
 
