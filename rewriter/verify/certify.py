@@ -221,8 +221,8 @@ def judge_lossy(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
         j.flip_risk = flip_risk(m.ravel(), d.ravel())
         # With labels, accuracy can only be lost on samples FP32 gets right: the loss is at
         # most their share times the flip risk of their margins (same drops, same draws).
-        right = (rr.argmax(-1) == labels).reshape(n, per).all(axis=1) \
-            if labels is not None and per == 1 and len(labels) == n else None
+        labelled = labels is not None and per == 1 and len(labels) == n
+        right = rr.argmax(-1) == labels if labelled else None
         rng = np.random.default_rng(seed)
         risks, losses = [], []
         for _ in range(reps):
@@ -240,8 +240,8 @@ def judge_lossy(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
         kl = np.sum(p * (np.log(np.maximum(p, 1e-12)) - np.log(np.maximum(q, 1e-12))), -1)
         kl = kl.reshape(n, per).mean(axis=1)
         j.kl_mean, j.kl_worst = float(kl.mean()), float(kl.max())
-        if labels is not None and per == 1 and len(labels) == n:
-            a32, a8 = rr.argmax(-1) == labels, oo.argmax(-1) == labels
+        if labelled:
+            a32, a8 = right, oo.argmax(-1) == labels
             j.accuracy_fp32, j.accuracy = float(a32.mean()), float(a8.mean())
             j.accuracy_drop = float(a32.mean() - a8.mean()) * 100
             lo, hi = paired_loss_ci(a32, a8, z)
