@@ -314,7 +314,8 @@ class _Rewrite:
         labels = self.held_labels if feeds is self.held_out else None
         self.verifier = Verifier(self.original, self.base_dir, feeds, path=self.path,
                                  lossy=self.plan.verify if self.plan is not None else None,
-                                 labels=labels)
+                                 labels=labels,
+                                 strict=bool((self.planner_settings or {}).get("strict")))
         self.report.verified_with = "onnxruntime CPU, graph optimisations off, " + what
         self.seconds["reference"] = time.perf_counter() - t
 
@@ -685,6 +686,13 @@ class _Rewrite:
             raise self.unloadable(self.report.passes or [], str(e)) from None
         self.report.verification = [m.to_dict() for m in metrics]
         self.seconds["verify"] = self.verify_seconds + time.perf_counter() - t
+        for m in metrics:   # passed, but only because the data cannot decide (verifier)
+            c = m.certificate
+            if m.ok and c is not None and not c["met"]:
+                self.report.warnings.append(
+                    f"output '{m.name}' is not certified on {c['n']} samples ({c['why']}), "
+                    "nor shown to miss the budget: written anyway; more samples, or "
+                    "--strict to make this an error")
         if not self.report.ok:
             self.report.failed_pass = self.report.failed_pass or "(final model)"
             self.report.seconds = self.seconds
@@ -840,7 +848,11 @@ def _worst(metrics, verifier=None) -> str:
     if m.sqnr_db != float("inf"):
         s += f", SQNR {m.sqnr_db:.1f} dB"
     if verifier is not None and verifier.lossy:
-        s += " vs budget " + ", ".join(f"{k} {v:g}" for k, v in verifier.lossy.items())
+        s += " vs budget " + ", ".join(f"{k} {v:g}" for k, v in verifier.lossy.items()
+                                       if v is not None)
+    why = (getattr(m, "certificate", None) or {}).get("why")
+    if why:   # judged by bounds, not by the point values above: say which one missed
+        s += f"; {why}"
     return s + ("" if m.shape_ok else ", shape/dtype differs")
 
 

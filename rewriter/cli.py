@@ -277,7 +277,8 @@ def _planner_args(p) -> None:
     g.add_argument("--folds", type=int, default=4,
                    help="k-fold judgement: ranges from k-1 folds, judged on the k-th (4)")
     g.add_argument("--strict", action="store_true",
-                   help="exit 1 when the data cannot certify the budget at 95%% confidence")
+                   help="exit 1 when the data cannot certify the budget at 95%% confidence "
+                        "(the planner's plan, and --verify of any plan)")
     g.add_argument("--selection-correction", action="store_true",
                    help="take each plan's bounds at 0.05/T for the T plans the search may "
                         "compare (Bonferroni), so the kept plan's bounds hold at 95%% after "

@@ -160,6 +160,7 @@ class Judgement:
     alpha: float = 0.05                       # error of the decision bounds (see judge_lossy)
     met: bool = False
     certifiable: bool = True
+    refuted: bool = False                     # even the optimistic ends miss the budget
     why: str = ""
 
     def to_dict(self) -> dict:
@@ -176,8 +177,9 @@ class Judgement:
             lo, hi = self.accuracy_drop_ci
             s += (f", accuracy {self.accuracy_fp32:.3f} -> {self.accuracy:.3f} (loss "
                   f"{self.accuracy_drop:+.1f} [{lo:+.1f}, {hi:+.1f}] points)")
-        return s + f"; budget {'met' if self.met else 'NOT met'} at 95%" + (
-            f" ({self.why})" if self.why else "")
+        verdict = ("met" if self.met else "NOT met" if self.refuted or self.certifiable
+                   else "not certified, nor shown missed")
+        return s + f"; budget {verdict} at 95%" + (f" ({self.why})" if self.why else "")
 
 
 def judge_lossy(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
@@ -278,3 +280,11 @@ def _decide(j: Judgement, budget: dict) -> None:
             reasons.append(f"accuracy loss upper bound {bound:.1f} > {cap} points")
     j.met = ok
     j.why = "; ".join(reasons)
+    # Shown missed: the optimistic end of an interval is outside the budget, so more
+    # samples would not help (a verdict, unlike a bound that is merely too wide).
+    j.refuted = bool(
+        ("min_cosine" in budget and j.cosine_ci[1] < budget["min_cosine"])
+        or ("min_top1" in budget and j.top1 is not None
+            and j.top1_ci[1] < float(budget["min_top1"]))
+        or ("max_accuracy_drop" in budget and j.accuracy_drop is not None
+            and j.accuracy_drop_ci[0] > float(budget["max_accuracy_drop"])))

@@ -63,3 +63,35 @@ def test_labels_add_task_accuracy():
                        labels=np.arange(12) % 10)
     m = rep.measured
     assert m["accuracy_fp32"] is not None and m["accuracy_drop_ci"] is not None
+
+
+def test_a_plan_missing_its_budget_fails_with_the_budget_in_one_line(tmp_path):
+    """A lossy verification failure names the budget it missed; keys left unset (here
+    max_accuracy_drop, None by default) are not in it (they used to crash the message)."""
+    plan = {"rules": [{"match": {"op": ["Conv"]}, "precision": "int8"}],
+            "verify": {"min_cosine": 0.99999999}}
+    with pytest.raises(rewriter.VerificationError) as e:
+        rewriter.rewrite(MODEL, output=tmp_path / "q.onnx", plan=plan, calib=samples(8),
+                         verify=True)
+    msg = str(e.value)
+    assert "vs budget min_cosine 1" in msg and "max_accuracy_drop" not in msg
+    assert "cosine lower bound" in msg          # which bound missed, not only the points
+    assert "\n" not in msg
+
+
+def test_too_few_samples_to_certify_write_the_output_with_a_warning(tmp_path):
+    """8 held-out samples cannot certify top-1 0.999 by any count, and agreement does not
+    show it missed: the output is written, the report says it is not certified; --strict
+    (planner setting ``strict``) makes that an error."""
+    plan = {"rules": [{"match": {"op": ["Conv"]}, "precision": "int8"}],
+            "verify": {"min_top1": 0.999, "min_cosine": 0.9}}
+    _, rep = rewriter.rewrite(MODEL, output=tmp_path / "q.onnx", plan=plan,
+                              calib=samples(24), verify=True)
+    assert (tmp_path / "q.onnx").exists() and rep.ok
+    cert = [m["certificate"] for m in rep.verification if m.get("certificate")][0]
+    assert not cert["met"] and not cert["certifiable"] and not cert["refuted"]
+    assert any("not certified on 8 samples" in w for w in rep.warnings)
+    with pytest.raises(rewriter.VerificationError, match="counting alone cannot show"):
+        rewriter.rewrite(MODEL, output=tmp_path / "s.onnx", plan=plan, calib=samples(24),
+                         verify=True, options={"planner": {"strict": True}})
+    assert not (tmp_path / "s.onnx").exists()

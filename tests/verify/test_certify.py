@@ -150,3 +150,15 @@ def test_accuracy_budget_counts_only_flips_of_right_answers():
     assert j.accuracy_drop == 0.0 and j.accuracy_drop_ci[1] > 1.0
     assert j.flip_risk_upper > 0.1 and j.loss_risk_upper < 0.01
     assert j.met
+
+
+def test_a_budget_shown_missed_is_refuted_and_a_wide_bound_is_not():
+    """Refuted when even the optimistic end misses (more samples would not help); 21
+    agreeing samples that cannot certify 0.99 are not refuted."""
+    ref = logits(50, seed=8)
+    out = ref.copy()
+    out[:20] = out[:20][:, ::-1]                              # 20 of 50 flip
+    bad = judge_lossy("y", ref, out, {"min_top1": 0.99})
+    assert not bad.met and bad.refuted and "NOT met" in bad.line()
+    few = judge_lossy("y", ref[:21], ref[:21] + 0.01, {"min_top1": 0.99})
+    assert few.top1 == 1.0 and not few.certifiable and not few.refuted
