@@ -268,9 +268,9 @@ class _Rewrite:
                                 limit=int(self.plan.int8["calibration"]["samples"]),
                                 labels=self.labels)
         if len(data) >= 8:
-            # The same samples are held out with or without --verify, and by the planner:
-            # the model written is the model the planner measured, and --verify judges it
-            # on samples its scales were not computed from.
+            # The same samples are held out with or without --verify, so the model written
+            # does not depend on the flag, and --verify judges it on samples its scales were
+            # not computed from. (The planner judges its plans k-fold on all the samples.)
             data, held = data.split(held_out_count(len(data)))
             self.held_out = list(held)
             self.held_labels = held.labels
