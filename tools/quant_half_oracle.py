@@ -36,6 +36,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import quant_eval as qe  # noqa: E402
 
 
+def activation_qs(g) -> list:
+    """The QuantizeLinear nodes of graph ``g`` on computed tensors (not weights)."""
+    consts = {i.name for i in g.initializer} | {n.output[0] for n in g.node
+                                                 if n.op_type == "Constant"}
+    return [n for n in g.node if n.op_type == "QuantizeLinear" and n.input[0] not in consts]
+
+
 def asymmetric(src: Path, dst: Path, xs) -> None:
     """``src`` with one-sided activation tensors quantised over [lo, amax] (see above)."""
     import numpy as np
@@ -49,7 +56,7 @@ def asymmetric(src: Path, dst: Path, xs) -> None:
     consts = {i.name: nh.to_array(i) for i in g.initializer}
     consts.update({n.output[0]: nh.to_array(a.t) for n in g.node if n.op_type == "Constant"
                    for a in n.attribute if a.name == "value"})
-    qs = [n for n in g.node if n.op_type == "QuantizeLinear" and n.input[0] not in consts]
+    qs = activation_qs(g)
     names = sorted({q.input[0] for q in qs})
     probe = onnx.ModelProto()
     probe.CopyFrom(m)
@@ -85,13 +92,11 @@ def tune_scales(src: Path, dst: Path, xs, ref) -> tuple[float, float]:
     from onnx import numpy_helper as nh
 
     from rewriter.core import ort
+    from rewriter.verify.certify import _log_probs
 
     m = onnx.load(str(src))
     g = m.graph
-    consts = {i.name for i in g.initializer} | {n.output[0] for n in g.node
-                                                 if n.op_type == "Constant"}
-    names = list(dict.fromkeys(n.input[1] for n in g.node
-                               if n.op_type == "QuantizeLinear" and n.input[0] not in consts))
+    names = list(dict.fromkeys(n.input[1] for n in activation_qs(g)))
     inits = {t.name: t for t in g.initializer}
     cur = {s: nh.to_array(inits[s]).astype(np.float32) for s in names}
     probe = onnx.ModelProto()
@@ -101,16 +106,12 @@ def tune_scales(src: Path, dst: Path, xs, ref) -> tuple[float, float]:
     sess = ort.session(probe)
     feed = sess.get_inputs()[0].name
 
-    def log_softmax(z):
-        z = z - z.max(1, keepdims=True)
-        return z - np.log(np.exp(z).sum(1, keepdims=True))
-
-    lp_ref = log_softmax(ref)
+    lp_ref = _log_probs(ref)
 
     def kl(scales) -> float:
         out = np.concatenate([ort.run(sess, {feed: xs[i:i + 1], **scales})[0]
                               for i in range(len(xs))])
-        return float((np.exp(lp_ref) * (lp_ref - log_softmax(out))).sum(1).mean())
+        return float((np.exp(lp_ref) * (lp_ref - _log_probs(out))).sum(1).mean())
 
     start = best = kl(cur)
     for _ in range(2):
@@ -134,12 +135,9 @@ def without_activation_qdq(src: Path, dst: Path, tensors: set | None = None) -> 
 
     m = onnx.load(str(src))
     g = m.graph
-    consts = {i.name for i in g.initializer} | {n.output[0] for n in g.node
-                                                 if n.op_type == "Constant"}
-    acts = sorted({n.input[0] for n in g.node
-                   if n.op_type == "QuantizeLinear" and n.input[0] not in consts})
-    drop = {n.output[0]: n.input[0] for n in g.node if n.op_type == "QuantizeLinear"
-            and n.input[0] in (acts if tensors is None else tensors)}
+    qs = activation_qs(g)
+    acts = sorted({n.input[0] for n in qs})
+    drop = {n.output[0]: n.input[0] for n in qs if tensors is None or n.input[0] in tensors}
     to = {n.output[0]: drop[n.input[0]] for n in g.node
           if n.op_type == "DequantizeLinear" and n.input[0] in drop}
     keep = [n for n in g.node if n.output[0] not in drop and n.output[0] not in to]

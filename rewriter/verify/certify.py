@@ -166,6 +166,11 @@ class Judgement:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def undecided(self) -> bool:
+        """Not met, not shown missed, and too few samples to certify the budget at all."""
+        return not self.met and not self.refuted and not self.certifiable
+
     def line(self) -> str:
         s = f"{self.output}: n={self.n}"
         if self.top1 is not None:
@@ -177,8 +182,8 @@ class Judgement:
             lo, hi = self.accuracy_drop_ci
             s += (f", accuracy {self.accuracy_fp32:.3f} -> {self.accuracy:.3f} (loss "
                   f"{self.accuracy_drop:+.1f} [{lo:+.1f}, {hi:+.1f}] points)")
-        verdict = ("met" if self.met else "NOT met" if self.refuted or self.certifiable
-                   else "not certified, nor shown missed")
+        verdict = ("met" if self.met else "not certified, nor shown missed"
+                   if self.undecided else "NOT met")
         return s + f"; budget {verdict} at 95%" + (f" ({self.why})" if self.why else "")
 
 

@@ -75,8 +75,7 @@ class Verifier:
                 m.certificate = j.to_dict()
                 # Too few samples to certify the budget at all, and not shown missed: the
                 # output is kept with a warning (the caller's), unless strict.
-                m.ok = m.ok and (j.met or (not j.certifiable and not j.refuted
-                                           and not self.strict))
+                m.ok = m.ok and (j.met or (j.undecided and not self.strict))
             else:
                 m.ok = m.ok and judge(m, numerics, depth, self.lossy, self.model_eps)
             metrics.append(m)
