@@ -101,11 +101,12 @@ def judge(ref: np.ndarray, out: np.ndarray, labels) -> dict:
 
 
 def run(task: str, plans: list, n_calib: int, n_eval: int, calib_seed: int, eval_seed: int,
-        work: Path, extra: dict | None = None, qs: list | None = None) -> list[dict]:
+        work: Path, extra: dict | None = None, qs: list | None = None,
+        labels: bool = False) -> list[dict]:
     import rewriter
 
     model = str(CACHE / TASKS[task][0])
-    xc, _ = task_data(task, n_calib, calib_seed)
+    xc, yc = task_data(task, n_calib, calib_seed)
     xe, ye = task_data(task, n_eval, eval_seed)
     calib = [{"x": xc[i:i + 1]} for i in range(len(xc))]
     ref = outputs(model, xe)
@@ -121,7 +122,8 @@ def run(task: str, plans: list, n_calib: int, n_eval: int, calib_seed: int, eval
         out = work / f"{task}.onnx"
         t = time.perf_counter()
         _, rep = rewriter.rewrite(model, output=out, plan=plan, calib=calib,
-                                  options=dict(extra or {}), materialize=False)
+                                  options=dict(extra or {}), materialize=False,
+                                  labels=yc if labels else None)
         secs = time.perf_counter() - t
         layers = (rep.extra.get("plan") or {}).get("layers", {})
         convs = [v for v in layers.values() if v["op"] == "Conv"]
@@ -187,6 +189,9 @@ def main() -> int:
     p.add_argument("--n-eval", type=int, default=200)
     p.add_argument("--calib-seed", type=int, default=0)
     p.add_argument("--eval-seed", type=int, default=1)
+    p.add_argument("--labels", action="store_true",
+                   help="give the calibration samples' labels to the planner and verifier "
+                        "(labelled tasks), so a max_accuracy_drop budget can be judged")
     p.add_argument("--work", default="/tmp/quant_eval")
     p.add_argument("--json")
     a = p.parse_args()
@@ -198,7 +203,7 @@ def main() -> int:
     for t in tasks:
         rows += run(t, plans if plans or a.qs else ["default"], a.n_calib, a.n_eval,
                     a.calib_seed, a.eval_seed, work,
-                    json.loads(a.options) if a.options else None, a.qs)
+                    json.loads(a.options) if a.options else None, a.qs, a.labels)
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
     return 0

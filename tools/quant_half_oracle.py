@@ -254,13 +254,16 @@ def main() -> int:
     p.add_argument("--bias-correction", action="store_true",
                    help="bias correction on in the plans (the planner leaves it off)")
     p.add_argument("--alpha", type=float, help="equalize_alpha of the plans (default 0.5)")
+    p.add_argument("--int8", help="plan int8 keys as JSON, merged over the planner's (e.g. "
+                   "'{\"calibration\": {\"method\": \"minmax\"}}')")
     p.add_argument("--work", default="/tmp/quant_half_oracle")
     p.add_argument("--json")
     a = p.parse_args()
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     int8 = {**({"bias_correction": True} if a.bias_correction else {}),
-            **({"equalize_alpha": a.alpha} if a.alpha is not None else {})}
+            **({"equalize_alpha": a.alpha} if a.alpha is not None else {}),
+            **(json.loads(a.int8) if a.int8 else {})}
     rows = [r for t in a.task for r in run(t, [float(f) for f in a.frac.split(",")], work,
                                            a.ungrouped_only, a.asymmetric, a.tune_scales,
                                            a.n_eval, a.eval_seed, int8, a.ablate)]

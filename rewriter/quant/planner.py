@@ -537,15 +537,23 @@ def _acceptance_tests(results: list, s: dict) -> int:
 
 
 def _certificate_notes(measured: dict, s: dict) -> list[str]:
-    from rewriter.verify.certify import samples_needed
+    from rewriter.verify.certify import Z, drop_samples_needed, samples_needed
 
     if measured.get("certifiable", True):
         return []
-    need = samples_needed(float(s["min_top1"]))
-    notes = [f"{measured['n']} samples cannot certify top-1 agreement {s['min_top1']} by "
-             f"counting (95%): at least {need} samples without a disagreement would; the "
-             "choice rests on the flip-risk model's bound (give more calibration samples, or "
-             "--strict to refuse)"]
+    notes = []
+    n = measured["n"]
+    if measured.get("top1") is not None and n / (n + Z * Z) < float(s["min_top1"]):
+        notes.append(f"{n} samples cannot certify top-1 agreement {s['min_top1']} by "
+                     f"counting (95%): at least {samples_needed(float(s['min_top1']))} "
+                     "samples without a disagreement would")
+    cap = (measured.get("budget") or {}).get("max_accuracy_drop")
+    if cap is not None and drop_samples_needed(float(cap)) > n:
+        notes.append(f"{n} labelled samples cannot certify an accuracy loss of at most "
+                     f"{float(cap):g} points by counting (95%): at least "
+                     f"{drop_samples_needed(float(cap))} without a discordant pair would")
+    notes.append("the choice rests on the flip-risk model's bound (give more calibration "
+                 "samples, or --strict to refuse)")
     alpha = measured.get("alpha", 0.05)
     if measured.get("top1_lower") is None:
         return notes
@@ -572,6 +580,8 @@ def _plan_dict(results: list[LayerResult], s: dict) -> dict:
                   "bias_correction": bool(s["bias_correction"]), "rounding": s["rounding"]},
          "verify": {"min_cosine": s["min_cosine"], "min_top1": s["min_top1"],
                     "min_sqnr_db": 0.0}}
+    if s.get("max_accuracy_drop") is not None:    # judged where the verifier has labels
+        d["verify"]["max_accuracy_drop"] = float(s["max_accuracy_drop"])
     if s["preprocess"]:
         d["preprocess"] = s["preprocess"]
     return d

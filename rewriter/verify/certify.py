@@ -88,6 +88,15 @@ def samples_needed(target: float, z: float = Z) -> int:
     return int(np.ceil(z * z * target / (1 - target)))
 
 
+def drop_samples_needed(cap_points: float, z: float = Z) -> int:
+    """Labelled samples without a single discordant pair that the paired interval
+    (:func:`paired_loss_ci`) needs to bound the accuracy loss by ``cap_points``: with
+    b = c = 0 its upper end is z * sqrt(2) / (n + 2)."""
+    if cap_points <= 0:
+        return -1
+    return max(1, int(np.ceil(z * np.sqrt(2.0) * 100.0 / cap_points - 2)))
+
+
 def _bootstrap(values: np.ndarray, stat, reps: int = BOOT, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     n = len(values)
@@ -156,6 +165,7 @@ class Judgement:
     accuracy_drop: float | None = None        # points
     accuracy_drop_ci: tuple[float, float] | None = None
     loss_risk_upper: float | None = None      # flip risk of the FP32-correct samples only
+    accuracy_drop_upper: float | None = None  # points: the loss bound a budget is held to
     budget: dict = field(default_factory=dict)
     alpha: float = 0.05                       # error of the decision bounds (see judge_lossy)
     met: bool = False
@@ -181,7 +191,8 @@ class Judgement:
         if self.accuracy is not None:
             lo, hi = self.accuracy_drop_ci
             s += (f", accuracy {self.accuracy_fp32:.3f} -> {self.accuracy:.3f} (loss "
-                  f"{self.accuracy_drop:+.1f} [{lo:+.1f}, {hi:+.1f}] points)")
+                  f"{self.accuracy_drop:+.1f} [{lo:+.1f}, {hi:+.1f}] points, bound "
+                  f"{self.accuracy_drop_upper:.1f})")
         verdict = ("met" if self.met else "not certified, nor shown missed"
                    if self.undecided else "NOT met")
         return s + f"; budget {verdict} at 95%" + (f" ({self.why})" if self.why else "")
@@ -253,6 +264,7 @@ def judge_lossy(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
             j.accuracy_drop = float(a32.mean() - a8.mean()) * 100
             lo, hi = paired_loss_ci(a32, a8, z)
             j.accuracy_drop_ci = (100 * lo, 100 * hi)
+            j.accuracy_drop_upper = float(min(100 * hi, 100 * j.loss_risk_upper))
     _decide(j, budget)
     return j
 
@@ -278,11 +290,17 @@ def _decide(j: Judgement, budget: dict) -> None:
                            "flip-risk model's")
     if "max_accuracy_drop" in budget and j.accuracy_drop is not None:
         cap = float(budget["max_accuracy_drop"])
-        risk = j.loss_risk_upper if j.loss_risk_upper is not None else j.flip_risk_upper
-        bound = min(j.accuracy_drop_ci[1], 100 * (1.0 if risk is None else risk))
-        if bound > cap:
+        if j.accuracy_drop_upper > cap:
             ok = False
-            reasons.append(f"accuracy loss upper bound {bound:.1f} > {cap} points")
+            reasons.append(f"accuracy loss upper bound {j.accuracy_drop_upper:.1f} > {cap} "
+                           "points")
+        best = 100 * paired_loss_ci(np.ones(j.n, bool), np.ones(j.n, bool))[1]
+        if best > cap:
+            j.certifiable = False
+            reasons.append(f"counting alone cannot show a loss of at most {cap:g} points on "
+                           f"{j.n} labelled samples (at best {best:.1f}; "
+                           f"{drop_samples_needed(cap)} needed): the bound is the flip-risk "
+                           "model's")
     j.met = ok
     j.why = "; ".join(reasons)
     # Shown missed: the optimistic end of an interval is outside the budget, so more

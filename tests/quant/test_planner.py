@@ -63,6 +63,21 @@ def test_labels_add_task_accuracy():
                        labels=np.arange(12) % 10)
     m = rep.measured
     assert m["accuracy_fp32"] is not None and m["accuracy_drop_ci"] is not None
+    assert m["accuracy_drop_upper"] <= m["accuracy_drop_ci"][1]
+
+
+def test_an_accuracy_budget_goes_into_the_plan_and_an_uncertifiable_one_is_said():
+    """The written plan's verify budget keeps the labelled budget (so --verify judges the
+    same thing), and 12 labelled samples that cannot certify 2 points by counting get a
+    note saying how many would (drop_samples_needed(2) = 137)."""
+    plan, rep = plan_auto(MODEL, samples(12, 2), settings={"folds": 3, "min_top1": 0.0,
+                                                           "max_accuracy_drop": 2.0},
+                          labels=np.arange(12) % 10)
+    assert plan.verify["max_accuracy_drop"] == 2.0
+    assert not rep.measured["certifiable"]
+    assert any("cannot certify an accuracy loss of at most 2 points" in n and "137" in n
+               for n in rep.notes)
+    assert not any("top-1 agreement" in n for n in rep.notes)
 
 
 def test_a_plan_missing_its_budget_fails_with_the_budget_in_one_line(tmp_path):

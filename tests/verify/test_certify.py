@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from rewriter.verify.certify import (flip_risk, judge_lossy, margins_and_leads, paired_loss_ci,
+from rewriter.verify.certify import (drop_samples_needed, flip_risk, judge_lossy,
+                                     margins_and_leads, paired_loss_ci,
                                      samples_needed, wilson)
 
 BUDGET = {"min_top1": 0.99, "min_cosine": 0.995}
@@ -61,6 +62,28 @@ def test_labels_give_the_accuracy_change():
     assert j.accuracy_fp32 == pytest.approx(0.9) and j.accuracy == pytest.approx(0.82)
     assert j.accuracy_drop == pytest.approx(8.0) and j.accuracy_drop_ci[0] > 0
     assert not j.met
+
+
+def test_drop_samples_needed_is_where_counting_first_reaches_the_cap():
+    for cap in (0.5, 1.0, 3.0, 5.0):
+        n = drop_samples_needed(cap)
+        same = np.ones(n, bool)
+        assert 100 * paired_loss_ci(same, same)[1] <= cap
+        assert 100 * paired_loss_ci(same[:-1], same[:-1])[1] > cap
+
+
+def test_an_accuracy_budget_counting_cannot_reach_says_how_many_labels_it_needs():
+    """64 labelled samples with identical outputs: the flip-risk bound meets a 1-point
+    budget, but counting could not show it even with no discordant pair, so the judgement
+    is met but not certifiable, and names the labelled samples it would take (276)."""
+    ref = logits(64, c=2, seed=11)
+    labels = ref.argmax(1)
+    j = judge_lossy("y", ref, ref.copy(), {"max_accuracy_drop": 1.0}, labels=labels)
+    assert j.met and not j.certifiable and "276 needed" in j.why
+    assert j.accuracy_drop_upper == pytest.approx(0.0)
+    assert "bound 0.0" in j.line()
+    k = judge_lossy("y", ref, ref.copy(), {"max_accuracy_drop": 5.0}, labels=labels)
+    assert k.met and k.certifiable
 
 
 def test_outputs_without_classes_are_judged_by_cosine_only():
