@@ -114,6 +114,11 @@ class Report:
                          f"{p.nodes_before:>5} -> {p.nodes_after:<5}  {p.summary()}")
             for n in p.notes:
                 lines.append(f"{'':<{pw}}  note: {n}")
+        planner = self.extra.get("planner")
+        if planner and planner.get("summary"):     # --plan auto: what it chose, how sure
+            lines.append("")
+            lines.append(f"plan auto: {planner['summary']}")
+            lines.extend(f"  note: {n}" for n in planner.get("notes", []))
         if self.verification is not None:
             lines.append("")
             lines.append(f"verify ({self.verified_with}):")

@@ -138,7 +138,9 @@ def certificate_line(j: dict, folds: int = 1) -> str:
     if j.get("accuracy") is not None:
         lo, hi = j["accuracy_drop_ci"]
         s += (f", accuracy {j['accuracy_fp32']:.3f} -> {j['accuracy']:.3f} (loss "
-              f"{j['accuracy_drop']:+.1f} [{lo:+.1f}, {hi:+.1f}] points)")
+              f"{j['accuracy_drop']:+.1f} [{lo:+.1f}, {hi:+.1f}] points")
+        s += (f", bound {j['accuracy_drop_upper']:.1f})" if j.get("accuracy_drop_upper")
+              is not None else ")")
     if j.get("met") and j.get("certifiable"):
         return s + "; budget met at 95% confidence"
     if j.get("met"):

@@ -66,6 +66,22 @@ def test_labels_add_task_accuracy():
     assert m["accuracy_drop_upper"] <= m["accuracy_drop_ci"][1]
 
 
+def test_inline_plan_auto_prints_its_choice_certificate_and_notes(tmp_path):
+    """rewrite --plan auto (not only `rewrite plan`) says what the planner chose, on how
+    many samples, the bound a budget was held to, and why it is not certified."""
+    _, rep = rewriter.rewrite(MODEL, output=tmp_path / "q.onnx", plan="auto",
+                              calib=samples(12, 2), labels=np.arange(12) % 10,
+                              options={"planner": {"folds": 3, "min_top1": 0.0,
+                                                   "max_accuracy_drop": 2.0}},
+                              materialize=False)
+    text = rep.render()
+    line = next(x for x in text.splitlines() if x.startswith("plan auto: "))
+    assert "judged on 12 held-out samples (3-fold" in line and ", bound " in line
+    assert "note: 12 labelled samples cannot certify an accuracy loss of at most 2 points" \
+        in text
+    assert rep.to_dict()["planner"]["notes"]
+
+
 def test_an_accuracy_budget_goes_into_the_plan_and_an_uncertifiable_one_is_said():
     """The written plan's verify budget keeps the labelled budget (so --verify judges the
     same thing), and 12 labelled samples that cannot certify 2 points by counting get a
