@@ -698,6 +698,11 @@ class _Rewrite:
                     f"output '{m.name}' is not certified on {c['n']} samples ({c['why']}), "
                     "nor shown to miss the budget: written anyway; more samples, or "
                     "--strict to make this an error")
+            elif m.ok and c is not None and not c["certifiable"]:
+                self.report.warnings.append(
+                    f"output '{m.name}' meets the budget by the flip-risk model only, not "
+                    f"certified on {c['n']} samples ({c['why']}): written; more samples, or "
+                    "--strict to make this an error")
         if not self.report.ok:
             self.report.failed_pass = self.report.failed_pass or "(final model)"
             self.report.seconds = self.seconds

@@ -242,8 +242,9 @@ class Judgement:
             s += (f", accuracy {self.accuracy_fp32:.3f} -> {self.accuracy:.3f} (loss "
                   f"{self.accuracy_drop:+.1f} [{lo:+.1f}, {hi:+.1f}] points, bound "
                   f"{self.accuracy_drop_upper:.1f})")
-        verdict = ("met" if self.met else "not certified, nor shown missed"
-                   if self.undecided else "NOT met")
+        verdict = ("met" if self.met and self.certifiable
+                   else "met by the flip-risk model only, not certified" if self.met
+                   else "not certified, nor shown missed" if self.undecided else "NOT met")
         return s + f"; budget {verdict} at 95%" + (f" ({self.why})" if self.why else "")
 
 

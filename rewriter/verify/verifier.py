@@ -73,9 +73,11 @@ class Verifier:
                 # Several samples: judged by the conservative ends of 95% intervals.
                 j = self.certify(name, r, o)
                 m.certificate = j.to_dict()
-                # Too few samples to certify the budget at all, and not shown missed: the
-                # output is kept with a warning (the caller's), unless strict.
-                m.ok = m.ok and (j.met or (j.undecided and not self.strict))
+                # Too few samples to certify the budget at all (whether the flip-risk
+                # model meets it or not, as long as it is not shown missed): the output is
+                # kept with a warning (the caller's), unless strict.
+                m.ok = m.ok and ((j.met and (j.certifiable or not self.strict))
+                                 or (j.undecided and not self.strict))
             else:
                 m.ok = m.ok and judge(m, numerics, depth, self.lossy, self.model_eps)
             metrics.append(m)

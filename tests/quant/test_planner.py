@@ -126,3 +126,22 @@ def test_too_few_samples_to_certify_write_the_output_with_a_warning(tmp_path):
         rewriter.rewrite(MODEL, output=tmp_path / "s.onnx", plan=plan, calib=samples(24),
                          verify=True, options={"planner": {"strict": True}})
     assert not (tmp_path / "s.onnx").exists()
+
+
+def test_a_budget_met_only_by_the_flip_risk_model_is_said_and_strict_refuses_it(tmp_path):
+    """FP16 everywhere on 8 held-out samples: the flip-risk bound meets top-1 0.95, but
+    counting could not show 0.95 on 8 samples (73 needed). The output is written with a
+    warning and the line says 'met by the flip-risk model only'; --strict refuses it, as
+    it refuses the same claim from the planner."""
+    plan = {"rules": [{"match": {"op": ["Conv", "Gemm", "MatMul"]}, "precision": "fp16"}],
+            "verify": {"min_top1": 0.95, "min_cosine": 0.9}}
+    _, rep = rewriter.rewrite(MODEL, output=tmp_path / "q.onnx", plan=plan,
+                              calib=samples(24), verify=True)
+    cert = [m["certificate"] for m in rep.verification if m.get("certificate")][0]
+    assert cert["met"] and not cert["certifiable"] and rep.ok
+    assert "met by the flip-risk model only" in rep.render()
+    assert any("by the flip-risk model only" in w and "8 samples" in w for w in rep.warnings)
+    with pytest.raises(rewriter.VerificationError, match="counting alone cannot show"):
+        rewriter.rewrite(MODEL, output=tmp_path / "s.onnx", plan=plan, calib=samples(24),
+                         verify=True, options={"planner": {"strict": True}})
+    assert not (tmp_path / "s.onnx").exists()
