@@ -252,8 +252,9 @@ def _parse(p, argv):
 
 def _planner_args(p) -> None:
     g = p.add_argument_group("planner (also used by --plan auto)")
-    g.add_argument("--min-top1", type=float, default=0.99,
-                   help="top-1 agreement with FP32 the plan must keep (default 0.99)")
+    g.add_argument("--min-top1", type=float, default=None,
+                   help="top-1 agreement with FP32 the plan must keep (default 0.99; 0 when "
+                        "--max-accuracy-drop is given and the samples have labels)")
     g.add_argument("--min-cosine", type=float, default=0.995,
                    help="output cosine with FP32 the plan must keep (default 0.995)")
     g.add_argument("--alpha", type=float, default=0.7, help="weight of FP16 loss (default 0.7)")

@@ -59,7 +59,7 @@ from rewriter.core.load import load_model
 from rewriter.quant.plan import INT8_OPS, LAYER_OPS, Assignment, Plan
 
 DEFAULTS = {"alpha": 0.7, "beta": 0.3, "int8_speed": 2176 / 1248, "fp16_speed": 1.5,
-            "min_top1": 0.99, "min_cosine": 0.995, "max_accuracy_drop": None,
+            "min_top1": None, "min_cosine": 0.995, "max_accuracy_drop": None,
             "fp16_ok_loss": 1e-3, "refine": 16, "folds": 4, "equalize": True,
             "bias_correction": False, "rounding": "gptq", "strict": False,
             "selection_correction": False}
@@ -357,13 +357,15 @@ def plan_auto(model, calib, *, input_shapes=None, settings: dict | None = None,
     t0 = time.perf_counter()
     s = _settings(settings)
     graph, original, base_dir, data = _prepare(model, calib, base_dir, s, labels, progress)
+    notes = _resolve_budget(s, data.labels is not None)
     layers = [n for n in graph.nodes if n.op in LAYER_OPS]
     ev = _CrossValidator(graph, original, base_dir, data, s, progress)
     shapes = _real_shapes(export(graph, original, base_dir).model, ev.feeds[0], input_shapes)
     results = _sensitivity(ev, layers, shapes, progress)
     if s["selection_correction"]:
         ev.alpha = 0.05 / _acceptance_tests(results, s)
-    choice, measured, notes = _choose(ev, results, s)
+    choice, measured, chosen_notes = _choose(ev, results, s)
+    notes += chosen_notes
     for r in results:
         r.choice = choice[r.id]
     total = sum(r.flops for r in results) or 1.0
@@ -386,6 +388,22 @@ def plan_auto(model, calib, *, input_shapes=None, settings: dict | None = None,
         raise err
     from rewriter.quant import plan as plan_mod
     return plan_mod.from_dict(plan_dict, "auto"), rep
+
+
+def _resolve_budget(s: dict, labelled: bool) -> list[str]:
+    """A budget in task accuracy replaces the agreement budget: with labels and
+    ``max_accuracy_drop``, ``min_top1`` defaults to 0 (a quantised model that moves
+    near-ties both ways can keep the accuracy while agreeing less with FP32); otherwise to
+    0.99. An accuracy budget without labels cannot be judged: said, agreement applies."""
+    notes = []
+    wants_accuracy = s.get("max_accuracy_drop") is not None
+    if wants_accuracy and not labelled:
+        notes.append("max_accuracy_drop needs labels beside the calibration samples "
+                     "(labels.txt/.json/.npy) and there are none: the budget is top-1 "
+                     "agreement with FP32 instead")
+    if s.get("min_top1") is None:
+        s["min_top1"] = 0.0 if wants_accuracy and labelled else 0.99
+    return notes
 
 
 def _settings(settings: dict | None) -> dict:

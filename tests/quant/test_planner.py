@@ -66,6 +66,24 @@ def test_labels_add_task_accuracy():
     assert m["accuracy_drop_upper"] <= m["accuracy_drop_ci"][1]
 
 
+def test_an_accuracy_budget_replaces_the_agreement_budget_unless_both_are_given():
+    """With labels, max_accuracy_drop alone makes task accuracy the budget (min_top1 0);
+    an explicit min_top1 keeps both; without labels the accuracy budget cannot be judged,
+    agreement 0.99 applies and a note says so."""
+    labels = np.arange(12) % 10
+    _, rep = plan_auto(MODEL, samples(12, 2), settings={"folds": 3, "max_accuracy_drop": 5.0},
+                       labels=labels)
+    assert rep.settings["min_top1"] == 0.0
+    assert rep.measured["budget"] == {"min_top1": 0.0, "min_cosine": 0.995,
+                                      "max_accuracy_drop": 5.0}
+    _, both = plan_auto(MODEL, samples(12, 2), settings={"folds": 3, "max_accuracy_drop": 5.0,
+                                                         "min_top1": 0.9}, labels=labels)
+    assert both.measured["budget"]["min_top1"] == 0.9
+    _, none = plan_auto(MODEL, samples(12, 2), settings={"folds": 3, "max_accuracy_drop": 5.0})
+    assert none.settings["min_top1"] == 0.99
+    assert any("needs labels" in n for n in none.notes)
+
+
 def test_inline_plan_auto_prints_its_choice_certificate_and_notes(tmp_path):
     """rewrite --plan auto (not only `rewrite plan`) says what the planner chose, on how
     many samples, the bound a budget was held to, and why it is not certified."""
