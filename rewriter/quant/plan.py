@@ -218,6 +218,8 @@ def from_dict(d: Any, source: str) -> Plan:
     _no_unknown(ver, set(LOSSY_DEFAULT), f"plan {source}: verify")
     p.verify = {k: (None if ver.get(k, v) is None else float(ver.get(k, v)))
                 for k, v in LOSSY_DEFAULT.items()}
+    if ver.get("max_accuracy_drop") is not None and "min_top1" not in ver:
+        p.verify["min_top1"] = None     # the verifier's: 0 where labels judge accuracy
     p.preprocess = d.get("preprocess")
     return p
 

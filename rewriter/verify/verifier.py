@@ -90,6 +90,9 @@ class Verifier:
         from rewriter.verify.metrics import LOSSY_DEFAULT
 
         budget = dict(LOSSY_DEFAULT, **(self.lossy or {}))
+        if budget.get("min_top1") is None:     # a budget in task accuracy replaces agreement
+            budget["min_top1"] = (0.0 if budget.get("max_accuracy_drop") is not None
+                                  and self.labels is not None else LOSSY_DEFAULT["min_top1"])
         budget = {k: budget[k] for k in ("min_top1", "min_cosine", "max_accuracy_drop")
                   if k in budget and budget[k] is not None}
         return judge_lossy(name, ref, out, budget, labels=self.labels)

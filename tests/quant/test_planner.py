@@ -84,6 +84,26 @@ def test_an_accuracy_budget_replaces_the_agreement_budget_unless_both_are_given(
     assert any("needs labels" in n for n in none.notes)
 
 
+def test_a_plan_files_accuracy_budget_replaces_agreement_in_verify_too(tmp_path):
+    """verify: {max_accuracy_drop: P} in a plan file, no min_top1: with labels the
+    verifier's budget is task accuracy (min_top1 0), without them agreement 0.99 as
+    before; a min_top1 written in the plan is kept."""
+    rules = [{"match": {"op": ["Conv"]}, "precision": "int8"}]
+    plan = {"rules": rules, "verify": {"max_accuracy_drop": 60.0, "min_cosine": 0.5}}
+
+    def budget(p, labels):
+        _, rep = rewriter.rewrite(MODEL, output=tmp_path / "q.onnx", plan=p,
+                                  calib=samples(24), labels=labels, verify=True)
+        return [m["certificate"] for m in rep.verification if m.get("certificate")][0][
+            "budget"]
+
+    assert budget(plan, np.arange(24) % 10)["min_top1"] == 0.0
+    assert budget(plan, None)["min_top1"] == 0.99
+    kept = {"rules": rules, "verify": {"max_accuracy_drop": 60.0, "min_cosine": 0.5,
+                                       "min_top1": 0.5}}
+    assert budget(kept, np.arange(24) % 10)["min_top1"] == 0.5
+
+
 def test_inline_plan_auto_prints_its_choice_certificate_and_notes(tmp_path):
     """rewrite --plan auto (not only `rewrite plan`) says what the planner chose, on how
     many samples, the bound a budget was held to, and why it is not certified."""
