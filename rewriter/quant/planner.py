@@ -60,7 +60,7 @@ from rewriter.quant.plan import INT8_OPS, LAYER_OPS, Assignment, Plan
 
 DEFAULTS = {"alpha": 0.7, "beta": 0.3, "int8_speed": 2176 / 1248, "fp16_speed": 1.5,
             "min_top1": None, "min_cosine": 0.995, "max_accuracy_drop": None,
-            "fp16_ok_loss": 1e-3, "refine": 16, "folds": 4, "equalize": True,
+            "refine": 16, "folds": 4, "equalize": True,
             "bias_correction": False, "rounding": "gptq", "strict": False,
             "selection_correction": False}
 
@@ -482,18 +482,18 @@ def _choose(ev, results: list[LayerResult], s: dict) -> tuple[dict, dict, list[s
     fp32_set: set[str] = set()
 
     def assign(demoted: set[str]) -> dict[str, str]:
-        """INT8 unless demoted; a demoted layer runs FP16 unless FP16 hurts (or was
-        pushed to FP32 in the first stage)."""
+        """INT8 unless demoted; a demoted layer runs FP16 unless the first stage pushed it
+        to FP32 (only the budget decides that: a fixed threshold on one layer's FP16 harm
+        sent most layers to FP32 once the harm became a flip risk, which a single near-tie
+        sample puts above 1e-3)."""
         out = {}
         for r in results:
             if r.id in fp32_set:
                 out[r.id] = "fp32"
             elif r.int8_loss is not None and r.id not in demoted:
                 out[r.id] = "int8"
-            elif r.fp16_loss <= s["fp16_ok_loss"]:
+            else:   # FP32 only where the budget asks for it (stage 1)
                 out[r.id] = "fp16"
-            else:
-                out[r.id] = "fp32"
         return out
 
     def bisect(ranked_ids: list[str], plan_for) -> tuple[int, dict]:

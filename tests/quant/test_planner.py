@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import rewriter
-from rewriter.quant.planner import plan_auto
+from rewriter.quant.planner import LayerResult, _choose, plan_auto
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = str(ROOT / "models" / "mobilenet_mini.onnx")
@@ -183,3 +183,30 @@ def test_a_budget_met_only_by_the_flip_risk_model_is_said_and_strict_refuses_it(
         rewriter.rewrite(MODEL, output=tmp_path / "s.onnx", plan=plan, calib=samples(24),
                          verify=True, options={"planner": {"strict": True}})
     assert not (tmp_path / "s.onnx").exists()
+
+
+def test_layers_leave_int8_for_fp16_and_only_the_budget_sends_them_to_fp32():
+    """Three layers whose FP16 harm is a visible flip risk (0.02, as one near-tie sample
+    makes it) and a budget FP16 everywhere meets but INT8 does not: every layer runs FP16.
+    A fixed 1e-3 threshold on the FP16 harm used to send all three to FP32 (slower on the
+    GPU, for nothing the budget asked). When FP16 everywhere misses, the most
+    FP16-sensitive layer goes to FP32, and no more than the budget needs."""
+    results = [LayerResult(f"conv{i}", "Conv", 1e6, 0.05, h, None, None, None)
+               for i, h in enumerate((0.02, 0.03, 0.01))]
+
+    class Judge:
+        def __init__(self, fp32_needed):
+            self.fp32_needed = fp32_needed
+
+        def measure(self, plan):
+            ok = "int8" not in plan.values() and all(plan[i] == "fp32"
+                                                     for i in self.fp32_needed)
+            return {"met": ok, "n": 64}
+
+    choice, measured, _ = _choose(Judge(()), results, {"beta": 0.3, "alpha": 0.7,
+                                                       "refine": 16})
+    assert measured["met"] and set(choice.values()) == {"fp16"}
+    choice, _, notes = _choose(Judge(("conv1",)), results, {"beta": 0.3, "alpha": 0.7,
+                                                            "refine": 16})
+    assert choice == {"conv0": "fp16", "conv1": "fp32", "conv2": "fp16"}
+    assert any("FP16 everywhere misses" in n for n in notes)
