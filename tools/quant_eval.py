@@ -130,6 +130,8 @@ def run(task: str, plans: list, n_calib: int, n_eval: int, calib_seed: int, eval
         row = {"task": task, "plan": label,
                "int8_convs": sum(v["precision"] == "int8" for v in convs),
                "convs": len(convs), "seconds": round(secs, 1),
+               "layers": {p: sum(v["precision"] == p for v in layers.values())
+                          for p in ("int8", "fp16", "fp32")},
                **judge(ref, outputs(str(out), xe), ye)}
         if "planner" in rep.extra:
             row["planner"] = rep.extra["planner"]
