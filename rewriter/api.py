@@ -280,15 +280,11 @@ class _Rewrite:
         r = self.report
         pr = getattr(self, "planner_report", None)
         if pr is not None:
-            from rewriter.quant.planner import certificate_line
-            c = {p: sum(x.choice == p for x in pr.layers) for p in ("int8", "fp16", "fp32")}
             r.extra["planner"] = {"measured": pr.measured, "int8_flop_share":
                                   pr.int8_flop_share, "predicted_speedup":
                                   pr.predicted_speedup, "evaluations": pr.evaluations,
                                   "seconds": pr.seconds, "notes": list(pr.notes),
-                                  "summary": (
-                                      f"{c['int8']} int8, {c['fp16']} fp16, {c['fp32']} fp32"
-                                      f" layers; {certificate_line(pr.measured, pr.settings.get('folds', 1))}")}
+                                  "summary": f"{pr.chosen()}; {pr.certificate()}"}
         r.ops_before = op_histogram(self.original.graph)
         r.bytes_before = total_weight_bytes(self.original)
 

@@ -99,6 +99,14 @@ class PlannerReport:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def chosen(self) -> str:
+        """How many layers of each precision, e.g. '3 int8, 29 fp16, 1 fp32 layers'."""
+        c = {p: sum(r.choice == p for r in self.layers) for p in ("int8", "fp16", "fp32")}
+        return f"{c['int8']} int8, {c['fp16']} fp16, {c['fp32']} fp32 layers"
+
+    def certificate(self) -> str:
+        return certificate_line(self.measured, self.settings.get("folds", 1))
+
     def render(self) -> str:
         lines = [f"{'layer':<36} {'op':<8} {'MFLOPs':>8} {'int8 harm':>10} {'fp16 harm':>10} "
                  f"{'int8 top1':>9}  choice"]
@@ -107,11 +115,10 @@ class PlannerReport:
             t1 = f"{r.int8_top1:9.3f}" if r.int8_top1 is not None else f"{'-':>9}"
             lines.append(f"{r.id[:36]:<36} {r.op:<8} {r.flops / 1e6:8.2f} {i8} "
                          f"{r.fp16_loss:10.2e} {t1}  {r.choice}")
-        c = {p: sum(r.choice == p for r in self.layers) for p in ("int8", "fp16", "fp32")}
         lines.append("")
-        lines.append(f"chosen: {c['int8']} int8, {c['fp16']} fp16, {c['fp32']} fp32; "
-                     f"INT8 share of FLOPs {self.int8_flop_share:.2f}")
-        lines.append(certificate_line(self.measured, self.settings.get("folds", 1)))
+        lines.append(f"chosen: {self.chosen()}; INT8 share of FLOPs "
+                     f"{self.int8_flop_share:.2f}")
+        lines.append(self.certificate())
         lines.append(f"predicted loss {self.predicted_loss:.3e}; predicted speedup vs FP32 "
                      f"{self.predicted_speedup:.2f}x (int8 {self.settings['int8_speed']:.2f}x, "
                      f"fp16 {self.settings['fp16_speed']:.2f}x)")
@@ -395,15 +402,14 @@ def _resolve_budget(s: dict, labelled: bool) -> list[str]:
     ``max_accuracy_drop``, ``min_top1`` defaults to 0 (a quantised model that moves
     near-ties both ways can keep the accuracy while agreeing less with FP32); otherwise to
     0.99. An accuracy budget without labels cannot be judged: said, agreement applies."""
-    notes = []
-    wants_accuracy = s.get("max_accuracy_drop") is not None
-    if wants_accuracy and not labelled:
-        notes.append("max_accuracy_drop needs labels beside the calibration samples "
-                     "(labels.txt/.json/.npy) and there are none: the budget is top-1 "
-                     "agreement with FP32 instead")
-    if s.get("min_top1") is None:
-        s["min_top1"] = 0.0 if wants_accuracy and labelled else 0.99
-    return notes
+    from rewriter.verify.certify import resolve_budget
+
+    s["min_top1"] = resolve_budget(s, labelled)["min_top1"]
+    if s.get("max_accuracy_drop") is not None and not labelled:
+        return ["max_accuracy_drop needs labels beside the calibration samples "
+                "(labels.txt/.json/.npy) and there are none: the budget is top-1 agreement "
+                "with FP32 instead"]
+    return []
 
 
 def _settings(settings: dict | None) -> dict:
@@ -557,21 +563,13 @@ def _acceptance_tests(results: list, s: dict) -> int:
 
 
 def _certificate_notes(measured: dict, s: dict) -> list[str]:
-    from rewriter.verify.certify import Z, drop_samples_needed, samples_needed
+    from rewriter.verify.certify import counting_shortfalls
 
     if measured.get("certifiable", True):
         return []
-    notes = []
-    n = measured["n"]
-    if measured.get("top1") is not None and n / (n + Z * Z) < float(s["min_top1"]):
-        notes.append(f"{n} samples cannot certify top-1 agreement {s['min_top1']} by "
-                     f"counting (95%): at least {samples_needed(float(s['min_top1']))} "
-                     "samples without a disagreement would")
-    cap = (measured.get("budget") or {}).get("max_accuracy_drop")
-    if cap is not None and drop_samples_needed(float(cap)) > n:
-        notes.append(f"{n} labelled samples cannot certify an accuracy loss of at most "
-                     f"{float(cap):g} points by counting (95%): at least "
-                     f"{drop_samples_needed(float(cap))} without a discordant pair would")
+    notes = counting_shortfalls(measured["n"], measured.get("budget") or {},
+                                top1=measured.get("top1") is not None,
+                                accuracy=measured.get("accuracy_drop") is not None)
     notes.append("the choice rests on the flip-risk model's bound (give more calibration "
                  "samples, or --strict to refuse)")
     alpha = measured.get("alpha", 0.05)

@@ -103,6 +103,37 @@ def drop_samples_needed(cap_points: float, z: float = Z) -> int:
     return max(1, int(np.ceil(z * np.sqrt(2.0) * 100.0 / cap_points - 2)))
 
 
+def resolve_budget(budget: dict, labelled: bool) -> dict:
+    """The budget with ``min_top1`` left unset (None) resolved: a budget in task accuracy
+    replaces agreement where labels judge it (0), otherwise agreement 0.99. One rule for
+    the planner and the verifier."""
+    b = dict(budget)
+    if b.get("min_top1") is None:
+        b["min_top1"] = 0.0 if b.get("max_accuracy_drop") is not None and labelled else 0.99
+    return b
+
+
+def counting_shortfalls(n: int, budget: dict, top1: bool = True,
+                        accuracy: bool = True) -> list[str]:
+    """What ``n`` samples cannot show by counting at all, even with no disagreement (top-1
+    agreement, by Wilson) or no discordant pair (accuracy loss, by the paired interval):
+    one line each, with the samples it would take."""
+    out = []
+    if top1 and budget.get("min_top1") is not None:
+        need, best = float(budget["min_top1"]), n / (n + Z * Z)
+        if best < need:
+            out.append(f"counting alone cannot show top-1 agreement {need:g} on {n} samples "
+                       f"(at most {best:.3f}; {samples_needed(need)} needed)")
+    if accuracy and budget.get("max_accuracy_drop") is not None:
+        cap = float(budget["max_accuracy_drop"])
+        best = 100 * Z * np.sqrt(2.0) / (n + 2)      # paired_loss_ci's upper end, b = c = 0
+        if best > cap:
+            out.append(f"counting alone cannot show a loss of at most {cap:g} points on {n} "
+                       f"labelled samples (at best {best:.1f}; {drop_samples_needed(cap)} "
+                       "needed)")
+    return out
+
+
 def _bootstrap(values: np.ndarray, stat, reps: int = BOOT, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     n = len(values)
@@ -317,8 +348,8 @@ def judge_lossy(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
 
 
 def _decide(j: Judgement, budget: dict) -> None:
-    """met: every budget holds at its conservative end; certifiable: the counted top-1
-    could meet it at all with this many samples."""
+    """met: every budget holds at its conservative end; certifiable: counting could show
+    it at all with this many samples (:func:`counting_shortfalls`)."""
     reasons = []
     ok = True
     if "min_cosine" in budget and j.cosine_ci[0] < budget["min_cosine"]:
@@ -329,25 +360,17 @@ def _decide(j: Judgement, budget: dict) -> None:
         if j.top1_lower < need:
             ok = False
             reasons.append(f"top-1 lower bound {j.top1_lower:.3f} < {need}")
-        best = j.n / (j.n + Z * Z)
-        if best < need:
-            j.certifiable = False
-            reasons.append(f"counting alone cannot show {need} on {j.n} samples (at most "
-                           f"{best:.3f}; {samples_needed(need)} needed): the bound is the "
-                           "flip-risk model's")
     if "max_accuracy_drop" in budget and j.accuracy_drop is not None:
         cap = float(budget["max_accuracy_drop"])
         if j.accuracy_drop_upper > cap:
             ok = False
             reasons.append(f"accuracy loss upper bound {j.accuracy_drop_upper:.1f} > {cap} "
                            "points")
-        best = 100 * paired_loss_ci(np.ones(j.n, bool), np.ones(j.n, bool))[1]
-        if best > cap:
-            j.certifiable = False
-            reasons.append(f"counting alone cannot show a loss of at most {cap:g} points on "
-                           f"{j.n} labelled samples (at best {best:.1f}; "
-                           f"{drop_samples_needed(cap)} needed): the bound is the flip-risk "
-                           "model's")
+    short = counting_shortfalls(j.n, budget, top1=j.top1 is not None,
+                                accuracy=j.accuracy_drop is not None)
+    if short:
+        j.certifiable = False
+        reasons += [f"{x}: the bound is the flip-risk model's" for x in short]
     j.met = ok
     j.why = "; ".join(reasons)
     # Shown missed: the optimistic end of an interval is outside the budget, so more

@@ -86,13 +86,11 @@ class Verifier:
     def certify(self, name: str, ref, out):
         """verify.certify's judgement of one output against the plan's budget (labels, when
         the samples have them, for the first classifier output)."""
-        from rewriter.verify.certify import judge_lossy
+        from rewriter.verify.certify import judge_lossy, resolve_budget
         from rewriter.verify.metrics import LOSSY_DEFAULT
 
-        budget = dict(LOSSY_DEFAULT, **(self.lossy or {}))
-        if budget.get("min_top1") is None:     # a budget in task accuracy replaces agreement
-            budget["min_top1"] = (0.0 if budget.get("max_accuracy_drop") is not None
-                                  and self.labels is not None else LOSSY_DEFAULT["min_top1"])
+        budget = resolve_budget(dict(LOSSY_DEFAULT, **(self.lossy or {})),
+                                self.labels is not None)
         budget = {k: budget[k] for k in ("min_top1", "min_cosine", "max_accuracy_drop")
                   if k in budget and budget[k] is not None}
         return judge_lossy(name, ref, out, budget, labels=self.labels)

@@ -38,7 +38,8 @@ def test_small_data_says_it_cannot_certify(planned):
     _, rep = planned
     # 16 samples cannot show 0.9 by counting (at most 0.806): said, with what it would take.
     assert not rep.measured["certifiable"] and not rep.certified
-    assert any("samples cannot certify" in n and "35 samples" in n for n in rep.notes)
+    assert any("cannot show top-1 agreement 0.9 on 16 samples" in n and "35 needed" in n
+               for n in rep.notes)
     # ... and that choosing among plans on those samples flatters the kept one.
     assert rep.measured["alpha"] == 0.05
     assert any("makes its bound optimistic" in n for n in rep.notes)
@@ -115,8 +116,8 @@ def test_inline_plan_auto_prints_its_choice_certificate_and_notes(tmp_path):
     text = rep.render()
     line = next(x for x in text.splitlines() if x.startswith("plan auto: "))
     assert "judged on 12 held-out samples (3-fold" in line and ", bound " in line
-    assert "note: 12 labelled samples cannot certify an accuracy loss of at most 2 points" \
-        in text
+    assert "note: counting alone cannot show a loss of at most 2 points on 12 labelled " \
+        "samples" in text
     assert rep.to_dict()["planner"]["notes"]
 
 
@@ -129,7 +130,7 @@ def test_an_accuracy_budget_goes_into_the_plan_and_an_uncertifiable_one_is_said(
                           labels=np.arange(12) % 10)
     assert plan.verify["max_accuracy_drop"] == 2.0
     assert not rep.measured["certifiable"]
-    assert any("cannot certify an accuracy loss of at most 2 points" in n and "137" in n
+    assert any("cannot show a loss of at most 2 points" in n and "137 needed" in n
                for n in rep.notes)
     assert not any("top-1 agreement" in n for n in rep.notes)
 
