@@ -437,8 +437,7 @@ class _Rewrite:
 
         if self.plan.int8.get("equalize"):
             self.equalize(int8)
-        rounding = self.plan.int8.get("rounding")
-        if rounding == "gptq":
+        if self.plan.int8.get("rounding") == "gptq":
             self.hessians(int8)
         cal = self.plan.int8["calibration"]
         tensors = sorted({n.inputs[0].name for n in int8})
@@ -448,10 +447,6 @@ class _Rewrite:
             percentile=float(cal["percentile"]), num_bins=int(cal["num_bins"]),
             base_dir=exported.source_dir, initializers=exported.ort_initializers(),
             progress=self.progress)
-        if rounding == "gptaq":
-            from rewriter.passes.insert_qdq import safe_scale
-            self.hessians(int8, {t: float(safe_scale(a)) for t, a in self.ctx.ranges.items()})
-            exported = export(self.graph, self.original, self.base_dir)
         self.report.extra["calibration"] = {"method": cal["method"],
                                             "samples": len(self.calib_data),
                                             "tensors": len(tensors)}
@@ -473,47 +468,17 @@ class _Rewrite:
         self.extra_records += run_pipeline(self.graph, registry.resolve(["equalize-channels"]),
                                            self.ctx, self.after_change)
 
-    def hessians(self, int8: list, scales: dict | None = None) -> None:
-        """E[x x^T] of every INT8 conv's input patches, for GPTQ rounding in insert-qdq.
-        With ``scales`` (activation scales), the moments are of the quantised inputs and
-        each conv's weights are first refitted to reproduce the FP32 output from them."""
+    def hessians(self, int8: list) -> None:
+        """E[x x^T] of every INT8 conv's input patches, for GPTQ rounding in insert-qdq."""
         from rewriter.quant.hessian import conv_hessians, conv_spec
 
         specs = [sp for sp in (conv_spec(n, n.inputs[1].shape) for n in int8
                                if n.op == "Conv" and n.inputs[1].shape is not None) if sp]
         exported = export(self.graph, self.original, self.base_dir)
-        got = conv_hessians(exported.model, specs, self.calib_data,
-                            base_dir=exported.source_dir,
-                            initializers=exported.ort_initializers(),
-                            progress=self.progress, scales=scales)
-        if scales is None:
-            self.ctx.hessians = got
-            return
-        self.ctx.hessians, cross = got
-        from onnx_graphsurgeon import Constant as gs_Constant
-        users: dict[str, int] = {}
-        for n in self.graph.nodes:
-            for t in n.inputs:
-                users[t.name] = users.get(t.name, 0) + 1
-        for n in int8:
-            i = node_id(n)
-            w = n.inputs[1] if n.op == "Conv" and len(n.inputs) > 1 else None
-            if i not in cross or not isinstance(w, gs_Constant) or users.get(w.name, 0) != 1:
-                continue
-            h, c = self.ctx.hessians[i], cross[i]
-            k, g = w.values.shape[0], h.shape[0]
-            w2 = w.values.reshape(k, -1).astype(np.float64)
-            per = k // g
-            out = np.empty_like(w2)
-            for j in range(g):
-                # Ridge towards the FP32 weights, not towards zero: with q(x) = x the
-                # weights come back unchanged.
-                lam = 0.01 * float(np.mean(np.diag(h[j]))) + 1e-12
-                wj = w2[j * per:(j + 1) * per]
-                out[j * per:(j + 1) * per] = np.linalg.solve(
-                    h[j] + lam * np.eye(h.shape[1]), (wj @ c[j] + lam * wj).T).T
-            n.inputs[1] = gs_Constant(w.name + "_refit",
-                                      out.reshape(w.values.shape).astype(np.float32))
+        self.ctx.hessians = conv_hessians(exported.model, specs, self.calib_data,
+                                          base_dir=exported.source_dir,
+                                          initializers=exported.ort_initializers(),
+                                          progress=self.progress)
 
     def export_and_gate(self, records: list):
         """Export, then the exit gate. Its onnxruntime load (the slow half) runs in a thread

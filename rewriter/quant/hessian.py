@@ -69,10 +69,7 @@ class HessianReducer:
     group too, so that each group's complement comes out of the same single pass."""
 
     def __init__(self, specs: list[ConvSpec], max_patches: int = 4096, seed: int = 0,
-                 groups: list[int] | None = None, scales: dict[str, float] | None = None):
-        self.scales = scales or {}
-        self.cross: dict[str, np.ndarray] = {}             # conv id -> E[x q(x)^T] (scales)
-        self.cross_sum: dict[str, np.ndarray] = {}
+                 groups: list[int] | None = None):
         self.by_input: dict[str, list[ConvSpec]] = {}
         for s in specs:
             self.by_input.setdefault(s.input, []).append(s)
@@ -92,21 +89,9 @@ class HessianReducer:
         for spec in self.by_input.get(name, []):
             x = patches(np.asarray(a, np.float32), spec)
             keep = max(1, self.max_patches // max(1, self.batches))
-            pick = None
             if x.shape[2] > keep:
-                pick = self.rng.choice(x.shape[2], keep, replace=False)
-                x = x[:, :, pick]
+                x = x[:, :, self.rng.choice(x.shape[2], keep, replace=False)]
             x = x.astype(np.float64)
-            if name in self.scales:
-                # The input as the INT8 conv reads it: H is taken over q(x), and the cross
-                # moment E[x q(x)^T] lets the weights be refitted to the FP32 output.
-                sc = float(self.scales[name])
-                xt = patches(np.clip(np.rint(np.asarray(a, np.float64) / sc), -127, 127) * sc,
-                             spec)
-                xt = xt if pick is None else xt[:, :, pick]
-                c = x @ xt.transpose(0, 2, 1)
-                self.cross_sum[spec.id] = self.cross_sum.get(spec.id, 0) + c
-                x = xt
             h = x @ x.transpose(0, 2, 1)
             hs, cs = self.h.setdefault(spec.id, {}), self.count.setdefault(spec.id, {})
             hs[key] = hs[key] + h if key in hs else h
@@ -120,8 +105,6 @@ class HessianReducer:
                 hs, cs = self.h.pop(spec.id), self.count.pop(spec.id)
                 total, n = sum(hs.values()), sum(cs.values())
                 self.result[spec.id] = total / max(1, n)
-                if spec.id in self.cross_sum:
-                    self.cross[spec.id] = self.cross_sum.pop(spec.id) / max(1, n)
                 if self.groups is not None:
                     for g in set(self.groups):
                         rest = n - cs.get(g, 0)
@@ -132,7 +115,7 @@ class HessianReducer:
 
 def conv_hessians(model, specs: list[ConvSpec], data, base_dir=None, initializers=None,
                   max_patches: int = 4096, progress: bool = True,
-                  folds: list[list[int]] | None = None, scales: dict | None = None):
+                  folds: list[list[int]] | None = None):
     """conv id -> H [group, D, D] over the calibration data (see the module docstring).
     With ``folds`` (item indices per fold), also, for each fold f, the H of the other folds'
     items: ``(H, [H without fold 0, H without fold 1, ...])``, from one pass."""
@@ -144,13 +127,11 @@ def conv_hessians(model, specs: list[ConvSpec], data, base_dir=None, initializer
         for f, idx in enumerate(folds):
             for j in idx:
                 groups[j] = f
-    reducer = HessianReducer(specs, max_patches, groups=groups, scales=scales)
+    reducer = HessianReducer(specs, max_patches, groups=groups)
     reducer.batches = max(1, len(data))
     tensors = sorted({s.input for s in specs})
     _stream(model, tensors, data, reducer, 64, base_dir, initializers, progress,
             "weight rounding statistics")
-    if scales is not None:
-        return reducer.result, reducer.cross
     if folds is None:
         return reducer.result
     return reducer.result, [reducer.without.get(f, {}) for f in range(len(folds))]

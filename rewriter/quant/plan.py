@@ -199,7 +199,7 @@ def from_dict(d: Any, source: str) -> Plan:
               "bias_correction": bool(int8.get("bias_correction",
                                                _DEFAULT_INT8["bias_correction"])),
               "rounding": int8.get("rounding", _DEFAULT_INT8["rounding"])}
-    if p.int8["rounding"] not in ("nearest", "gptq", "gptaq"):
+    if p.int8["rounding"] not in ("nearest", "gptq"):
         raise InputError(f"plan {source}: int8.rounding must be nearest or gptq")
     if p.int8["equalize"] not in (True, False, "all"):
         raise InputError(f"plan {source}: int8.equalize must be true, false or all")
