@@ -135,6 +135,7 @@ class _Rewrite:
         self.progress, self.target, self.migraphx = progress, target, migraphx
         self.labels = labels
         self.fix_shapes, self.fixed = fix_shapes, None
+        self.fill = None   # random inputs' size in symbolic dims past the batch (None: 1)
         self.planner_settings = options.pop("planner", None)
         if target == "migraphx" and options.get("migraphx_version") is None:
             from rewriter.migraphx.lowering import installed_version
@@ -300,6 +301,7 @@ class _Rewrite:
             return
         t = time.perf_counter()
         from rewriter.verify import Verifier, make_feeds
+        from rewriter.verify.verifier import OriginalRunError
         if self.inputs is not None:
             feeds, what = self.inputs, "user inputs"
         elif self.held_out:
@@ -313,12 +315,48 @@ class _Rewrite:
                     raise InputError(f"{what}: input '{name}' is {list(np.shape(feed[name]))}, "
                                      f"but --fix-shapes writes {dims}")
         labels = self.held_labels if feeds is self.held_out else None
-        self.verifier = Verifier(self.original, self.base_dir, feeds, path=self.path,
-                                 lossy=self.plan.verify if self.plan is not None else None,
-                                 labels=labels,
-                                 strict=bool((self.planner_settings or {}).get("strict")))
+
+        def verifier(feeds):
+            return Verifier(self.original, self.base_dir, feeds, path=self.path,
+                            lossy=self.plan.verify if self.plan is not None else None,
+                            labels=labels,
+                            strict=bool((self.planner_settings or {}).get("strict")))
+        try:
+            self.verifier = verifier(feeds)
+        except OriginalRunError as e:
+            self.verifier, what = self.fill_symbolic_dims(e, what, verifier)
         self.report.verified_with = "onnxruntime CPU, graph optimisations off, " + what
         self.seconds["reference"] = time.perf_counter() - t
+
+    def fill_symbolic_dims(self, error, what: str, verifier):
+        """Random inputs with 1 in every symbolic dim did not run the original (a window
+        larger than 1, say): try the sizes of FALLBACK_FILLS past the batch dim, and say
+        which ran; if none does, the first error, with the option that fixes it."""
+        from rewriter.verify.feeds import FALLBACK_FILLS, make_feeds, symbolic_dims
+
+        free = symbolic_dims(self.original, self.input_shapes)
+        if self.inputs is not None or self.held_out or not free:
+            raise error
+        where = "; ".join(f"{k} at {v}" for k, v in free.items())
+        for fill in FALLBACK_FILLS:
+            try:
+                feeds = make_feeds(self.original, self.input_shapes, self.seed, fill=fill)
+                v = verifier(feeds)
+            except InputError:
+                continue
+            shapes = ", ".join(f"{k}:{'x'.join(map(str, np.shape(feeds[k])))}" for k in free)
+            self.report.warnings.append(
+                f"random inputs with 1 in the symbolic dims ({where}) do not run the original "
+                f"model; verified with {fill} there instead ({shapes}): --input-shape sets "
+                "the sizes you use")
+            self.fill = fill
+            return v, f"{what}, symbolic dims {fill}"
+        example = ", ".join(
+            f"--input-shape {k}:" + "x".join(str(d) for d in make_feeds(
+                self.original, self.input_shapes, self.seed)[k].shape) for k in free)
+        raise InputError(f"{error} (symbolic dims set to 1: {where}; nor did "
+                         f"{' or '.join(map(str, FALLBACK_FILLS))} run; give your sizes, "
+                         f"e.g. {example} with the 1s replaced)") from None
 
     def after_change(self, p, rec, records) -> None:
         """After a pass that changed the graph: the numeric check, blaming that pass."""
@@ -726,7 +764,7 @@ class _Rewrite:
         compile_output(self.report, self.migraphx_checked, exported, self.original,
                        self.base_dir, self.output, self.migraphx, self.input_shapes,
                        self.inputs, self.seed, self.held_out, self.plan, self.verifier,
-                       self.path)
+                       self.path, fill=self.fill)
         self.seconds["migraphx"] += time.perf_counter() - t
 
     # -- failures -------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import load_script
+from conftest import load_script, make_model
 from onnx import helper
 
 from rewriter.cli import main
@@ -192,6 +192,39 @@ def test_model_onnxruntime_cannot_run_is_exit_2(tmp_path, capfd):
     # Without --verify the custom op simply passes through.
     code, _, err = run(capfd, src, "-o", tmp_path / "o.onnx", "-q")
     assert code == 0 and err == []
+
+
+def test_symbolic_dims_too_small_to_run_get_a_larger_size_or_the_fix(tmp_path, capfd):
+    # A 5x5 conv without padding cannot run on the 1x1 image random inputs start from:
+    # verification falls back to 32 past the batch dim and says so.
+    conv = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 3, H, W] x, float[4, 3, 5, 5] w) => (float[N, 4, A, B] y) { y = Conv(x, w) }
+    """, {"w": [4, 3, 5, 5]})
+    src = tmp_path / "c.onnx"
+    onnx.save(conv, src)
+    code, out, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--verify", "--target", "none")
+    assert code == 0, err
+    said = " ".join(err) + out
+    assert "verified with 32 there instead (x:1x3x32x32)" in said
+    # No size fits a reshape to rows of 35 (32 and 224 are not multiples of it): one line
+    # that names the symbolic dims and the option.
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, L] x) => (float[R, 35] y) {
+        s = Constant <value = int64[2] {-1, 35}> ()
+        y = Reshape(x, s)
+    }
+    """
+    src = tmp_path / "r.onnx"
+    onnx.save(onnx.parser.parse_model(text), src)
+    code, _, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--verify", "--target", "none")
+    assert code == 2
+    assert_one_line(err, "cannot run the original model", "symbolic dims set to 1: x at [1]",
+                    "--input-shape x:1x1")
+    code, _, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--verify", "--target", "none",
+                       "--input-shape", "x:1x70")
+    assert code == 0, err
 
 
 # --------------------------------------------------------------------------- exit 1 and 3

@@ -204,6 +204,49 @@ def test_rewrite_adds_no_migraphx_failure_to_silero(tmp_path):
         assert_fp32_ok(info)
 
 
+def _save_text(tmp_path, text: str, **inits) -> Path:
+    import onnx
+    import onnx.parser
+    from onnx import numpy_helper
+    model = onnx.parser.parse_model('<ir_version: 8, opset_import: ["" : 17]>\n' + text)
+    for name, value in inits.items():
+        model.graph.initializer.append(numpy_helper.from_array(np.asarray(value), name))
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    return path
+
+
+def test_scalar_output_compares_as_a_scalar(tmp_path):
+    """MIGraphX returns a 0-d output with shape {1}: the same values, not a mismatch
+    (found on speechmos' PLCMOS, whose score is 0-d)."""
+    path = _save_text(tmp_path, """
+    g (float[2, 3] x) => (float y) { y = ReduceSum <keepdims=0> (x) }""")
+    _, info = rewrite_on_migraphx(path, tmp_path)
+    assert_fp32_ok(info)
+
+
+def test_symbolic_dims_migraphx_cannot_take_as_1_get_a_larger_size(tmp_path):
+    """A 5x5 conv without padding: neither MIGraphX nor onnxruntime takes the 1x1 image
+    random inputs start from (MIGraphX 2.16 compiles it, onnxruntime refuses the reference
+    run). Without --verify, the compile step finds it; the original itself does not run, so
+    the dims are at fault and 32 is tried, with a warning.
+    With --verify, verification already moved to 32 and MIGraphX runs what it ran."""
+    rng = np.random.default_rng(5)
+    path = _save_text(tmp_path, """
+    g (float[N, 3, H, W] x) => (float[N, 4, A, B] y) { y = Conv(x, w) }""",
+                      w=rng.standard_normal((4, 3, 5, 5)).astype(np.float32))
+    report, info = rewrite_on_migraphx(path, tmp_path)
+    assert_fp32_ok(info)
+    assert info["input_dims"]["x"] == [1, 3, 32, 32]
+    said = [w for w in report.warnings if w.startswith("the original model does not run")]
+    assert len(said) == 1 and "compared with 32 there instead" in said[0], report.warnings
+    report, info = rewrite_on_migraphx(path, tmp_path, verify=True)
+    assert_fp32_ok(info)
+    assert info["input_dims"]["x"] == [1, 3, 32, 32]
+    assert not any(w.startswith("the original model does not run") for w in report.warnings)
+    assert any("verified with 32 there instead" in w for w in report.warnings)
+
+
 # -- light model-zoo models (onnx wheel) ------------------------------------------------------
 
 

@@ -237,6 +237,24 @@ def _output_names(model_path) -> list[str]:
     return [o.name for o in model.graph.output]
 
 
+def refuses(model_path: str | os.PathLike, dims: dict[str, list[int]], target: str | None = None
+             ) -> MigraphxError | None:
+    """What MIGraphX says when it parses ``model_path`` at ``dims`` (and compiles it for
+    ``target``, if given): None when it can, else its error."""
+    mgx = _require()
+    try:
+        if target is None:
+            try:
+                mgx.parse_onnx(os.fspath(model_path), map_input_dims=dims)
+            except Exception as e:
+                raise MigraphxError("parse", _clean(e)) from None
+        else:
+            _compile(mgx, model_path, dims, target, True)
+    except MigraphxError as e:
+        return e
+    return None
+
+
 def compile_and_run(model_path: str | os.PathLike, feeds, input_shapes: dict[str, list[int]]
                     | None = None, target: str = "gpu", fast_math: bool = True,
                     save_mxr: str | None = None) -> MigraphxRun:

@@ -117,13 +117,17 @@ def _compile_migraphx(be, info, output_path, verifier, feed_sets, shapes, numeri
         run = be.compile_and_run(output_path, feed_sets, input_shapes=shapes or None,
                                  target=device, save_mxr=save_mxr)
     except be.MigraphxError as e:
-        info.update(status="failed", error=str(e))
+        info.update(status="failed", error=str(e), stage=e.stage)
         return
     info.update(status="compiled", op_histogram=run.op_histogram,
                 kernel_counts=run.kernel_counts, compile_seconds=run.compile_seconds,
                 run_seconds=run.run_seconds, input_dims=run.input_dims)
     info["metrics"] = _judge(verifier(), run.outputs, numerics, lossy)
     info["program_text"] = run.program_text if device == "gpu" else None
+
+
+def _squeezed(shape) -> tuple:
+    return tuple(d for d in shape if d != 1)
 
 
 def _judge(verifier, outputs, numerics, lossy, single: bool = False) -> list[dict]:
@@ -135,7 +139,10 @@ def _judge(verifier, outputs, numerics, lossy, single: bool = False) -> list[dic
         reference = [np.asarray(r)[:n] for r in reference]
     metrics = []
     for name, r, o in zip(verifier.output_names, reference, outputs):
-        m = compare(name, r, np.asarray(o))
+        o = np.asarray(o)
+        if o.shape != np.shape(r) and _squeezed(o.shape) == _squeezed(np.shape(r)):
+            o = o.reshape(np.shape(r))   # MIGraphX returns a 0-d output as shape {1}
+        m = compare(name, r, o)
         m.ok = m.ok and judge(m, numerics, 2, lossy)
         metrics.append(m.to_dict())
     return metrics
@@ -225,9 +232,49 @@ def static_check(report, exported, version: tuple[int, ...] | None, input_shapes
 
 def compile_output(report, checked: tuple, exported, original, base_dir, output, mgx: dict,
                    input_shapes, inputs, seed: int, held_out: list, plan, verifier,
-                   model_path: str | None) -> None:
+                   model_path: str | None, fill: int | None = None) -> None:
     """The API's target step, second half: :func:`migraphx_step` on the saved output
-    (``checked`` is what :func:`static_check` returned)."""
+    (``checked`` is what :func:`static_check` returned). Random inputs use ``fill`` in
+    the symbolic dims past the batch (None: 1), as verification did.
+
+    When MIGraphX refuses the output, the original is tried at the same dims: if it is
+    refused too, the dims are at fault, not the rewrite; with random inputs and symbolic
+    dims the user did not set, the larger sizes of feeds.FALLBACK_FILLS are tried next."""
+    from rewriter.verify.feeds import FALLBACK_FILLS, symbolic_dims
+
+    free = symbolic_dims(original, input_shapes) \
+        if inputs is None and not (plan is not None and held_out) else {}
+    fills = [fill] + ([f for f in FALLBACK_FILLS if fill is None or f > fill] if free else [])
+    from rewriter.verify.verifier import OriginalRunError
+
+    first = None
+    for k, f in enumerate(fills):
+        try:
+            _compile_output(report, checked, exported, original, base_dir, output, mgx,
+                            input_shapes, inputs, seed, held_out, plan,
+                            verifier if f == fill else None, model_path, f)
+        except OriginalRunError as e:   # the reference, in onnxruntime
+            if k + 1 == len(fills):
+                raise
+            first = first or str(e)
+            continue
+        info = report.extra["compile"]
+        if info.get("status") != "failed" or not info.get("original_refused"):
+            break
+        first = first or "MIGraphX " + info["original_refused"]
+    if k > 0 and info.get("status") == "failed" and info.get("original_refused"):
+        info["error"] += (f"; nor with {' or '.join(map(str, fills[1:]))} in the symbolic "
+                          "dims past the batch: --input-shape sets the sizes")
+    if k > 0 and info.get("status") == "compiled":
+        where = "; ".join(f"{n} at {v}" for n, v in free.items())
+        report.warnings.append(
+            f"the original model does not run with {fills[0] or 1} in its symbolic dims "
+            f"({where}): {first}; compiled and compared with {fills[k]} there instead: "
+            "--input-shape sets the sizes you use")
+
+
+def _compile_output(report, checked, exported, original, base_dir, output, mgx, input_shapes,
+                    inputs, seed, held_out, plan, verifier, model_path, fill) -> None:
     result, int8, what = checked
     backend = mgx.get("backend", "migraphx")
     if not _backend(backend).available()[0]:   # skipped: no inputs to make, nothing to save
@@ -236,7 +283,7 @@ def compile_output(report, checked: tuple, exported, original, base_dir, output,
             require=bool(mgx.get("require")), what=what)
         return
     feed_sets = _feed_sets(original, input_shapes, inputs, seed, held_out, plan,
-                           int(mgx.get("samples", 8)))
+                           int(mgx.get("samples", 8)), fill)
     lossy = plan.verify if plan is not None else None
 
     made: list = []
@@ -264,9 +311,25 @@ def compile_output(report, checked: tuple, exported, original, base_dir, output,
             lossy=lossy, backend=mgx.get("backend", "migraphx"),
             device=mgx.get("device", "auto"), save_mxr=mgx.get("save_mxr"),
             require=bool(mgx.get("require")), findings=result.findings, what=what)
+        info = report.extra["compile"]
+        if info.get("status") == "failed" and info.get("stage") in ("parse", "compile") \
+                and model_path is not None and backend == "migraphx":
+            from rewriter.migraphx.backend import _dims
+            dims = _dims(feed_sets[0], {k: v for k, v in (input_shapes or {}).items() if k})
+            err = _backend(backend).refuses(model_path, dims, None if info["stage"] == "parse"
+                                            else info.get("device"))
+            shown = ", ".join(f"{k}:{'x'.join(map(str, v))}" for k, v in dims.items())
+            if err is not None:
+                info["original_refused"] = f"{err.stage} failed: {err.message}"
+                info["error"] = (f"MIGraphX cannot {err.stage} the original model either at "
+                                 f"{shown}: {err.message} (not caused by the rewrite)")
+            else:
+                info["error"] += (f" (the original model {'parses' if info['stage'] == 'parse' else 'compiles'} "
+                                  f"at {shown}: the rewrite broke it)")
 
 
-def _feed_sets(original, input_shapes, inputs, seed, held_out, plan, samples: int) -> list:
+def _feed_sets(original, input_shapes, inputs, seed, held_out, plan, samples: int,
+               fill: int | None = None) -> list:
     """What MIGraphX runs: the user's inputs; else, for a plan, up to ``samples`` held-out
     calibration samples of one shape (or seeded random ones); else one random sample."""
     from rewriter.verify import make_feeds
@@ -278,7 +341,7 @@ def _feed_sets(original, input_shapes, inputs, seed, held_out, plan, samples: in
         same = [f for f in held_out if {k: np.shape(v) for k, v in f.items()} == first]
         return same[:max(2, samples)]
     n = max(2, samples) if plan is not None else 1
-    return [make_feeds(original, input_shapes, seed + i) for i in range(n)]
+    return [make_feeds(original, input_shapes, seed + i, fill=fill) for i in range(n)]
 
 
 def _same_feeds(a: list, b: list) -> bool:

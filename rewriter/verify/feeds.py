@@ -32,8 +32,10 @@ def real_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     return [i for i in model.graph.input if i.name not in inits]
 
 
-def input_shape(vi: onnx.ValueInfoProto, shapes: dict[str, list[int]], default: int = 1
-                ) -> list[int]:
+def input_shape(vi: onnx.ValueInfoProto, shapes: dict[str, list[int]], default: int = 1,
+                fill: int | None = None) -> list[int]:
+    """The dims of input ``vi``: the user's, else the declared ones with each symbolic dim
+    ``default``, or ``fill`` past the first position (the batch stays ``default``)."""
     tt = vi.type.tensor_type
     if vi.name in shapes:
         return shapes[vi.name]
@@ -42,7 +44,32 @@ def input_shape(vi: onnx.ValueInfoProto, shapes: dict[str, list[int]], default: 
     # A user's bare `1x3x224x224` applies to a single input.
     if "" in shapes and len(shapes[""]) == len(dims):
         return shapes[""]
-    return [d if d is not None else default for d in dims]
+    return [d if d is not None else (default if fill is None or i == 0 else fill)
+            for i, d in enumerate(dims)]
+
+
+def symbolic_dims(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = None
+                  ) -> dict[str, list[int]]:
+    """{input: positions past the first whose dims are symbolic and not set by the user}."""
+    shapes = shapes or {}
+    out = {}
+    for vi in real_inputs(model):
+        if vi.name in shapes or not vi.type.HasField("tensor_type"):
+            continue
+        dims = list(vi.type.tensor_type.shape.dim)
+        if "" in shapes and len(shapes[""]) == len(dims):
+            continue
+        pos = [i for i, d in enumerate(dims)
+               if i > 0 and not (d.HasField("dim_value") and d.dim_value > 0)]
+        if pos:
+            out[vi.name] = pos
+    return out
+
+
+# Sizes tried, in order, for symbolic dims past the batch when random inputs with 1 there
+# cannot run the original (a conv or pooling window larger than 1, a reshape that needs a
+# multiple): the smallest usual sizes, so verification stays fast.
+FALLBACK_FILLS = (32, 224)
 
 
 # Random inputs beyond this (all inputs together) are refused: a declared batch of 10^6
@@ -52,10 +79,11 @@ MAX_FEED_BYTES = 64 << 20
 
 
 def make_feeds(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = None,
-               seed: int = 0) -> dict[str, np.ndarray]:
+               seed: int = 0, fill: int | None = None) -> dict[str, np.ndarray]:
     """Seeded random inputs: N(0,1) floats, small non-negative integers, random bools.
 
-    Integer inputs are often indices or lengths, so they get values in [0, 4).
+    Integer inputs are often indices or lengths, so they get values in [0, 4). Symbolic
+    dims are 1, or ``fill`` past the first position (see :func:`input_shape`).
     """
     rng = np.random.default_rng(seed)
     shapes = shapes or {}
@@ -69,7 +97,7 @@ def make_feeds(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = Non
         if not vi.type.HasField("tensor_type"):
             raise InputError(f"input '{vi.name}' is not a tensor; pass it with --inputs")
         dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
-        shape = input_shape(vi, shapes)
+        shape = input_shape(vi, shapes, fill=fill)
         # Declared dims can be absurd (2^40): refuse before numpy tries to allocate them.
         total += float(np.prod([float(d) for d in shape])) * np.dtype(dtype).itemsize
         if total > MAX_FEED_BYTES:

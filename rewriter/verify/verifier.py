@@ -12,6 +12,10 @@ from rewriter.core.pass_base import Numerics
 from rewriter.verify.metrics import OutputMetrics, compare, compute_eps, cosine, judge
 
 
+class OriginalRunError(InputError):
+    """onnxruntime loads the original model but cannot run it on the feeds given."""
+
+
 class Verifier:
     """Runs the original once, then compares candidates against it, output by output.
 
@@ -46,8 +50,8 @@ class Verifier:
         except Exception as e:
             given = ", ".join(f"{k} {list(np.shape(v))} {np.asarray(v).dtype}"
                               for k, v in self.feed_sets[0].items())
-            raise InputError(f"onnxruntime cannot run the original model on these inputs "
-                             f"({given}): {_line(e)}") from None
+            raise OriginalRunError(f"onnxruntime cannot run the original model on these "
+                                   f"inputs ({given}): {_line(e)}") from None
 
     def check(self, exported, numerics: Numerics, depth: int = 1) -> list[OutputMetrics]:
         """Compare an :class:`rewriter.core.convert.Exported` model with the reference."""
