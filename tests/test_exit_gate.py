@@ -20,7 +20,7 @@ import rewriter
 from rewriter.cli import main
 from rewriter.core import ort
 from rewriter.core.pass_base import Numerics, Pass, PassResult, Phase
-from rewriter.verify.metrics import OutputMetrics, has_classes, judge
+from rewriter.verify.metrics import OutputMetrics, class_outputs, has_classes, judge
 
 
 def run(capfd, *argv) -> tuple[int, str, list[str]]:
@@ -301,6 +301,37 @@ def test_lossy_report_says_top1_only_for_classifier_outputs(tmp_path, capfd):
     _, report = rewriter.rewrite(str(src), plan="fp16", calib=calib, verify=True)
     top1 = {v["name"]: v["top1"] for v in report.verification}
     assert top1["seg"] is None and top1["cls"] is not None
+
+
+def test_regression_heads_beside_a_softmax_get_no_top1(tmp_path):
+    """MTCNN's O-Net form: a face/no-face softmax [N, 2] beside box offsets [N, 4] and
+    landmarks [N, 10]. Argmax agreement on coordinates judges noise (it failed the
+    landmarks' certificate at 0.43 on a plan whose landmarks' cosine was 1.0000): only the
+    softmax is judged by top-1; a lone [N, C] output keeps it (logits look the same)."""
+    rng = np.random.default_rng(1)
+    probs = np.exp(rng.standard_normal((6, 2)))
+    probs /= probs.sum(-1, keepdims=True)
+    boxes, marks = rng.standard_normal((6, 4)), rng.standard_normal((6, 10))
+    assert class_outputs([boxes, marks, probs]) == [False, False, True]
+    assert class_outputs([boxes]) == [True]
+    assert class_outputs([marks, rng.standard_normal((1, 3549, 6))]) == [True, False]
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 8] x) => (float[N, 4] box, float[N, 10] mark, float[N, 2] face) {
+        box = Gemm <transB = 1> (x, B)
+        mark = Gemm <transB = 1> (x, M)
+        f = Gemm <transB = 1> (x, F)
+        face = Softmax <axis = 1> (f)
+    }""", {"B": (4, 8), "M": (10, 8), "F": (2, 8)})
+    src = tmp_path / "m.onnx"
+    onnx.save(m, src)
+    calib = [{"x": np.random.default_rng(i).standard_normal((1, 8)).astype(np.float32)}
+             for i in range(12)]
+    _, report = rewriter.rewrite(str(src), plan="fp16", calib=calib, verify=True)
+    top1 = {v["name"]: v["top1"] for v in report.verification}
+    assert top1["box"] is None and top1["mark"] is None and top1["face"] is not None
+    cert = {v["name"]: v["certificate"] for v in report.verification}
+    assert cert["mark"]["top1"] is None and cert["face"]["top1"] is not None
 
 
 def test_big_constant_node_passes_the_gate_when_nothing_folds_it():

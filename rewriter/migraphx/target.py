@@ -138,11 +138,11 @@ def _judge(verifier, outputs, numerics, lossy, single: bool = False) -> list[dic
         n = np.shape(outputs[0])[0] if np.ndim(outputs[0]) else 1
         reference = [np.asarray(r)[:n] for r in reference]
     metrics = []
-    for name, r, o in zip(verifier.output_names, reference, outputs):
+    for name, r, o, c in zip(verifier.output_names, reference, outputs, verifier.classes):
         o = np.asarray(o)
         if o.shape != np.shape(r) and _squeezed(o.shape) == _squeezed(np.shape(r)):
             o = o.reshape(np.shape(r))   # MIGraphX returns a 0-d output as shape {1}
-        m = compare(name, r, o)
+        m = compare(name, r, o, classes=c)
         m.ok = m.ok and judge(m, numerics, 2, lossy)
         metrics.append(m.to_dict())
     return metrics

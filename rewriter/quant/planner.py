@@ -326,20 +326,22 @@ class _CrossValidator:
         """One judgement over the samples ``idx``: the first output with classes decides
         top-1/flip risk (else the first output); the worst cosine bound over outputs."""
         from rewriter.verify.certify import judge_lossy
-        from rewriter.verify.metrics import has_classes
+        from rewriter.verify.metrics import class_outputs
         from rewriter.verify.verifier import stack_runs
 
         ref = stack_runs([self.reference[j] for j in idx])
         got = stack_runs(outs)
         labels = self.labels[idx] if self.labels is not None else None
-        order = sorted(range(len(ref)), key=lambda k: not has_classes(np.asarray(ref[k])))
+        classes = class_outputs(ref)
+        order = sorted(range(len(ref)), key=lambda k: not classes[k])
         main = None
         for k in order:
             r, o = np.asarray(ref[k]), np.asarray(got[k])
             if not np.isfinite(o).all():
                 o = np.nan_to_num(o, nan=0.0, posinf=0.0, neginf=0.0)
             j = judge_lossy(self.output_names[k], r, o, self.budget(),
-                            labels if main is None else None, alpha=alpha)
+                            labels if main is None else None, alpha=alpha,
+                            classes=classes[k])
             if main is None:
                 main = j
             elif j.cosine_ci[0] < main.cosine_ci[0]:   # the worst output's cosine counts

@@ -43,8 +43,8 @@ when the interval's conservative end meets it:
   lost only where a right answer flips: their share times the flip risk of their margins,
   bootstrapped with the rest), is within it.
 
-Outputs without classes (detection, masks: see ``metrics.has_classes``) are judged by
-cosine only.
+Outputs without classes (detection, masks, regression heads: see
+``metrics.class_outputs``) are judged by cosine only.
 """
 
 from __future__ import annotations
@@ -281,7 +281,7 @@ class Judgement:
 
 def judge_lossy(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
                 labels: np.ndarray | None = None, seed: int = 0,
-                alpha: float = 0.05) -> Judgement:
+                alpha: float = 0.05, classes: bool | None = None) -> Judgement:
     """Judge one output of ``n`` samples (axis 0) against its FP32 reference.
 
     ``budget`` keys (any subset): ``min_top1``, ``min_cosine``, ``max_accuracy_drop``
@@ -289,7 +289,8 @@ def judge_lossy(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
     95% bounds); a caller that compares many models on the same samples and keeps one that
     passes divides it by their number (the planner), so that the kept one's bounds still
     hold at 95% (Bonferroni). Bootstrap replicates grow with 1/alpha (up to 5000) so that
-    the tail percentile is not a single draw."""
+    the tail percentile is not a single draw. ``classes``: whether top-1 applies (default
+    ``metrics.has_classes`` of this output alone; ``metrics.class_outputs`` for a model)."""
     reps = int(min(5000, max(BOOT, np.ceil(20 / alpha))))
     z = NormalDist().inv_cdf(1 - alpha / 2)
     ref = np.asarray(ref, np.float64)
@@ -305,7 +306,7 @@ def judge_lossy(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
                    float(np.percentile(boots, 100 - 50 * alpha))),
                   float(cos.min()), budget=dict(budget))
     j.alpha = alpha
-    classes = has_classes(ref) and ref.ndim >= 2
+    classes = (has_classes(ref) if classes is None else classes) and ref.ndim >= 2
     if classes:
         j.classes = True
         rr = ref.reshape(-1, ref.shape[-1])

@@ -81,7 +81,24 @@ def has_classes(ref: np.ndarray) -> bool:
         return False
     if ref.ndim == 2:
         return True
+    return _distributions(ref)
+
+
+def _distributions(ref: np.ndarray) -> bool:
     return bool(np.all(ref >= 0) and np.allclose(ref.sum(axis=-1), 1.0, atol=1e-3))
+
+
+def class_outputs(refs) -> list[bool]:
+    """:func:`has_classes` for each of a model's outputs, seen together: when some [N, C]
+    output holds probability distributions (a softmax head), the [N, C] outputs beside it
+    that do not are regression heads (MTCNN's O-Net: box offsets [N, 4] and landmarks
+    [N, 10] next to a face/no-face softmax [N, 2]), and argmax agreement on them would judge
+    noise. A lone [N, C] output keeps top-1: logits and regression look alike there."""
+    refs = [np.asarray(r) for r in refs]
+    flags = [has_classes(r) for r in refs]
+    if any(f and r.ndim == 2 and _distributions(r) for f, r in zip(flags, refs)):
+        flags = [f and (r.ndim != 2 or _distributions(r)) for f, r in zip(flags, refs)]
+    return flags
 
 
 def top1_agreement(ref: np.ndarray, out: np.ndarray) -> float:
@@ -89,7 +106,10 @@ def top1_agreement(ref: np.ndarray, out: np.ndarray) -> float:
     return float(np.mean(np.argmax(ref, axis=-1) == np.argmax(out, axis=-1)))
 
 
-def compare(name: str, ref: np.ndarray, out: np.ndarray) -> OutputMetrics:
+def compare(name: str, ref: np.ndarray, out: np.ndarray, classes: bool | None = None
+            ) -> OutputMetrics:
+    """Metrics of ``out`` against ``ref``; top-1 where ``classes`` (default:
+    :func:`has_classes` of ``ref`` alone; :func:`class_outputs` decides for a model)."""
     ref, out = np.asarray(ref), np.asarray(out)
     if ref.shape != out.shape or ref.dtype != out.dtype:
         return OutputMetrics(name, False, float("inf"), float("inf"), 0.0, 1.0, ok=False)
@@ -117,7 +137,8 @@ def compare(name: str, ref: np.ndarray, out: np.ndarray) -> OutputMetrics:
     max_abs = float(diff.max())
     scale = float(np.abs(r).max())
     max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
-    top1 = top1_agreement(ref, out) if has_classes(ref) and np.isfinite(out).all() else None
+    classes = has_classes(ref) if classes is None else classes
+    top1 = top1_agreement(ref, out) if classes and np.isfinite(out).all() else None
     return OutputMetrics(name, True, max_abs, max_rel, cosine(r, o), float(np.mean(diff > 0)),
                          sqnr_db=sqnr_db(r, o), top1=top1, ref_max=scale, dtype=str(ref.dtype))
 

@@ -9,7 +9,8 @@ from rewriter.core import ort
 from rewriter.core.errors import InputError
 from rewriter.core.graph import duplicate_node_names, unique_node_names
 from rewriter.core.pass_base import Numerics
-from rewriter.verify.metrics import OutputMetrics, compare, compute_eps, cosine, judge
+from rewriter.verify.metrics import (OutputMetrics, class_outputs, compare, compute_eps, cosine,
+                                     judge)
 
 
 class OriginalRunError(InputError):
@@ -47,6 +48,7 @@ class Verifier:
             raise InputError(f"onnxruntime cannot load the original model: {_line(e)}") from None
         try:
             self.reference = stack_runs([ort.run(sess, f) for f in self.feed_sets])
+            self.classes = class_outputs(self.reference)
         except Exception as e:
             given = ", ".join(f"{k} {list(np.shape(v))} {np.asarray(v).dtype}"
                               for k, v in self.feed_sets[0].items())
@@ -70,12 +72,12 @@ class Verifier:
         except Exception as e:  # noqa: BLE001 - the original ran on these feeds
             raise ModelLoadError(f"onnxruntime cannot run it: {_line(e)}") from None
         metrics = []
-        for name, r, o in zip(names, self.reference, outs):
-            m = compare(name, r, o)
+        for name, r, o, c in zip(names, self.reference, outs, self.classes):
+            m = compare(name, r, o, classes=c)
             if numerics is Numerics.LOSSY and m.shape_ok and not m.integer \
                     and np.asarray(r).ndim >= 1 and np.asarray(r).shape[0] > 1:
                 # Several samples: judged by the conservative ends of 95% intervals.
-                j = self.certify(name, r, o)
+                j = self.certify(name, r, o, classes=c)
                 m.certificate = j.to_dict()
                 # Too few samples to certify the budget at all (whether the flip-risk
                 # model meets it or not, as long as it is not shown missed): the output is
@@ -87,7 +89,7 @@ class Verifier:
             metrics.append(m)
         return metrics
 
-    def certify(self, name: str, ref, out):
+    def certify(self, name: str, ref, out, classes: bool | None = None):
         """verify.certify's judgement of one output against the plan's budget (labels, when
         the samples have them, for the first classifier output)."""
         from rewriter.verify.certify import judge_lossy, resolve_budget
@@ -97,7 +99,7 @@ class Verifier:
                                 self.labels is not None)
         budget = {k: budget[k] for k in ("min_top1", "min_cosine", "max_accuracy_drop")
                   if k in budget and budget[k] is not None}
-        return judge_lossy(name, ref, out, budget, labels=self.labels)
+        return judge_lossy(name, ref, out, budget, labels=self.labels, classes=classes)
 
 
 class ModelLoadError(RuntimeError):
