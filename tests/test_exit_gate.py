@@ -334,6 +334,24 @@ def test_regression_heads_beside_a_softmax_get_no_top1(tmp_path):
     assert cert["mark"]["top1"] is None and cert["face"]["top1"] is not None
 
 
+def test_an_output_tiny_everywhere_is_said_to_be_a_weak_check(tmp_path):
+    """A text detector's probability map on random inputs is ~0 everywhere (a saturated
+    sigmoid): it is judged by absolute error, which says little, and the report says so;
+    an output of ordinary size gets no such warning."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 3, 8, 8] x) => (float[1, 2, 8, 8] p, float[1, 2, 8, 8] q) {
+        c = Conv <pads = [1, 1, 1, 1]> (x, W)
+        s = Constant <value = float {-30.0}> ()
+        d = Add(c, s)
+        p = Sigmoid(d)
+        q = Sigmoid(c)
+    }""", {"W": (2, 3, 3, 3)})
+    _, report = rewriter.rewrite(m, verify=True)
+    said = [w for w in report.warnings if "a weak check" in w]
+    assert len(said) == 1 and said[0].startswith("output 'p' is below 0.001"), report.warnings
+
+
 def test_big_constant_node_passes_the_gate_when_nothing_folds_it():
     """The gate's weight-free copy cannot turn a Constant node's tensor into a graph input:
     such a model is checked with its weights, not refused."""
