@@ -81,7 +81,7 @@ def migraphx_step(output_path: str | os.PathLike, verifier, feed_sets: list[dict
     else:
         outputs = be.run(output_path, feed_sets[0])
         info.update(status="compiled", device="gpu")
-        info["metrics"] = _judge(verifier(), outputs, numerics, lossy, single=True)
+        info["metrics"] = _judge(verifier(), outputs, numerics, single=True)
     if candidate is not None and lossy is not None and info["status"] == "compiled":
         info["onnxruntime"] = [m.to_dict() for m in verifier().check(candidate, Numerics.LOSSY)]
     if planned_int8 and backend == "migraphx":
@@ -124,7 +124,7 @@ def _compile_migraphx(be, info, output_path, verifier, feed_sets, shapes, numeri
     info.update(status="compiled", op_histogram=run.op_histogram,
                 kernel_counts=run.kernel_counts, compile_seconds=run.compile_seconds,
                 run_seconds=run.run_seconds, input_dims=run.input_dims)
-    info["metrics"] = _judge(verifier(), run.outputs, numerics, lossy)
+    info["metrics"] = _judge(verifier(), run.outputs, numerics)
     info["program_text"] = run.program_text if device == "gpu" else None
 
 
@@ -132,9 +132,10 @@ def _squeezed(shape) -> tuple:
     return tuple(d for d in shape if d != 1)
 
 
-def _judge(verifier, outputs, numerics, lossy, single: bool = False) -> list[dict]:
-    from rewriter.verify import compare, judge
-
+def _judge(verifier, outputs, numerics, single: bool = False) -> list[dict]:
+    """MIGraphX's outputs judged as the verifier judges onnxruntime's (several samples of a
+    lossy model: by the certificate, so that a budget the samples cannot decide passes on
+    both or neither)."""
     reference = verifier.reference
     if single and len(verifier.feed_sets) > 1:   # one run only: compare its first sample
         n = np.shape(outputs[0])[0] if np.ndim(outputs[0]) else 1
@@ -144,9 +145,7 @@ def _judge(verifier, outputs, numerics, lossy, single: bool = False) -> list[dic
         o = np.asarray(o)
         if o.shape != np.shape(r) and _squeezed(o.shape) == _squeezed(np.shape(r)):
             o = o.reshape(np.shape(r))   # MIGraphX returns a 0-d output as shape {1}
-        m = compare(name, r, o, classes=c)
-        m.ok = m.ok and judge(m, numerics, 2, lossy)
-        metrics.append(m.to_dict())
+        metrics.append(verifier.judge_output(name, r, o, c, numerics, 2).to_dict())
     return metrics
 
 
@@ -210,6 +209,10 @@ def _metric_line(m: dict, ort: dict | None) -> str:
         s += ", "
     s += f"cosine {m['cosine']:.6f}" + (f" (onnxruntime {ort['cosine']:.6f})" if ort else "")
     s += f", max_rel {m['max_rel']:.2e} {'ok' if m['ok'] else 'NOT OK'}"
+    c = m.get("certificate")
+    if c is not None and not c["met"]:
+        s += f" (not certified on {c['n']} samples: {c['why']})" if m["ok"] else \
+            f" ({c['why']})"
     return s
 
 
@@ -287,6 +290,7 @@ def _compile_output(report, checked, exported, original, base_dir, output, mgx, 
     feed_sets = _feed_sets(original, input_shapes, inputs, seed, held_out, plan,
                            int(mgx.get("samples", 8)), fill)
     lossy = plan.verify if plan is not None else None
+    strict = bool(getattr(verifier, "strict", False))
     budget = "plan budget"
     if lossy is None and int8 and what == "Q/DQ layers":
         # A model quantized elsewhere: MIGraphX and onnxruntime legitimately round its Q/DQ
@@ -303,7 +307,7 @@ def _compile_output(report, checked, exported, original, base_dir, output, mgx, 
             else:
                 from rewriter.verify import Verifier
                 made.append(Verifier(original, base_dir, feed_sets, path=model_path,
-                                     lossy=lossy))
+                                     lossy=lossy, strict=strict))
         return made[0]
 
     import tempfile

@@ -71,23 +71,27 @@ class Verifier:
             outs = stack_runs([self.backend.run(sess, f) for f in self.feed_sets])
         except Exception as e:  # noqa: BLE001 - the original ran on these feeds
             raise ModelLoadError(f"onnxruntime cannot run it: {_line(e)}") from None
-        metrics = []
-        for name, r, o, c in zip(names, self.reference, outs, self.classes):
-            m = compare(name, r, o, classes=c)
-            if numerics is Numerics.LOSSY and m.shape_ok and not m.integer \
-                    and np.asarray(r).ndim >= 1 and np.asarray(r).shape[0] > 1:
-                # Several samples: judged by the conservative ends of 95% intervals.
-                j = self.certify(name, r, o, classes=c)
-                m.certificate = j.to_dict()
-                # Too few samples to certify the budget at all (whether the flip-risk
-                # model meets it or not, as long as it is not shown missed): the output is
-                # kept with a warning (the caller's), unless strict.
-                m.ok = m.ok and ((j.met and (j.certifiable or not self.strict))
-                                 or (j.undecided and not self.strict))
-            else:
-                m.ok = m.ok and judge(m, numerics, depth, self.lossy, self.model_eps)
-            metrics.append(m)
-        return metrics
+        return [self.judge_output(name, r, o, c, numerics, depth)
+                for name, r, o, c in zip(names, self.reference, outs, self.classes)]
+
+    def judge_output(self, name: str, ref, out, classes: bool, numerics: Numerics,
+                     depth: int = 1) -> OutputMetrics:
+        """One output against its reference, by the rule every backend's run is judged by
+        (onnxruntime's here, MIGraphX's in rewriter.migraphx.target)."""
+        m = compare(name, ref, out, classes=classes)
+        if numerics is Numerics.LOSSY and m.shape_ok and not m.integer \
+                and np.asarray(ref).ndim >= 1 and np.asarray(ref).shape[0] > 1:
+            # Several samples: judged by the conservative ends of 95% intervals.
+            j = self.certify(name, ref, out, classes=classes)
+            m.certificate = j.to_dict()
+            # Too few samples to certify the budget at all (whether the flip-risk
+            # model meets it or not, as long as it is not shown missed): the output is
+            # kept with a warning (the caller's), unless strict.
+            m.ok = m.ok and ((j.met and (j.certifiable or not self.strict))
+                             or (j.undecided and not self.strict))
+        else:
+            m.ok = m.ok and judge(m, numerics, depth, self.lossy, self.model_eps)
+        return m
 
     def certify(self, name: str, ref, out, classes: bool | None = None):
         """verify.certify's judgement of one output against the plan's budget (labels, when
