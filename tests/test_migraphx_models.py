@@ -265,6 +265,26 @@ def test_symbolic_dims_migraphx_cannot_take_as_1_get_a_larger_size(tmp_path):
     assert any("verified with 32 there instead" in w for w in report.warnings)
 
 
+def test_speech_quality_models_without_input_shapes(tmp_path):
+    """speechmos' PLCMOS and AECMOS with nothing but --verify: PLCMOS's convs cannot take
+    the 1 frame random inputs start from (onnxruntime refuses), so verification and MIGraphX
+    use 32, and its 0-d score compares as a scalar; AECMOS runs 1 frame in onnxruntime but
+    MIGraphX's parser refuses its pooling there, as it refuses the original: the compile
+    step moves to 32 frames and says so."""
+    report, info = rewrite_on_migraphx(model_path("speechmos_plcmos_v2.onnx"), tmp_path,
+                                       verify=True)
+    assert_fp32_ok(info)
+    assert info["input_dims"]["degraded_audio"] == [1, 1, 32, 257]
+    assert any("verified with 32 there instead" in w for w in report.warnings)
+    (tmp_path / "aec").mkdir()
+    report, info = rewrite_on_migraphx(model_path("speechmos_aecmos_1663829550.onnx"),
+                                       tmp_path / "aec", verify=True)
+    assert_fp32_ok(info)
+    assert info["input_dims"]["input"] == [1, 3, 32, 160]
+    said = [w for w in report.warnings if w.startswith("the original model does not run")]
+    assert len(said) == 1 and "MIGraphX parse failed" in said[0], report.warnings
+
+
 # -- light model-zoo models (onnx wheel) ------------------------------------------------------
 
 

@@ -136,6 +136,20 @@ MODELS: tuple[RealModel, ...] = (
         "MatMul, per-utterance normalisation; opset 17, inputs waveforms [batch, N] and "
         "waveforms_lens [batch]",
     ),
+    RealModel(
+        "speechmos_plcmos_v2.onnx", "speechmos", "0.0.1.1",
+        "speechmos/plcmos_models/plcmos_v2.onnx", 1344808,
+        "c0ad3fc64ef9682b4749c0e96636b41c73b4b30bd123b9348feea06a96895286",
+        "PLCMOS v2 speech quality score (conv + GRU), inputs degraded_audio [batch, 1, frames, "
+        "257] and rater_embed [batch, 64], a 0-d score; 1 frame is too few for its convs",
+    ),
+    RealModel(
+        "speechmos_aecmos_1663829550.onnx", "speechmos", "0.0.1.1",
+        "speechmos/aecmos_models/Run_1663829550_Stage_0.onnx", 1170947,
+        "b517d8d9ca2f91ea55d15f605a15917c19be5d832868fe115c7c5bc48986dae1",
+        "AECMOS echo-cancellation quality model (conv + pooling + GRU), input [batch, 3, "
+        "frames, 160]; onnxruntime runs 1 frame, MIGraphX's parser refuses its pooling there",
+    ),
 )
 
 BY_NAME = {m.file: m for m in MODELS}
