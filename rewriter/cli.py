@@ -345,14 +345,24 @@ def _yaml(d: dict) -> str:
 
 
 def _atomic_write(path, text: str) -> None:
+    """``text`` into ``path`` by a rename, with an ordinary file's mode (mkstemp's is
+    0600); nothing is left behind if the write fails."""
     import os
     import tempfile
 
+    from rewriter.core.save import _umask
+
     folder = path.parent if str(path.parent) else "."
     fd, tmp = tempfile.mkstemp(prefix=".rewrite-", dir=folder)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def _check_main(argv: list[str]) -> int:

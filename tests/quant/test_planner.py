@@ -211,3 +211,33 @@ def test_layers_leave_int8_for_fp16_and_only_the_budget_sends_them_to_fp32():
                                                             "refine": 16})
     assert choice == {"conv0": "fp16", "conv1": "fp32", "conv2": "fp16"}
     assert any("FP16 everywhere misses" in n for n in notes)
+
+
+def test_rewrite_plan_writes_a_usable_plan_with_ordinary_file_modes(tmp_path, capfd):
+    """`rewrite plan` (the subcommand): the plan, its sensitivity table and plot are
+    written with an ordinary file's mode (they were 0600, mkstemp's, so a plan shared with
+    a colleague or a CI job could not be read), nothing temporary is left, and the plan
+    drives `rewrite --plan FILE`."""
+    import os
+    import stat
+
+    from rewriter.cli import main
+
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for i, s in enumerate(samples(8, seed=5)):
+        np.save(calib / f"{i:02d}.npy", s["input"])
+    out = tmp_path / "p.yaml"
+    old = os.umask(0o022)
+    try:
+        code = main(["plan", MODEL, "--calib", str(calib), "-o", str(out), "-q",
+                     "--folds", "2", "--min-top1", "0.5"])
+    finally:
+        os.umask(old)
+    assert code == 0, capfd.readouterr().err
+    for f in (out, tmp_path / "p.sensitivity.json"):
+        assert stat.S_IMODE(f.stat().st_mode) == 0o644, f
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".rewrite-")]
+    code = main([MODEL, "-o", str(tmp_path / "q.onnx"), "--plan", str(out), "--calib",
+                 str(calib), "-q", "--target", "none"])
+    assert code == 0, capfd.readouterr().err
