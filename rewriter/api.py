@@ -907,6 +907,12 @@ def _worst(metrics, verifier=None) -> str:
     why = (getattr(m, "certificate", None) or {}).get("why")
     if why:   # judged by bounds, not by the point values above: say which one missed
         s += f"; {why}"
+    from rewriter.verify.metrics import TINY_OUTPUT
+    if m.shape_ok and not m.integer and m.ref_max < TINY_OUTPUT:
+        # e.g. a detector's probability map on inputs without objects: float16 subnormals
+        # and rounding there are most of the value, whatever the model does on real data
+        s += (f"; the original's output is below {TINY_OUTPUT:g} everywhere on these inputs "
+              f"(max {m.ref_max:.1e}): they may not exercise the model (real data?)")
     return s + ("" if m.shape_ok else ", shape/dtype differs")
 
 

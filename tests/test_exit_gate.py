@@ -352,6 +352,27 @@ def test_an_output_tiny_everywhere_is_said_to_be_a_weak_check(tmp_path):
     assert len(said) == 1 and said[0].startswith("output 'p' is below 0.001"), report.warnings
 
 
+def test_a_lossy_failure_on_an_output_tiny_everywhere_says_the_data_may_not_exercise_it():
+    """PP-OCRv4 det with --plan default on random calibration data: its probability map is
+    ~1e-6 everywhere, FP16 rounds that to a few subnormal steps and the run fails; on text
+    pages the same plan keeps cosine 0.997. The one-line error says the original's output
+    was tiny everywhere on these inputs."""
+    from rewriter.core.errors import VerificationError
+
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 3, 8, 8] x) => (float[1, 2, 8, 8] p) {
+        c = Conv <pads = [1, 1, 1, 1]> (x, W)
+        s = Constant <value = float {-16.5}> ()
+        d = Add(c, s)
+        p = Sigmoid(d)
+    }""", {"W": (2, 3, 3, 3)})
+    calib = [{"x": np.random.default_rng(i).standard_normal((1, 3, 8, 8)).astype(np.float32)
+              * 0.1} for i in range(8)]
+    with pytest.raises(VerificationError, match="below 0.001 everywhere on these inputs"):
+        rewriter.rewrite(m, plan="fp16", calib=calib, verify=True)
+
+
 def test_big_constant_node_passes_the_gate_when_nothing_folds_it():
     """The gate's weight-free copy cannot turn a Constant node's tensor into a graph input:
     such a model is checked with its weights, not refused."""
