@@ -735,6 +735,16 @@ class _Rewrite:
                     f"output '{m.name}' is below {TINY_OUTPUT:g} everywhere on these inputs "
                     f"(max {m.ref_max:.1e}): judged by absolute error only, a weak check; "
                     "real inputs (--inputs) exercise it")
+        for m in metrics:   # a small component under the budget, hidden by a large one
+            low = [g for g in m.groups or [] if g["cosine"] < self.verifier.min_cosine()]
+            if m.ok and low:
+                g, top = low[0], m.groups[0]
+                self.report.warnings.append(
+                    f"output '{m.name}': along axis {g['axis']}, {_span(g['index'])} "
+                    f"({len(g['index'])} of {_group_total(m)}) have cosine {g['cosine']:.4f} < "
+                    f"{self.verifier.min_cosine():g}, hidden in the output's {m.cosine:.4f} "
+                    f"by {_span(top['index'])}, more than 100x larger (e.g. class scores "
+                    "beside box coordinates); --strict refuses it")
         for m in metrics:   # passed, but only because the data cannot decide (verifier)
             c = m.certificate
             if m.ok and c is not None and not c["met"]:
@@ -890,6 +900,20 @@ def _layer_weights(g: onnx.GraphProto) -> set[str]:
             return set()   # a body may read any outer name: leave everything as it is
     return {t.name for t in g.initializer if t.data_type in _FLOAT_TYPES and uses.get(t.name)
             and t.name not in blocked and len(t.dims) >= 1}
+
+
+def _span(index: list[int]) -> str:
+    """[4, 5, ..., 21] -> 'slices 4-21'; gaps listed."""
+    runs, start = [], index[0]
+    for a, b in zip(index, index[1:] + [None]):
+        if b != a + 1:
+            runs.append(f"{start}" if start == a else f"{start}-{a}")
+            start = b
+    return "slices " + ", ".join(runs)
+
+
+def _group_total(m) -> int:
+    return sum(len(g["index"]) for g in m.groups)
 
 
 def _worst(metrics, verifier=None) -> str:

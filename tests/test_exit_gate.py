@@ -20,7 +20,8 @@ import rewriter
 from rewriter.cli import main
 from rewriter.core import ort
 from rewriter.core.pass_base import Numerics, Pass, PassResult, Phase
-from rewriter.verify.metrics import OutputMetrics, class_outputs, has_classes, judge
+from rewriter.verify.metrics import (OutputMetrics, class_outputs, cosine, has_classes, judge,
+                                     scale_groups)
 
 
 def run(capfd, *argv) -> tuple[int, str, list[str]]:
@@ -371,6 +372,47 @@ def test_a_lossy_failure_on_an_output_tiny_everywhere_says_the_data_may_not_exer
               * 0.1} for i in range(8)]
     with pytest.raises(VerificationError, match="below 0.001 everywhere on these inputs"):
         rewriter.rewrite(m, plan="fp16", calib=calib, verify=True)
+
+
+def test_components_of_different_scale_are_judged_apart():
+    """A YOLO head [N, 4 + classes, anchors]: box rows in pixels beside scores in 0-1. The
+    output's cosine is the boxes'; scale_groups splits the rows at a gap of more than two
+    decades of RMS and gives each group its cosine. A feature map whose channel scales form
+    a continuum is not split."""
+    rng = np.random.default_rng(3)
+    boxes = rng.uniform(0, 320, (5, 4, 50))
+    scores = rng.uniform(0, 0.5, (5, 6, 50))
+    ref = np.concatenate([boxes, scores], axis=1)
+    out = ref.copy()
+    out[:, 4:] += rng.normal(0, 0.2, scores.shape)         # scores wrecked, boxes exact
+    groups = scale_groups(ref, out)
+    assert [(a, i) for a, i, _ in groups] == [(1, [0, 1, 2, 3]), (1, [4, 5, 6, 7, 8, 9])]
+    assert groups[0][2] == pytest.approx(1.0) and groups[1][2] < 0.9
+    assert cosine(ref, out) > 0.999                          # what the output's cosine says
+    fmap = rng.standard_normal((2, 64, 8, 8)) * np.logspace(-3, 1, 64)[None, :, None, None]
+    assert scale_groups(fmap, fmap * 1.01) is None
+
+
+def test_a_small_component_under_budget_is_said_and_refused_with_strict(tmp_path, monkeypatch):
+    import rewriter.verify.verifier as vmod
+
+    low = [(1, [0, 1], 0.9999), (1, [2, 3, 4], 0.9)]
+    monkeypatch.setattr(vmod, "scale_groups", lambda ref, out: low)
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 8] x) => (float[N, 5, 4] y) {
+        z = Gemm <transB = 1> (x, W)
+        s = Constant <value = int64[3] {-1, 5, 4}> ()
+        y = Reshape(z, s)
+    }""", {"W": (20, 8)})
+    calib = [{"x": np.random.default_rng(i).standard_normal((1, 8)).astype(np.float32)}
+             for i in range(12)]
+    _, report = rewriter.rewrite(m, plan="fp16", calib=calib, verify=True)
+    said = [w for w in report.warnings if "hidden in the output's" in w]
+    assert len(said) == 1 and "slices 2-4 (3 of 5) have cosine 0.9000 < 0.99" in said[0], said
+    with pytest.raises(Exception, match="drift beyond tolerance"):
+        rewriter.rewrite(m, plan="fp16", calib=calib, verify=True,
+                         options={"planner": {"strict": True}})
 
 
 def test_big_constant_node_passes_the_gate_when_nothing_folds_it():

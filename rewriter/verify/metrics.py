@@ -45,6 +45,7 @@ class OutputMetrics:
     ref_max: float = 0.0       # max |reference|, the scale max_rel is relative to
     dtype: str = "float32"     # the output's type: float16 outputs round 8000x coarser
     certificate: dict | None = None   # lossy, several samples: verify.certify's judgement
+    groups: list | None = None   # lossy: components of different scale (scale_groups)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -58,6 +59,46 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     if na == 0 or nb == 0:
         return float(na == nb)
     return float(np.dot(a, b) / (na * nb))
+
+
+def scale_groups(ref: np.ndarray, out: np.ndarray, gap_decades: float = 2.0,
+                 max_size: int = 256) -> list[tuple[int, list[int], float]] | None:
+    """Components of different scale inside one output, each group's cosine: for the
+    non-batch axis of size 2..``max_size`` whose slices' RMS (over everything else) fall
+    into groups separated by more than ``gap_decades`` decades, ``[(axis, slice indices,
+    cosine of that group), ...]`` from the largest scale down; None when no axis splits.
+
+    A YOLO head [N, 4 + classes, anchors] puts box coordinates (hundreds of pixels) beside
+    class scores (0-1): the output's cosine is the boxes' cosine, whatever the scores do
+    (NudeNet's INT8 plan: 0.9995 overall, 0.97 on the score rows). A continuum of channel
+    scales (a feature map) has no such gap and is left alone."""
+    ref = np.asarray(ref, np.float64)
+    out = np.asarray(out, np.float64)
+    if ref.ndim < 2 or ref.shape != out.shape or not np.isfinite(ref).all():
+        return None
+    best = None
+    for ax in range(1, ref.ndim):
+        k = ref.shape[ax]
+        if not 2 <= k <= max_size:
+            continue
+        r = np.moveaxis(ref, ax, 0).reshape(k, -1)
+        rms = np.sqrt(np.mean(r * r, axis=1))
+        live = np.flatnonzero(rms > 0)
+        if len(live) < 2:
+            continue
+        logs = np.log10(rms[live])
+        order = live[np.argsort(-logs)]
+        steps = -np.diff(np.sort(logs)[::-1])
+        cuts = np.flatnonzero(steps > gap_decades)
+        if len(cuts) == 0:
+            continue
+        widest = float(steps.max())
+        if best is not None and widest <= best[0]:
+            continue
+        o = np.moveaxis(out, ax, 0).reshape(k, -1)
+        groups = np.split(order, cuts + 1)
+        best = (widest, [(ax, sorted(int(i) for i in g), cosine(r[g], o[g])) for g in groups])
+    return None if best is None else best[1]
 
 
 def sqnr_db(ref: np.ndarray, out: np.ndarray) -> float:

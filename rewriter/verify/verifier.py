@@ -10,7 +10,7 @@ from rewriter.core.errors import InputError
 from rewriter.core.graph import duplicate_node_names, unique_node_names
 from rewriter.core.pass_base import Numerics
 from rewriter.verify.metrics import (OutputMetrics, class_outputs, compare, compute_eps, cosine,
-                                     judge)
+                                     judge, scale_groups)
 
 
 class OriginalRunError(InputError):
@@ -91,7 +91,20 @@ class Verifier:
                              or (j.undecided and not self.strict))
         else:
             m.ok = m.ok and judge(m, numerics, depth, self.lossy, self.model_eps)
+        if numerics is Numerics.LOSSY and m.shape_ok and not m.integer and not classes:
+            groups = scale_groups(ref, out)
+            if groups is not None:
+                m.groups = [{"axis": a, "index": i, "cosine": c} for a, i, c in groups]
+                # The output's cosine is its largest component's: a smaller one below the
+                # budget is said (api) and refused with --strict.
+                if self.strict and min(c for _, _, c in groups) < self.min_cosine():
+                    m.ok = False
         return m
+
+    def min_cosine(self) -> float:
+        from rewriter.verify.metrics import LOSSY_DEFAULT
+        v = (self.lossy or {}).get("min_cosine")
+        return float(LOSSY_DEFAULT["min_cosine"] if v is None else v)
 
     def certify(self, name: str, ref, out, classes: bool | None = None):
         """verify.certify's judgement of one output against the plan's budget (labels, when
