@@ -241,3 +241,29 @@ def test_rewrite_plan_writes_a_usable_plan_with_ordinary_file_modes(tmp_path, ca
     code = main([MODEL, "-o", str(tmp_path / "q.onnx"), "--plan", str(out), "--calib",
                  str(calib), "-q", "--target", "none"])
     assert code == 0, capfd.readouterr().err
+
+
+def test_the_judge_takes_components_of_different_scale_apart():
+    """A YOLO-like output [N, 4 + 6, anchors]: boxes in pixels, scores in 0-1. A plan that
+    keeps the boxes and wrecks the scores has a whole-output cosine above 0.999; the
+    planner's judge splits the output (metrics.scale_split, on all samples) and the scores'
+    cosine decides."""
+    from rewriter.quant.planner import _CrossValidator
+    from rewriter.verify.metrics import scale_split
+    from rewriter.verify.verifier import stack_runs
+
+    rng = np.random.default_rng(4)
+    n = 40
+    ref = [[np.concatenate([rng.uniform(0, 320, (1, 4, 30)), rng.uniform(0, 0.5, (1, 6, 30))],
+                           axis=1)] for _ in range(n)]
+    out = [[r[0] + np.concatenate([np.zeros((1, 4, 30)), rng.normal(0, 0.1, (1, 6, 30))],
+                                  axis=1)] for r in ref]
+    cv = object.__new__(_CrossValidator)
+    cv.s, cv.labels, cv.output_names = {"min_top1": 0.99, "min_cosine": 0.99}, None, ["y"]
+    cv.reference = ref
+    cv.splits = {}
+    whole = cv._judge(list(range(n)), out)
+    assert whole["cosine"] > 0.999 and whole["met"]          # what the whole output says
+    cv.splits = {0: scale_split(np.asarray(stack_runs(ref)[0]))}
+    parts = cv._judge(list(range(n)), out)
+    assert parts["cosine"] < 0.95 and not parts["met"]
