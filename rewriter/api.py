@@ -770,9 +770,12 @@ class _Rewrite:
             return
         t = time.perf_counter()
         from rewriter.migraphx.target import static_check
+        examples = None
+        if self.verifier is not None:   # sizes known to run, for the advice on symbolic dims
+            examples = {k: list(np.shape(v)) for k, v in self.verifier.feed_sets[0].items()}
         self.migraphx_checked = static_check(self.report, exported,
                                              self.options.migraphx_version, self.input_shapes,
-                                             typed=self.gate_typed)
+                                             typed=self.gate_typed, examples=examples)
         self.gate_typed = None   # the check's copy: not held through the save
         self.seconds["migraphx"] = time.perf_counter() - t
 

@@ -399,6 +399,12 @@ def test_dynamic_dims_need_input_shape():
     from rewriter.verify import parse_shape_args
     hint = f.message.split("--input-shape ")[1].split()[0]
     assert parse_shape_args([hint]) == {"x": [1, 3, 1, 8]}
+    # With sizes known to run (what verification used: 1 may not, as in MTCNN's P-Net),
+    # the suggestion is those; an example that contradicts the declared dims is ignored.
+    (f,) = check_model(model, examples={"x": [1, 3, 32, 8]}).findings
+    assert "--input-shape x:1x3x32x8 " in f.message
+    (f,) = check_model(model, examples={"x": [1, 4, 32, 8]}).findings
+    assert "--input-shape x:1x3x1x8 " in f.message
     assert check_model(model, input_shapes={"x": [2, 3, 5, 8]}).findings == []
     other = check_model(model, input_shapes={"x": [2, 3, 5, 8], "z": [1]})
     assert named(other, "input-shape-unknown-input") == ["z"]

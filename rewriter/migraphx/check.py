@@ -192,8 +192,12 @@ def check_model(model: onnx.ModelProto | str | os.PathLike,
                 input_shapes: Mapping[str, Iterable[int]] | None = None,
                 plan_int8_nodes: Iterable[str] | None = None,
                 version: tuple[int, ...] | None = None,
-                typed: onnx.ModelProto | None = None) -> CheckResult:
+                typed: onnx.ModelProto | None = None,
+                examples: Mapping[str, Iterable[int]] | None = None) -> CheckResult:
     """Check ``model`` against the MIGraphX profile; see the module docstring.
+
+    ``examples``: dims known to run (e.g. what verification used) for the ``--input-shape``
+    a dynamic-dim finding suggests; 1 in every symbolic dim otherwise.
 
     ``version`` (major, minor[, patch]) is the target MIGraphX: rules that differ between
     versions (per-axis weight scales, zero scales) take its entry; None states both.
@@ -205,6 +209,7 @@ def check_model(model: onnx.ModelProto | str | os.PathLike,
     if profile is None or isinstance(profile, (str, os.PathLike)):
         profile = load_profile(profile)
     checker = _Checker(model, profile, input_shapes or {}, version, typed)
+    checker.examples = {k: [int(d) for d in v] for k, v in (examples or {}).items()}
     checker.run(list(plan_int8_nodes or []))
     src = profile.get("source", {})
     summary = {"profile_version": profile.get("profile_version"),
@@ -803,6 +808,17 @@ class _Checker:
 
     # -- main-graph checks --------------------------------------------------------------------
 
+    examples: dict = {}
+
+    def example(self, name: str, dims: list) -> list[int]:
+        """Dims for a suggested --input-shape: the caller's example when it fits the
+        declared dims, else 1 in every symbolic dim."""
+        ex = self.examples.get(name)
+        if ex is not None and len(ex) == len(dims) and all(
+                not (isinstance(d, int) and d > 0) or d == e for d, e in zip(dims, ex)):
+            return ex
+        return [d if isinstance(d, int) and d > 0 else 1 for d in dims]
+
     def check_inputs(self, g: _Graph) -> None:
         dd = self.profile.get("dynamic_dims", {})
         inits = set(g.inits)
@@ -834,7 +850,7 @@ class _Checker:
                          "graph input",
                          f"dims {shown}: position(s) {bad} are symbolic and MIGraphX silently "
                          f"uses {dd.get('silent_value', 1)}; pass e.g. --input-shape "
-                         f"{vi.name}:{'x'.join(str(d) if isinstance(d, int) and d > 0 else '1' for d in dims)}"
+                         f"{vi.name}:{'x'.join(str(d) for d in self.example(vi.name, dims))}"
                          f" with your sizes at position(s) {bad}")
         for name in sorted(set(self.input_shapes) - names):
             self.add("warning", "input-shape-unknown-input", name, "graph input",

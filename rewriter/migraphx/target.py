@@ -217,7 +217,7 @@ def _metric_line(m: dict, ort: dict | None) -> str:
 
 
 def static_check(report, exported, version: tuple[int, ...] | None, input_shapes,
-                 typed=None) -> tuple:
+                 typed=None, examples=None) -> tuple:
     """The API's target step, first half: the static check into ``report`` (grouped
     warnings). Returns what :func:`compile_output` needs: the check's result, the layers
     meant to run INT8 and what to call them."""
@@ -226,7 +226,7 @@ def static_check(report, exported, version: tuple[int, ...] | None, input_shapes
     layers = (report.extra.get("plan") or {}).get("layers", {})
     int8 = [k for k, v in layers.items() if v["precision"] == "int8"]
     result = check_model(exported.model, input_shapes=input_shapes, plan_int8_nodes=int8,
-                         version=version, typed=typed)
+                         version=version, typed=typed, examples=examples)
     what = "planned INT8 layers"
     if not int8 and result.qdq_layers:   # a model quantized elsewhere: its Q/DQ layers
         int8, what = list(result.qdq_layers), "Q/DQ layers"
