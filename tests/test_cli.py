@@ -225,6 +225,19 @@ def test_symbolic_dims_too_small_to_run_get_a_larger_size_or_the_fix(tmp_path, c
     code, _, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--verify", "--target", "none",
                        "--input-shape", "x:1x70")
     assert code == 0, err
+    # A 1-D input's only dim is a length, not a batch: it takes the larger size too.
+    wave = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[L] x, float[1, 1, 25] w) => (float[1, 1, M] y) {
+        s = Constant <value = int64[3] {1, 1, -1}> ()
+        r = Reshape(x, s)
+        y = Conv(r, w)
+    }""", {"w": [1, 1, 25]})
+    src = tmp_path / "w.onnx"
+    onnx.save(wave, src)
+    code, out, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--verify", "--target", "none")
+    assert code == 0, err
+    assert "verified with 32 there instead (x:32)" in " ".join(err) + out
 
 
 # --------------------------------------------------------------------------- exit 1 and 3

@@ -35,7 +35,8 @@ def real_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
 def input_shape(vi: onnx.ValueInfoProto, shapes: dict[str, list[int]], default: int = 1,
                 fill: int | None = None) -> list[int]:
     """The dims of input ``vi``: the user's, else the declared ones with each symbolic dim
-    ``default``, or ``fill`` past the first position (the batch stays ``default``)."""
+    ``default``, or ``fill`` past the first position (the batch stays ``default``; a 1-D
+    input's only dim, a length, takes ``fill``)."""
     tt = vi.type.tensor_type
     if vi.name in shapes:
         return shapes[vi.name]
@@ -44,13 +45,15 @@ def input_shape(vi: onnx.ValueInfoProto, shapes: dict[str, list[int]], default: 
     # A user's bare `1x3x224x224` applies to a single input.
     if "" in shapes and len(shapes[""]) == len(dims):
         return shapes[""]
-    return [d if d is not None else (default if fill is None or i == 0 else fill)
+    return [d if d is not None else (default if fill is None or (i == 0 and len(dims) > 1)
+                                     else fill)
             for i, d in enumerate(dims)]
 
 
 def symbolic_dims(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = None
                   ) -> dict[str, list[int]]:
-    """{input: positions past the first whose dims are symbolic and not set by the user}."""
+    """{input: positions past the first (or a 1-D input's only one) whose dims are symbolic
+    and not set by the user}."""
     shapes = shapes or {}
     out = {}
     for vi in real_inputs(model):
@@ -59,8 +62,8 @@ def symbolic_dims(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = 
         dims = list(vi.type.tensor_type.shape.dim)
         if "" in shapes and len(shapes[""]) == len(dims):
             continue
-        pos = [i for i, d in enumerate(dims)
-               if i > 0 and not (d.HasField("dim_value") and d.dim_value > 0)]
+        pos = [i for i, d in enumerate(dims) if (i > 0 or len(dims) == 1)
+               and not (d.HasField("dim_value") and d.dim_value > 0)]
         if pos:
             out[vi.name] = pos
     return out
