@@ -246,12 +246,11 @@ def compile_output(report, checked: tuple, exported, original, base_dir, output,
     refused too, the dims are at fault, not the rewrite; with random inputs and symbolic
     dims the user did not set, the larger sizes of feeds.FALLBACK_FILLS are tried next."""
     from rewriter.verify.feeds import FALLBACK_FILLS, symbolic_dims
+    from rewriter.verify.verifier import OriginalRunError
 
     free = symbolic_dims(original, input_shapes) \
         if inputs is None and not (plan is not None and held_out) else {}
     fills = [fill] + ([f for f in FALLBACK_FILLS if fill is None or f > fill] if free else [])
-    from rewriter.verify.verifier import OriginalRunError
-
     first = None
     for k, f in enumerate(fills):
         try:
