@@ -235,6 +235,12 @@ def layer_flops(node, shapes: dict | None = None) -> float:
     return 2.0 * float(np.prod(out)) * float(kdim)
 
 
+# Layers some other tool has quantized already: nothing left for a plan to choose.
+QUANTIZED_OPS = frozenset({"ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul",
+                           "DynamicQuantizeLSTM", "DynamicQuantizeMatMul", "QGemm",
+                           "QAttention", "MatMulIntegerToFloat"})
+
+
 # --------------------------------------------------------------------------- evaluation
 
 
@@ -457,7 +463,12 @@ def _prepare(model, calib, base_dir, s, labels, progress):
     if form_plan.weight_form(s["migraphx_version"])[0] == "axis" and graph.opset < 13:
         graph, original = upgrade_opset(graph, original, base_dir, 13)
     if not any(n.op in LAYER_OPS for n in graph.nodes):
-        raise InputError("the model has no Conv/MatMul/Gemm layers to plan")
+        from collections import Counter
+        done = Counter(n.op for n in graph.nodes if n.op in QUANTIZED_OPS)
+        raise InputError("the model has no Conv/MatMul/Gemm layers to plan" + (
+            ": it is quantized already (" + ", ".join(f"{op} x{k}" for op, k in
+                                                      sorted(done.items())) + ")"
+            if done else ""))
     if s["equalize"]:
         _equalize_all(graph, original, base_dir, data, progress)
     return graph, original, base_dir, data

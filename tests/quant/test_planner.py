@@ -267,3 +267,24 @@ def test_the_judge_takes_components_of_different_scale_apart():
     cv.splits = {0: scale_split(np.asarray(stack_runs(ref)[0]))}
     parts = cv._judge(list(range(n)), out)
     assert parts["cosine"] < 0.95 and not parts["met"]
+
+
+def test_a_model_quantized_already_is_said_so(tmp_path):
+    """ddddocr's old model (ConvInteger, MatMulInteger, DynamicQuantizeLSTM) has no float
+    layers for a plan; the one-line error says why instead of only that there are none."""
+    import onnx
+    import onnx.parser
+
+    from rewriter.core.errors import InputError
+
+    m = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (uint8[1, 2, 6, 6] x) => (int32[1, 3, 4, 4] y) {
+        w = Constant <value = uint8[3, 2, 3, 3] {1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4, 5, 6, 7,
+            8, 9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4, 5, 6, 7, 8, 9,
+            1, 2, 3, 4, 5, 6, 7, 8, 9}> ()
+        y = ConvInteger(x, w)
+    }""")
+    data = [{"x": np.full((1, 2, 6, 6), i, np.uint8)} for i in range(8)]
+    with pytest.raises(InputError, match=r"quantized already \(ConvInteger x1\)"):
+        plan_auto(m, data)
