@@ -332,7 +332,8 @@ class _Rewrite:
         """Random inputs with 1 in every symbolic dim did not run the original (a window
         larger than 1, say): try the sizes of FALLBACK_FILLS past the batch dim, and say
         which ran; if none does, the first error, with the option that fixes it."""
-        from rewriter.verify.feeds import FALLBACK_FILLS, make_feeds, symbolic_dims
+        from rewriter.verify.feeds import (FALLBACK_FILLS, input_shape, make_feeds,
+                                           real_inputs, symbolic_dims)
 
         free = symbolic_dims(self.original, self.input_shapes)
         if self.inputs is not None or self.held_out or not free:
@@ -352,8 +353,9 @@ class _Rewrite:
             self.fill = fill
             return v, f"{what}, symbolic dims {fill}"
         example = ", ".join(
-            f"--input-shape {k}:" + "x".join(str(d) for d in make_feeds(
-                self.original, self.input_shapes, self.seed)[k].shape) for k in free)
+            f"--input-shape {vi.name}:" + "x".join(map(str, input_shape(vi, self.input_shapes
+                                                                         or {})))
+            for vi in real_inputs(self.original) if vi.name in free)
         raise InputError(f"{error} (symbolic dims set to 1: {where}; nor did "
                          f"{' or '.join(map(str, FALLBACK_FILLS))} run; give your sizes, "
                          f"e.g. {example} with the 1s replaced)") from None
@@ -739,9 +741,10 @@ class _Rewrite:
             low = [g for g in m.groups or [] if g["cosine"] < self.verifier.min_cosine()]
             if m.ok and low:
                 g, top = low[0], m.groups[0]
+                total = sum(len(x["index"]) for x in m.groups)
                 self.report.warnings.append(
                     f"output '{m.name}': along axis {g['axis']}, {_span(g['index'])} "
-                    f"({len(g['index'])} of {_group_total(m)}) have cosine {g['cosine']:.4f} < "
+                    f"({len(g['index'])} of {total}) have cosine {g['cosine']:.4f} < "
                     f"{self.verifier.min_cosine():g}, hidden in the output's {m.cosine:.4f} "
                     f"by {_span(top['index'])}, more than 100x larger (e.g. class scores "
                     "beside box coordinates); --strict refuses it")
@@ -913,10 +916,6 @@ def _span(index: list[int]) -> str:
             runs.append(f"{start}" if start == a else f"{start}-{a}")
             start = b
     return "slices " + ", ".join(runs)
-
-
-def _group_total(m) -> int:
-    return sum(len(g["index"]) for g in m.groups)
 
 
 def _worst(metrics, verifier=None) -> str:

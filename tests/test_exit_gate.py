@@ -397,7 +397,8 @@ def test_a_small_component_under_budget_is_said_and_refused_with_strict(tmp_path
     import rewriter.verify.verifier as vmod
 
     low = [(1, [0, 1], 0.9999), (1, [2, 3, 4], 0.9)]
-    monkeypatch.setattr(vmod, "scale_groups", lambda ref, out: low)
+    monkeypatch.setattr(vmod, "scale_split", lambda ref: (1, [[0, 1], [2, 3, 4]]))
+    monkeypatch.setattr(vmod, "scale_groups", lambda ref, out, split: low)
     m = make_model("""
     <ir_version: 8, opset_import: ["" : 17]>
     g (float[N, 8] x) => (float[N, 5, 4] y) {

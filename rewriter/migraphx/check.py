@@ -208,8 +208,7 @@ def check_model(model: onnx.ModelProto | str | os.PathLike,
         model = onnx.load(os.fspath(model), load_external_data=False)
     if profile is None or isinstance(profile, (str, os.PathLike)):
         profile = load_profile(profile)
-    checker = _Checker(model, profile, input_shapes or {}, version, typed)
-    checker.examples = {k: [int(d) for d in v] for k, v in (examples or {}).items()}
+    checker = _Checker(model, profile, input_shapes or {}, version, typed, examples)
     checker.run(list(plan_int8_nodes or []))
     src = profile.get("source", {})
     summary = {"profile_version": profile.get("profile_version"),
@@ -391,8 +390,9 @@ def _version_matches(entry: dict, version: tuple[int, ...] | None) -> bool:
 class _Checker:
     def __init__(self, model: onnx.ModelProto, profile: dict, input_shapes: Mapping,
                  version: tuple[int, ...] | None = None,
-                 typed: onnx.ModelProto | None = None):
+                 typed: onnx.ModelProto | None = None, examples: Mapping | None = None):
         self.model, self.profile, self.version = model, profile, version
+        self.examples = {k: [int(d) for d in v] for k, v in (examples or {}).items()}
         self.kernel_dqs: set[str] = set()
         self.kernel_blockers: dict[str, list[str]] = {}
         self.qdq_layers: list[str] = []
@@ -807,8 +807,6 @@ class _Checker:
                  f"{r['reason']}", g.path)
 
     # -- main-graph checks --------------------------------------------------------------------
-
-    examples: dict = {}
 
     def example(self, name: str, dims: list) -> list[int]:
         """Dims for a suggested --input-shape: the caller's example when it fits the

@@ -335,8 +335,8 @@ def _compile_output(report, checked, exported, original, base_dir, output, mgx, 
                 info["error"] = (f"MIGraphX cannot {err.stage} the original model either at "
                                  f"{shown}: {err.message} (not caused by the rewrite)")
             else:
-                info["error"] += (f" (the original model {'parses' if info['stage'] == 'parse' else 'compiles'} "
-                                  f"at {shown}: the rewrite broke it)")
+                does = "parses" if info["stage"] == "parse" else "compiles"
+                info["error"] += f" (the original model {does} at {shown}: the rewrite broke it)"
 
 
 def _feed_sets(original, input_shapes, inputs, seed, held_out, plan, samples: int,

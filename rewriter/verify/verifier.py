@@ -10,7 +10,7 @@ from rewriter.core.errors import InputError
 from rewriter.core.graph import duplicate_node_names, unique_node_names
 from rewriter.core.pass_base import Numerics
 from rewriter.verify.metrics import (OutputMetrics, class_outputs, compare, compute_eps, cosine,
-                                     judge, scale_groups)
+                                     judge, scale_groups, scale_split)
 
 
 class OriginalRunError(InputError):
@@ -49,6 +49,10 @@ class Verifier:
         try:
             self.reference = stack_runs([ort.run(sess, f) for f in self.feed_sets])
             self.classes = class_outputs(self.reference)
+            # Components of different scale (metrics.scale_split): found once, on the
+            # reference, for the outputs without classes.
+            self.splits = {n: None if c else scale_split(r) for n, r, c in
+                           zip(self.output_names, self.reference, self.classes)}
         except Exception as e:
             given = ", ".join(f"{k} {list(np.shape(v))} {np.asarray(v).dtype}"
                               for k, v in self.feed_sets[0].items())
@@ -91,8 +95,9 @@ class Verifier:
                              or (j.undecided and not self.strict))
         else:
             m.ok = m.ok and judge(m, numerics, depth, self.lossy, self.model_eps)
-        if numerics is Numerics.LOSSY and m.shape_ok and not m.integer and not classes:
-            groups = scale_groups(ref, out)
+        split = self.splits.get(name)
+        if numerics is Numerics.LOSSY and m.shape_ok and not m.integer and split is not None:
+            groups = scale_groups(ref, out, split)
             if groups is not None:
                 m.groups = [{"axis": a, "index": i, "cosine": c} for a, i, c in groups]
                 # The output's cosine is its largest component's: a smaller one below the
