@@ -238,6 +238,21 @@ def test_symbolic_dims_too_small_to_run_get_a_larger_size_or_the_fix(tmp_path, c
     code, out, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--verify", "--target", "none")
     assert code == 0, err
     assert "verified with 32 there instead (x:32)" in " ".join(err) + out
+    # A recurrent state [layers, N, hidden] names the batch past its first position: it
+    # keeps the batch's 1 while the sequence grows (silero-vad's fp16 model, 2026-12-05).
+    rnn = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, T] x, float[2, N, 4] h, float[1, 1, 25] w, int64[1] one)
+      => (float[N, 1, M] y, float[2, N, 4] h2) {
+        r = Unsqueeze(x, one)
+        y = Conv(r, w)
+        h2 = Identity(h)
+    }""", {"w": [1, 1, 25], "one": np.array([1], np.int64)})
+    src = tmp_path / "s.onnx"
+    onnx.save(rnn, src)
+    code, out, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--verify", "--target", "none")
+    assert code == 0, err
+    assert "verified with 32 there instead (x:1x32)" in " ".join(err) + out
 
 
 # --------------------------------------------------------------------------- exit 1 and 3

@@ -32,29 +32,45 @@ def real_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     return [i for i in model.graph.input if i.name not in inits]
 
 
+def batch_names(model: onnx.ModelProto) -> set[str]:
+    """Names of the symbolic dims that lead an input of rank 2 or more: batches. Where such
+    a name appears again (a recurrent state's [layers, batch, hidden]), it is the batch too."""
+    out = set()
+    for vi in real_inputs(model):
+        dims = vi.type.tensor_type.shape.dim if vi.type.HasField("tensor_type") else []
+        if len(dims) > 1 and dims[0].dim_param:
+            out.add(dims[0].dim_param)
+    return out
+
+
 def input_shape(vi: onnx.ValueInfoProto, shapes: dict[str, list[int]], default: int = 1,
-                fill: int | None = None) -> list[int]:
+                fill: int | None = None, batches: set[str] = frozenset()) -> list[int]:
     """The dims of input ``vi``: the user's, else the declared ones with each symbolic dim
-    ``default``, or ``fill`` past the first position (the batch stays ``default``; a 1-D
-    input's only dim, a length, takes ``fill``)."""
+    ``default``, or ``fill`` past the first position (the batch stays ``default``, as does
+    a dim named as a batch, see :func:`batch_names`; a 1-D input's only dim, a length,
+    takes ``fill``)."""
     tt = vi.type.tensor_type
     if vi.name in shapes:
         return shapes[vi.name]
-    dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
-            for d in tt.shape.dim]
+    dims = list(tt.shape.dim)
     # A user's bare `1x3x224x224` applies to a single input.
     if "" in shapes and len(shapes[""]) == len(dims):
         return shapes[""]
-    return [d if d is not None else (default if fill is None or (i == 0 and len(dims) > 1)
-                                     else fill)
+    return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0
+            else default if fill is None or _is_batch(dims, i, batches) else fill
             for i, d in enumerate(dims)]
+
+
+def _is_batch(dims, i: int, batches) -> bool:
+    return (i == 0 and len(dims) > 1) or (bool(dims[i].dim_param) and dims[i].dim_param in batches)
 
 
 def symbolic_dims(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = None
                   ) -> dict[str, list[int]]:
-    """{input: positions past the first (or a 1-D input's only one) whose dims are symbolic
-    and not set by the user}."""
+    """{input: positions past the first (or a 1-D input's only one) whose dims are symbolic,
+    not named as a batch and not set by the user}."""
     shapes = shapes or {}
+    batches = batch_names(model)
     out = {}
     for vi in real_inputs(model):
         if vi.name in shapes or not vi.type.HasField("tensor_type"):
@@ -62,7 +78,7 @@ def symbolic_dims(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = 
         dims = list(vi.type.tensor_type.shape.dim)
         if "" in shapes and len(shapes[""]) == len(dims):
             continue
-        pos = [i for i, d in enumerate(dims) if (i > 0 or len(dims) == 1)
+        pos = [i for i, d in enumerate(dims) if not _is_batch(dims, i, batches)
                and not (d.HasField("dim_value") and d.dim_value > 0)]
         if pos:
             out[vi.name] = pos
@@ -95,12 +111,13 @@ def make_feeds(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = Non
         names = ", ".join(i.name for i in real_inputs(model))
         raise InputError(f"--input-shape names unknown input(s) {sorted(unknown)}; inputs: {names}")
     feeds = {}
+    batches = batch_names(model) if fill is not None else frozenset()
     total = 0.0
     for vi in real_inputs(model):
         if not vi.type.HasField("tensor_type"):
             raise InputError(f"input '{vi.name}' is not a tensor; pass it with --inputs")
         dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
-        shape = input_shape(vi, shapes, fill=fill)
+        shape = input_shape(vi, shapes, fill=fill, batches=batches)
         # Declared dims can be absurd (2^40): refuse before numpy tries to allocate them.
         total += float(np.prod([float(d) for d in shape])) * np.dtype(dtype).itemsize
         if total > MAX_FEED_BYTES:
