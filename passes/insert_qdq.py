@@ -309,6 +309,8 @@ class _Site:
         per-channel scale)."""
         c = node.inputs.pop(2)
         beta = float(node.attrs.pop("beta", 1.0))
+        if self.graph.opset < 11:   # C is optional from Gemm-11 on: before, a zero stands in
+            node.inputs.append(self.const(f"{c.name}_zero", np.zeros([1], np.float32)))
         if beta == 1.0:
             return c
         if isinstance(c, gs.Constant):

@@ -397,16 +397,18 @@ class _Rewrite:
         self.fp32_done = list(records)
         t = time.perf_counter()
         from rewriter.quant.plan import resolve
-        if (self.plan.weight_form(self.options.migraphx_version)[0] == "axis"
-                and self.graph.opset < 13
+        # Q/DQ needs opset 10, per-axis Q/DQ 13; converting first is exact (shared FACTS.md).
+        axis = self.plan.weight_form(self.options.migraphx_version)[0] == "axis"
+        need = 13 if axis else 10
+        if (self.graph.opset < need
                 and "int8" in resolve(self.plan, list(self.graph.nodes)).precision.values()):
-            # Per-axis Q/DQ needs opset 13; converting first is exact (shared FACTS.md).
             self.graph, self.original = upgrade_opset(self.graph, self.original,
-                                                      self.base_dir, 13)
+                                                      self.base_dir, need)
             self.ctx.namer = Namer(self.graph)
             self.last_metrics = None  # the graph changed outside a pass: check it again
-            self.report.warnings.append("model converted to opset 13 for per-channel weight "
-                                        "scales")
+            self.report.warnings.append(
+                f"model converted to opset {need} for "
+                + ("per-channel weight scales" if axis else "QuantizeLinear/DequantizeLinear"))
         fp32_exported = self.calibrate()
         self.seconds["calibrate"] = time.perf_counter() - t
         if self.verifier is not None:

@@ -98,3 +98,23 @@ def test_layers_are_named_right_on_migraphx(tmp_path, migraphx_version, migraphx
     assert {x["name"]: x["kernel"] for x in low["layers"]} == {
         "a": "quant_convolution", "c": "quant_convolution", "z": "quant_dot"}
     assert low["headline"] == "3 of 3 planned INT8 layers lower to quant_convolution/quant_dot"
+
+
+@pytest.mark.migraphx
+def test_an_opset_9_model_lowers_after_its_conversion(tmp_path, migraphx_version,
+                                                       migraphx_driver):
+    """An opset-9 model is converted for its Q/DQ: to opset 10 where weight scales go in a
+    Mul after the layer (its INT8 Gemm keeps the C input Gemm-9 requires, zero, the bias
+    moving after the scale), to 13 for per-axis DQs; every planned layer still lowers to an
+    int8 kernel."""
+    text = TEXT.replace('"" : 17', '"" : 9').replace("ir_version: 8", "ir_version: 4")
+    m = make_model(text.replace("(f, G)", "(f, G, GB)"), dict(INITS, GB=(5,)))
+    rng = np.random.default_rng(0)
+    calib = [{"x": rng.standard_normal((1, 4, 8, 8)).astype(np.float32)} for _ in range(8)]
+    plan = {"overrides": {"a": "int8", "b": "int8", "c": "int8", "z": "int8"}}
+    _, report = rewriter.rewrite(m, output=tmp_path / "q.onnx", plan=plan, calib=calib,
+                                 target="migraphx", migraphx={"device": "auto"},
+                                 input_shapes={"x": [1, 4, 8, 8]})
+    assert any("model converted to opset 1" in w for w in report.warnings)
+    low = report.extra["compile"]["lowering"]
+    assert low["headline"] == "4 of 4 planned INT8 layers lower to quant_convolution/quant_dot"
