@@ -265,6 +265,22 @@ def test_symbolic_dims_migraphx_cannot_take_as_1_get_a_larger_size(tmp_path):
     assert any("verified with 32 there instead" in w for w in report.warnings)
 
 
+def test_an_op_migraphx_lacks_is_the_models_fault_not_the_rewrites(tmp_path, capfd):
+    """MIGraphX has no Det: it refuses the rewritten model and, parsed at the same dims, the
+    original too, so the CLI says it is not caused by the rewrite and exits 2 (bad input),
+    not 1 (the rewrite failed), with the verified output written."""
+    from rewriter.cli import main
+    path = _save_text(tmp_path, """
+    g (float[N, 3, 3] x) => (float[N] y) { a = Relu(x)
+    y = Det(a) }""")
+    out = tmp_path / "o.onnx"
+    code = main([str(path), "-o", str(out), "-q", "--verify", "--migraphx-target", "ref"])
+    err = [ln for ln in capfd.readouterr().err.splitlines() if ln.strip()]
+    assert code == 2, err
+    assert len(err) == 1 and "Unknown operator: Det (not caused by the rewrite)" in err[0], err
+    assert out.exists()
+
+
 def test_speech_quality_models_without_input_shapes(tmp_path):
     """speechmos' PLCMOS and AECMOS with nothing but --verify: PLCMOS's convs cannot take
     the 1 frame random inputs start from (onnxruntime refuses), so verification and MIGraphX
