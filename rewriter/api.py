@@ -260,6 +260,12 @@ class _Rewrite:
             return
         from rewriter.quant import plan as plan_mod
         self.plan = plan_mod.load(self.plan)
+        pre = (self.planner_settings or {}).get("preprocess")
+        if pre:
+            if self.plan.preprocess and self.plan.preprocess != pre:
+                raise InputError("the plan has a preprocess section and --preprocess gives "
+                                 "another: keep one")
+            self.plan.preprocess = pre
         self.quantize = registry.resolve(list(_QUANTIZE))
         self.pipeline = [p for p in self.pipeline if p.name not in _QUANTIZE]
         if self.calib is None:
@@ -397,18 +403,15 @@ class _Rewrite:
         self.fp32_done = list(records)
         t = time.perf_counter()
         from rewriter.quant.plan import resolve
-        # Q/DQ needs opset 10, per-axis Q/DQ 13; converting first is exact (shared FACTS.md).
-        axis = self.plan.weight_form(self.options.migraphx_version)[0] == "axis"
-        need = 13 if axis else 10
+        need, why = self.plan.qdq_opset(self.options.migraphx_version)
         if (self.graph.opset < need
                 and "int8" in resolve(self.plan, list(self.graph.nodes)).precision.values()):
+            # Converting first is exact (shared FACTS.md).
             self.graph, self.original = upgrade_opset(self.graph, self.original,
                                                       self.base_dir, need)
             self.ctx.namer = Namer(self.graph)
             self.last_metrics = None  # the graph changed outside a pass: check it again
-            self.report.warnings.append(
-                f"model converted to opset {need} for "
-                + ("per-channel weight scales" if axis else "QuantizeLinear/DequantizeLinear"))
+            self.report.warnings.append(f"model converted to opset {need} for {why}")
         fp32_exported = self.calibrate()
         self.seconds["calibrate"] = time.perf_counter() - t
         if self.verifier is not None:

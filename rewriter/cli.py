@@ -80,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "'auto' (the planner chooses, see 'rewrite plan -h')")
     g.add_argument("--calib", metavar="DIR",
                    help="calibration data for the plan's INT8 layers: .npy, .npz or images")
+    g.add_argument("--preprocess", metavar="FILE", help=PREPROCESS_HELP)
     _planner_args(p)
 
     g = p.add_argument_group("MIGraphX")
@@ -287,11 +288,20 @@ def _planner_args(p) -> None:
                         "the choice; keeps fewer layers INT8")
 
 
+PREPROCESS_HELP = ("how images in --calib become inputs: a YAML/JSON file of preprocess "
+                   "settings (size, scale, mean, std, channel_order, ...; or a plan whose "
+                   "preprocess section is used); for any plan, auto included (default: "
+                   "pixels/255, RGB)")
+
+
 def _planner_settings(args) -> dict:
-    return {"min_top1": args.min_top1, "min_cosine": args.min_cosine, "alpha": args.alpha,
-            "beta": args.beta, "int8_speed": args.int8_speed, "fp16_speed": args.fp16_speed,
-            "target_speedup": args.target_speedup, "method": args.method,
-            "percentile": args.percentile, "weights": args.weights, "samples": args.samples,
+    from rewriter.quant.plan import load_preprocess
+    pre = load_preprocess(args.preprocess) if args.preprocess else None
+    return {"preprocess": pre, "min_top1": args.min_top1, "min_cosine": args.min_cosine,
+            "alpha": args.alpha, "beta": args.beta, "int8_speed": args.int8_speed,
+            "fp16_speed": args.fp16_speed, "target_speedup": args.target_speedup,
+            "method": args.method, "percentile": args.percentile, "weights": args.weights,
+            "samples": args.samples,
             "max_accuracy_drop": args.max_accuracy_drop, "folds": args.folds,
             "strict": args.strict, "selection_correction": args.selection_correction}
 
@@ -303,6 +313,7 @@ def _plan_main(argv: list[str]) -> int:
         "plot beside it."))
     p.add_argument("model")
     p.add_argument("--calib", required=True, metavar="DIR", help="calibration data")
+    p.add_argument("--preprocess", metavar="FILE", help=PREPROCESS_HELP)
     p.add_argument("-o", "--output", required=True, help="plan file to write (.yaml or .json)")
     p.add_argument("--input-shape", action="append", metavar="NAME:DIMS")
     _planner_args(p)

@@ -118,6 +118,13 @@ class Plan:
             return "axis", f"MIGraphX {shown} lowers per-axis weight DequantizeLinear"
         return "mul", f"MIGraphX {shown} cannot lower per-axis weight DequantizeLinear"
 
+    def qdq_opset(self, migraphx_version: tuple[int, ...] | None) -> tuple[int, str]:
+        """(opset, what for): the default-domain opset the INT8 form needs, 13 for per-axis
+        DequantizeLinear, else 10 (QuantizeLinear's first)."""
+        if self.weight_form(migraphx_version)[0] == "axis":
+            return 13, "per-channel weight scales"
+        return 10, "QuantizeLinear/DequantizeLinear"
+
 
 def load(spec: str | os.PathLike | dict | Plan) -> Plan:
     """A Plan from a built-in name ('default', 'int8', 'fp16'), a YAML/JSON file or a dict."""
@@ -130,17 +137,39 @@ def load(spec: str | os.PathLike | dict | Plan) -> Plan:
         return from_dict(copy.deepcopy(BUILTIN[s]), f"built-in '{s}'")
     if not os.path.isfile(s):
         raise InputError(f"plan '{s}': no such file (built-in plans: {', '.join(BUILTIN)}, auto)")
+    return from_dict(_read(s, "plan"), s)
+
+
+def _read(path: str, what: str) -> Any:
+    """A YAML or JSON file's content (JSON by a .json suffix); InputError in one line."""
     try:
-        with open(s, encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             text = f.read()
-        if s.endswith(".json"):
-            data = json.loads(text)
-        else:
-            import yaml
-            data = yaml.safe_load(text)
+        if path.endswith(".json"):
+            return json.loads(text)
+        import yaml
+        return yaml.safe_load(text)
+    except OSError as e:
+        raise InputError(f"{what} {path}: {e.strerror}") from None
     except Exception as e:
-        raise InputError(f"plan {s}: cannot parse ({type(e).__name__}: {str(e).splitlines()[0]})") from None
-    return from_dict(data, s)
+        raise InputError(f"{what} {path}: cannot parse ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0]})") from None
+
+
+def load_preprocess(path: str | os.PathLike) -> dict:
+    """The image preprocessing of a --preprocess file: a mapping of preprocess keys, or a
+    plan whose ``preprocess:`` section is used; checked (InputError on a bad key or value)."""
+    from rewriter.quant.data import Preprocess
+
+    s = os.fspath(path)
+    d = _read(s, "--preprocess")
+    if isinstance(d, dict) and isinstance(d.get("preprocess"), dict):
+        d = d["preprocess"]
+    if not isinstance(d, dict):
+        raise InputError(f"--preprocess {s}: expected a mapping of preprocess settings "
+                         "(size, scale, mean, std, ...)")
+    Preprocess.from_dict(d)
+    return d
 
 
 def from_dict(d: Any, source: str) -> Plan:

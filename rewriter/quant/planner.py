@@ -461,8 +461,9 @@ def _prepare(model, calib, base_dir, s, labels, progress):
     if len(data) < 8:
         raise InputError(f"the planner needs at least 8 calibration samples ({len(data)} given)")
     form_plan = Plan(int8={"weights": s["weights"], "weight_form": s["weight_form"]})
-    if form_plan.weight_form(s["migraphx_version"])[0] == "axis" and graph.opset < 13:
-        graph, original = upgrade_opset(graph, original, base_dir, 13)
+    need = form_plan.qdq_opset(s["migraphx_version"])[0]
+    if graph.opset < need and any(n.op in LAYER_OPS for n in graph.nodes):
+        graph, original = upgrade_opset(graph, original, base_dir, need)
     if not any(n.op in LAYER_OPS for n in graph.nodes):
         from collections import Counter
         done = Counter(n.op for n in graph.nodes if n.op in QUANTIZED_OPS)

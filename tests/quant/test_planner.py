@@ -288,3 +288,54 @@ def test_a_model_quantized_already_is_said_so(tmp_path):
     data = [{"x": np.full((1, 2, 6, 6), i, np.uint8)} for i in range(8)]
     with pytest.raises(InputError, match=r"quantized already \(ConvInteger x1\)"):
         plan_auto(m, data)
+
+
+def test_preprocess_file_sets_how_images_become_inputs(tmp_path, capfd):
+    """Images in --calib are pixels/255 in RGB unless told: a BGR model with means in
+    0..255 units (open-nsfw's Caffe form) needs --preprocess, for any plan, auto included."""
+    import onnx
+    import yaml
+    from PIL import Image
+
+    from rewriter.cli import main
+
+    imgs = tmp_path / "imgs"
+    imgs.mkdir()
+    rng = np.random.default_rng(3)
+    for i in range(8):
+        Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(imgs / f"{i}.png")
+    pre = tmp_path / "pre.yaml"
+    pre.write_text("scale: 1\nmean: [104, 117, 123]\nchannel_order: BGR\n")
+
+    def input_scale(path):
+        m = onnx.load(path)
+        inits = {t.name: onnx.numpy_helper.to_array(t) for t in m.graph.initializer}
+        q = [n for n in m.graph.node if n.op_type == "QuantizeLinear"]  # the input's (equalised)
+        return float(inits[q[0].input[1]])
+
+    scales = []
+    for extra in ([], ["--preprocess", str(pre)]):
+        out = tmp_path / f"q{len(extra)}.onnx"
+        code = main([MODEL, "-o", str(out), "--plan", "int8", "--calib", str(imgs), "-q",
+                     "--target", "none"] + extra)
+        assert code == 0, capfd.readouterr().err
+        scales.append(input_scale(out))
+    # Pixels in 0..1 against pixels minus a mean, in 0..255 units.
+    assert scales[0] < 0.02 < 0.5 < scales[1], scales
+    # The planner takes it too, and writes it into the plan it makes.
+    plan = tmp_path / "p.yaml"
+    code = main(["plan", MODEL, "--calib", str(imgs), "-o", str(plan), "-q", "--folds", "2",
+                 "--min-top1", "0", "--preprocess", str(pre)])
+    assert code == 0, capfd.readouterr().err
+    assert yaml.safe_load(plan.read_text())["preprocess"] == yaml.safe_load(pre.read_text())
+    # A plan's own preprocess and another from the flag: refused, as is a misspelt key.
+    other = tmp_path / "other.yaml"
+    other.write_text("scale: 1\nmean: 128\n")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("szie: 64\n")
+    for path, said in ((other, "keep one"), (bad, "did you mean 'size'?")):
+        capfd.readouterr()
+        code = main([MODEL, "-o", str(tmp_path / "r.onnx"), "--plan", str(plan), "--calib",
+                     str(imgs), "-q", "--target", "none", "--preprocess", str(path)])
+        err = [ln for ln in capfd.readouterr().err.splitlines() if ln.strip()]
+        assert code == 2 and len(err) == 1 and said in err[0], err
