@@ -261,7 +261,8 @@ def compile_and_run(model_path: str | os.PathLike, feeds, input_shapes: dict[str
     """Parse, compile for ``target`` ("gpu" or "ref"), run, and report what compiled.
 
     ``feeds`` is one input dict or a list of them (all of one shape: one compiled program);
-    with a list, ``outputs`` holds each output concatenated over the runs on axis 0.
+    ``outputs`` holds each output joined over the runs as ``verify.feeds.stack_runs`` joins
+    onnxruntime's.
     Failures inside MIGraphX raise :class:`MigraphxError` (one line, MIGraphX's message)."""
     mgx = _require()
     feed_sets = feeds if isinstance(feeds, list) else [feeds]
@@ -277,10 +278,8 @@ def compile_and_run(model_path: str | os.PathLike, feeds, input_shapes: dict[str
             raise MigraphxError("run", _clean(e)) from None
         runs.append([np.array(o) for o in raw])   # copies: MIGraphX may reuse its buffers
     run_s = (time.perf_counter() - t0) / len(feed_sets)
-    outputs = runs[0] if len(runs) == 1 else [
-        np.concatenate([np.asarray(r[k]).reshape((-1,) + np.shape(r[k])[1:])
-                        if np.ndim(r[k]) else np.asarray(r[k]).reshape(1) for r in runs])
-        for k in range(len(runs[0]))]
+    from rewriter.verify.feeds import stack_runs
+    outputs = stack_runs(runs, feed_sets)
     text = str(prog)
     if save_mxr:
         mgx.save(prog, os.fspath(save_mxr))

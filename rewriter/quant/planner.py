@@ -284,8 +284,8 @@ class _CrossValidator:
         self.reference = [ort.run(sess, f) for f in self.feeds]
         from rewriter.verify.metrics import class_outputs, scale_split
         from rewriter.verify.verifier import stack_runs
-        every = stack_runs(self.reference)      # which outputs have classes, and which
-        self.classes = class_outputs(every)     # split by scale: on all samples, once
+        every = stack_runs(self.reference, self.feeds)  # which outputs have classes, and
+        self.classes = class_outputs(every)     # which split by scale: on all samples, once
         self.splits = {k: None if c else scale_split(np.asarray(r))
                        for k, (r, c) in enumerate(zip(every, self.classes))}
         self.count = 0
@@ -340,8 +340,9 @@ class _CrossValidator:
         from rewriter.verify.certify import judge_lossy
         from rewriter.verify.verifier import stack_runs
 
-        ref = stack_runs([self.reference[j] for j in idx])
-        got = stack_runs(outs)
+        feeds = [self.feeds[j] for j in idx]
+        ref = stack_runs([self.reference[j] for j in idx], feeds)
+        got = stack_runs(outs, feeds)
         labels = self.labels[idx] if self.labels is not None else None
         classes = self.classes
         order = sorted(range(len(ref)), key=lambda k: not classes[k])

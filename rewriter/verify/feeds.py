@@ -154,3 +154,35 @@ def load_inputs(path: str | os.PathLike, model: onnx.ModelProto) -> dict[str, np
     if missing:
         raise InputError(f"{path}: missing input(s) {missing}; has {sorted(feeds)}")
     return {n: feeds[n] for n in names}
+
+
+def feed_batch(feed: dict) -> int:
+    """The samples one feed set holds: the leading dim of its first input of rank 2 or more
+    (a 1-D input's dim is a length), else 1."""
+    for v in feed.values():
+        if np.ndim(v) >= 2:
+            return int(np.shape(v)[0])
+    return 1
+
+
+def stack_runs(runs: list[list[np.ndarray]], feed_sets: list[dict] | None = None
+               ) -> list[np.ndarray]:
+    """Per output, the runs joined with one sample per row of axis 0, as the judges count
+    samples: concatenated on axis 0 where that axis is each run's batch (``feed_sets`` tell
+    the batches; without them it is assumed), else stacked on a new axis 0, one row per run
+    (a recogniser's [T, N, classes] has T positions of one sample, not T samples); joined
+    flat where shapes disagree."""
+    batches = [feed_batch(f) for f in feed_sets] if feed_sets is not None else None
+    out = []
+    for arrays in zip(*runs):
+        arrays = [np.asarray(a) for a in arrays]
+        batched = all(a.ndim >= 1 for a in arrays) and (
+            batches is None or all(a.shape[0] == b for a, b in zip(arrays, batches)))
+        if len(arrays) == 1:
+            out.append(arrays[0] if batched else arrays[0][None])
+            continue
+        try:
+            out.append(np.concatenate(arrays, axis=0) if batched else np.stack(arrays))
+        except ValueError:
+            out.append(np.concatenate([a.ravel() for a in arrays]))
+    return out

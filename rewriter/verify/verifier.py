@@ -9,6 +9,7 @@ from rewriter.core import ort
 from rewriter.core.errors import InputError
 from rewriter.core.graph import duplicate_node_names, unique_node_names
 from rewriter.core.pass_base import Numerics
+from rewriter.verify.feeds import stack_runs  # noqa: F401 - where callers look for it
 from rewriter.verify.metrics import (OutputMetrics, class_outputs, compare, compute_eps, cosine,
                                      judge, scale_groups, scale_split)
 
@@ -21,7 +22,8 @@ class Verifier:
     """Runs the original once, then compares candidates against it, output by output.
 
     ``feeds`` is one input dict or a list of them (e.g. held-out calibration samples);
-    outputs of several sets are concatenated along the batch axis before comparing.
+    outputs of several sets are joined one sample per row (:func:`feeds.stack_runs`) before
+    comparing.
     """
 
     def __init__(self, original: onnx.ModelProto, base_dir, feeds,
@@ -47,7 +49,8 @@ class Verifier:
         except Exception as e:
             raise InputError(f"onnxruntime cannot load the original model: {_line(e)}") from None
         try:
-            self.reference = stack_runs([ort.run(sess, f) for f in self.feed_sets])
+            self.reference = stack_runs([ort.run(sess, f) for f in self.feed_sets],
+                                        self.feed_sets)
             self.classes = class_outputs(self.reference)
             # Components of different scale (metrics.scale_split): found once, on the
             # reference, for the outputs without classes.
@@ -72,7 +75,8 @@ class Verifier:
             return [OutputMetrics(n, False, float("inf"), float("inf"), 0.0, 1.0, ok=False)
                     for n in self.output_names]
         try:
-            outs = stack_runs([self.backend.run(sess, f) for f in self.feed_sets])
+            outs = stack_runs([self.backend.run(sess, f) for f in self.feed_sets],
+                              self.feed_sets)
         except Exception as e:  # noqa: BLE001 - the original ran on these feeds
             raise ModelLoadError(f"onnxruntime cannot run it: {_line(e)}") from None
         return [self.judge_output(name, r, o, c, numerics, depth)
@@ -127,19 +131,6 @@ class Verifier:
 class ModelLoadError(RuntimeError):
     """The rewritten model does not load, or does not run on the inputs the original ran
     on, in the verification backend."""
-
-
-def stack_runs(runs: list[list[np.ndarray]]) -> list[np.ndarray]:
-    """Per output, the runs concatenated on axis 0 (flattened if shapes disagree)."""
-    if len(runs) == 1:
-        return runs[0]
-    out = []
-    for arrays in zip(*runs):
-        try:
-            out.append(np.concatenate([np.asarray(a) for a in arrays], axis=0))
-        except ValueError:
-            out.append(np.concatenate([np.asarray(a).ravel() for a in arrays]))
-    return out
 
 
 def _line(e: BaseException) -> str:

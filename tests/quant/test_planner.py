@@ -261,6 +261,7 @@ def test_the_judge_takes_components_of_different_scale_apart():
     cv = object.__new__(_CrossValidator)
     cv.s, cv.labels, cv.output_names = {"min_top1": 0.99, "min_cosine": 0.99}, None, ["y"]
     cv.reference, cv.classes = ref, [False]
+    cv.feeds = [{"x": np.zeros((1, 3))}] * n
     cv.splits = {}
     whole = cv._judge(list(range(n)), out)
     assert whole["cosine"] > 0.999 and whole["met"]          # what the whole output says

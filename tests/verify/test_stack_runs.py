@@ -1,0 +1,45 @@
+"""verify.feeds.stack_runs: one row of axis 0 per sample, whatever the output's layout."""
+
+import numpy as np
+import onnx
+import onnx.parser
+
+from rewriter.verify.feeds import feed_batch, stack_runs
+from rewriter.verify.verifier import Verifier
+
+
+def test_batch_outputs_concatenate_and_others_stack():
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.standard_normal((2, 3))}, {"x": rng.standard_normal((2, 3))}]
+    assert [feed_batch(f) for f in feeds] == [2, 2]
+    assert feed_batch({"wave": np.zeros(16000)}) == 1          # a 1-D input is a length
+    batched = [[np.ones((2, 5))], [np.zeros((2, 5))]]          # [N, C]: N is the batch
+    assert stack_runs(batched, feeds)[0].shape == (4, 5)
+    seq = [[np.ones((7, 2, 5))], [np.zeros((7, 2, 5))]]        # [T, N, C]: one row per run
+    assert stack_runs(seq, feeds)[0].shape == (2, 7, 2, 5)
+    one = [{"x": np.zeros((1, 3))}]
+    assert stack_runs([[np.ones((7, 1, 5))]], one)[0].shape == (1, 7, 1, 5)
+    assert stack_runs([[np.ones((1, 5))]], one)[0].shape == (1, 5)
+    assert stack_runs([[np.float32(3)], [np.float32(4)]], one * 2)[0].shape == (2,)
+    ragged = [[np.ones((3, 5))], [np.ones((4, 5))]]            # lengths differ: flat
+    assert stack_runs(ragged, one * 2)[0].shape == (35,)
+
+
+def test_a_recognisers_positions_are_not_counted_as_samples():
+    """ddddocr's [T, 1, classes]: 21 held-out lines were certified as n=672 (21 x 32
+    positions), intervals as narrow as 672 independent samples would give."""
+    m = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 4, 8] x) => (float[8, 1, 10] y) {
+        t = Transpose <perm = [2, 0, 1]> (x)
+        y = MatMul(t, w)
+    }""")
+    m.graph.initializer.append(onnx.numpy_helper.from_array(
+        np.random.default_rng(1).standard_normal((4, 10)).astype(np.float32), "w"))
+    rng = np.random.default_rng(2)
+    feeds = [{"x": rng.standard_normal((1, 4, 8)).astype(np.float32)} for _ in range(6)]
+    v = Verifier(m, None, feeds, lossy={"min_cosine": 0.99})
+    assert np.shape(v.reference[0]) == (6, 8, 1, 10)
+    ref = v.reference[0]
+    j = v.certify("y", ref, ref + 0.01 * rng.standard_normal(ref.shape))
+    assert j.n == 6
