@@ -282,10 +282,11 @@ class _CrossValidator:
         sess = ort.session(exp.model, exp.source_dir, initializers=exp.ort_initializers())
         self.output_names = [o.name for o in exp.model.graph.output]
         self.reference = [ort.run(sess, f) for f in self.feeds]
-        from rewriter.verify.metrics import class_outputs, scale_split
+        from rewriter.verify.metrics import class_outputs, head_features, scale_split
         from rewriter.verify.verifier import stack_runs
-        every = stack_runs(self.reference, self.feeds)  # which outputs have classes, and
-        self.classes = class_outputs(every)     # which split by scale: on all samples, once
+        # Which outputs have classes, and which split by scale: on all samples, once.
+        every = stack_runs(self.reference, self.feeds)
+        self.classes = class_outputs(every, head_features(self.original))
         self.splits = {k: None if c else scale_split(np.asarray(r))
                        for k, (r, c) in enumerate(zip(every, self.classes))}
         self.count = 0

@@ -238,6 +238,7 @@ class Judgement:
     flip_risk: float | None = None
     flip_risk_upper: float | None = None
     top1_lower: float | None = None           # 1 - flip-risk upper: what a budget meets
+    every_position: float | None = None       # share of samples with no position flipped
     kl_mean: float | None = None
     kl_worst: float | None = None
     accuracy_fp32: float | None = None
@@ -266,6 +267,8 @@ class Judgement:
         if self.top1 is not None:
             s += (f", top-1 agreement {self.top1:.3f} [{self.top1_ci[0]:.3f}, "
                   f"{self.top1_ci[1]:.3f}], flip-risk bound >= {1 - self.flip_risk_upper:.3f}")
+            if self.every_position is not None:
+                s += f", every position agrees on {self.every_position:.3f} of samples"
         s += (f", cosine {self.cosine:.4f} [{self.cosine_ci[0]:.4f}, {self.cosine_ci[1]:.4f}]"
               f" (worst {self.cosine_worst:.4f})")
         if self.accuracy is not None:
@@ -312,7 +315,10 @@ def judge_lossy(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
         rr = ref.reshape(-1, ref.shape[-1])
         oo = out.reshape(-1, out.shape[-1])
         per = rr.shape[0] // n                 # positions per sample (1 for [N, C])
-        agree = (rr.argmax(-1) == oo.argmax(-1)).reshape(n, per).mean(axis=1)
+        same = (rr.argmax(-1) == oo.argmax(-1)).reshape(n, per)
+        agree = same.mean(axis=1)
+        if per > 1:   # a sequence's text changes with any position: said beside the share
+            j.every_position = float(same.all(axis=1).mean())
         k = float(agree.sum())
         j.top1 = float(agree.mean())
         j.top1_ci = wilson(int(round(k)), n)

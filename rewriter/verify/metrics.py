@@ -132,18 +132,84 @@ def has_classes(ref: np.ndarray) -> bool:
     return _distributions(ref)
 
 
+def _decisive(ref: np.ndarray) -> bool:
+    """Logits whose softmax puts at least half the mass on the top class at the median
+    position: class scores, not features or spectra that happen to come from a MatMul."""
+    if not np.issubdtype(ref.dtype, np.floating) or not np.isfinite(ref).all():
+        return False
+    z = ref.reshape(-1, ref.shape[-1]).astype(np.float64)
+    z = z - z.max(axis=-1, keepdims=True)
+    top = 1.0 / np.exp(z).sum(axis=-1)
+    return bool(np.median(top) >= 0.5)
+
+
+# Ops that move or relabel values without changing them: an output read through them from a
+# linear layer still holds that layer's output features on its last axis (if C matches).
+_LAYOUT = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Flatten"}
+
+
+def head_features(model: onnx.ModelProto) -> list[int | None]:
+    """Per graph output: the number of output features of the linear layer (MatMul, or Gemm,
+    with a constant weight, plus a constant bias Add) it is read from through layout ops
+    only, else None."""
+    g = model.graph
+    inits = {t.name: list(t.dims) for t in g.initializer}
+    producer = {o: n for n in g.node for o in n.output}
+
+    def const_shape(name):
+        if name in inits:
+            return inits[name]
+        n = producer.get(name)
+        if n is not None and n.op_type == "Constant" and n.attribute \
+                and n.attribute[0].type == onnx.AttributeProto.TENSOR:
+            return list(n.attribute[0].t.dims)
+        if n is not None and n.op_type == "DequantizeLinear":
+            return const_shape(n.input[0])
+        return None
+
+    out = []
+    for o in g.output:
+        name, feats = o.name, None
+        for _ in range(64):
+            n = producer.get(name)
+            if n is None:
+                break
+            if n.op_type in _LAYOUT:
+                name = n.input[0]
+            elif n.op_type == "Add" and len(n.input) == 2 and const_shape(n.input[1]) is not None:
+                name = n.input[0]
+            elif n.op_type in ("MatMul", "Gemm") and len(n.input) > 1:
+                w = const_shape(n.input[1])
+                if w is not None and len(w) >= 2:
+                    trans = n.op_type == "Gemm" and any(
+                        a.name == "transB" and a.i for a in n.attribute)
+                    feats = int(w[0] if trans else w[-1])
+                break
+            else:
+                break
+        out.append(feats)
+    return out
+
+
 def _distributions(ref: np.ndarray) -> bool:
     return bool(np.all(ref >= 0) and np.allclose(ref.sum(axis=-1), 1.0, atol=1e-3))
 
 
-def class_outputs(refs) -> list[bool]:
+def class_outputs(refs, heads: list[int | None] | None = None) -> list[bool]:
     """:func:`has_classes` for each of a model's outputs, seen together: when some [N, C]
     output holds probability distributions (a softmax head), the [N, C] outputs beside it
     that do not are regression heads (MTCNN's O-Net: box offsets [N, 4] and landmarks
     [N, 10] next to a face/no-face softmax [N, 2]), and argmax agreement on them would judge
-    noise. A lone [N, C] output keeps top-1: logits and regression look alike there."""
+    noise. A lone [N, C] output keeps top-1: logits and regression look alike there.
+
+    ``heads`` (:func:`head_features`): an output of higher rank without a softmax has
+    classes too when a linear layer's C output features are its last axis and its argmax
+    is decisive (a recogniser's raw CTC logits [T, N, classes]: ddddocr)."""
     refs = [np.asarray(r) for r in refs]
     flags = [has_classes(r) for r in refs]
+    if heads:
+        flags = [f or (h is not None and r.ndim >= 3 and r.shape[-1] == h > 1
+                       and _decisive(r)) for f, r, h in zip(flags, refs, heads)]
     if any(f and r.ndim == 2 and _distributions(r) for f, r in zip(flags, refs)):
         flags = [f and (r.ndim != 2 or _distributions(r)) for f, r in zip(flags, refs)]
     return flags

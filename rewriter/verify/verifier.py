@@ -11,7 +11,7 @@ from rewriter.core.graph import duplicate_node_names, unique_node_names
 from rewriter.core.pass_base import Numerics
 from rewriter.verify.feeds import stack_runs  # noqa: F401 - where callers look for it
 from rewriter.verify.metrics import (OutputMetrics, class_outputs, compare, compute_eps, cosine,
-                                     judge, scale_groups, scale_split)
+                                     head_features, judge, scale_groups, scale_split)
 
 
 class OriginalRunError(InputError):
@@ -51,7 +51,7 @@ class Verifier:
         try:
             self.reference = stack_runs([ort.run(sess, f) for f in self.feed_sets],
                                         self.feed_sets)
-            self.classes = class_outputs(self.reference)
+            self.classes = class_outputs(self.reference, head_features(original))
             # Components of different scale (metrics.scale_split): found once, on the
             # reference, for the outputs without classes.
             self.splits = {n: None if c else scale_split(r) for n, r, c in

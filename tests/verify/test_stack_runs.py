@@ -43,3 +43,43 @@ def test_a_recognisers_positions_are_not_counted_as_samples():
     ref = v.reference[0]
     j = v.certify("y", ref, ref + 0.01 * rng.standard_normal(ref.shape))
     assert j.n == 6
+
+
+def _head_model(scale: float, head: str = "MatMul"):
+    m = onnx.parser.parse_model(f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 4, 8] x) => (float[8, 1, 10] y) {{
+        t = Transpose <perm = [2, 0, 1]> (x)
+        {"h = MatMul(t, w)" if head == "MatMul" else "h = Mul(t, w)"}
+        y = Add(h, b)
+    }}""")
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((4, 10) if head == "MatMul" else (4,)).astype(np.float32) * scale
+    for name, v in (("w", w), ("b", np.zeros(10 if head == "MatMul" else 4, np.float32))):
+        m.graph.initializer.append(onnx.numpy_helper.from_array(v, name))
+    return m
+
+
+def test_a_linear_heads_decisive_logits_per_position_have_classes():
+    """Raw CTC logits [T, N, classes] (ddddocr: Gemm -> Reshape, no softmax) are judged by
+    top-1 per position, and the certificate says how many samples keep every position;
+    the same layout of small scores (features) or from a layer that is not linear in the
+    last axis is not."""
+    from rewriter.verify.certify import judge_lossy
+    from rewriter.verify.metrics import class_outputs, head_features
+
+    rng = np.random.default_rng(2)
+    feeds = [{"x": rng.standard_normal((1, 4, 8)).astype(np.float32)} for _ in range(6)]
+    assert head_features(_head_model(1.0)) == [10]
+    assert head_features(_head_model(1.0, head="Mul")) == [None]
+    decisive = Verifier(_head_model(20.0), None, feeds, lossy={"min_cosine": 0.99})
+    assert decisive.classes == [True]
+    assert Verifier(_head_model(0.05), None, feeds, lossy={"min_cosine": 0.99}).classes == [False]
+    ref = decisive.reference[0]                                  # [6, 8, 1, 10]
+    assert class_outputs([ref]) == [False]                       # the graph decides
+    out = ref.copy()
+    pos = out[0, 3, 0].argmax()
+    out[0, 3, 0, pos] -= 1e3                                     # one position of one sample
+    j = judge_lossy("y", ref, out, {"min_top1": 0.9}, classes=True)
+    assert j.top1 == 1 - 1 / 48 and j.every_position == 5 / 6
+    assert "every position agrees on 0.833 of samples" in j.line()
