@@ -167,6 +167,11 @@ def _run(args) -> int:
         raise InputError("no input model given (usage: rewrite MODEL -o OUT)")
     if not args.output:
         raise InputError("no output given: add -o OUT.onnx")
+    if args.calib and not args.plan:
+        raise InputError("--calib is for a plan's INT8 layers: add --plan (default, auto, "
+                         "int8 or a file)")
+    if args.preprocess and not args.calib:
+        raise InputError("--preprocess says how --calib images become inputs: add --calib DIR")
     from rewriter.api import rewrite
     from rewriter.verify import load_inputs, parse_shape_args
 

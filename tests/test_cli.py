@@ -582,3 +582,19 @@ def test_an_opset_9_model_is_converted_for_its_int8_layers(tmp_path, capfd):
     assert max(o.version for o in q.opset_import if o.domain in ("", "ai.onnx")) == 10
     assert sum(n.op_type == "QuantizeLinear" for n in q.graph.node) == 3
     assert len([n for n in q.graph.node if n.op_type == "Gemm"][0].input) == 3
+
+
+def test_calibration_options_without_what_they_serve_are_refused(tmp_path, capfd):
+    # --calib without a plan, and --preprocess without --calib, did nothing, silently.
+    src = tmp_path / "m.onnx"
+    onnx.save(make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 4] x) => (float[1, 4] y) { y = Relu(x) }"""), src)
+    code, _, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--calib", tmp_path)
+    assert code == 2
+    assert_one_line(err, "--calib is for a plan's INT8 layers: add --plan")
+    code, _, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--plan", "fp16",
+                       "--preprocess", tmp_path / "p.yaml")
+    assert code == 2
+    assert_one_line(err, "--preprocess says how --calib images become inputs")
+    assert not (tmp_path / "o.onnx").exists()
