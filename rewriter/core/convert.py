@@ -396,6 +396,14 @@ def to_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
     vis = [vi for vi in model.graph.value_info if vi.name in keep_vi]
     del model.graph.value_info[:]
     model.graph.value_info.extend(vis)
+    # gs types every value as a tensor: a sequence, map or optional (scikit-learn's ZipMap
+    # output, seq(map(int64, float))) keeps the original's type.
+    typed = {vi.name: vi.type for g in (original.graph,)
+             for vi in list(g.input) + list(g.output) + list(g.value_info)
+             if vi.type.WhichOneof("value") not in (None, "tensor_type")}
+    for vi in list(model.graph.input) + list(model.graph.output) + list(model.graph.value_info):
+        if vi.name in typed:
+            vi.type.CopyFrom(typed[vi.name])
     unique_node_names(model)
     return model
 

@@ -51,4 +51,25 @@ def session(model, base_dir: str | os.PathLike | None = None, optimize: bool = F
 
 def run(sess, feeds: dict[str, np.ndarray], output_names: Sequence[str] | None = None
         ) -> list[np.ndarray]:
-    return sess.run(list(output_names) if output_names else None, feeds)
+    """The outputs as arrays: sequence and map outputs (scikit-learn's ZipMap writes a
+    sequence of {class: probability}) become arrays, so that they compare like tensors."""
+    return [_as_array(o) for o in sess.run(list(output_names) if output_names else None,
+                                           feeds)]
+
+
+def _as_array(x):
+    """An output as an array: a map -> its values by sorted key; a sequence -> its items
+    stacked (flattened and joined where their shapes differ)."""
+    if isinstance(x, np.ndarray):
+        return x
+    if isinstance(x, dict):
+        return np.asarray([x[k] for k in sorted(x)])
+    if isinstance(x, (list, tuple)):
+        items = [_as_array(i) for i in x]
+        if not items:
+            return np.zeros((0,), np.float32)
+        try:
+            return np.stack(items)
+        except ValueError:
+            return np.concatenate([np.ravel(i) for i in items])
+    return np.asarray(x)
