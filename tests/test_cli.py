@@ -238,6 +238,18 @@ def test_symbolic_dims_too_small_to_run_get_a_larger_size_or_the_fix(tmp_path, c
     code, out, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--verify", "--target", "none")
     assert code == 0, err
     assert "verified with 32 there instead (x:32)" in " ".join(err) + out
+    # An STFT as a conv over 512 samples (openwakeword's mel spectrogram) runs from 1024.
+    stft = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, T] x, float[8, 1, 512] w, int64[1] one) => (float[N, 8, M] y) {
+        r = Unsqueeze(x, one)
+        y = Conv <strides = [160]> (r, w)
+    }""", {"w": [8, 1, 512], "one": np.array([1], np.int64)})
+    src = tmp_path / "stft.onnx"
+    onnx.save(stft, src)
+    code, out, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--verify", "--target", "none")
+    assert code == 0, err
+    assert "verified with 1024 there instead (x:1x1024)" in " ".join(err) + out
     # A recurrent state [layers, N, hidden] names the batch past its first position: it
     # keeps the batch's 1 while the sequence grows (silero-vad's fp16 model, 2026-12-05).
     rnn = make_model("""

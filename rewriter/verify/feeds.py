@@ -87,8 +87,9 @@ def symbolic_dims(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = 
 
 # Sizes tried, in order, for symbolic dims past the batch when random inputs with 1 there
 # cannot run the original (a conv or pooling window larger than 1, a reshape that needs a
-# multiple): the smallest usual sizes, so verification stays fast.
-FALLBACK_FILLS = (32, 224)
+# multiple): the smallest usual sizes, so verification stays fast; 1024 last, for audio
+# windows (openwakeword's mel spectrogram: an STFT of 512 samples as a conv).
+FALLBACK_FILLS = (32, 224, 1024)
 
 
 # Random inputs beyond this (all inputs together) are refused: a declared batch of 10^6
