@@ -134,6 +134,13 @@ def counting_shortfalls(n: int, budget: dict, top1: bool = True,
     return out
 
 
+def _pooled_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    if na == 0 or nb == 0:
+        return float(na == nb)
+    return float(np.dot(a, b) / (na * nb))
+
+
 def _bootstrap(values: np.ndarray, stat, reps: int = BOOT, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     n = len(values)
@@ -239,6 +246,7 @@ class Judgement:
     flip_risk_upper: float | None = None
     top1_lower: float | None = None           # 1 - flip-risk upper: what a budget meets
     every_position: float | None = None       # share of samples with no position flipped
+    pooled: bool = False                      # one value per sample: cosine over samples
     kl_mean: float | None = None
     kl_worst: float | None = None
     accuracy_fp32: float | None = None
@@ -270,7 +278,8 @@ class Judgement:
             if self.every_position is not None:
                 s += f", every position agrees on {self.every_position:.3f} of samples"
         s += (f", cosine {self.cosine:.4f} [{self.cosine_ci[0]:.4f}, {self.cosine_ci[1]:.4f}]"
-              f" (worst {self.cosine_worst:.4f})")
+              + (" (over the samples: one value each)" if self.pooled
+                 else f" (worst {self.cosine_worst:.4f})"))
         if self.accuracy is not None:
             lo, hi = self.accuracy_drop_ci
             s += (f", accuracy {self.accuracy_fp32:.3f} -> {self.accuracy:.3f} (loss "
@@ -300,14 +309,23 @@ def judge_lossy(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
     out = np.asarray(out, np.float64)
     n = ref.shape[0]
     r2, o2 = ref.reshape(n, -1), out.reshape(n, -1)
-    nr, no = np.linalg.norm(r2, axis=1), np.linalg.norm(o2, axis=1)
-    cos = np.where((nr > 0) & (no > 0), np.sum(r2 * o2, 1) / np.maximum(nr * no, 1e-300),
-                   (nr == no).astype(float))
-    boots = _bootstrap(cos, np.mean, reps=reps, seed=seed)
+    if r2.shape[1] == 1:
+        # One value per sample (a wake-word score [N, 1], a 0-d quality score): its own
+        # cosine is only its sign, 1.0 for 0.9 -> 0.1. The samples' values are one vector.
+        idx = np.arange(n)
+        cos = np.array([_pooled_cosine(r2[:, 0], o2[:, 0])])
+        boots = _bootstrap(idx, lambda i: _pooled_cosine(r2[i, 0], o2[i, 0]), reps=reps,
+                           seed=seed)
+    else:
+        nr, no = np.linalg.norm(r2, axis=1), np.linalg.norm(o2, axis=1)
+        cos = np.where((nr > 0) & (no > 0), np.sum(r2 * o2, 1) / np.maximum(nr * no, 1e-300),
+                       (nr == no).astype(float))
+        boots = _bootstrap(cos, np.mean, reps=reps, seed=seed)
     j = Judgement(name, n, False, float(cos.mean()),
                   (float(np.percentile(boots, 50 * alpha)),
                    float(np.percentile(boots, 100 - 50 * alpha))),
                   float(cos.min()), budget=dict(budget))
+    j.pooled = r2.shape[1] == 1
     j.alpha = alpha
     classes = (has_classes(ref) if classes is None else classes) and ref.ndim >= 2
     if classes:

@@ -219,3 +219,19 @@ def test_a_budget_shown_missed_is_refuted_and_a_wide_bound_is_not():
     assert not bad.met and bad.refuted and "NOT met" in bad.line()
     few = judge_lossy("y", ref[:21], ref[:21] + 0.01, {"min_top1": 0.99})
     assert few.top1 == 1.0 and not few.certifiable and not few.refuted
+
+
+def test_one_value_per_sample_is_judged_over_the_samples():
+    """A wake-word score [N, 1]: a sample's own cosine is its sign, 1.0 for 0.9 -> 0.1, so
+    the per-sample certificate met any budget. The samples' values are one vector now."""
+    rng = np.random.default_rng(3)
+    ref = rng.uniform(0.05, 0.95, (40, 1))
+    ok = judge_lossy("p", ref, ref + rng.normal(0, 1e-3, ref.shape), BUDGET)
+    assert ok.pooled and ok.met and ok.cosine > 0.9999
+    bad = ref.copy()
+    bad[:8] = 1 - bad[:8]                       # 8 of 40 scores swing across 0.5
+    j = judge_lossy("p", ref, bad, BUDGET)
+    assert j.cosine < 0.99 and not j.met and j.cosine_ci[1] < 0.995
+    assert "over the samples: one value each" in j.line()
+    scalar = judge_lossy("mos", ref[:, 0], bad[:, 0], BUDGET)   # 0-d outputs, stacked
+    assert scalar.cosine == j.cosine and not scalar.met
