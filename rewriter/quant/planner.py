@@ -283,10 +283,10 @@ class _CrossValidator:
         self.output_names = [o.name for o in exp.model.graph.output]
         self.reference = [ort.run(sess, f) for f in self.feeds]
         from rewriter.verify.metrics import class_outputs, head_features, scale_split
-        from rewriter.verify.verifier import stack_runs
+        from rewriter.verify.feeds import join_runs
         # Which outputs have classes, and which split by scale: on all samples, once.
-        every = stack_runs(self.reference, self.feeds)
-        self.classes = class_outputs(every, head_features(self.original))
+        every, batched = join_runs(self.reference, self.feeds)
+        self.classes = class_outputs(every, head_features(self.original), batched)
         self.splits = {k: None if c else scale_split(np.asarray(r))
                        for k, (r, c) in enumerate(zip(every, self.classes))}
         self.count = 0

@@ -173,12 +173,20 @@ def stack_runs(runs: list[list[np.ndarray]], feed_sets: list[dict] | None = None
     the batches; without them it is assumed), else stacked on a new axis 0, one row per run
     (a recogniser's [T, N, classes] has T positions of one sample, not T samples); joined
     flat where shapes disagree."""
+    return join_runs(runs, feed_sets)[0]
+
+
+def join_runs(runs: list[list[np.ndarray]], feed_sets: list[dict] | None = None
+              ) -> tuple[list[np.ndarray], list[bool]]:
+    """:func:`stack_runs`, and per output whether its axis 0 was the runs' batch (False:
+    the axis was added, so a [n, C] result is not a batch of C classes by its shape)."""
     batches = [feed_batch(f) for f in feed_sets] if feed_sets is not None else None
-    out = []
+    out, flags = [], []
     for arrays in zip(*runs):
         arrays = [np.asarray(a) for a in arrays]
         batched = all(a.ndim >= 1 for a in arrays) and (
             batches is None or all(a.shape[0] == b for a, b in zip(arrays, batches)))
+        flags.append(batched)
         if len(arrays) == 1:
             out.append(arrays[0] if batched else arrays[0][None])
             continue
@@ -186,4 +194,4 @@ def stack_runs(runs: list[list[np.ndarray]], feed_sets: list[dict] | None = None
             out.append(np.concatenate(arrays, axis=0) if batched else np.stack(arrays))
         except ValueError:
             out.append(np.concatenate([a.ravel() for a in arrays]))
-    return out
+    return out, flags

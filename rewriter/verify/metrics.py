@@ -117,7 +117,7 @@ def sqnr_db(ref: np.ndarray, out: np.ndarray) -> float:
     return 10.0 * float(np.log10(max(float(np.sum(r * r)), 1e-300) / noise))
 
 
-def has_classes(ref: np.ndarray) -> bool:
+def has_classes(ref: np.ndarray, batched: bool = True) -> bool:
     """Is top-1 agreement meaningful for this output? For [N, C] outputs (C > 1: a
     classifier's logits or probabilities) and, at higher rank, when every position holds a
     probability distribution over the last axis (a softmax, e.g. a recogniser's [N, T,
@@ -127,7 +127,7 @@ def has_classes(ref: np.ndarray) -> bool:
     if ref.ndim < 2 or ref.shape[-1] < 2 or not np.issubdtype(ref.dtype, np.floating) \
             or not np.isfinite(ref).all():
         return False
-    if ref.ndim == 2:
+    if ref.ndim == 2 and batched:
         return True
     return _distributions(ref)
 
@@ -195,7 +195,8 @@ def _distributions(ref: np.ndarray) -> bool:
     return bool(np.all(ref >= 0) and np.allclose(ref.sum(axis=-1), 1.0, atol=1e-3))
 
 
-def class_outputs(refs, heads: list[int | None] | None = None) -> list[bool]:
+def class_outputs(refs, heads: list[int | None] | None = None,
+                  batched: list[bool] | None = None) -> list[bool]:
     """:func:`has_classes` for each of a model's outputs, seen together: when some [N, C]
     output holds probability distributions (a softmax head), the [N, C] outputs beside it
     that do not are regression heads (MTCNN's O-Net: box offsets [N, 4] and landmarks
@@ -204,12 +205,18 @@ def class_outputs(refs, heads: list[int | None] | None = None) -> list[bool]:
 
     ``heads`` (:func:`head_features`): an output of higher rank without a softmax has
     classes too when a linear layer's C output features are its last axis and its argmax
-    is decisive (a recogniser's raw CTC logits [T, N, classes]: ddddocr)."""
+    is decisive (a recogniser's raw CTC logits [T, N, classes]: ddddocr).
+
+    ``batched`` (:func:`feeds.join_runs`): False where axis 0 was added, one row per run:
+    such an [n, C] output is a sample's vector of C values (an LSTM's state), classes only
+    by a softmax or a linear head's decisive logits (a classifier without a batch dim)."""
     refs = [np.asarray(r) for r in refs]
-    flags = [has_classes(r) for r in refs]
+    batched = batched or [True] * len(refs)
+    flags = [has_classes(r, b) for r, b in zip(refs, batched)]
     if heads:
-        flags = [f or (h is not None and r.ndim >= 3 and r.shape[-1] == h > 1
-                       and _decisive(r)) for f, r, h in zip(flags, refs, heads)]
+        flags = [f or (h is not None and (r.ndim >= 3 or not b) and r.ndim >= 2
+                       and r.shape[-1] == h > 1 and _decisive(r))
+                 for f, r, h, b in zip(flags, refs, heads, batched)]
     if any(f and r.ndim == 2 and _distributions(r) for f, r in zip(flags, refs)):
         flags = [f and (r.ndim != 2 or _distributions(r)) for f, r in zip(flags, refs)]
     return flags

@@ -9,7 +9,7 @@ from rewriter.core import ort
 from rewriter.core.errors import InputError
 from rewriter.core.graph import duplicate_node_names, unique_node_names
 from rewriter.core.pass_base import Numerics
-from rewriter.verify.feeds import stack_runs  # noqa: F401 - where callers look for it
+from rewriter.verify.feeds import join_runs, stack_runs
 from rewriter.verify.metrics import (OutputMetrics, class_outputs, compare, compute_eps, cosine,
                                      head_features, judge, scale_groups, scale_split)
 
@@ -49,9 +49,9 @@ class Verifier:
         except Exception as e:
             raise InputError(f"onnxruntime cannot load the original model: {_line(e)}") from None
         try:
-            self.reference = stack_runs([ort.run(sess, f) for f in self.feed_sets],
-                                        self.feed_sets)
-            self.classes = class_outputs(self.reference, head_features(original))
+            self.reference, batched = join_runs([ort.run(sess, f) for f in self.feed_sets],
+                                                self.feed_sets)
+            self.classes = class_outputs(self.reference, head_features(original), batched)
             # Components of different scale (metrics.scale_split): found once, on the
             # reference, for the outputs without classes.
             self.splits = {n: None if c else scale_split(r) for n, r, c in

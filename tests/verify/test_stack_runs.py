@@ -83,3 +83,30 @@ def test_a_linear_heads_decisive_logits_per_position_have_classes():
     j = judge_lossy("y", ref, out, {"min_top1": 0.9}, classes=True)
     assert j.top1 == 1 - 1 / 48 and j.every_position == 5 / 6
     assert "every position agrees on 0.833 of samples" in j.line()
+
+
+def test_a_samples_vector_is_not_a_batch_of_classes_by_its_shape():
+    """An output without a batch axis, [C] per sample: stacked it is [n, C], which the
+    [N, C] rule would judge by argmax (madmom's LSTM states [25] were, after stacking); it
+    has classes only from a linear head's decisive logits (a classifier whose batch dim was
+    squeezed away)."""
+    m = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 4] x) => (float[6] state, float[10] logits) {
+        state = Squeeze(h)
+        h = Tanh(x6)
+        x6 = Concat <axis = 1> (x, x2)
+        x2 = Slice(x, s0, s2, ax)
+        g = Gemm <transB = 1> (x, w)
+        logits = Squeeze(g)
+    }""")
+    rng = np.random.default_rng(4)
+    for name, v in (("w", rng.standard_normal((10, 4)) * 20), ("s0", [0]), ("s2", [2]),
+                    ("ax", [1])):
+        arr = np.asarray(v, np.float32 if name == "w" else np.int64)
+        m.graph.initializer.append(onnx.numpy_helper.from_array(arr, name))
+    m.graph.node.sort(key=lambda n: ["x2", "x6", "h", "state", "g", "logits"].index(n.output[0]))
+    feeds = [{"x": rng.standard_normal((1, 4)).astype(np.float32)} for _ in range(5)]
+    v = Verifier(m, None, feeds)
+    assert [np.shape(r) for r in v.reference] == [(5, 6), (5, 10)]
+    assert v.classes == [False, True]
