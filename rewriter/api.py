@@ -515,7 +515,7 @@ class _Rewrite:
 
     def hessians(self, int8: list) -> None:
         """E[x x^T] of every INT8 conv's input patches, for GPTQ rounding in insert-qdq."""
-        from rewriter.quant.hessian import conv_hessians, conv_spec
+        from rewriter.quant.hessian import budget_note, conv_hessians, conv_spec
 
         specs = [sp for sp in (conv_spec(n, n.inputs[1].shape) for n in int8
                                if n.op == "Conv" and n.inputs[1].shape is not None) if sp]
@@ -524,6 +524,9 @@ class _Rewrite:
                                           base_dir=exported.source_dir,
                                           initializers=exported.ort_initializers(),
                                           progress=self.progress)
+        left = [sp for sp in specs if sp.id not in self.ctx.hessians]
+        if left:
+            self.report.warnings.append(budget_note(left))
 
     def export_and_gate(self, records: list):
         """Export, then the exit gate. Its onnxruntime load (the slow half) runs in a thread

@@ -28,6 +28,11 @@ class ConvSpec:
     pads: tuple[int, int, int, int]      # top, left, bottom, right
     dilations: tuple[int, int]
     group: int
+    depth: int = 0                       # (C/group)*kh*kw: H is [group, depth, depth]
+
+    def bytes(self, copies: int = 1) -> int:
+        """What ``copies`` float64 H of this conv hold."""
+        return self.group * self.depth * self.depth * 8 * copies
 
 
 def conv_spec(node, weight_shape) -> ConvSpec | None:
@@ -43,7 +48,28 @@ def conv_spec(node, weight_shape) -> ConvSpec | None:
     p = node.attrs.get("pads", [0, 0, 0, 0])
     return ConvSpec(node_id(node), node.inputs[0].name, (kh, kw), (int(s[0]), int(s[1])),
                     (int(p[0]), int(p[1]), int(p[2]), int(p[3])), (int(d[0]), int(d[1])),
-                    int(node.attrs.get("group", 1)))
+                    int(node.attrs.get("group", 1)), int(weight_shape[1]) * kh * kw)
+
+
+# The float64 H held at once, all convs (and folds) together: a 1024-channel 3x3 conv's H
+# is 680 MB, and a 2.5 GB model of them asked for 45 GB. Convs beyond it keep nearest
+# rounding (the cheapest first are kept, so as many layers as fit get GPTQ).
+HESSIAN_BUDGET = 4 << 30
+
+
+def within_budget(specs: list[ConvSpec], copies: int = 1, budget: int | None = None
+                  ) -> tuple[list[ConvSpec], list[ConvSpec]]:
+    """(kept, left out): the specs whose H fit ``budget`` bytes, cheapest first."""
+    budget = HESSIAN_BUDGET if budget is None else budget
+    kept, left, used = [], [], 0
+    for sp in sorted(specs, key=lambda x: x.bytes()):
+        if used + sp.bytes(copies) <= budget:
+            kept.append(sp)
+            used += sp.bytes(copies)
+        else:
+            left.append(sp)
+    order = {sp.id: i for i, sp in enumerate(specs)}
+    return sorted(kept, key=lambda x: order[x.id]), sorted(left, key=lambda x: order[x.id])
 
 
 def patches(x: np.ndarray, spec: ConvSpec) -> np.ndarray:
@@ -113,14 +139,23 @@ class HessianReducer:
                                 (total - hs[g]) / rest if g in hs else total / rest
 
 
+def budget_note(left: list[ConvSpec]) -> str:
+    """The report's line for convs that kept nearest rounding for memory."""
+    return (f"GPTQ rounding skipped on {len(left)} INT8 conv(s) (e.g. {left[0].id}): their "
+            f"input statistics would pass {HESSIAN_BUDGET >> 30} GB of memory; nearest "
+            "rounding there")
+
+
 def conv_hessians(model, specs: list[ConvSpec], data, base_dir=None, initializers=None,
                   max_patches: int = 4096, progress: bool = True,
                   folds: list[list[int]] | None = None):
     """conv id -> H [group, D, D] over the calibration data (see the module docstring).
     With ``folds`` (item indices per fold), also, for each fold f, the H of the other folds'
-    items: ``(H, [H without fold 0, H without fold 1, ...])``, from one pass."""
+    items: ``(H, [H without fold 0, H without fold 1, ...])``, from one pass. Only convs
+    within :data:`HESSIAN_BUDGET` (all copies counted) get an H."""
     from rewriter.quant.ranges import _stream
 
+    specs = within_budget(specs, 1 + len(folds) if folds is not None else 1)[0]
     groups = None
     if folds is not None:
         groups = [0] * len(data)

@@ -271,6 +271,7 @@ class _CrossValidator:
         # GPTQ rounding is fitted to its samples too: fold f's weights are rounded with the
         # other folds' statistics, so that no sample judges weights fitted to it.
         self.hessians = [{} for _ in range(k)]
+        self.notes: list[str] = []
         self.weight_cache = [{} for _ in range(k)]
         if settings["rounding"] == "gptq":
             from rewriter.quant.hessian import conv_hessians, conv_spec
@@ -279,6 +280,10 @@ class _CrossValidator:
             _, self.hessians = conv_hessians(exp.model, specs, data, base_dir=exp.source_dir,
                                              initializers=exp.ort_initializers(),
                                              progress=progress, folds=self.folds)
+            left = [sp for sp in specs if sp.id not in self.hessians[0]]
+            if left:
+                from rewriter.quant.hessian import budget_note
+                self.notes.append(budget_note(left))
         sess = ort.session(exp.model, exp.source_dir, initializers=exp.ort_initializers())
         self.output_names = [o.name for o in exp.model.graph.output]
         self.reference = [ort.run(sess, f) for f in self.feeds]
@@ -390,6 +395,7 @@ def plan_auto(model, calib, *, input_shapes=None, settings: dict | None = None,
     notes = _resolve_budget(s, data.labels is not None)
     layers = [n for n in graph.nodes if n.op in LAYER_OPS]
     ev = _CrossValidator(graph, original, base_dir, data, s, progress)
+    notes += ev.notes
     shapes = _real_shapes(export(graph, original, base_dir).model, ev.feeds[0], input_shapes)
     results = _sensitivity(ev, layers, shapes, progress)
     if s["selection_correction"]:

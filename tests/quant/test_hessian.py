@@ -32,3 +32,47 @@ def test_fold_complements_equal_a_pass_over_the_other_folds():
         direct = conv_hessians(_model(), [spec], rest, progress=False)["conv"]
         np.testing.assert_allclose(without[f]["conv"], direct, rtol=1e-10)
         assert not np.allclose(without[f]["conv"], total["conv"])
+
+
+def test_the_memory_budget_keeps_the_cheapest_convs():
+    from rewriter.quant.hessian import within_budget
+
+    def spec(i, depth, group=1):
+        return ConvSpec(f"c{i}", f"x{i}", (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), group, depth)
+
+    # 9216 = 1024 channels x 3 x 3: 680 MB of float64 each.
+    specs = [spec(0, 9216), spec(1, 288), spec(2, 9216), spec(3, 9216, group=2), spec(4, 576)]
+    assert specs[0].bytes() == 9216 * 9216 * 8 and specs[3].bytes(3) == 3 * 2 * specs[0].bytes()
+    kept, left = within_budget(specs, budget=2 * specs[0].bytes() + 10**6)
+    assert [s.id for s in kept] == ["c0", "c1", "c4"] and [s.id for s in left] == ["c2", "c3"]
+    kept, left = within_budget(specs, copies=5, budget=2 * specs[0].bytes())
+    assert [s.id for s in kept] == ["c1", "c4"]
+
+
+def test_blocked_gptq_is_the_column_by_column_arithmetic():
+    """GPTQ's lazy block updates (GPTQ_BLOCK columns at a time) round exactly as the
+    column-by-column loop did, across block boundaries (300 columns: three blocks)."""
+    from rewriter.passes.insert_qdq import QMAX, _gptq_block
+
+    def by_column(w, s, h, damp):
+        d = w.shape[1]
+        h, w = h.copy(), w.copy()
+        order = np.argsort(-np.diag(h))
+        w, h = w[:, order], h[np.ix_(order, order)]
+        h[np.diag_indices(d)] += damp * float(np.mean(np.diag(h))) + 1e-12
+        hinv = np.linalg.cholesky(np.linalg.inv(h)).T
+        q = np.empty_like(w)
+        for i in range(d):
+            q[:, i] = np.clip(np.rint(w[:, i] / s), -QMAX, QMAX)
+            err = (w[:, i] - q[:, i] * s) / hinv[i, i]
+            w[:, i + 1:] -= np.outer(err, hinv[i, i + 1:])
+        return q[:, np.argsort(order)].astype(np.int8)
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((300, 900)) * rng.uniform(0.1, 2, (300, 1))
+    h = x @ x.T / 900
+    w = rng.standard_normal((48, 300)) * 0.1
+    s = np.abs(w).max(axis=1) / QMAX
+    q = _gptq_block(w, s, h, 0.01)
+    assert np.array_equal(q, by_column(w, s, h, 0.01))
+    assert not np.array_equal(q, np.clip(np.rint(w / s[:, None]), -QMAX, QMAX))  # not nearest
