@@ -302,6 +302,9 @@ PREPROCESS_HELP = ("how images in --calib become inputs: a YAML/JSON file of pre
 def _planner_settings(args) -> dict:
     from rewriter.quant.plan import load_preprocess
     pre = load_preprocess(args.preprocess) if args.preprocess else None
+    if pre and args.calib:
+        from rewriter.quant.data import check_preprocess_applies
+        check_preprocess_applies(args.calib)
     return {"preprocess": pre, "min_top1": args.min_top1, "min_cosine": args.min_cosine,
             "alpha": args.alpha, "beta": args.beta, "int8_speed": args.int8_speed,
             "fp16_speed": args.fp16_speed, "target_speedup": args.target_speedup,

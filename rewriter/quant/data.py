@@ -516,6 +516,15 @@ def _scan(root: Path) -> tuple[list[Path], str, list[str]]:
     return found[kinds[0]], kinds[0], ignored
 
 
+def check_preprocess_applies(source) -> None:
+    """A --preprocess given for data that is not images would be ignored: refused."""
+    if isinstance(source, (str, os.PathLike)):
+        kind = _scan(Path(source))[1]
+        if kind != IMAGE:
+            raise InputError(f"--preprocess says how images become inputs; {source} holds "
+                             f"{kind} files, which are inputs already")
+
+
 def _read_labels(root: Path, files: list[Path], batch_size: int) -> np.ndarray | None:
     """The labels file beside the samples (``labels.txt``: one integer per line;
     ``labels.json``: a list, or {relative file name: label}; ``labels.npy``), or None."""

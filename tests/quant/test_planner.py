@@ -334,6 +334,13 @@ def test_preprocess_file_sets_how_images_become_inputs(tmp_path, capfd):
     other.write_text("scale: 1\nmean: 128\n")
     bad = tmp_path / "bad.yaml"
     bad.write_text("szie: 64\n")
+    npy = tmp_path / "npy"
+    npy.mkdir()
+    np.save(npy / "0.npy", np.zeros((1, 3, 64, 64), np.float32))
+    code = main([MODEL, "-o", str(tmp_path / "r.onnx"), "--plan", "int8", "--calib", str(npy),
+                 "-q", "--target", "none", "--preprocess", str(pre)])
+    err = [ln for ln in capfd.readouterr().err.splitlines() if ln.strip()]
+    assert code == 2 and len(err) == 1 and "holds npy files, which are inputs already" in err[0]
     for path, said in ((other, "keep one"), (bad, "did you mean 'size'?")):
         capfd.readouterr()
         code = main([MODEL, "-o", str(tmp_path / "r.onnx"), "--plan", str(plan), "--calib",
