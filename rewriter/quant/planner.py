@@ -290,8 +290,9 @@ class _CrossValidator:
         from rewriter.verify.metrics import class_outputs, head_features, scale_split
         from rewriter.verify.feeds import join_runs
         # Which outputs have classes, and which split by scale: on all samples, once.
-        every, batched = join_runs(self.reference, self.feeds)
-        self.classes = class_outputs(every, head_features(self.original), batched)
+        every, batched, ragged = join_runs(self.reference, self.feeds)
+        self.classes = [c and not r for c, r in zip(
+            class_outputs(every, head_features(self.original), batched), ragged)]
         self.splits = {k: None if c else scale_split(np.asarray(r))
                        for k, (r, c) in enumerate(zip(every, self.classes))}
         self.count = 0

@@ -49,9 +49,10 @@ class Verifier:
         except Exception as e:
             raise InputError(f"onnxruntime cannot load the original model: {_line(e)}") from None
         try:
-            self.reference, batched = join_runs([ort.run(sess, f) for f in self.feed_sets],
-                                                self.feed_sets)
-            self.classes = class_outputs(self.reference, head_features(original), batched)
+            self.reference, batched, ragged = join_runs(
+                [ort.run(sess, f) for f in self.feed_sets], self.feed_sets)
+            self.classes = [c and not r for c, r in zip(
+                class_outputs(self.reference, head_features(original), batched), ragged)]
             # Components of different scale (metrics.scale_split): found once, on the
             # reference, for the outputs without classes.
             self.splits = {n: None if c else scale_split(r) for n, r, c in

@@ -21,8 +21,10 @@ def test_batch_outputs_concatenate_and_others_stack():
     assert stack_runs([[np.ones((7, 1, 5))]], one)[0].shape == (1, 7, 1, 5)
     assert stack_runs([[np.ones((1, 5))]], one)[0].shape == (1, 5)
     assert stack_runs([[np.float32(3)], [np.float32(4)]], one * 2)[0].shape == (2,)
-    ragged = [[np.ones((3, 5))], [np.ones((4, 5))]]            # lengths differ: flat
-    assert stack_runs(ragged, one * 2)[0].shape == (35,)
+    ragged = [[np.ones((3, 5))], [np.ones((4, 5))]]            # lengths differ: padded
+    assert stack_runs(ragged, one * 2)[0].shape == (2, 4, 5)
+    ranks = [[np.ones((3, 5))], [np.ones(4)]]                   # ranks differ: flat
+    assert stack_runs(ranks, one * 2)[0].shape == (19,)
 
 
 def test_a_recognisers_positions_are_not_counted_as_samples():
@@ -110,3 +112,31 @@ def test_a_samples_vector_is_not_a_batch_of_classes_by_its_shape():
     v = Verifier(m, None, feeds)
     assert [np.shape(r) for r in v.reference] == [(5, 6), (5, 10)]
     assert v.classes == [False, True]
+
+
+def test_runs_of_other_lengths_are_padded_not_flattened():
+    """A tagger over sentences of other lengths ([1, T, tags]): the runs were joined flat,
+    so 5 sentences were certified as n=3422 values "one value each". They are padded with
+    zeros to the longest now: n counts sentences, each one's cosine is unchanged, and
+    top-1 is not judged on padded rows."""
+    from rewriter.verify.feeds import join_runs
+
+    rng = np.random.default_rng(5)
+    feeds = [{"ids": np.zeros((1, t), np.int64)} for t in (3, 7, 5)]
+    runs = [[rng.standard_normal((1, t, 4))] for t in (3, 7, 5)]
+    (joined,), batched, ragged = join_runs(runs, feeds)
+    assert joined.shape == (3, 7, 4) and batched == [True] and ragged == [True]
+    assert np.array_equal(joined[0, :3], runs[0][0][0]) and not joined[0, 3:].any()
+    noisy = [[r[0] + 0.1 * rng.standard_normal(r[0].shape)] for r in runs]
+    from rewriter.verify.certify import judge_lossy
+    j = judge_lossy("y", joined, join_runs(noisy, feeds)[0][0], {"min_cosine": 0.9})
+    own = [float(np.sum(r[0] * o[0]) / np.linalg.norm(r[0]) / np.linalg.norm(o[0]))
+           for r, o in zip(runs, noisy)]
+    assert j.n == 3 and abs(j.cosine - np.mean(own)) < 1e-12
+    m = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, T, 4] x) => (float[1, T, 4] y) { y = Softmax <axis = -1> (x) }""")
+    rag = [{"x": rng.standard_normal((1, t, 4)).astype(np.float32)} for t in (3, 7, 5)]
+    v = Verifier(m, None, rag)
+    assert np.shape(v.reference[0]) == (3, 7, 4) and v.classes == [False]
+    assert Verifier(m, None, rag[:1] * 2).classes == [True]     # even lengths: classes
