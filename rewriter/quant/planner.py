@@ -287,14 +287,9 @@ class _CrossValidator:
         sess = ort.session(exp.model, exp.source_dir, initializers=exp.ort_initializers())
         self.output_names = [o.name for o in exp.model.graph.output]
         self.reference = [ort.run(sess, f) for f in self.feeds]
-        from rewriter.verify.metrics import class_outputs, head_features, scale_split
-        from rewriter.verify.feeds import join_runs
-        # Which outputs have classes, and which split by scale: on all samples, once.
-        every, batched, ragged = join_runs(self.reference, self.feeds)
-        self.classes = [c and not r for c, r in zip(
-            class_outputs(every, head_features(self.original), batched), ragged)]
-        self.splits = {k: None if c else scale_split(np.asarray(r))
-                       for k, (r, c) in enumerate(zip(every, self.classes))}
+        from rewriter.verify.verifier import reference_traits
+        _, self.classes, splits = reference_traits(self.reference, self.feeds, self.original)
+        self.splits = dict(enumerate(splits))
         self.count = 0
         self.alpha = 0.05   # plan_auto divides it by the number of plans it may compare
 
@@ -345,7 +340,7 @@ class _CrossValidator:
         """One judgement over the samples ``idx``: the first output with classes decides
         top-1/flip risk (else the first output); the worst cosine bound over outputs."""
         from rewriter.verify.certify import judge_lossy
-        from rewriter.verify.verifier import stack_runs
+        from rewriter.verify.feeds import stack_runs
 
         feeds = [self.feeds[j] for j in idx]
         ref = stack_runs([self.reference[j] for j in idx], feeds)

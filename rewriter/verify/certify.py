@@ -54,7 +54,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from rewriter.verify.metrics import has_classes
+from rewriter.verify.metrics import cosine, has_classes
 
 Z = 1.959963984540054     # two-sided 95%
 BOOT = 1000
@@ -132,13 +132,6 @@ def counting_shortfalls(n: int, budget: dict, top1: bool = True,
                        f"labelled samples (at best {best:.1f}; {drop_samples_needed(cap)} "
                        "needed)")
     return out
-
-
-def _pooled_cosine(a: np.ndarray, b: np.ndarray) -> float:
-    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
-    if na == 0 or nb == 0:
-        return float(na == nb)
-    return float(np.dot(a, b) / (na * nb))
 
 
 def _bootstrap(values: np.ndarray, stat, reps: int = BOOT, seed: int = 0) -> np.ndarray:
@@ -313,9 +306,8 @@ def judge_lossy(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
         # One value per sample (a wake-word score [N, 1], a 0-d quality score): its own
         # cosine is only its sign, 1.0 for 0.9 -> 0.1. The samples' values are one vector.
         idx = np.arange(n)
-        cos = np.array([_pooled_cosine(r2[:, 0], o2[:, 0])])
-        boots = _bootstrap(idx, lambda i: _pooled_cosine(r2[i, 0], o2[i, 0]), reps=reps,
-                           seed=seed)
+        cos = np.array([cosine(r2[:, 0], o2[:, 0])])
+        boots = _bootstrap(idx, lambda i: cosine(r2[i, 0], o2[i, 0]), reps=reps, seed=seed)
     else:
         nr, no = np.linalg.norm(r2, axis=1), np.linalg.norm(o2, axis=1)
         cos = np.where((nr > 0) & (no > 0), np.sum(r2 * o2, 1) / np.maximum(nr * no, 1e-300),

@@ -196,7 +196,8 @@ def _distributions(ref: np.ndarray) -> bool:
 
 
 def class_outputs(refs, heads: list[int | None] | None = None,
-                  batched: list[bool] | None = None) -> list[bool]:
+                  batched: list[bool] | None = None,
+                  ragged: list[bool] | None = None) -> list[bool]:
     """:func:`has_classes` for each of a model's outputs, seen together: when some [N, C]
     output holds probability distributions (a softmax head), the [N, C] outputs beside it
     that do not are regression heads (MTCNN's O-Net: box offsets [N, 4] and landmarks
@@ -209,7 +210,9 @@ def class_outputs(refs, heads: list[int | None] | None = None,
 
     ``batched`` (:func:`feeds.join_runs`): False where axis 0 was added, one row per run:
     such an [n, C] output is a sample's vector of C values (an LSTM's state), classes only
-    by a softmax or a linear head's decisive logits (a classifier without a batch dim)."""
+    by a softmax or a linear head's decisive logits (a classifier without a batch dim).
+    ``ragged``: True where runs of other lengths were padded (:func:`feeds.join_runs`):
+    padded rows are no positions, so no top-1 there."""
     refs = [np.asarray(r) for r in refs]
     batched = batched or [True] * len(refs)
     flags = [has_classes(r, b) for r, b in zip(refs, batched)]
@@ -219,7 +222,7 @@ def class_outputs(refs, heads: list[int | None] | None = None,
                  for f, r, h, b in zip(flags, refs, heads, batched)]
     if any(f and r.ndim == 2 and _distributions(r) for f, r in zip(flags, refs)):
         flags = [f and (r.ndim != 2 or _distributions(r)) for f, r in zip(flags, refs)]
-    return flags
+    return [f and not g for f, g in zip(flags, ragged or [False] * len(refs))]
 
 
 def top1_agreement(ref: np.ndarray, out: np.ndarray) -> float:

@@ -49,14 +49,9 @@ class Verifier:
         except Exception as e:
             raise InputError(f"onnxruntime cannot load the original model: {_line(e)}") from None
         try:
-            self.reference, batched, ragged = join_runs(
-                [ort.run(sess, f) for f in self.feed_sets], self.feed_sets)
-            self.classes = [c and not r for c, r in zip(
-                class_outputs(self.reference, head_features(original), batched), ragged)]
-            # Components of different scale (metrics.scale_split): found once, on the
-            # reference, for the outputs without classes.
-            self.splits = {n: None if c else scale_split(r) for n, r, c in
-                           zip(self.output_names, self.reference, self.classes)}
+            self.reference, self.classes, splits = reference_traits(
+                [ort.run(sess, f) for f in self.feed_sets], self.feed_sets, original)
+            self.splits = dict(zip(self.output_names, splits))
         except Exception as e:
             given = ", ".join(f"{k} {list(np.shape(v))} {np.asarray(v).dtype}"
                               for k, v in self.feed_sets[0].items())
@@ -127,6 +122,17 @@ class Verifier:
         budget = {k: budget[k] for k in ("min_top1", "min_cosine", "max_accuracy_drop")
                   if k in budget and budget[k] is not None}
         return judge_lossy(name, ref, out, budget, labels=self.labels, classes=classes)
+
+
+def reference_traits(runs: list[list[np.ndarray]], feed_sets: list[dict],
+                     model: onnx.ModelProto) -> tuple[list[np.ndarray], list[bool], list]:
+    """The reference outputs joined one sample per row (:func:`feeds.join_runs`), which of
+    them have classes (:func:`metrics.class_outputs`, the model's linear heads seen), and,
+    for those without, their components of different scale (:func:`metrics.scale_split`):
+    found once, on the reference, by the verifier and the planner alike."""
+    joined, batched, ragged = join_runs(runs, feed_sets)
+    classes = class_outputs(joined, head_features(model), batched, ragged)
+    return joined, classes, [None if c else scale_split(r) for r, c in zip(joined, classes)]
 
 
 class ModelLoadError(RuntimeError):

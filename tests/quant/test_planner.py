@@ -250,7 +250,7 @@ def test_the_judge_takes_components_of_different_scale_apart():
     cosine decides."""
     from rewriter.quant.planner import _CrossValidator
     from rewriter.verify.metrics import scale_split
-    from rewriter.verify.verifier import stack_runs
+    from rewriter.verify.feeds import stack_runs
 
     rng = np.random.default_rng(4)
     n = 40
