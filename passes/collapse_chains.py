@@ -7,6 +7,9 @@ Before -> after::
     x -> Slice(0:INT_MAX on every axis, step 1) -> y        =>  x
     x -> Reshape / Flatten / Squeeze / Unsqueeze -> Reshape(s)  =>  x -> Reshape(s)
     x -> Transpose(p) -> Transpose(q) -> y                  =>  x -> Transpose(p∘q), or x
+    x -> Transpose(p moving only dims of size 1) -> Reshape(s)  =>  x -> Reshape(s)
+    x -> Concat(x) -> y (one input, after empty constant ones)  =>  x
+    x -> Add(0) / Sub(0) / Mul(1) / Div(1) -> y (x's shape unchanged) =>  x
     ... and the first Transpose also read by a Shape, p∘q the identity
                                         =>  y is x; Shape(x) -> Gather(p)
     x -> Unsqueeze(a) -> Squeeze(a) -> y (and the reverse)  =>  x
@@ -47,7 +50,8 @@ class CollapseChains(Pass):
     numerics = Numerics.EXACT
     summary = "drop no-op Cast/Reshape/Slice/Expand/Transpose; collapse layout chains"
 
-    shape_ops = ("Cast", "Reshape", "Expand", "Slice", "Squeeze", "Unsqueeze")
+    shape_ops = ("Cast", "Reshape", "Expand", "Slice", "Squeeze", "Unsqueeze", "Transpose",
+                 "Add", "Sub", "Mul", "Div")
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()
@@ -123,6 +127,10 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
         return _bypassed(node, g, outs, f"removed-{op.lower()}")
     if op == "Slice" and _slice_noop(node, opset):
         return _bypassed(node, g, outs, "removed-slice")
+    if op in _NEUTRAL and len(node.inputs) == 2 and _neutral_operand(node):
+        return _drop_pair(node, g, outs, f"removed-{op.lower()}")
+    if op == "Concat" and _single_concat(node):
+        return _drop_pair(node, g, outs, "removed-concat")
     prev = x.inputs[0] if len(x.inputs) == 1 else None
     if (op == "Transpose" and prev is not None and prev.op == "Transpose"
             and len(x.outputs) == 2 and id(prev) in members and id(x) not in outs):
@@ -133,6 +141,16 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
     if op == "Reshape" and prev.op in RESHAPES:
         shape = _const(node.inputs[1]) if len(node.inputs) > 1 else None
         if shape is None or (0 in shape.tolist() and not int(node.attrs.get("allowzero", 0))):
+            return None
+        node.inputs[0] = prev.inputs[0]
+        return "merged-reshape"
+    if op == "Reshape" and prev.op == "Transpose" and _moves_unit_dims(prev):
+        shape = _const(node.inputs[1]) if len(node.inputs) > 1 else None
+        if shape is not None and 0 in shape.tolist() and not int(node.attrs.get("allowzero", 0)):
+            shape = _copies_resolved(shape, prev)
+            if shape is not None:
+                node.inputs[1] = gs.Constant(namer(f"{node.name}_shape"), shape)
+        if shape is None:
             return None
         node.inputs[0] = prev.inputs[0]
         return "merged-reshape"
@@ -186,6 +204,80 @@ def _shape_before_transpose(node: gs.Node, prev: gs.Node, x: gs.Tensor, g: gs.Gr
     shape.outputs[0] = dims
     g.nodes.append(gs.Node("Gather", namer(f"{shape.name or out.name}_gather") if namer else "",
                            attrs={"axis": 0}, inputs=[dims, idx], outputs=[out]))
+
+
+# x + 0, 0 + x, x - 0, x * 1, 1 * x, x / 1 are x (a -0.0 input comes out of Add as +0.0).
+_NEUTRAL = {"Add": (0.0, True), "Sub": (0.0, False), "Mul": (1.0, True), "Div": (1.0, False)}
+
+
+def _neutral_operand(node: gs.Node) -> bool:
+    """One operand is a constant of neutral values that broadcasting leaves the other's
+    shape unchanged by (its dims 1, or equal to the other's known dims): the node is the
+    other operand, which then comes first (for :func:`bypass`)."""
+    value, commutes = _NEUTRAL[node.op]
+    for i in ((1, 0) if commutes else (1,)):
+        c, x = node.inputs[i], node.inputs[1 - i]
+        v = c.values if isinstance(c, gs.Constant) else None
+        if v is None or isinstance(x, gs.Constant) or x.shape is None or v.ndim > len(x.shape):
+            continue
+        if v.dtype.kind not in "fiu" or not np.all(v == value):
+            continue
+        tail = list(x.shape)[len(x.shape) - v.ndim:]
+        if all(d == 1 or d == e for d, e in zip(v.shape, tail)):
+            if i == 0:
+                node.inputs[0], node.inputs[1] = x, c
+            return True
+    return False
+
+
+def _single_concat(node: gs.Node) -> bool:
+    """A Concat of one input (after constant inputs of size 0 on its axis, e.g. a folded
+    empty past state), which is that input: drop the empty ones, True when one is left."""
+    axis = int(node.attrs.get("axis", 0))
+
+    def empty(t):
+        v = t.values if isinstance(t, gs.Constant) else None
+        return v is not None and v.ndim > 0 and -v.ndim <= axis < v.ndim and v.shape[axis] == 0
+
+    keep = [t for t in node.inputs if not empty(t)]
+    if len(keep) != 1 or keep[0].name == "" or isinstance(keep[0], gs.Constant):
+        return False
+    while node.inputs:
+        node.inputs.pop()
+    node.inputs.append(keep[0])
+    return True
+
+
+def _moves_unit_dims(node: gs.Node) -> bool:
+    """A Transpose that only moves axes of size 1: the other axes keep their order, so the
+    elements keep theirs and a Reshape after it can read its input instead."""
+    perm, shape = node.attrs.get("perm"), node.inputs[0].shape
+    if perm is None or shape is None or len(shape) != len(perm):
+        return False
+    kept = [int(a) for a in perm if not (isinstance(shape[a], (int, np.integer)) and shape[a] == 1)]
+    return kept == sorted(kept)
+
+
+def _copies_resolved(shape: np.ndarray, transpose: gs.Node) -> np.ndarray | None:
+    """A Reshape target whose 0s copy dims of ``transpose``'s output, rewritten to read its
+    input instead: a 0 stays where the Transpose keeps that axis in place, a known dim is
+    written out, one unknown dim becomes -1 (if the target has none); else None."""
+    perm = [int(a) for a in transpose.attrs["perm"]]
+    dims = transpose.inputs[0].shape
+    out, unknown = shape.astype(np.int64).copy(), 0
+    for i, v in enumerate(shape.tolist()):
+        if v != 0:
+            continue
+        if i >= len(perm):
+            return None
+        d = dims[perm[i]]
+        if perm[i] == i:
+            continue
+        if isinstance(d, (int, np.integer)) and d >= 0:
+            out[i] = d
+        else:
+            out[i], unknown = -1, unknown + 1
+    return out if unknown == 0 or (unknown == 1 and -1 not in shape.tolist()) else None
 
 
 def _drop_pair(node, g, outs, kind):

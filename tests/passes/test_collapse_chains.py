@@ -192,3 +192,79 @@ def test_a_state_that_is_not_zero_stays():
     lstm = [n for n in out.graph.node if n.op_type == "LSTM"][0]
     assert list(lstm.input)[4:] == ["", "Z"]
     same(m, out, feeds)
+
+
+def test_one_input_concats_go_and_their_transposes_merge(rng):
+    """A decoder's KV concat whose empty past state was folded away (traceforge's T5, 32 of
+    them): Concat(empty [1, 4, 0] constant, k) on axis 2 is k, and the Transposes around
+    it merge (here into nothing). A Concat of one input goes; one of two stays."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 3, 4] x, float[N, 3, 4] w) => (float[N, 3, 4] y, float[N, 3, 4] z,
+                                                 float[N, 3, 4] u, float[N, 3, 8] v) {
+        t = Transpose <perm = [0, 2, 1]> (x)
+        c = Concat <axis = 2> (e, t)
+        y = Transpose <perm = [0, 2, 1]> (c)
+        r = Relu (x)
+        z = Concat <axis = -1> (r)
+        u = Concat <axis = 0> (e2, w)
+        v = Concat <axis = -1> (w, w)
+    }""", {"e": np.zeros((1, 4, 0), np.float32), "e2": np.zeros((0, 3, 4), np.float32)})
+    out, rep = cc(m)
+    assert sorted(ops(out)) == ["Concat", "Identity", "Identity", "Relu"], ops(out)
+    for n in (1, 2):
+        feeds = {"x": rng.standard_normal((n, 3, 4)).astype(np.float32),
+                 "w": rng.standard_normal((n, 3, 4)).astype(np.float32)}
+        same(m, out, feeds)
+
+
+def test_a_transpose_of_unit_dims_before_a_reshape_goes(rng):
+    """A forward LSTM's Y [T, 1, N, H] -> Transpose(0, 2, 1, 3) -> Reshape (voicefilter's
+    embedder, three times): moving a dim of size 1 keeps the element order, so the Reshape
+    reads Y. Its 0s that copied the moved dims are written out (a symbolic one as -1).
+    A Transpose that swaps two dims of size > 1 stays."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[T, 1, N, 6] x, float[T, 1, N, 6] v) => (float[T, N, 6] y, float[N, T, 6] z,
+                                                       float[T, N, 6] u) {
+        t = Transpose <perm = [0, 2, 1, 3]> (x)
+        y = Reshape (t, s)
+        t2 = Transpose <perm = [2, 0, 1, 3]> (v)
+        z = Reshape (t2, s2)
+        t3 = Transpose <perm = [0, 2, 1, 3]> (v)
+        u = Reshape (t3, s3)
+    }""", {"s": np.array([0, 0, 6], np.int64), "s2": np.array([0, 0, 6], np.int64),
+           "s3": np.array([0, -1, 6], np.int64)})
+    out, rep = cc(m)
+    # t: only the unit dim moves -> goes; t2 moves T past N -> stays; t3 goes too: its
+    # copied dim is T (kept in place), the -1 stays.
+    assert sorted(ops(out)) == ["Reshape", "Reshape", "Reshape", "Transpose"], ops(out)
+    for t, n in ((5, 2), (3, 1), (1, 3)):
+        feeds = {"x": rng.standard_normal((t, 1, n, 6)).astype(np.float32),
+                 "v": rng.standard_normal((t, 1, n, 6)).astype(np.float32)}
+        same(m, out, feeds)
+
+
+def test_neutral_adds_and_muls_go(rng):
+    """x + 0 (a zero bias: voicefilter's in_proj), 1 * x, x / 1 go when the constant does
+    not grow x by broadcasting; a zero that broadcasts x to a larger shape, and x - 0 read
+    as 0 - x, stay; so does x * 1 with a non-neutral entry."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 3, 4] x) => (float[N, 3, 4] y, float[N, 3, 4] z, float[N, 3, 4] w,
+                             float[2, N, 3, 4] u, float[N, 3, 4] v) {
+        a = Add (zb, x)
+        b = Mul (a, one)
+        y = Div (b, one)
+        c = Relu (x)
+        z = Mul (one, c)
+        w = Sub (zb, x)
+        u = Add (x, zbig)
+        v = Mul (x, almost)
+    }""", {"zb": np.zeros(4, np.float32), "one": np.ones((1, 1), np.float32),
+           "zbig": np.zeros((2, 1, 1, 1), np.float32),
+           "almost": np.array([1, 1, 1, 2], np.float32)})
+    out, rep = cc(m)
+    assert sorted(ops(out)) == ["Add", "Identity", "Mul", "Relu", "Sub"], ops(out)
+    for n in (1, 3):
+        same(m, out, {"x": rng.standard_normal((n, 3, 4)).astype(np.float32)})
