@@ -219,8 +219,10 @@ def _run(args) -> int:
         why = info.get("error") or (info.get("lowering") or {}).get("error") or (
             "MIGraphX's outputs are outside the " + info.get("judged_by", "tolerance"))
         print(f"rewrite: error: {why}", file=sys.stderr)
-        # Refused for the original too: the model or its dims are at fault, not the rewrite.
-        return EXIT_INPUT if info.get("original_refused") else EXIT_VERIFY
+        # Refused, or computed as far off, for the original too: the model, its dims or
+        # MIGraphX are at fault, not the rewrite.
+        return EXIT_INPUT if info.get("original_refused") or info.get("original_differs") \
+            else EXIT_VERIFY
     return EXIT_OK
 
 

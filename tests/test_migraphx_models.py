@@ -281,6 +281,35 @@ def test_an_op_migraphx_lacks_is_the_models_fault_not_the_rewrites(tmp_path, cap
     assert out.exists()
 
 
+DYNAMIC_MATMUL = """
+    g (float[N, 16] x) => (float[N, 8] y) {
+        xq, xs, xz = DynamicQuantizeLinear(x)
+        yi = MatMulInteger(xq, w, xz)
+        yf = Cast <to = 1> (yi)
+        y = Mul(yf, xs)
+    }"""
+
+
+def test_what_migraphx_computes_wrong_for_the_original_too_is_not_the_rewrites(tmp_path,
+                                                                                  capfd):
+    """onnxruntime's dynamic quantization (DynamicQuantizeLinear -> MatMulInteger with a
+    uint8 zero point other than 128): MIGraphX 2.15/2.16 compute it wrongly (traceforge's
+    T5 encoder: cosine -0.01). With the passes that leave it as it is, the original is run
+    on MIGraphX too, computed as far off, and the rewritten model as the original: exit 2,
+    not caused by the rewrite, and the numbers in the line."""
+    from rewriter.cli import main
+    w = np.random.default_rng(7).integers(-127, 128, (16, 8)).astype(np.int8)
+    path = _save_text(tmp_path, DYNAMIC_MATMUL, w=w)
+    out = tmp_path / "o.onnx"
+    code = main([str(path), "-o", str(out), "-q", "--verify", "--migraphx-target", "ref",
+                 "--passes", "collapse-chains", "--input-shape", "x:4x16"])
+    err = [ln for ln in capfd.readouterr().err.splitlines() if ln.strip()]
+    assert code == 2, err
+    assert len(err) == 1 and "MIGraphX computes the original model differently from " \
+        "onnxruntime too" in err[0] and "max_rel 0.00e+00 between them" in err[0], err
+    assert out.exists()
+
+
 def test_speech_quality_models_without_input_shapes(tmp_path):
     """speechmos' PLCMOS and AECMOS with nothing but --verify: PLCMOS's convs cannot take
     the 1 frame random inputs start from (onnxruntime refuses), so verification and MIGraphX

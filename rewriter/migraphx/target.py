@@ -43,7 +43,8 @@ def migraphx_step(output_path: str | os.PathLike, verifier, feed_sets: list[dict
                   budget: str = "plan budget",
                   backend: str = "migraphx", device: str = "auto",
                   save_mxr: str | None = None, require: bool = False,
-                  findings=None, what: str = "planned INT8 layers") -> dict[str, Any]:
+                  findings=None, what: str = "planned INT8 layers",
+                  original: str | os.PathLike | None = None) -> dict[str, Any]:
     """Compile ``output_path`` on MIGraphX, compare with ``verifier``'s reference (the
     original in onnxruntime on ``feed_sets``) and check the INT8 lowering.
 
@@ -51,8 +52,9 @@ def migraphx_step(output_path: str | os.PathLike, verifier, feed_sets: list[dict
     only once MIGraphX is known to be there). ``candidate`` (a rewriter.Exported of the
     same model) gives onnxruntime's figure for a plan model; ``lossy`` is the plan's budget,
     or the default lossy one for a model quantized elsewhere, named by ``budget`` (None: an
-    FP32 rewrite). Returns a JSON-able dict (status compiled | skipped | failed,
-    metrics, lowering, ok).
+    FP32 rewrite). ``original``: the original model's file, run on MIGraphX too when the
+    outputs miss (``original_differs`` says when MIGraphX computes it as far off).
+    Returns a JSON-able dict (status compiled | skipped | failed, metrics, lowering, ok).
     """
     be = _backend(backend)
     ok, why = be.available()
@@ -77,7 +79,7 @@ def migraphx_step(output_path: str | os.PathLike, verifier, feed_sets: list[dict
     numerics = Numerics.LOSSY if lossy is not None else Numerics.CLOSE
     if backend == "migraphx":
         _compile_migraphx(be, info, output_path, verifier, feed_sets, shapes, numerics, lossy,
-                          device, save_mxr, require)
+                          device, save_mxr, require, original)
     else:
         outputs = be.run(output_path, feed_sets[0])
         info.update(status="compiled", device="gpu")
@@ -104,7 +106,7 @@ def _backend(name: str):
 
 
 def _compile_migraphx(be, info, output_path, verifier, feed_sets, shapes, numerics, lossy,
-                      device, save_mxr, require) -> None:
+                      device, save_mxr, require, original=None) -> None:
     if device == "auto":
         device = "gpu" if be.has_target("gpu") else None
         if device is None:
@@ -126,6 +128,40 @@ def _compile_migraphx(be, info, output_path, verifier, feed_sets, shapes, numeri
                 run_seconds=run.run_seconds, input_dims=run.input_dims)
     info["metrics"] = _judge(verifier(), run.outputs, numerics)
     info["program_text"] = run.program_text if device == "gpu" else None
+    if original is not None and not all(m["ok"] for m in info["metrics"]):
+        _original_too(be, info, original, run, verifier(), feed_sets, shapes, numerics, device)
+
+
+def _original_too(be, info, original, run, verifier, feed_sets, shapes, numerics, device
+                  ) -> None:
+    """The rewritten model's MIGraphX outputs miss the tolerance: the original runs on
+    MIGraphX too, on the same inputs. When MIGraphX computes the original as far from
+    onnxruntime, and the rewritten model as the original (judged by the same rule),
+    MIGraphX is at fault, not the rewrite (e.g. onnxruntime's dynamic uint8 quantization,
+    MatMulInteger, which MIGraphX 2.15/2.16 compute differently)."""
+    try:
+        orig = be.compile_and_run(original, feed_sets, input_shapes=shapes or None,
+                                  target=device)
+    except be.MigraphxError:
+        return
+    if any(np.shape(a) != np.shape(b) for a, b in zip(orig.outputs, run.outputs)):
+        return
+    same = [verifier.judge_output(n, a, b, c, numerics, 2)
+            for n, a, b, c in zip(verifier.output_names, orig.outputs, run.outputs,
+                                  verifier.classes)]
+    if not all(m.ok for m in same):
+        info["original_on_migraphx"] = [m.to_dict() for m in same]
+        return
+    bad = [m for m in _judge(verifier, orig.outputs, numerics) if not m["ok"]]
+    if not bad:
+        return
+    worst = min(bad, key=lambda m: m["cosine"])
+    apart = max(m.max_rel for m in same)
+    info["original_differs"] = f"{worst['name']}: cosine {worst['cosine']:.6f}"
+    info["error"] = (f"MIGraphX computes the original model differently from onnxruntime too "
+                     f"({worst['name']}: cosine {worst['cosine']:.6f}, max_rel "
+                     f"{worst['max_rel']:.2e}), and the rewritten model as the original "
+                     f"(max_rel {apart:.2e} between them): not caused by the rewrite")
 
 
 def _squeezed(shape) -> tuple:
@@ -321,7 +357,8 @@ def _compile_output(report, checked, exported, original, base_dir, output, mgx, 
             path, reference, feed_sets, input_shapes, candidate=exported, planned_int8=int8,
             lossy=lossy, budget=budget, backend=mgx.get("backend", "migraphx"),
             device=mgx.get("device", "auto"), save_mxr=mgx.get("save_mxr"),
-            require=bool(mgx.get("require")), findings=result.findings, what=what)
+            require=bool(mgx.get("require")), findings=result.findings, what=what,
+            original=model_path if backend == "migraphx" else None)
         info = report.extra["compile"]
         if info.get("status") == "failed" and info.get("stage") in ("parse", "compile") \
                 and model_path is not None and backend == "migraphx":
