@@ -146,6 +146,8 @@ class _Rewrite:
         if unknown:
             raise InputError(f"unknown data key(s) {sorted(unknown)} ({', '.join(_DATA_KEYS)})")
         self.pipeline = registry.resolve(passes)
+        if passes is None and target != "migraphx":   # a MIGraphX fix, not an optimisation
+            self.pipeline = [p for p in self.pipeline if p.name != "integer-zero-points"]
         self.quantize: list = []
         self.seconds: dict[str, float] = {}
         self.calib_data = None

@@ -310,6 +310,20 @@ def test_what_migraphx_computes_wrong_for_the_original_too_is_not_the_rewrites(t
     assert out.exists()
 
 
+def test_dynamic_quantization_computes_right_after_the_rewrite(tmp_path):
+    """The same model through the default pipeline: integer-zero-points puts MatMulInteger in
+    the form MIGraphX computes right, so MIGraphX now agrees with onnxruntime within FP32
+    tolerances (traceforge's T5 encoder: cosine -0.01 -> 1.000000)."""
+    w = np.random.default_rng(7).integers(-127, 128, (16, 8)).astype(np.int8)
+    path = _save_text(tmp_path, DYNAMIC_MATMUL, w=w)
+    report, info = rewrite_on_migraphx(path, tmp_path, verify=True,
+                                       input_shapes={"x": [4, 16]})
+    assert_fp32_ok(info)
+    rec = next(p for p in report.passes if p.name == "integer-zero-points")
+    assert rec.counts["matmul-integer-rewritten"] == 1
+    assert not any("integer-zero-point" in w for w in report.warnings), report.warnings
+
+
 def test_speech_quality_models_without_input_shapes(tmp_path):
     """speechmos' PLCMOS and AECMOS with nothing but --verify: PLCMOS's convs cannot take
     the 1 frame random inputs start from (onnxruntime refuses), so verification and MIGraphX

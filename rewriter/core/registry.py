@@ -14,6 +14,7 @@ from rewriter.core.errors import InputError
 # (CLI name, "module:Class"). Modules are imported on first use, to keep start-up cheap.
 _PASSES = [
     ("expand-contrib", "rewriter.passes.expand_contrib:ExpandContrib"),
+    ("integer-zero-points", "rewriter.passes.integer_zero_points:IntegerZeroPoints"),
     ("fold-shapes", "rewriter.passes.fold_shapes:FoldShapes"),
     ("fold-constants", "rewriter.passes.fold_constants:FoldConstants"),
     ("collapse-chains", "rewriter.passes.collapse_chains:CollapseChains"),
@@ -31,10 +32,11 @@ _PASSES = [
 
 # FP32, numerically exact or equal to rounding; the order matters: contrib ops first (so
 # every later pass sees standard ops), shapes before constants (folded shapes feed them),
-# fusions on the folded graph, CSE last (fusions make new duplicates).
-DEFAULT_PIPELINE = ["expand-contrib", "fold-shapes", "fold-constants", "collapse-chains",
-                    "fuse-conv-bn", "fuse-pad", "fuse-space-to-depth", "fuse-matmul-add",
-                    "merge-duplicates"]
+# fusions on the folded graph, CSE last (fusions make new duplicates). integer-zero-points
+# makes onnxruntime's dynamic quantization compute right on MIGraphX (exact in int32).
+DEFAULT_PIPELINE = ["expand-contrib", "integer-zero-points", "fold-shapes", "fold-constants",
+                    "collapse-chains", "fuse-conv-bn", "fuse-pad", "fuse-space-to-depth",
+                    "fuse-matmul-add", "merge-duplicates"]
 
 
 def names() -> list[str]:

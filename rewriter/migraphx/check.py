@@ -24,6 +24,9 @@ What it finds, each naming the node (or its first output when the node has no na
   Conv/MatMul/Gemm with only one input from DequantizeLinear), ``qdq-scale-shape-1`` (per-
   tensor scale [1] instead of 0-d), ``qdq-weight-axis``, ``qdq-per-channel-weight`` (which
   MIGraphX versions break), ``qdq-fp16-scale``, ``qdq-nonzero-zero-point``.
+* ``integer-zero-point``: a MatMulInteger/ConvInteger zero-point form MIGraphX computes
+  wrongly without an error, or refuses (:func:`integer_op_wrong`; onnxruntime's dynamic
+  quantization is one): the pass integer-zero-points rewrites most of them.
 * ``dynamic-input-dim``: a symbolic graph-input dim MIGraphX would silently set to 1.
 * ``conv-channels-not-multiple`` (info): C_in per group or C_out off the profile's multiple.
 * ``plan-int8-stays-float``: a node a plan put in INT8 that will not become
@@ -374,6 +377,28 @@ def _attr(node: onnx.NodeProto, name: str, default=None):
         return default
 
 
+COMPUTED = "computed"
+
+
+def integer_op_wrong(op: str, a_type, b_type, a_zp, b_zp) -> bool:
+    """Does MIGraphX (2.15, 2.16) compute this MatMulInteger/ConvInteger wrongly, or refuse
+    it? ``a_type``/``b_type`` numpy dtypes of the operands, ``a_zp``/``b_zp`` a zero point:
+    None when left out, :data:`COMPUTED` at run time, else its constant value. Measured on
+    every form in tests/test_migraphx_rules.py; the profile's ``integer_ops`` says why."""
+    u8, i8 = np.dtype(np.uint8), np.dtype(np.int8)
+    if op == "ConvInteger":
+        return (b_type == u8 and b_zp is None) or (a_zp is None and (
+            b_zp is not None or a_type == u8))
+
+    def right(t, zp):
+        if zp is None:
+            return t == i8
+        return not isinstance(zp, str) and bool(np.all(np.asarray(zp) == (128 if t == u8 else 0)))
+
+    return not (right(a_type, a_zp) and right(b_type, b_zp)) or (a_zp is None and
+                                                                   b_zp is not None)
+
+
 def _version_matches(entry: dict, version: tuple[int, ...] | None) -> bool:
     """Does a ``by_version`` entry ({"min": "2.16"}, {"max": "2.15"}, {"unknown": true})
     hold for ``version`` (major, minor, ...; None = unknown)?"""
@@ -536,6 +561,27 @@ class _Checker:
                              f"input {i} ({what}, '{node.input[i]}') is computed at run time: "
                              f"{rule['reason']}", g.path)
         self.check_dtype_attrs(g, node)
+        if op in ("MatMulInteger", "ConvInteger") and "integer_ops" in self.profile:
+            self.check_integer_op(g, node)
+
+    def check_integer_op(self, g: _Graph, node: onnx.NodeProto) -> None:
+        ins = list(node.input) + [""] * (4 - len(node.input))
+        types = [g.elem_type(n) for n in ins[:2]]
+        if any(t not in (TensorProto.UINT8, TensorProto.INT8) for t in types):
+            return
+        dts = [np.dtype(np.uint8 if t == TensorProto.UINT8 else np.int8) for t in types]
+        zps = [None if not n else (_value(g.tensor(n)) if g.is_const(n) else COMPUTED)
+               for n in ins[2:4]]
+        zps = [COMPUTED if n and z is None else z for n, z in zip(ins[2:4], zps)]
+        if integer_op_wrong(node.op_type, dts[0], dts[1], zps[0], zps[1]):
+            r = self.profile["integer_ops"]
+            form = ", ".join(f"{w} {d.name} zero point " + (
+                "left out" if z is None else "computed" if isinstance(z, str) else
+                f"{np.ravel(z)[:1].tolist()[0] if np.size(z) else '?'}")
+                for w, d, z in zip(("A", "B"), dts, zps))
+            why = r["matmul_reason" if node.op_type == "MatMulInteger" else "conv_reason"]
+            self.add(r["severity"], "integer-zero-point", node_id(node), node.op_type,
+                     f"{form}: {why}", g.path)
 
     def check_dtype_attrs(self, g: _Graph, node: onnx.NodeProto) -> None:
         bad, codes = self.profile.get("refused_dtypes", {}), self.refused_codes
