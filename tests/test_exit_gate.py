@@ -335,6 +335,31 @@ def test_regression_heads_beside_a_softmax_get_no_top1(tmp_path):
     assert cert["mark"]["top1"] is None and cert["face"]["top1"] is not None
 
 
+def test_an_embedding_gets_no_top1_and_logits_keep_it(tmp_path):
+    """EfficientWord-Net's output is an L2-normalised [1, 2048] embedding: its argmax judges
+    noise ("top-1 1.0000" on an embedding). An [N, C] output neither read from a linear head
+    nor probabilities has classes only where its argmax is decisive; the logits of a Gemm
+    head keep top-1 (decisive or not), and so do decisive scores pooled from a conv."""
+    rng = np.random.default_rng(2)
+    emb = rng.standard_normal((6, 64))
+    emb /= np.linalg.norm(emb, axis=-1, keepdims=True)
+    logits = rng.standard_normal((6, 4))
+    pooled = np.eye(5)[rng.integers(0, 5, 6)] * 8.0 + rng.standard_normal((6, 5))
+    assert class_outputs([emb, logits, pooled], heads=[None, 4, None]) == [False, True, True]
+    assert class_outputs([emb]) == [True]          # without the model: as before
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 8] x) => (float[N, 16] e, float[N, 3] y) {
+        h = Gemm <transB = 1> (x, W)
+        n = ReduceL2 <axes = [1]> (h)
+        e = Div(h, n)
+        y = Gemm <transB = 1> (x, F)
+    }""", {"W": (16, 8), "F": (3, 8)})
+    _, report = rewriter.rewrite(m, verify=True, input_shapes={"x": [4, 8]})
+    top1 = {v["name"]: v["top1"] for v in report.verification}
+    assert top1["e"] is None and top1["y"] is not None
+
+
 def test_an_output_tiny_everywhere_is_said_to_be_a_weak_check(tmp_path):
     """A text detector's probability map on random inputs is ~0 everywhere (a saturated
     sigmoid): it is judged by absolute error, which says little, and the report says so;

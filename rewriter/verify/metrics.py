@@ -206,7 +206,10 @@ def class_outputs(refs, heads: list[int | None] | None = None,
 
     ``heads`` (:func:`head_features`): an output of higher rank without a softmax has
     classes too when a linear layer's C output features are its last axis and its argmax
-    is decisive (a recogniser's raw CTC logits [T, N, classes]: ddddocr).
+    is decisive (a recogniser's raw CTC logits [T, N, classes]: ddddocr). With ``heads``,
+    an [N, C] output not read from a linear head and not probabilities has classes only
+    where its argmax is decisive (EfficientWord-Net's L2-normalised [1, 2048] embedding
+    has none).
 
     ``batched`` (:func:`feeds.join_runs`): False where axis 0 was added, one row per run:
     such an [n, C] output is a sample's vector of C values (an LSTM's state), classes only
@@ -220,6 +223,11 @@ def class_outputs(refs, heads: list[int | None] | None = None,
         flags = [f or (h is not None and (r.ndim >= 3 or not b) and r.ndim >= 2
                        and r.shape[-1] == h > 1 and _decisive(r))
                  for f, r, h, b in zip(flags, refs, heads, batched)]
+        # An [N, C] output that is neither probabilities nor read from a linear head (an
+        # L2-normalised embedding, pooled features) has classes only where its argmax is
+        # decisive: top-1 of a 2048-d embedding judges noise.
+        flags = [f and (r.ndim != 2 or h is not None or _distributions(r) or _decisive(r))
+                 for f, r, h in zip(flags, refs, heads)]
     if any(f and r.ndim == 2 and _distributions(r) for f, r in zip(flags, refs)):
         flags = [f and (r.ndim != 2 or _distributions(r)) for f, r in zip(flags, refs)]
     return [f and not g for f, g in zip(flags, ragged or [False] * len(refs))]
