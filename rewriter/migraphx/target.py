@@ -77,15 +77,20 @@ def migraphx_step(output_path: str | os.PathLike, verifier, feed_sets: list[dict
                             "FP32 tolerances"}
     shapes = {k: list(v) for k, v in (input_shapes or {}).items() if k}
     numerics = Numerics.LOSSY if lossy is not None else Numerics.CLOSE
+    run = None
     if backend == "migraphx":
-        _compile_migraphx(be, info, output_path, verifier, feed_sets, shapes, numerics, lossy,
-                          device, save_mxr, require, original)
+        run = _compile_migraphx(be, info, output_path, verifier, feed_sets, shapes, numerics,
+                                lossy, device, save_mxr, require)
     else:
         outputs = be.run(output_path, feed_sets[0])
         info.update(status="compiled", device="gpu")
         info["metrics"] = _judge(verifier(), outputs, numerics, single=True)
     if candidate is not None and lossy is not None and info["status"] == "compiled":
         info["onnxruntime"] = [m.to_dict() for m in verifier().check(candidate, Numerics.LOSSY)]
+        _as_onnxruntime(info)
+    if run is not None and original is not None and not all(m["ok"] for m in info["metrics"]):
+        _original_too(be, info, original, run, verifier(), feed_sets, shapes, numerics,
+                      info["device"])
     if planned_int8 and backend == "migraphx":
         info["lowering"] = _lowering(info, output_path, feed_sets[0], shapes,
                                      planned_int8, findings, what)
@@ -106,7 +111,8 @@ def _backend(name: str):
 
 
 def _compile_migraphx(be, info, output_path, verifier, feed_sets, shapes, numerics, lossy,
-                      device, save_mxr, require, original=None) -> None:
+                      device, save_mxr, require):
+    """Compile and run on MIGraphX into ``info``; returns the run (None if it failed)."""
     if device == "auto":
         device = "gpu" if be.has_target("gpu") else None
         if device is None:
@@ -115,21 +121,39 @@ def _compile_migraphx(be, info, output_path, verifier, feed_sets, shapes, numeri
                 "--migraphx-target ref compiles on its slow CPU reference"))
             if require:
                 raise BackendUnavailable(f"MIGraphX GPU target required: {info['reason']}")
-            return
+            return None
     info["device"] = device
     try:
         run = be.compile_and_run(output_path, feed_sets, input_shapes=shapes or None,
                                  target=device, save_mxr=save_mxr)
     except be.MigraphxError as e:
         info.update(status="failed", error=str(e), stage=e.stage)
-        return
+        return None
     info.update(status="compiled", op_histogram=run.op_histogram,
                 kernel_counts=run.kernel_counts, compile_seconds=run.compile_seconds,
                 run_seconds=run.run_seconds, input_dims=run.input_dims)
     info["metrics"] = _judge(verifier(), run.outputs, numerics)
     info["program_text"] = run.program_text if device == "gpu" else None
-    if original is not None and not all(m["ok"] for m in info["metrics"]):
-        _original_too(be, info, original, run, verifier(), feed_sets, shapes, numerics, device)
+    return run
+
+
+def _as_onnxruntime(info) -> None:
+    """A plan's output that misses the budget on MIGraphX's samples as it does in
+    onnxruntime on the same samples (top-1 at most one sample lower, cosine at most 0.01):
+    MIGraphX computes the plan as onnxruntime does, and the budget is --verify's to judge,
+    on all the held-out samples, not on this subset (vietcombank's captcha digits: one flip
+    in 8 failed MIGraphX's check while 1 in 21 passed onnxruntime's, both at 0.875 on the
+    same 8 samples)."""
+    ort = {m["name"]: m for m in info.get("onnxruntime", [])}
+    n = info.get("samples", 1)
+    for m in info.get("metrics", []):
+        o = ort.get(m["name"])
+        if m["ok"] or o is None or o["ok"]:
+            continue
+        if (m.get("top1") is None or o.get("top1") is None
+                or m["top1"] >= o["top1"] - 1.0 / max(n, 1) - 1e-9) \
+                and m["cosine"] >= o["cosine"] - 0.01:
+            m["ok"], m["as_onnxruntime"] = True, True
 
 
 def _original_too(be, info, original, run, verifier, feed_sets, shapes, numerics, device
@@ -246,7 +270,10 @@ def _metric_line(m: dict, ort: dict | None) -> str:
     s += f"cosine {m['cosine']:.6f}" + (f" (onnxruntime {ort['cosine']:.6f})" if ort else "")
     s += f", max_rel {m['max_rel']:.2e} {'ok' if m['ok'] else 'NOT OK'}"
     c = m.get("certificate")
-    if c is not None and not c["met"]:
+    if m.get("as_onnxruntime"):
+        s += (f" (misses on these {c['n'] if c else ''} samples as onnxruntime does on the "
+              "same samples: --verify judges the budget on all held-out samples)")
+    elif c is not None and not c["met"]:
         s += f" (not certified on {c['n']} samples: {c['why']})" if m["ok"] else \
             f" ({c['why']})"
     return s
