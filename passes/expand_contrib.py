@@ -14,6 +14,10 @@ FusedMatMul (some others it parses by name). Before -> after::
     SkipLayerNormalization(x, s, g, b, bias)=>  t = x + s (+ bias);  LayerNorm(t, g, b; axis=-1)
     BiasAdd(x, bias, skip)                  =>  (x + bias) + skip
     NhwcMaxPool(x)                          =>  Transpose(MaxPool(Transpose(x)))
+    DynamicQuantizeMatMul(A, B, bs, bz, bias)  =>  Aq, as, az = DynamicQuantizeLinear(A);
+                                                then as MatMulIntegerToFloat
+    MatMulIntegerToFloat(A, B, as, bs, az, bz, bias)
+                                            =>  Cast(MatMulInteger(A, B, az, bz)) * (as * bs) + bias
     SkipSimplifiedLayerNormalization, and onnxruntime's own default-domain schemas
     LayerNormalization (opset < 17) and SimplifiedLayerNormalization  =>  the decomposition
 
@@ -50,6 +54,7 @@ import math
 
 import numpy as np
 import onnx_graphsurgeon as gs
+from onnx import helper
 
 from rewriter.core.graph import graph_protos, iter_graphs
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
@@ -184,6 +189,8 @@ class _Emit:
 
 
 def _typed_inputs(node) -> list:
+    if node.op == "MatMulIntegerToFloat":   # T3, its output's type, is its scales'
+        return node.inputs[2:3]
     if node.op in ALL_T:
         return [t for t in node.inputs if t.name]
     return node.inputs[:1] if node.op in SAME_TYPE or node.op in HANDLERS else []
@@ -282,6 +289,46 @@ def _fused_matmul(e: _Emit):
     m = e.op("MatMul", *ab, out=e.outs[0] if alpha == 1.0 else None, main=True)
     if alpha != 1.0:
         e.op("Mul", m, alpha, out=e.outs[0])
+
+
+def _integer_matmul(e: _Emit, a, b, a_scale, b_scale, a_zp, b_zp, bias) -> None:
+    """(A - a_zp)(B - b_zp) in int32, then * (a_scale * b_scale) (+ bias) in float: the order
+    of onnxruntime's kernels and of quantize_dynamic's unfused graph."""
+    acc = gs.Variable(e.namer(f"{e.base}_int32"), dtype=np.int32)
+    zps = [a_zp, b_zp] if b_zp is not None else ([a_zp] if a_zp is not None else [])
+    if a_zp is None and b_zp is not None:   # an empty input name: a zero point of A's type
+        zps[0] = e.const(0, np.dtype(a.dtype) if a.dtype is not None else np.uint8)
+    e.new.append(gs.Node("MatMulInteger", e.namer(f"{e.node.name or e.base}_matmulinteger"),
+                         inputs=[a, b] + zps, outputs=[acc]))
+    f = e.op("Cast", acc, to=int(helper.np_dtype_to_tensor_dtype(e.dtype)))
+    scale = e.op("Mul", a_scale, b_scale)
+    e.op("Mul", f, scale, out=e.outs[0] if bias is None else None, main=True)
+    if bias is not None:
+        e.op("Add", e.new[-1].outputs[0], bias, out=e.outs[0])
+
+
+def _dynamic_quantize_matmul(e: _Emit):
+    """DynamicQuantizeMatMul(A, B, b_scale, b_zero_point, bias), what onnxruntime's extended
+    optimiser fuses quantize_dynamic's graph into, and MIGraphX does not parse: A is
+    quantized to uint8 at run time (DynamicQuantizeLinear), then as MatMulIntegerToFloat."""
+    a, b, b_scale, b_zp, bias = e.ins[:5]
+    e.begin()
+    aq = gs.Variable(e.namer(f"{e.base}_a_quantized"), dtype=np.uint8)
+    a_scale = gs.Variable(e.namer(f"{e.base}_a_scale"), dtype=np.float32)
+    a_zp = gs.Variable(e.namer(f"{e.base}_a_zero_point"), dtype=np.uint8)
+    e.new.append(gs.Node("DynamicQuantizeLinear", e.namer(f"{e.base}_dynamicquantize"),
+                         inputs=[a], outputs=[aq, a_scale, a_zp]))
+    _integer_matmul(e, aq, b, a_scale, b_scale, a_zp, b_zp, bias)
+
+
+def _matmul_integer_to_float(e: _Emit):
+    """MatMulIntegerToFloat(A, B, a_scale, b_scale, a_zero_point, b_zero_point, bias):
+    MIGraphX parses it but computes a uint8 zero point of 128 wrongly (measured on 2.15 and
+    2.16, as for MatMulInteger's others): as MatMulInteger, which integer-zero-points puts
+    in a form MIGraphX computes right, then the float scale and bias."""
+    a, b, a_scale, b_scale, a_zp, b_zp, bias = e.ins[:7]
+    e.begin()
+    _integer_matmul(e, a, b, a_scale, b_scale, a_zp, b_zp, bias)
 
 
 def _gelu(e: _Emit):
@@ -383,4 +430,5 @@ HANDLERS = {"FusedConv": _fused_conv, "FusedGemm": _fused_gemm, "FusedMatMul": _
             "LayerNormalization": _layer_norm, "SimplifiedLayerNormalization": _layer_norm,
             "SkipLayerNormalization": _skip_layer_norm,
             "SkipSimplifiedLayerNormalization": _skip_layer_norm,
-            "NhwcMaxPool": _nhwc_max_pool}
+            "NhwcMaxPool": _nhwc_max_pool, "DynamicQuantizeMatMul": _dynamic_quantize_matmul,
+            "MatMulIntegerToFloat": _matmul_integer_to_float}

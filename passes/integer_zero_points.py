@@ -15,18 +15,22 @@ tests/test_migraphx_rules.py). The forms MIGraphX gets right: int8 without a zer
         =>  MatMulInteger(A, B', 128) + (128 - a_zp) * colsum(B')
     MatMulInteger(A:int8, B, a_zp, b_zp)
         =>  MatMulInteger(A, B') - a_zp * colsum(B')
+    MatMulInteger(A, B:uint8, a_zp, b_zp), B - b_zp outside int8 (asymmetric uint8 weights)
+        =>  MatMulInteger(A, B, c, 128) + (c - a_zp) * colsum(B - 128)
+                                        + rowsum(A - a_zp) * (128 - b_zp)
     ConvInteger(A, W)  (a uint8 operand, zero points left out)
         =>  ConvInteger(A, W, 0, 0)
 
-where B' = int8(B - b_zp), a constant, and colsum(B') its int32 sums over K. Since
+where B' = int8(B - b_zp), a constant, and colsum its int32 sums over K. Since
 (A - a_zp) B' = (A - c) B' + (c - a_zp) colsum(B'), with c = 128 for uint8 (MIGraphX's
 symmetric point) and 0 for int8, the result is the same int32 to the last bit. A constant
 a_zp makes the correction a constant vector (one Add); a computed one (DynamicQuantizeLinear's)
-adds Cast, Sub, Mul and Add.
+adds Cast, Sub, Mul and Add; uint8 weights kept as uint8 add a row sum of A (Cast,
+ReduceSum, Sub, Mul, Add).
 
-Skips (reasons in the report): B computed at run time (``weight-not-constant``), B - b_zp
-outside int8 (``weight-outside-int8``), a zero point per row of A (``a-zero-point-per-row``),
-a MatMulInteger already in a right form (not counted).
+Skips (reasons in the report): B computed at run time (``weight-not-constant``), int8 B -
+b_zp outside int8 (``weight-outside-int8``), a zero point per row of A
+(``a-zero-point-per-row``), a MatMulInteger already in a right form (not counted).
 """
 
 from __future__ import annotations
@@ -113,40 +117,73 @@ def _matmul(node: gs.Node, g: gs.Graph, namer) -> str | None:
     bz = _zp_value(b_zp, bt)
     if bz is None:
         return "weight-not-constant"
-    w = b.values.astype(np.int32)
-    # b_zp is a scalar or one per column of B (its last axis).
-    w = w - np.asarray(bz, np.int32)
-    if w.min(initial=0) < -128 or w.max(initial=0) > 127:
-        return "weight-outside-int8"
-    az = _zp_value(a_zp, at)
     if a_zp is not None and not _one_value(a_zp):
         return "a-zero-point-per-row"
-    c = _SYMMETRIC[at]
-    colsum = w.sum(axis=-2, keepdims=w.ndim > 2)          # [..., 1, N] or [N]
+    # b_zp is a scalar or one per column of B (its last axis).
+    bz = np.asarray(bz, np.int32)
+    w = b.values.astype(np.int32) - bz
+    if w.min(initial=0) >= -128 and w.max(initial=0) <= 127:
+        wq, cb, row = w.astype(np.int8), None, None      # B - b_zp itself, int8
+    elif bt == np.dtype(np.uint8):
+        # B stays uint8 at MIGraphX's zero point 128; the rest, (A - a_zp) (128 - b_zp),
+        # is a row sum of A times a constant vector.
+        wq, cb, row = b.values, np.array(128, np.uint8), (128 - bz).astype(np.int32)
+        w = b.values.astype(np.int32) - 128
+    else:
+        return "weight-outside-int8"
     y = node.outputs[0]
     base = node.name or y.name
-    mm = gs.Variable(namer(f"{base}_symmetric"), dtype=np.int32)
-    w8 = gs.Constant(namer(f"{b.name}_int8"), w.astype(np.int8))
-    inputs = [a, w8, gs.Constant(namer(f"{base}_a_zero_point"), np.array(c, at))]
+    ca = _SYMMETRIC[at]
+    colsum = w.sum(axis=-2, keepdims=w.ndim > 2)          # [..., 1, N] or [N]
+    extra: list[gs.Node] = []
+
+    def var(tag):
+        return gs.Variable(namer(f"{base}_{tag}"), dtype=np.int32)
+
+    def const(tag, v, dtype=np.int32):
+        return gs.Constant(namer(f"{base}_{tag}"), np.asarray(v, dtype))
+
+    def add_node(op, inputs, tag, **attrs):
+        out = var(tag)
+        extra.append(gs.Node(op, namer(f"{base}_{tag}_node"), attrs, inputs, [out]))
+        return out
+
+    az = _zp_value(a_zp, at)
+    zp_a = None   # a_zp as int32 when computed at run time
+    if az is None:
+        zp_a = add_node("Cast", [a_zp], "a_zero_point_int32", to=6)
+    terms = []
+    # (ca - a_zp) * colsum(B - b_zp'), the part of A's zero point MIGraphX does not apply
     if az is not None:
-        corr = gs.Constant(namer(f"{base}_correction"),
-                           ((c - np.int32(np.ravel(az)[0])) * colsum).astype(np.int32))
-        extra = []
-    else:   # (c - a_zp) computed at run time
-        zi = gs.Variable(namer(f"{base}_a_zero_point_int32"), dtype=np.int32)
-        d = gs.Variable(namer(f"{base}_a_zero_point_shift"), dtype=np.int32)
-        corr = gs.Variable(namer(f"{base}_correction"), dtype=np.int32)
-        extra = [gs.Node("Cast", namer(f"{base}_zp_cast"), {"to": 6}, [a_zp], [zi]),
-                 gs.Node("Sub", namer(f"{base}_zp_shift"), inputs=[
-                     gs.Constant(namer(f"{base}_c"), np.array(c, np.int32)), zi], outputs=[d]),
-                 gs.Node("Mul", namer(f"{base}_zp_correction"), inputs=[
-                     d, gs.Constant(namer(f"{base}_colsum"), colsum.astype(np.int32))],
-                     outputs=[corr])]
+        if int(np.ravel(az)[0]) != ca:
+            terms.append(const("a_correction", (ca - np.int32(np.ravel(az)[0])) * colsum))
+    else:
+        shift = add_node("Sub", [const("c", ca), zp_a], "a_zero_point_shift")
+        terms.append(add_node("Mul", [shift, const("colsum", colsum)], "a_correction"))
+    if row is not None:   # rowsum(A - a_zp) * (128 - b_zp)
+        ai = add_node("Cast", [a], "a_int32", to=6)
+        rs = add_node("ReduceSum", [ai, const("axes", [-1], np.int64)], "a_rowsum", keepdims=1)
+        k = int(b.values.shape[-2])
+        if az is not None and int(np.ravel(az)[0]) != 0:
+            rs = add_node("Sub", [rs, const("k_zp", k * np.int32(np.ravel(az)[0]))], "a_rows")
+        elif az is None:
+            kz = add_node("Mul", [zp_a, const("k", k)], "k_zero_point")
+            rs = add_node("Sub", [rs, kz], "a_rows")
+        terms.append(add_node("Mul", [rs, const("b_shift", row)], "b_correction"))
+    mm = var("symmetric")
+    zps = [const("a_zero_point", ca, at)] + ([gs.Constant(namer(f"{base}_b_zero_point"), cb)]
+                                             if cb is not None else [])
     node.inputs.clear()
-    node.inputs.extend(inputs)
+    node.inputs.extend([a, gs.Constant(namer(f"{b.name}_symmetric"), wq)] + zps)
     node.outputs[0] = mm
-    g.nodes.extend(extra + [gs.Node("Add", namer(f"{base}_zp_add"), inputs=[mm, corr],
-                                    outputs=[y])])
+    acc = mm
+    for i, t in enumerate(terms):
+        out = y if i == len(terms) - 1 else var(f"sum{i}")
+        extra.append(gs.Node("Add", namer(f"{base}_zp_add{i}"), inputs=[acc, t], outputs=[out]))
+        acc = out
+    if not terms:   # nothing to add back (a_zp was already MIGraphX's): the node writes y
+        node.outputs[0] = y
+    g.nodes.extend(extra)
     return None
 
 

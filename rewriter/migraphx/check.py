@@ -378,6 +378,8 @@ def _attr(node: onnx.NodeProto, name: str, default=None):
 
 
 COMPUTED = "computed"
+# Integer ops MIGraphX gets wrong in some zero-point forms -> the index of a_zero_point.
+INTEGER_OPS = {"MatMulInteger": 2, "ConvInteger": 2, "MatMulIntegerToFloat": 4}
 
 
 def integer_op_wrong(op: str, a_type, b_type, a_zp, b_zp) -> bool:
@@ -389,6 +391,11 @@ def integer_op_wrong(op: str, a_type, b_type, a_zp, b_zp) -> bool:
     if op == "ConvInteger":
         return (b_type == u8 and b_zp is None) or (a_zp is None and (
             b_zp is not None or a_type == u8))
+    if op == "MatMulIntegerToFloat":   # the other way round: 128 is the one it gets wrong
+        def off(t, zp):
+            return t == u8 and zp is not None and (
+                isinstance(zp, str) or bool(np.any(np.asarray(zp) == 128)))
+        return off(a_type, a_zp) or off(b_type, b_zp) or (a_zp is None and b_zp is not None)
 
     def right(t, zp):
         if zp is None:
@@ -561,25 +568,28 @@ class _Checker:
                              f"input {i} ({what}, '{node.input[i]}') is computed at run time: "
                              f"{rule['reason']}", g.path)
         self.check_dtype_attrs(g, node)
-        if op in ("MatMulInteger", "ConvInteger") and "integer_ops" in self.profile:
+        if op in INTEGER_OPS and "integer_ops" in self.profile:
             self.check_integer_op(g, node)
 
     def check_integer_op(self, g: _Graph, node: onnx.NodeProto) -> None:
-        ins = list(node.input) + [""] * (4 - len(node.input))
+        first = INTEGER_OPS[node.op_type]   # where the zero points are
+        ins = list(node.input) + [""] * (first + 2 - len(node.input))
         types = [g.elem_type(n) for n in ins[:2]]
         if any(t not in (TensorProto.UINT8, TensorProto.INT8) for t in types):
             return
         dts = [np.dtype(np.uint8 if t == TensorProto.UINT8 else np.int8) for t in types]
+        names = ins[first:first + 2]
         zps = [None if not n else (_value(g.tensor(n)) if g.is_const(n) else COMPUTED)
-               for n in ins[2:4]]
-        zps = [COMPUTED if n and z is None else z for n, z in zip(ins[2:4], zps)]
+               for n in names]
+        zps = [COMPUTED if n and z is None else z for n, z in zip(names, zps)]
         if integer_op_wrong(node.op_type, dts[0], dts[1], zps[0], zps[1]):
             r = self.profile["integer_ops"]
             form = ", ".join(f"{w} {d.name} zero point " + (
                 "left out" if z is None else "computed" if isinstance(z, str) else
                 f"{np.ravel(z)[:1].tolist()[0] if np.size(z) else '?'}")
                 for w, d, z in zip(("A", "B"), dts, zps))
-            why = r["matmul_reason" if node.op_type == "MatMulInteger" else "conv_reason"]
+            why = r[{"MatMulInteger": "matmul_reason", "ConvInteger": "conv_reason"}.get(
+                node.op_type, "to_float_reason")]
             self.add(r["severity"], "integer-zero-point", node_id(node), node.op_type,
                      f"{form}: {why}", g.path)
 

@@ -468,3 +468,32 @@ def test_onnxruntime_extended_output_expands(which, tmp_path):
     assert before == {"cnn": {"FusedConv", "FusedMatMul", "Gelu", "QuickGelu"},
                       "bert": {"BiasGelu", "SkipLayerNormalization"},
                       "resnet_mini": {"FusedConv"}}[which]
+
+
+def test_dynamic_quantize_matmul_and_matmul_integer_to_float(rng):
+    """onnxruntime's extended optimiser fuses quantize_dynamic's graph into
+    DynamicQuantizeMatMul, which MIGraphX does not parse; MatMulIntegerToFloat it parses and
+    computes wrongly for a uint8 zero point of 128. Both become DynamicQuantizeLinear /
+    MatMulInteger / Cast / Mul / Add, in the kernels' order: bit-exact here. Per-column b
+    scale and zero point, a shared weight, with and without bias."""
+    w = rng.integers(-128, 128, (16, 8)).astype(np.int8)
+    wu = rng.integers(0, 256, (16, 8)).astype(np.uint8)
+    m = make_model(head() + """
+    g (float[N, 16] x, uint8[N, 16] a) => (float[N, 8] y, float[N, 8] z, float[N, 8] u) {
+        y = com.microsoft.DynamicQuantizeMatMul(x, w, bs, , bias)
+        z = com.microsoft.DynamicQuantizeMatMul(x, wu, bsc, bzc)
+        u = com.microsoft.MatMulIntegerToFloat(a, wu, as, bsc, az, bzc, bias)
+    }""", {"w": w, "wu": wu, "bs": np.array(0.02, np.float32),
+           "bsc": rng.uniform(0.01, 0.03, 8).astype(np.float32),
+           "bzc": rng.integers(100, 150, 8).astype(np.uint8),
+           "bias": rng.standard_normal(8).astype(np.float32),
+           "as": np.array(0.05, np.float32), "az": np.array(128, np.uint8)})
+    out, rep = expand(m)
+    assert rep.passes[0].counts["expanded:DynamicQuantizeMatMul"] == 2
+    assert rep.passes[0].counts["expanded:MatMulIntegerToFloat"] == 1
+    assert ops(out).count("MatMulInteger") == 3
+    for n in (1, 3):
+        f = {"x": (rng.standard_normal((n, 16)) * 2).astype(np.float32),
+             "a": rng.integers(0, 256, (n, 16)).astype(np.uint8)}
+        for r, o in zip(run_ort(m, f), run_ort(out, f)):
+            np.testing.assert_array_equal(r, o)

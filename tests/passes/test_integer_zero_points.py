@@ -68,27 +68,50 @@ def test_uint8_weights_with_zero_points_per_column_and_constant_a_zero_point(rng
 
 
 def test_forms_it_cannot_or_need_not_change(rng):
-    """Skipped with a reason: B computed at run time, B minus its zero point outside int8.
-    Untouched: the forms MIGraphX already gets right. (A zero point per row of A is skipped
-    too; onnxruntime's CPU kernel refuses it, so it is not run here.)"""
+    """Skipped with a reason: B computed at run time, int8 B minus its zero point outside
+    int8. Untouched: the forms MIGraphX already gets right. (A zero point per row of A is
+    skipped too; onnxruntime's CPU kernel refuses it, so it is not run here.)"""
     m = make_model("""
     <ir_version: 8, opset_import: ["" : 17]>
     g (uint8[4, 16] a, uint8[16, 8] d, int8[4, 16] e, uint8[16, 8] f)
         => (int32[4, 8] y, int32[4, 8] z, int32[4, 8] u, int32[4, 8] v, int32[4, 8] w) {
         y = MatMulInteger(a, d, c128, c128)
-        z = MatMulInteger(a, bu, c128, zero)
+        z = MatMulInteger(e, bi, zero8, zneg)
         u = MatMulInteger(a, f, c128)
         v = MatMulInteger(a, bi, c128)
         w = MatMulInteger(e, bi)
-    }""", {"bu": rng.integers(130, 256, (16, 8)).astype(np.uint8),
-           "bi": rng.integers(-128, 128, (16, 8)).astype(np.int8),
-           "c128": np.array(128, np.uint8), "zero": np.array(0, np.uint8)})
+    }""", {"bi": rng.integers(-128, 128, (16, 8)).astype(np.int8),
+           "zneg": np.array(-100, np.int8), "zero8": np.array(0, np.int8),
+           "c128": np.array(128, np.uint8)})
     out, rep = izp(m)
     c = rep.passes[0].counts
     assert not rep.passes[0].changed
     assert (c["skip:weight-outside-int8"], c["skip:weight-not-constant"]) == (1, 1), c
     # y (both dynamic, both 128), v and w are right; z and u stay wrong, and the check says so.
     assert len(errors(out)) == 2
+
+
+def test_asymmetric_uint8_weights_stay_uint8_with_a_row_sum(rng):
+    """quantize_dynamic with QUInt8 weights: B uint8 with a zero point (per tensor, or per
+    column) that B - b_zp does not fit int8 around. B stays uint8 at MIGraphX's 128 and
+    rowsum(A - a_zp) * (128 - b_zp) is added back; with a computed a_zp (two sites) and a
+    constant one."""
+    b = rng.integers(0, 256, (16, 8)).astype(np.uint8)
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 16] x, uint8[N, 16] c) => (int32[N, 8] y, int32[N, 8] z, int32[N, 8] u) {
+        xq, xs, xz = DynamicQuantizeLinear(x)
+        y = MatMulInteger(xq, b, xz, bz)
+        z = MatMulInteger(xq, b, xz, bzc)
+        u = MatMulInteger(c, b, cz, bz)
+    }""", {"b": b, "bz": np.array(97, np.uint8), "cz": np.array(31, np.uint8),
+           "bzc": rng.integers(60, 200, 8).astype(np.uint8)})
+    assert len(errors(m)) == 3
+    out, rep = izp(m)
+    assert rep.passes[0].counts["matmul-integer-rewritten"] == 3 and not errors(out)
+    for n in (1, 5):
+        same(m, out, {"x": (rng.standard_normal((n, 16)) * 2).astype(np.float32),
+                      "c": rng.integers(0, 256, (n, 16)).astype(np.uint8)})
 
 
 def test_conv_integer_zero_points_written_out(rng):
