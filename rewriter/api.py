@@ -99,7 +99,9 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
         materialize: return the model with every weight inline; False returns it with
             big weights as stubs (what the CLI uses: nothing is copied that is not needed).
         target: "migraphx" runs the static MIGraphX check on the result
-            (``report.extra["migraphx_check"]``, grouped warnings).
+            (``report.extra["migraphx_check"]``, grouped warnings), and the default
+            pipeline includes integer-zero-points (MatMulInteger in forms MIGraphX computes
+            right); the CLI's default, the API's only when asked.
         migraphx: with ``target="migraphx"``, compile and compare on MIGraphX where it is
             installed and check the INT8 lowering (``report.extra["compile"]``); keys:
             ``device`` ("auto" = gpu when the install has it, "gpu", "ref"), ``backend``
