@@ -162,7 +162,11 @@ def _matmul(node: gs.Node, g: gs.Graph, namer) -> str | None:
         terms.append(add_node("Mul", [shift, const("colsum", colsum)], "a_correction"))
     if row is not None:   # rowsum(A - a_zp) * (128 - b_zp)
         ai = add_node("Cast", [a], "a_int32", to=6)
-        rs = add_node("ReduceSum", [ai, const("axes", [-1], np.int64)], "a_rowsum", keepdims=1)
+        if g.opset >= 13:
+            rs = add_node("ReduceSum", [ai, const("axes", [-1], np.int64)], "a_rowsum",
+                          keepdims=1)
+        else:   # axes an attribute before ReduceSum-13
+            rs = add_node("ReduceSum", [ai], "a_rowsum", axes=[-1], keepdims=1)
         k = int(b.values.shape[-2])
         if az is not None and int(np.ravel(az)[0]) != 0:
             rs = add_node("Sub", [rs, const("k_zp", k * np.int32(np.ravel(az)[0]))], "a_rows")
