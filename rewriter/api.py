@@ -441,6 +441,7 @@ class _Rewrite:
         in graph order: a layer's shift is measured after every layer before it has been
         corrected (correcting all at once over-corrects: upstream fixes move downstream
         means too)."""
+        from rewriter.core.graph import keep_only_upstream
         from rewriter.quant.ranges import channel_stats
 
         kw = dict(progress=self.progress)
@@ -456,6 +457,7 @@ class _Rewrite:
             part = outs[k:k + group]
             t = time.perf_counter()
             exp = export(self.graph, self.original, self.base_dir)
+            keep_only_upstream(exp.model, part)   # only what the measured layers read
             got = channel_stats(exp.model, part, self.calib_data, base_dir=exp.source_dir,
                                 initializers=exp.ort_initializers(), **kw)
             measuring += time.perf_counter() - t

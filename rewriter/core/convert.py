@@ -273,7 +273,9 @@ class Exported:
         return w if isinstance(w, np.ndarray) else w.load()
 
     def ort_initializers(self) -> tuple[list[str], list[np.ndarray]]:
-        names = sorted(self.weights)
+        """The stubs' values, by name, for onnxruntime (those the model still holds)."""
+        held = {t.name for t in self.model.graph.initializer}
+        names = sorted(n for n in self.weights if n in held)
         return names, [np.ascontiguousarray(self.array(n)) for n in names]
 
     def checkable(self) -> onnx.ModelProto:

@@ -81,6 +81,53 @@ def iter_graphs(graph: gs.Graph) -> Iterator[gs.Graph]:
                     yield from iter_graphs(sg)
 
 
+def keep_only_upstream(model: onnx.ModelProto, names: list[str]) -> bool:
+    """Cut ``model`` (in place) down to what computes ``names``: they become its outputs and
+    the nodes they do not depend on go (onnxruntime runs every node, whatever is fetched),
+    and so do the initializers no kept node reads. Not done, and False, when a node has a
+    body (it may read names from outside it) or a name is not produced in the graph."""
+    g = model.graph
+    producer = {}
+    for i, n in enumerate(g.node):
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+               for a in n.attribute):
+            return False
+        for o in n.output:
+            producer[o] = i
+    sources = {i.name for i in g.input} | {t.name for t in g.initializer}
+    if any(n not in producer and n not in sources for n in names):
+        return False
+    keep, todo = set(), [producer[n] for n in names if n in producer]
+    while todo:
+        i = todo.pop()
+        if i in keep:
+            continue
+        keep.add(i)
+        todo.extend(producer[x] for x in g.node[i].input if x in producer)
+    if len(keep) == len(g.node):
+        return True
+    kept = [g.node[i] for i in sorted(keep)]
+    outs = [onnx.ValueInfoProto(name=n) for n in names]
+    # Copied out first: clearing a repeated field would leave references to its elements
+    # dangling.
+    nodes = [onnx.NodeProto() for _ in kept]
+    for dst, src in zip(nodes, kept):
+        dst.CopyFrom(src)
+    del g.node[:]
+    g.node.extend(nodes)
+    del g.output[:]
+    g.output.extend(outs)
+    read = {x for n in nodes for x in n.input} | set(names)
+    inits = [t for t in g.initializer if t.name in read]
+    if len(inits) < len(g.initializer):
+        copies = [onnx.TensorProto() for _ in inits]
+        for dst, src in zip(copies, inits):
+            dst.CopyFrom(src)
+        del g.initializer[:]
+        g.initializer.extend(copies)
+    return True
+
+
 def tensor_nbytes(t: onnx.TensorProto) -> int:
     """Data size from dims and dtype: no copy (reading raw_data would copy the bytes)."""
     if t.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from conftest import make_model, ops
+from conftest import make_model, ops, run_ort
 
 import rewriter
 from rewriter.quant.ranges import channel_stats
@@ -60,3 +60,41 @@ def test_int32_bias_is_skipped(rng):
     _, rep = rewriter.rewrite(m, plan=plan, calib=calib)
     rec = [p for p in rep.passes if p.name == "correct-bias"][0]
     assert rec.counts["skip:bias-not-constant"] == 1
+
+
+def test_keep_only_upstream_cuts_a_model_to_what_a_tensor_needs(rng):
+    """correct-bias measures one INT8 layer at a time, and onnxruntime runs every node
+    whatever is fetched: the measured model is cut to the layer's ancestors (PicoDet's 100
+    layers: the bias correction's time, docs/robustness.md). Same values; the other branch,
+    the tail and their weights go; a model with a body is left whole."""
+    import onnx
+
+    from rewriter.core.graph import keep_only_upstream
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 8] x) => (float[N, 4] y, float[N, 4] z) {
+        a = MatMul(x, W1)
+        r = Relu(a)
+        y = MatMul(r, W2)
+        b = MatMul(x, W3)
+        z = Sigmoid(b)
+    }""", {"W1": (8, 6), "W2": (6, 4), "W3": (8, 4)})
+    full = onnx.ModelProto()
+    full.CopyFrom(m)
+    full.graph.output.append(onnx.ValueInfoProto(name="r"))
+    cut = onnx.ModelProto()
+    cut.CopyFrom(m)
+    assert keep_only_upstream(cut, ["r"])
+    assert [n.op_type for n in cut.graph.node] == ["MatMul", "Relu"]
+    assert [o.name for o in cut.graph.output] == ["r"]
+    assert [t.name for t in cut.graph.initializer] == ["W1"]
+    f = {"x": rng.standard_normal((3, 8)).astype(np.float32)}
+    np.testing.assert_array_equal(run_ort(cut, f)[0], run_ort(full, f)[-1])
+    body = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (bool c, float[2] x) => (float[2] y) {
+        y = If (c) <then_branch = t () => (float[2] o) { o = Relu(x) },
+                   else_branch = e () => (float[2] o) { o = Neg(x) }>
+    }""")
+    assert not keep_only_upstream(body, ["y"])
+    assert len(body.graph.node) == 1
