@@ -40,7 +40,7 @@ import onnx_graphsurgeon as gs
 
 from rewriter.core.graph import iter_graphs
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
-from rewriter.migraphx.check import COMPUTED, integer_op_wrong
+from rewriter.core.integer_ops import COMPUTED, integer_op_wrong
 
 _SYMMETRIC = {np.dtype(np.uint8): 128, np.dtype(np.int8): 0}
 

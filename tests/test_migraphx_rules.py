@@ -244,7 +244,7 @@ def test_integer_op_zero_points_match_what_migraphx_computes(op, tmp_path, migra
     right (measured on 2.15 and 2.16: the same table)."""
     import migraphx
 
-    from rewriter.migraphx.check import integer_op_wrong
+    from rewriter.core.integer_ops import integer_op_wrong
     from rewriter.verify.verifier import OriginalRunError
 
     def on_migraphx(model, a):

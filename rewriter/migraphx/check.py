@@ -50,6 +50,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from rewriter.core.graph import SMALL_TENSOR, node_id, tensor_nbytes, weight_free_copy
+from rewriter.core.integer_ops import COMPUTED, INTEGER_OPS, integer_op_wrong
 
 PROFILE_PATH = Path(__file__).resolve().parent / "data" / "migraphx_profile.json"
 SCHEMA_VERSION = 1
@@ -375,35 +376,6 @@ def _attr(node: onnx.NodeProto, name: str, default=None):
         return onnx.helper.get_node_attr_value(node, name)
     except ValueError:
         return default
-
-
-COMPUTED = "computed"
-# Integer ops MIGraphX gets wrong in some zero-point forms -> the index of a_zero_point.
-INTEGER_OPS = {"MatMulInteger": 2, "ConvInteger": 2, "MatMulIntegerToFloat": 4}
-
-
-def integer_op_wrong(op: str, a_type, b_type, a_zp, b_zp) -> bool:
-    """Does MIGraphX (2.15, 2.16) compute this MatMulInteger/ConvInteger wrongly, or refuse
-    it? ``a_type``/``b_type`` numpy dtypes of the operands, ``a_zp``/``b_zp`` a zero point:
-    None when left out, :data:`COMPUTED` at run time, else its constant value. Measured on
-    every form in tests/test_migraphx_rules.py; the profile's ``integer_ops`` says why."""
-    u8, i8 = np.dtype(np.uint8), np.dtype(np.int8)
-    if op == "ConvInteger":
-        return (b_type == u8 and b_zp is None) or (a_zp is None and (
-            b_zp is not None or a_type == u8))
-    if op == "MatMulIntegerToFloat":   # the other way round: 128 is the one it gets wrong
-        def off(t, zp):
-            return t == u8 and zp is not None and (
-                isinstance(zp, str) or bool(np.any(np.asarray(zp) == 128)))
-        return off(a_type, a_zp) or off(b_type, b_zp) or (a_zp is None and b_zp is not None)
-
-    def right(t, zp):
-        if zp is None:
-            return t == i8
-        return not isinstance(zp, str) and bool(np.all(np.asarray(zp) == (128 if t == u8 else 0)))
-
-    return not (right(a_type, a_zp) and right(b_type, b_zp)) or (a_zp is None and
-                                                                   b_zp is not None)
 
 
 def _version_matches(entry: dict, version: tuple[int, ...] | None) -> bool:
