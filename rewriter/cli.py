@@ -160,8 +160,10 @@ def _run(args) -> int:
     from rewriter.core.errors import InputError, VerificationError
 
     if args.list_passes:
-        for name, summary in registry.describe():
-            print(f"{name:<18} {summary}")
+        rows = registry.describe()
+        width = max(len(name) for name, _ in rows)
+        for name, summary in rows:
+            print(f"{name:<{width}}  {summary}")
         return EXIT_OK
     if not args.model:
         raise InputError("no input model given (usage: rewrite MODEL -o OUT)")

@@ -363,8 +363,11 @@ def test_report_json(tmp_path, capfd):
 def test_list_passes(capfd):
     code, stdout, err = run(capfd, "--list-passes")
     assert code == 0 and err == []
-    names = [ln.split()[0] for ln in stdout.splitlines() if ln.strip()]
-    assert {"fold-constants", "fuse-conv-bn"} <= set(names)
+    lines = [ln for ln in stdout.splitlines() if ln.strip()]
+    names = [ln.split()[0] for ln in lines]
+    assert {"fold-constants", "fuse-conv-bn", "integer-zero-points"} <= set(names)
+    # one column for the summaries, however long the longest name
+    assert len({ln.index(ln.split()[1], len(ln.split()[0])) for ln in lines}) == 1
 
 
 def test_input_shape_and_inputs_files(tmp_path, capfd):
