@@ -295,16 +295,16 @@ def _integer_matmul(e: _Emit, a, b, a_scale, b_scale, a_zp, b_zp, bias) -> None:
     """(A - a_zp)(B - b_zp) in int32, then * (a_scale * b_scale) (+ bias) in float: the order
     of onnxruntime's kernels and of quantize_dynamic's unfused graph."""
     acc = gs.Variable(e.namer(f"{e.base}_int32"), dtype=np.int32)
-    zps = [a_zp, b_zp] if b_zp is not None else ([a_zp] if a_zp is not None else [])
-    if a_zp is None and b_zp is not None:   # an empty input name: a zero point of A's type
-        zps[0] = e.const(0, np.dtype(a.dtype) if a.dtype is not None else np.uint8)
+    if a_zp is None and b_zp is not None:   # no empty input name: a zero point of A's type
+        a_zp = e.const(0, np.dtype(a.dtype) if a.dtype is not None else np.uint8)
+    zps = [z for z in (a_zp, b_zp) if z is not None]
     e.new.append(gs.Node("MatMulInteger", e.namer(f"{e.node.name or e.base}_matmulinteger"),
                          inputs=[a, b] + zps, outputs=[acc]))
     f = e.op("Cast", acc, to=int(helper.np_dtype_to_tensor_dtype(e.dtype)))
     scale = e.op("Mul", a_scale, b_scale)
-    e.op("Mul", f, scale, out=e.outs[0] if bias is None else None, main=True)
+    y = e.op("Mul", f, scale, out=e.outs[0] if bias is None else None, main=True)
     if bias is not None:
-        e.op("Add", e.new[-1].outputs[0], bias, out=e.outs[0])
+        e.op("Add", y, bias, out=e.outs[0])
 
 
 def _dynamic_quantize_matmul(e: _Emit):

@@ -40,9 +40,7 @@ import onnx_graphsurgeon as gs
 
 from rewriter.core.graph import iter_graphs
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
-from rewriter.core.integer_ops import COMPUTED, integer_op_wrong
-
-_SYMMETRIC = {np.dtype(np.uint8): 128, np.dtype(np.int8): 0}
+from rewriter.core.integer_ops import COMPUTED, SYMMETRIC, integer_op_wrong
 
 
 class IntegerZeroPoints(Pass):
@@ -108,7 +106,7 @@ def _matmul(node: gs.Node, g: gs.Graph, namer) -> str | None:
     a, b = node.inputs[0], node.inputs[1]
     a_zp, b_zp = _input(node, 2), _input(node, 3)
     at, bt = _dtype(a), _dtype(b)
-    if at not in _SYMMETRIC or bt not in _SYMMETRIC:
+    if at not in SYMMETRIC or bt not in SYMMETRIC:
         return "unknown-dtype"
     if not _wrong(node, at, bt):
         return ""
@@ -133,7 +131,7 @@ def _matmul(node: gs.Node, g: gs.Graph, namer) -> str | None:
         return "weight-outside-int8"
     y = node.outputs[0]
     base = node.name or y.name
-    ca = _SYMMETRIC[at]
+    ca = SYMMETRIC[at]
     colsum = w.sum(axis=-2, keepdims=w.ndim > 2)          # [..., 1, N] or [N]
     extra: list[gs.Node] = []
 
@@ -149,14 +147,15 @@ def _matmul(node: gs.Node, g: gs.Graph, namer) -> str | None:
         return out
 
     az = _zp_value(a_zp, at)
+    az = None if az is None else int(np.ravel(az)[0])   # one value (checked above)
     zp_a = None   # a_zp as int32 when computed at run time
     if az is None:
         zp_a = add_node("Cast", [a_zp], "a_zero_point_int32", to=6)
     terms = []
     # (ca - a_zp) * colsum(B - b_zp'), the part of A's zero point MIGraphX does not apply
     if az is not None:
-        if int(np.ravel(az)[0]) != ca:
-            terms.append(const("a_correction", (ca - np.int32(np.ravel(az)[0])) * colsum))
+        if az != ca:
+            terms.append(const("a_correction", (ca - az) * colsum))
     else:
         shift = add_node("Sub", [const("c", ca), zp_a], "a_zero_point_shift")
         terms.append(add_node("Mul", [shift, const("colsum", colsum)], "a_correction"))
@@ -168,8 +167,8 @@ def _matmul(node: gs.Node, g: gs.Graph, namer) -> str | None:
         else:   # axes an attribute before ReduceSum-13
             rs = add_node("ReduceSum", [ai], "a_rowsum", axes=[-1], keepdims=1)
         k = int(b.values.shape[-2])
-        if az is not None and int(np.ravel(az)[0]) != 0:
-            rs = add_node("Sub", [rs, const("k_zp", k * np.int32(np.ravel(az)[0]))], "a_rows")
+        if az is not None and az != 0:
+            rs = add_node("Sub", [rs, const("k_zp", k * az)], "a_rows")
         elif az is None:
             kz = add_node("Mul", [zp_a, const("k", k)], "k_zero_point")
             rs = add_node("Sub", [rs, kz], "a_rows")
@@ -194,7 +193,7 @@ def _matmul(node: gs.Node, g: gs.Graph, namer) -> str | None:
 def _conv(node: gs.Node, namer) -> str | None:
     a, w = node.inputs[0], node.inputs[1]
     at, wt = _dtype(a), _dtype(w)
-    if at not in _SYMMETRIC or wt not in _SYMMETRIC:
+    if at not in SYMMETRIC or wt not in SYMMETRIC:
         return "unknown-dtype"
     a_zp, w_zp = _input(node, 2), _input(node, 3)
     if not _wrong(node, at, wt):

@@ -71,7 +71,7 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
             labels: Any = None,
             fix_shapes: bool = False,
             ) -> tuple[onnx.ModelProto, Report]:
-    """Rewrite a model with a pipeline of passes (default: registry.DEFAULT_PIPELINE).
+    """Rewrite a model with a pipeline of passes (default: registry.default_pipeline(target)).
 
     Args:
         model: a path, or an in-memory ModelProto (copied, never modified).
@@ -147,9 +147,8 @@ class _Rewrite:
         unknown = set(data) - set(_DATA_KEYS)
         if unknown:
             raise InputError(f"unknown data key(s) {sorted(unknown)} ({', '.join(_DATA_KEYS)})")
-        self.pipeline = registry.resolve(passes)
-        if passes is None and target != "migraphx":   # a MIGraphX fix, not an optimisation
-            self.pipeline = [p for p in self.pipeline if p.name != "integer-zero-points"]
+        self.pipeline = registry.resolve(registry.default_pipeline(target)
+                                         if passes is None else passes)
         self.quantize: list = []
         self.seconds: dict[str, float] = {}
         self.calib_data = None

@@ -352,9 +352,9 @@ def test_report_json(tmp_path, capfd):
     r = json.loads((tmp_path / "r.json").read_text())
     assert r["ok"] is True and r["input"] == str(RESNET)
     assert r["ops_before"]["BatchNormalization"] > 0 and "BatchNormalization" not in r["ops_after"]
-    from rewriter.core.registry import DEFAULT_PIPELINE
+    from rewriter.core.registry import DEFAULT_PIPELINE, default_pipeline
     # integer-zero-points is a MIGraphX fix: not with --target none
-    assert [p["name"] for p in r["passes"]] == [
+    assert [p["name"] for p in r["passes"]] == default_pipeline("none") == [
         p for p in DEFAULT_PIPELINE if p != "integer-zero-points"]
     assert all(m["ok"] for m in r["verification"])
     assert "fuse-conv-bn" in stdout  # the table is printed without -q

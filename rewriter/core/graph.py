@@ -104,28 +104,22 @@ def keep_only_upstream(model: onnx.ModelProto, names: list[str]) -> bool:
             continue
         keep.add(i)
         todo.extend(producer[x] for x in g.node[i].input if x in producer)
-    if len(keep) == len(g.node):
-        return True
-    kept = [g.node[i] for i in sorted(keep)]
-    outs = [onnx.ValueInfoProto(name=n) for n in names]
-    # Copied out first: clearing a repeated field would leave references to its elements
-    # dangling.
-    nodes = [onnx.NodeProto() for _ in kept]
-    for dst, src in zip(nodes, kept):
-        dst.CopyFrom(src)
-    del g.node[:]
-    g.node.extend(nodes)
-    del g.output[:]
-    g.output.extend(outs)
-    read = {x for n in nodes for x in n.input} | set(names)
-    inits = [t for t in g.initializer if t.name in read]
-    if len(inits) < len(g.initializer):
-        copies = [onnx.TensorProto() for _ in inits]
-        for dst, src in zip(copies, inits):
-            dst.CopyFrom(src)
-        del g.initializer[:]
-        g.initializer.extend(copies)
+    _replace(g.output, [onnx.ValueInfoProto(name=n) for n in names])
+    if len(keep) < len(g.node):
+        _replace(g.node, [g.node[i] for i in sorted(keep)])
+        read = {x for n in g.node for x in n.input} | set(names)
+        _replace(g.initializer, [t for t in g.initializer if t.name in read])
     return True
+
+
+def _replace(field, items) -> None:
+    """A repeated proto field set to ``items`` (some of them its own elements): copied out
+    first, since clearing the field would leave references to its elements dangling."""
+    copies = [type(x)() for x in items]
+    for dst, src in zip(copies, items):
+        dst.CopyFrom(src)
+    del field[:]
+    field.extend(copies)
 
 
 def tensor_nbytes(t: onnx.TensorProto) -> int:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 COMPUTED = "computed"
+# The zero point MIGraphX treats as no zero point, per operand type (its right forms).
+SYMMETRIC = {np.dtype(np.uint8): 128, np.dtype(np.int8): 0}
 # Integer ops MIGraphX gets wrong in some zero-point forms -> the index of a_zero_point.
 INTEGER_OPS = {"MatMulInteger": 2, "ConvInteger": 2, "MatMulIntegerToFloat": 4}
 
@@ -32,7 +34,7 @@ def integer_op_wrong(op: str, a_type, b_type, a_zp, b_zp) -> bool:
     def right(t, zp):
         if zp is None:
             return t == i8
-        return not isinstance(zp, str) and bool(np.all(np.asarray(zp) == (128 if t == u8 else 0)))
+        return not isinstance(zp, str) and bool(np.all(np.asarray(zp) == SYMMETRIC[t]))
 
     return not (right(a_type, a_zp) and right(b_type, b_zp)) or (a_zp is None and
                                                                    b_zp is not None)

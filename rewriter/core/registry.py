@@ -37,6 +37,14 @@ _PASSES = [
 DEFAULT_PIPELINE = ["expand-contrib", "integer-zero-points", "fold-shapes", "fold-constants",
                     "collapse-chains", "fuse-conv-bn", "fuse-pad", "fuse-space-to-depth",
                     "fuse-matmul-add", "merge-duplicates"]
+# Fixes for what MIGraphX gets wrong, not optimisations: in the default pipeline only when
+# MIGraphX is the target.
+MIGRAPHX_ONLY = {"integer-zero-points"}
+
+
+def default_pipeline(target: str | None) -> list[str]:
+    """The default pipeline for ``target`` ("migraphx", or anything else)."""
+    return [p for p in DEFAULT_PIPELINE if target == "migraphx" or p not in MIGRAPHX_ONLY]
 
 
 def names() -> list[str]:
