@@ -302,6 +302,44 @@ def test_verification_failure_is_exit_1_and_writes_nothing(tmp_path, capfd, monk
 # --------------------------------------------------------------------------- success paths
 
 
+def test_random_indices_stay_inside_the_tables_they_index(tmp_path, capfd):
+    """BERT's token_type_ids index a table of 2 rows (an int8 MiniLM from PyPI): random
+    integers in [0, 4) made onnxruntime refuse the original, exit 2. Indices now stay below
+    the rows of the table they reach through Cast/Unsqueeze/Gather (a dequantised table
+    read through Cast and Mul too), and so do float ids cast to indices (tf2onnx's
+    embeddings); an integer input that indexes nothing keeps [0, 4)."""
+    from rewriter.verify.feeds import index_bounds, make_feeds
+    r = np.random.default_rng(0)
+    model = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (int64[N, L] ids, int64[N, L] types, float[N, L] fids, int64[N] n) => (float[N, L, 4] y,
+                                                                         int64[N] m) {
+        tf = Cast <to = 1> (Tq)
+        tt = Mul (tf, ts)
+        a = Gather (tt, types)
+        u = Unsqueeze (ids, ax)
+        s = Squeeze (u, ax)
+        b = Gather (W, s)
+        fi = Cast <to = 7> (fids)
+        c = Gather (V, fi)
+        ab = Add (a, b)
+        y = Add (ab, c)
+        m = Add (n, n)
+    }""", {"Tq": r.integers(-100, 100, (2, 4)).astype(np.int8),
+           "ts": np.array([[0.01]], np.float32), "W": (30, 4), "V": (3, 4),
+           "ax": np.array([0], np.int64)})
+    assert index_bounds(model) == {"types": 2, "ids": 30, "fids": 3}
+    feeds = make_feeds(model, {"": [8, 16]})
+    assert set(np.unique(feeds["types"])) == {0, 1}
+    assert set(np.unique(feeds["ids"])) == {0, 1, 2, 3}
+    assert set(np.unique(feeds["fids"])) == {0.0, 1.0, 2.0}
+    assert set(np.unique(feeds["n"])) <= {0, 1, 2, 3}
+    src = tmp_path / "bert.onnx"
+    onnx.save(model, src)
+    code, _, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--verify", "--target", "none")
+    assert code == 0, err
+
+
 def test_input_untouched_and_output_deterministic_and_idempotent(tmp_path, capfd):
     for src in (RESNET, MOBILENET):
         before = sha(src)

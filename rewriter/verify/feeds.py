@@ -102,8 +102,11 @@ def make_feeds(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = Non
                seed: int = 0, fill: int | None = None) -> dict[str, np.ndarray]:
     """Seeded random inputs: N(0,1) floats, small non-negative integers, random bools.
 
-    Integer inputs are often indices or lengths, so they get values in [0, 4). Symbolic
-    dims are 1, or ``fill`` past the first position (see :func:`input_shape`).
+    Integer inputs are often indices or lengths, so they get values in [0, 4), or below
+    the rows of the table they index where that is smaller (:func:`index_bounds`: BERT's
+    token_type_ids pick one of 2 rows); float inputs cast to such indices get whole numbers
+    in the same range. Symbolic dims are 1, or ``fill`` past the first
+    position (see :func:`input_shape`).
     """
     rng = np.random.default_rng(seed)
     shapes = shapes or {}
@@ -114,6 +117,7 @@ def make_feeds(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = Non
     feeds = {}
     batches = batch_names(model) if fill is not None else frozenset()
     total = 0.0
+    bounds = index_bounds(model)
     for vi in real_inputs(model):
         if not vi.type.HasField("tensor_type"):
             raise InputError(f"input '{vi.name}' is not a tensor; pass it with --inputs")
@@ -125,16 +129,75 @@ def make_feeds(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = Non
             raise InputError(f"input '{vi.name}' of shape {shape} is too large for random "
                              f"inputs (all inputs over {MAX_FEED_BYTES >> 20} MB); set smaller "
                              "dims with --input-shape or pass --inputs")
-        if np.issubdtype(dtype, np.floating):
+        if np.issubdtype(dtype, np.floating) and vi.name in bounds:
+            # Floats cast to indices (tf2onnx's embeddings read float ids)
+            x = rng.integers(0, min(4, bounds[vi.name]), size=shape).astype(dtype)
+        elif np.issubdtype(dtype, np.floating):
             x = rng.standard_normal(shape).astype(dtype)
         elif dtype == np.bool_:
             x = rng.random(shape) < 0.5
         elif np.issubdtype(dtype, np.integer):
-            x = rng.integers(0, 4, size=shape).astype(dtype)
+            x = rng.integers(0, min(4, bounds.get(vi.name, 4)), size=shape).astype(dtype)
         else:
             raise InputError(f"input '{vi.name}' has dtype {dtype}; pass it with --inputs")
         feeds[vi.name] = np.asarray(x, dtype=dtype)   # 0-d stays an array, not a scalar
     return feeds
+
+
+# Ops that pass an integer input's values on unchanged (a subset, a copy, a new shape): an
+# index keeps its meaning through them. Gather passes values on from its data (input 0).
+_SAME_VALUES = {"Cast", "Identity", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Expand",
+                "Transpose", "Slice", "Tile", "Concat", "Gather"}
+# Ops that carry their data's shape, read through to find how many rows a table has
+# (a weight dequantised by Cast and Mul, or by DequantizeLinear, before the Gather).
+_SAME_SHAPE = {"Cast", "Identity", "Mul", "DequantizeLinear"}
+
+
+def index_bounds(model: onnx.ModelProto) -> dict[str, int]:
+    """{input: how many rows the smallest constant table it indexes has}: inputs
+    that reach a Gather's indices through value-preserving ops, where the Gather's data is
+    a weight (an initializer or a Constant) of static shape. Random indices below that
+    bound are valid; above it onnxruntime refuses the original model."""
+    g = model.graph
+    shapes = {t.name: list(t.dims) for t in g.initializer}
+    producer, consumers = {}, {}
+    for n in g.node:
+        for o in n.output:
+            producer[o] = n
+        for i, x in enumerate(n.input):
+            consumers.setdefault(x, []).append((n, i))
+        if n.op_type == "Constant":
+            for a in n.attribute:
+                if a.name == "value":
+                    shapes[n.output[0]] = list(a.t.dims)
+
+    def table_shape(name, depth=0):
+        if name in shapes:
+            return shapes[name]
+        n = producer.get(name)
+        if n is None or depth > 4 or n.op_type not in _SAME_SHAPE or not n.input:
+            return None
+        return table_shape(n.input[0], depth + 1)
+
+    out = {}
+    for vi in real_inputs(model):
+        todo, seen, bound = [vi.name], set(), None
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            for n, i in consumers.get(name, []):
+                if n.op_type == "Gather" and i == 1:
+                    dims = table_shape(n.input[0])
+                    axis = next((a.i for a in n.attribute if a.name == "axis"), 0)
+                    if dims and -len(dims) <= axis < len(dims) and dims[axis] > 0:
+                        bound = min(bound or dims[axis], dims[axis])
+                elif n.op_type in _SAME_VALUES and i == 0:
+                    todo.extend(n.output[:1])
+        if bound is not None:
+            out[vi.name] = bound
+    return out
 
 
 def load_inputs(path: str | os.PathLike, model: onnx.ModelProto) -> dict[str, np.ndarray]:
