@@ -16,6 +16,10 @@ What is never folded, and why:
 * QuantizeLinear / DequantizeLinear (and DynamicQuantizeLinear): MIGraphX turns a conv into
   an int8 kernel only when its weight is ``int8 initializer -> DequantizeLinear``; a folded
   DQ silently leaves the conv in float (shared/migraphx/PROFILE.md, rule 4).
+* a weight dequantised by hand: ``Cast`` of an 8- or 16-bit integer weight (1024 elements
+  or more) to a float type, as weight-only int8 exports write ``Cast -> Mul(scale)``
+  (skip:weight-dequantization). Folded, the weight is stored 2-4 times larger and the
+  model file grows (an int8 MiniLM: 22.9 MB -> 34.1 MB); a backend dequantises it on load.
 * random ops (each run must draw anew), control flow (If/Loop/Scan: their bodies are folded
   in place instead), sequence/optional ops, custom domains (we cannot run them).
 * outputs that are graph outputs (an initializer as a graph output is not portable), and
@@ -140,7 +144,24 @@ def _check(node: gs.Node, graph_outputs: set[int]) -> str | None:
         return ""
     if any(id(t) in graph_outputs for t in node.outputs):
         return "graph-output"
+    if node.op == "Cast" and _dequantizes_weight(node):
+        return "weight-dequantization"
     return None
+
+
+def _dequantizes_weight(node: gs.Node) -> bool:
+    """A Cast of a low-precision integer weight to a float type: stored compressed on
+    purpose, so folding it would undo the compression."""
+    x, to = node.inputs[0], node.attrs.get("to")
+    if not isinstance(x, gs.Constant) or to is None:
+        return False
+    dtype = np.asarray(x.values).dtype if not hasattr(x, "dtype") or x.dtype is None else x.dtype
+    try:
+        target = onnx.helper.tensor_dtype_to_np_dtype(int(to))
+    except (KeyError, TypeError, ValueError):
+        return False
+    return (np.issubdtype(np.dtype(dtype), np.integer) and np.dtype(dtype).itemsize <= 2
+            and np.issubdtype(target, np.floating) and _prod(x.shape) >= 1024)
 
 
 def _estimate_bytes(node: gs.Node) -> int | None:
