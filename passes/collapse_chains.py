@@ -8,7 +8,7 @@ Before -> after::
     x -> Reshape / Flatten / Squeeze / Unsqueeze -> Reshape(s)  =>  x -> Reshape(s)
     x -> Transpose(p) -> Transpose(q) -> y                  =>  x -> Transpose(p∘q), or x
     x -> Transpose(p moving only dims of size 1) -> Reshape(s)  =>  x -> Reshape(s)
-    x -> Concat(x) -> y (one input, after empty constant ones)  =>  x
+    x -> Concat(x) -> y (one input, after inputs of size 0 on the axis)  =>  x
     x -> Add(0) / Sub(0) / Mul(1) / Div(1) -> y (x's shape unchanged) =>  x
     ... and the first Transpose also read by a Shape, p∘q the identity
                                         =>  y is x; Shape(x) -> Gather(p)
@@ -231,13 +231,15 @@ def _neutral_operand(node: gs.Node) -> bool:
 
 
 def _single_concat(node: gs.Node) -> bool:
-    """A Concat of one input (after constant inputs of size 0 on its axis, e.g. a folded
-    empty past state), which is that input: drop the empty ones, True when one is left."""
+    """A Concat of one input (after inputs of size 0 on its axis: a folded empty past
+    state, or a tensor inferred [N, 0, 1] whatever N is), which is that input: drop the
+    empty ones, True when one is left."""
     axis = int(node.attrs.get("axis", 0))
 
     def empty(t):
-        v = t.values if isinstance(t, gs.Constant) else None
-        return v is not None and v.ndim > 0 and -v.ndim <= axis < v.ndim and v.shape[axis] == 0
+        shape = t.values.shape if isinstance(t, gs.Constant) else t.shape
+        return (shape is not None and len(shape) > 0 and -len(shape) <= axis < len(shape)
+                and isinstance(shape[axis], (int, np.integer)) and shape[axis] == 0)
 
     keep = [t for t in node.inputs if not empty(t)]
     if len(keep) != 1 or keep[0].name == "" or isinstance(keep[0], gs.Constant):

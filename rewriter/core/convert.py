@@ -186,10 +186,21 @@ def to_graph(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
                     tt = vi.type.tensor_type
                     if t.dtype is None and tt.elem_type:
                         t.dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
-                    if (t.shape is None or fixed) and tt.HasField("shape"):
-                        t.shape = [d.dim_value if d.HasField("dim_value") else
-                                   (d.dim_param or None) for d in tt.shape.dim]
+                    if not tt.HasField("shape"):
+                        continue
+                    new = [d.dim_value if d.HasField("dim_value") else
+                           (d.dim_param or None) for d in tt.shape.dim]
+                    # The model's own value_info can be staler than inference (an exporter's
+                    # [unk__0, unk__1, unk__2] where data propagation knows [N, 0, 1]).
+                    if t.shape is None or fixed or _more_static(new, t.shape):
+                        t.shape = new
     return graph
+
+
+def _more_static(new: list, old: list) -> bool:
+    """Same rank, and more dims known as sizes in ``new`` than in ``old``."""
+    return len(new) == len(old) and sum(isinstance(d, int) for d in new) > sum(
+        isinstance(d, (int, np.integer)) and d >= 0 for d in old)
 
 
 def refresh_shapes(graph: gs.Graph, tag: str) -> int:
@@ -218,10 +229,7 @@ def refresh_shapes(graph: gs.Graph, tag: str) -> int:
                    (d.dim_param if d.dim_param in own else
                     f"{tag}{d.dim_param}" if d.dim_param else None)
                    for d in vi.type.tensor_type.shape.dim]
-            old = t.shape
-            static = sum(isinstance(d, int) for d in new)
-            if old is None or (len(old) == len(new) and static > sum(
-                    isinstance(d, (int, np.integer)) and d >= 0 for d in old)):
+            if t.shape is None or _more_static(new, t.shape):
                 t.shape = new
                 gained += 1
     return gained

@@ -218,6 +218,46 @@ def test_one_input_concats_go_and_their_transposes_merge(rng):
         same(m, out, feeds)
 
 
+EMPTY_TAIL = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 6, 1] x) => (float[N, 6, 1] y) {
+        s = Shape (x)
+        n = Gather (s, i0)
+        shp = Concat <axis = 0> (n, zero, one)
+        e = ConstantOfShape <value = float[1] {1.0}> (shp)
+        m = Mul (e, k)
+        r = Relu (x)
+        y = Concat <axis = 1> (r, m)
+    }"""
+
+
+def empty_tail_model(stale: bool = True) -> onnx.ModelProto:
+    """The brainmaze spindle detector's head: a tensor [N, 0, 1] made from the batch dim
+    (Shape -> ConstantOfShape -> Mul) concatenated on its empty axis. As PyTorch exports
+    it, the model's value_info says [unk__0, unk__1, unk__2] for it (``stale``)."""
+    m = make_model(EMPTY_TAIL, {"i0": np.array([0], np.int64),
+                                "zero": np.array([0], np.int64),
+                                "one": np.array([1], np.int64),
+                                "k": np.array(3.0, np.float32)})
+    if stale:
+        for name in ("e", "m"):
+            m.graph.value_info.append(onnx.helper.make_tensor_value_info(
+                name, onnx.TensorProto.FLOAT, ["unk__0", "unk__1", "unk__2"]))
+    return m
+
+
+def test_an_input_empty_on_the_concat_axis_goes_whatever_the_batch(rng):
+    """The empty input is known empty only from shape inference (its batch stays symbolic),
+    and only where the inferred shape is preferred to the exporter's staler value_info:
+    the Concat then has one input and goes with the chain that made the empty one."""
+    for stale in (True, False):
+        m = empty_tail_model(stale)
+        out, rep = rewriter.rewrite(m, ["collapse-chains"], verify=True)
+        assert ops(out) == ["Relu"], (stale, ops(out))
+        for n in (1, 3):
+            same(m, out, {"x": rng.standard_normal((n, 6, 1)).astype(np.float32)})
+
+
 def test_a_transpose_of_unit_dims_before_a_reshape_goes(rng):
     """A forward LSTM's Y [T, 1, N, H] -> Transpose(0, 2, 1, 3) -> Reshape (voicefilter's
     embedder, three times): moving a dim of size 1 keeps the element order, so the Reshape
