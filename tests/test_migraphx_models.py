@@ -281,6 +281,53 @@ def test_an_op_migraphx_lacks_is_the_models_fault_not_the_rewrites(tmp_path, cap
     assert out.exists()
 
 
+def test_an_empty_tensor_migraphx_refuses_is_removed_so_it_compiles(tmp_path):
+    """The brainmaze spindle detector's head: a [N, 0, 1] tensor built from the batch dim
+    and multiplied before a Concat. MIGraphX refuses the original ("MULTIBROADCAST: input
+    dimensions should be > 0"); the rewrite drops the empty Concat input, whatever N is,
+    and MIGraphX compiles and computes it, batch still symbolic."""
+    import onnx
+
+    from rewriter.migraphx.backend import refuses
+    path = tmp_path / "e.onnx"
+    onnx.save(load_script("tests/passes/test_collapse_chains.py").empty_tail_model(), path)
+    err = refuses(path, {"x": [1, 6, 1]})
+    assert err is not None and "dimensions should be > 0" in err.message, err
+    report, info = rewrite_on_migraphx(path, tmp_path, verify=True)
+    assert_fp32_ok(info)
+    out = onnx.load(tmp_path / "out.onnx")
+    assert out.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"
+
+
+def test_a_model_that_parses_only_with_fixed_sizes_says_so(tmp_path, capfd):
+    """An empty tensor whose emptiness comes from the batch size (N - 1 rows at N = 1):
+    MIGraphX refuses the model at the sizes it runs, the original too. The error says that
+    with those sizes written into the model MIGraphX parses it, and names the flags; checked
+    here by running them: exit 0."""
+    from rewriter.cli import main
+    path = _save_text(tmp_path, """
+    g (float[N, 6] x) => (float[M, 6] y) {
+        s = Shape (x)
+        n = Gather (s, i0)
+        n1 = Sub (n, one)
+        shp = Concat <axis = 0> (n1, six)
+        e = ConstantOfShape <value = float[1] {1.0}> (shp)
+        m = Mul (e, k)
+        r = Relu (x)
+        y = Concat <axis = 0> (r, m)
+    }""", i0=np.array([0]), one=np.array([1]), six=np.array([6]), k=np.float32(3.0))
+    out = tmp_path / "o.onnx"
+    code = main([str(path), "-o", str(out), "-q", "--verify", "--migraphx-target", "ref"])
+    err = [ln for ln in capfd.readouterr().err.splitlines() if ln.strip()]
+    assert code == 2, err
+    assert len(err) == 1 and "(not caused by the rewrite)" in err[0], err
+    flags = "--fix-shapes --input-shape x:1x6"
+    assert err[0].endswith("MIGraphX parses it: add " + flags), err
+    code = main([str(path), "-o", str(out), "-q", "--verify", "--migraphx-target", "ref",
+                 *flags.split()])
+    assert code == 0, capfd.readouterr().err
+
+
 DYNAMIC_MATMUL = """
     g (float[N, 16] x) => (float[N, 8] y) {
         xq, xs, xz = DynamicQuantizeLinear(x)

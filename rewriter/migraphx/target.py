@@ -398,9 +398,38 @@ def _compile_output(report, checked, exported, original, base_dir, output, mgx, 
                 info["original_refused"] = f"{err.stage} failed: {err.message}"
                 info["error"] = (f"MIGraphX cannot {err.stage} the original model either at "
                                  f"{shown}: {err.message} (not caused by the rewrite)")
+                if err.stage == "parse" and _symbolic(exported.model) \
+                        and _fixed_parses(model_path, dims, tmp):
+                    flags = " ".join(f"--input-shape {k}:{'x'.join(map(str, v))}"
+                                     for k, v in dims.items())
+                    info["error"] += ("; with these sizes written into the model, MIGraphX "
+                                      f"parses it: add --fix-shapes {flags}")
             else:
                 does = "parses" if info["stage"] == "parse" else "compiles"
                 info["error"] += f" (the original model {does} at {shown}: the rewrite broke it)"
+
+
+def _symbolic(model) -> bool:
+    """Whether a graph input has a dim that is not a fixed size."""
+    return any(not (d.HasField("dim_value") and d.dim_value > 0)
+               for vi in model.graph.input if vi.type.HasField("tensor_type")
+               for d in vi.type.tensor_type.shape.dim)
+
+
+def _fixed_parses(model_path, dims: dict, tmp: str) -> bool:
+    """Whether MIGraphX parses the model once ``dims`` are written into its inputs and
+    what they make static is folded (--fix-shapes): it parses sizes computed from Shape
+    only when they are constants (a ConstantOfShape of a batch dim, say)."""
+    from rewriter.api import rewrite
+    from rewriter.core.errors import RewriteError
+
+    path = os.path.join(tmp, "fixed.onnx")
+    try:
+        rewrite(model_path, output=path, input_shapes=dims, fix_shapes=True,
+                materialize=False)
+    except RewriteError:
+        return False
+    return _backend("migraphx").refuses(path, dims, None) is None
 
 
 def _feed_sets(original, input_shapes, inputs, seed, held_out, plan, samples: int,
