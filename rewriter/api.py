@@ -138,6 +138,7 @@ class _Rewrite:
         self.labels = labels
         self.fix_shapes, self.fixed = fix_shapes, None
         self.fill = None   # random inputs' size in symbolic dims past the batch (None: 1)
+        self.tried = "1"   # the sizes tried there before feeds.FALLBACK_FILLS
         self.planner_settings = options.pop("planner", None)
         if target == "migraphx" and options.get("migraphx_version") is None:
             from rewriter.migraphx.lowering import installed_version
@@ -309,15 +310,26 @@ class _Rewrite:
         if not self.verify:
             return
         t = time.perf_counter()
-        from rewriter.verify import Verifier, make_feeds
+        from rewriter.verify import make_feeds
         from rewriter.verify.verifier import OriginalRunError
         if self.inputs is not None:
             feeds, what = self.inputs, "user inputs"
         elif self.held_out:
             feeds, what = self.held_out, f"{len(self.held_out)} held-out calibration samples"
         else:
-            feeds = make_feeds(self.original, self.input_shapes, self.seed)
-            what = f"random inputs seed {self.seed}"
+            feeds, what = None, f"random inputs seed {self.seed}"
+            from rewriter.verify.feeds import FIRST_FILL, symbolic_dims
+            if symbolic_dims(self.original, self.input_shapes) and not self.fix_shapes:
+                self.tried = f"{FIRST_FILL} or 1"
+                try:   # see FIRST_FILL: 1 in a sequence's length leaves attention unchecked
+                    feeds = make_feeds(self.original, self.input_shapes, self.seed,
+                                       fill=FIRST_FILL)
+                    self.verifier = self.new_verifier(feeds, None)
+                    self.fill, what = FIRST_FILL, f"{what}, symbolic dims {FIRST_FILL}"
+                except (OriginalRunError, InputError):
+                    feeds = self.verifier = None
+            if feeds is None:
+                feeds = make_feeds(self.original, self.input_shapes, self.seed)
         for feed in [feeds] if isinstance(feeds, dict) else feeds:
             for name, dims in (self.fixed or {}).items():
                 if name in feed and list(np.shape(feed[name])) != dims:
@@ -326,23 +338,29 @@ class _Rewrite:
         labels = self.held_labels if feeds is self.held_out else None
 
         def verifier(feeds):
-            return Verifier(self.original, self.base_dir, feeds, path=self.path,
-                            lossy=self.plan.verify if self.plan is not None else None,
-                            labels=labels,
-                            strict=bool((self.planner_settings or {}).get("strict")))
-        try:
-            self.verifier = verifier(feeds)
-        except OriginalRunError as e:
-            self.verifier, what = self.fill_symbolic_dims(e, what, verifier)
+            return self.new_verifier(feeds, labels)
+        if self.verifier is None:
+            try:
+                self.verifier = verifier(feeds)
+            except OriginalRunError as e:
+                self.verifier, what = self.fill_symbolic_dims(e, what, verifier)
         self.report.verified_with = "onnxruntime CPU, graph optimisations off, " + what
         self.seconds["reference"] = time.perf_counter() - t
 
+    def new_verifier(self, feeds, labels):
+        from rewriter.verify import Verifier
+        return Verifier(self.original, self.base_dir, feeds, path=self.path,
+                        lossy=self.plan.verify if self.plan is not None else None,
+                        labels=labels,
+                        strict=bool((self.planner_settings or {}).get("strict")))
+
     def fill_symbolic_dims(self, error, what: str, verifier):
-        """Random inputs with 1 in every symbolic dim did not run the original (a window
-        larger than 1, say): try the sizes of FALLBACK_FILLS past the batch dim, and say
-        which ran; if none does, the first error, with the option that fixes it."""
-        from rewriter.verify.feeds import (FALLBACK_FILLS, input_shape, make_feeds,
-                                           real_inputs, symbolic_dims)
+        """Random inputs with FIRST_FILL, then 1, in the symbolic dims did not run the
+        original (a window larger than 8, say): try the sizes of FALLBACK_FILLS past the
+        batch dim, and say which ran; if none does, the error with 1, with the option that
+        fixes it."""
+        from rewriter.verify.feeds import (FALLBACK_FILLS, FIRST_FILL, input_shape,
+                                           make_feeds, real_inputs, symbolic_dims)
 
         free = symbolic_dims(self.original, self.input_shapes)
         if self.inputs is not None or self.held_out or not free:
@@ -356,7 +374,8 @@ class _Rewrite:
                 continue
             shapes = ", ".join(f"{k}:{'x'.join(map(str, np.shape(feeds[k])))}" for k in free)
             self.report.warnings.append(
-                f"random inputs with 1 in the symbolic dims ({where}) do not run the original "
+                f"random inputs with {self.tried} in the symbolic dims ({where}) do not run "
+                "the original "
                 f"model; verified with {fill} there instead ({shapes}): --input-shape sets "
                 "the sizes you use")
             self.fill = fill
@@ -365,8 +384,9 @@ class _Rewrite:
             f"--input-shape {vi.name}:" + "x".join(map(str, input_shape(vi, self.input_shapes
                                                                          or {})))
             for vi in real_inputs(self.original) if vi.name in free)
+        sizes = ([FIRST_FILL] if self.tried != "1" else []) + list(FALLBACK_FILLS)
         raise InputError(f"{error} (symbolic dims set to 1: {where}; nor did "
-                         f"{' or '.join(map(str, FALLBACK_FILLS))} run; give your sizes, "
+                         f"{' or '.join(map(str, sizes))} run; give your sizes, "
                          f"e.g. {example} with the 1s replaced)") from None
 
     def after_change(self, p, rec, records) -> None:

@@ -195,12 +195,12 @@ def test_model_onnxruntime_cannot_run_is_exit_2(tmp_path, capfd):
 
 
 def test_symbolic_dims_too_small_to_run_get_a_larger_size_or_the_fix(tmp_path, capfd):
-    # A 5x5 conv without padding cannot run on the 1x1 image random inputs start from:
-    # verification falls back to 32 past the batch dim and says so.
+    # An 11x11 conv without padding cannot run on the 8x8 image random inputs start from,
+    # nor on 1x1: verification falls back to 32 past the batch dim and says so.
     conv = make_model("""
     <ir_version: 8, opset_import: ["" : 17]>
-    g (float[N, 3, H, W] x, float[4, 3, 5, 5] w) => (float[N, 4, A, B] y) { y = Conv(x, w) }
-    """, {"w": [4, 3, 5, 5]})
+    g (float[N, 3, H, W] x, float[4, 3, 11, 11] w) => (float[N, 4, A, B] y) { y = Conv(x, w) }
+    """, {"w": [4, 3, 11, 11]})
     src = tmp_path / "c.onnx"
     onnx.save(conv, src)
     code, out, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--verify", "--target", "none")

@@ -511,3 +511,45 @@ def test_the_gates_onnxruntime_copy_moves_only_layer_weights():
     want = ort.run(ort.session(m), {"x": feeds["x"]})
     for a, b in zip(got, want):   # constant weights take prepacked kernels: not bit-equal
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+class BreaksAttentionScores(Pass):
+    """A buggy pass: the attention scores Q.K^T become zeros of the same shape. Over one
+    position the softmax is 1 whatever its input, so only a sequence longer than 1 shows
+    it."""
+
+    name = "breaks-attention-scores"
+    phase = Phase.FUSE
+    numerics = Numerics.EXACT
+
+    def run(self, graph, ctx):
+        soft = next(n for n in graph.nodes if n.op == "Softmax")
+        scores = soft.inputs[0]
+        zero = gs.Constant(ctx.namer("zero"), np.zeros((1,), np.float32))
+        mul = gs.Node("Mul", inputs=[scores, zero], outputs=[gs.Variable(ctx.namer("z"),
+                                                                          np.float32)])
+        graph.nodes.append(mul)
+        soft.inputs[0] = mul.outputs[0]
+        return PassResult(changed=True)
+
+
+def test_random_inputs_are_long_enough_to_check_attention():
+    """Self-attention over a symbolic sequence length: with 1 there (the default before),
+    the broken scores verified; random inputs now put 8 in symbolic dims past the batch,
+    and verification fails, blaming the pass."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, L, 4] x) => (float[N, L, 4] y) {
+        kt = Transpose <perm = [0, 2, 1]> (x)
+        s = MatMul (x, kt)
+        p = Softmax <axis = -1> (s)
+        y = MatMul (p, x)
+    }""")
+    with pytest.raises(rewriter.VerificationError) as e:
+        rewriter.rewrite(m, [BreaksAttentionScores()], verify=True)
+    assert "breaks-attention-scores" in str(e.value)
+    assert e.value.report.verified_with.endswith("symbolic dims 8")
+    # The same pass at sequence length 1, as --input-shape can still ask: not seen.
+    out, report = rewriter.rewrite(m, [BreaksAttentionScores()], verify=True,
+                                   input_shapes={"x": [1, 1, 4]})
+    assert report.ok

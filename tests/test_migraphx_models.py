@@ -244,20 +244,30 @@ def test_scalar_output_compares_as_a_scalar(tmp_path):
 
 
 def test_symbolic_dims_migraphx_cannot_take_as_1_get_a_larger_size(tmp_path):
-    """A 5x5 conv without padding: neither MIGraphX nor onnxruntime takes the 1x1 image
-    random inputs start from (MIGraphX 2.16 compiles it, onnxruntime refuses the reference
-    run). Without --verify, the compile step finds it; the original itself does not run, so
-    the dims are at fault and 32 is tried, with a warning.
-    With --verify, verification already moved to 32 and MIGraphX runs what it ran."""
+    """An 11x11 conv without padding: neither MIGraphX nor onnxruntime takes the 8x8 or
+    1x1 image random inputs start from (MIGraphX 2.16 compiles it, onnxruntime refuses the
+    reference run). Without --verify, the compile step finds it; the original itself does
+    not run, so the dims are at fault and 32 is tried, with a warning.
+    With --verify, verification already moved to 32 and MIGraphX runs what it ran.
+    A 5x5 conv runs at 8x8: compiled and compared there, with no warning."""
     rng = np.random.default_rng(5)
     path = _save_text(tmp_path, """
     g (float[N, 3, H, W] x) => (float[N, 4, A, B] y) { y = Conv(x, w) }""",
-                      w=rng.standard_normal((4, 3, 5, 5)).astype(np.float32))
+                      w=rng.standard_normal((4, 3, 11, 11)).astype(np.float32))
     report, info = rewrite_on_migraphx(path, tmp_path)
     assert_fp32_ok(info)
     assert info["input_dims"]["x"] == [1, 3, 32, 32]
     said = [w for w in report.warnings if w.startswith("the original model does not run")]
-    assert len(said) == 1 and "compared with 32 there instead" in said[0], report.warnings
+    assert len(said) == 1 and "run with 8 or 1 in its" in said[0], report.warnings
+    assert "compared with 32 there instead" in said[0], report.warnings
+    (tmp_path / "small").mkdir()
+    small = _save_text(tmp_path / "small", """
+    g (float[N, 3, H, W] x) => (float[N, 4, A, B] y) { y = Conv(x, w) }""",
+                       w=rng.standard_normal((4, 3, 5, 5)).astype(np.float32))
+    report, info = rewrite_on_migraphx(small, tmp_path)
+    assert_fp32_ok(info)
+    assert info["input_dims"]["x"] == [1, 3, 8, 8]
+    assert not any(w.startswith("the original model does not run") for w in report.warnings)
     report, info = rewrite_on_migraphx(path, tmp_path, verify=True)
     assert_fp32_ok(info)
     assert info["input_dims"]["x"] == [1, 3, 32, 32]
@@ -373,15 +383,15 @@ def test_dynamic_quantization_computes_right_after_the_rewrite(tmp_path):
 
 def test_speech_quality_models_without_input_shapes(tmp_path):
     """speechmos' PLCMOS and AECMOS with nothing but --verify: PLCMOS's convs cannot take
-    the 1 frame random inputs start from (onnxruntime refuses), so verification and MIGraphX
-    use 32, and its 0-d score compares as a scalar; AECMOS runs 1 frame in onnxruntime but
-    MIGraphX's parser refuses its pooling there, as it refuses the original: the compile
-    step moves to 32 frames and says so."""
+    1 frame (onnxruntime refuses) but take the 8 random inputs start from, so verification
+    and MIGraphX use 8, and its 0-d score compares as a scalar; AECMOS runs 8 frames in
+    onnxruntime but MIGraphX's parser refuses its pooling there, as it refuses the
+    original: the compile step moves to 32 frames and says so."""
     report, info = rewrite_on_migraphx(model_path("speechmos_plcmos_v2.onnx"), tmp_path,
                                        verify=True)
     assert_fp32_ok(info)
-    assert info["input_dims"]["degraded_audio"] == [1, 1, 32, 257]
-    assert any("verified with 32 there instead" in w for w in report.warnings)
+    assert info["input_dims"]["degraded_audio"] == [1, 1, 8, 257]
+    assert not any("there instead" in w for w in report.warnings), report.warnings
     (tmp_path / "aec").mkdir()
     report, info = rewrite_on_migraphx(model_path("speechmos_aecmos_1663829550.onnx"),
                                        tmp_path / "aec", verify=True)

@@ -303,17 +303,21 @@ def compile_output(report, checked: tuple, exported, original, base_dir, output,
                    model_path: str | None, fill: int | None = None) -> None:
     """The API's target step, second half: :func:`migraphx_step` on the saved output
     (``checked`` is what :func:`static_check` returned). Random inputs use ``fill`` in
-    the symbolic dims past the batch (None: 1), as verification did.
+    the symbolic dims past the batch (None: 1), as verification did; without
+    verification, FIRST_FILL and then 1, as verification would have.
 
     When MIGraphX refuses the output, the original is tried at the same dims: if it is
     refused too, the dims are at fault, not the rewrite; with random inputs and symbolic
     dims the user did not set, the larger sizes of feeds.FALLBACK_FILLS are tried next."""
-    from rewriter.verify.feeds import FALLBACK_FILLS, symbolic_dims
+    from rewriter.verify.feeds import FALLBACK_FILLS, FIRST_FILL, symbolic_dims
     from rewriter.verify.verifier import OriginalRunError
 
     free = symbolic_dims(original, input_shapes) \
         if inputs is None and not (plan is not None and held_out) else {}
-    fills = [fill] + ([f for f in FALLBACK_FILLS if fill is None or f > fill] if free else [])
+    if free and verifier is None:   # no --verify chose the sizes: as it would have
+        fills = [FIRST_FILL, None, *FALLBACK_FILLS]
+    else:
+        fills = [fill] + ([f for f in FALLBACK_FILLS if fill is None or f > fill] if free else [])
     first = None
     for k, f in enumerate(fills):
         try:
@@ -329,14 +333,15 @@ def compile_output(report, checked: tuple, exported, original, base_dir, output,
         if info.get("status") != "failed" or not info.get("original_refused"):
             break
         first = first or "MIGraphX " + info["original_refused"]
+    sizes = [str(f or 1) for f in fills]
     if k > 0 and info.get("status") == "failed" and info.get("original_refused"):
-        info["error"] += (f"; nor with {' or '.join(map(str, fills[1:]))} in the symbolic "
-                          "dims past the batch: --input-shape sets the sizes")
-    if k > 0 and info.get("status") == "compiled":
+        info["error"] += (f"; nor with {' or '.join(sizes[1:])} in the symbolic dims past "
+                          "the batch: --input-shape sets the sizes")
+    if fills[k] in FALLBACK_FILLS and k > 0 and info.get("status") == "compiled":
         where = "; ".join(f"{n} at {v}" for n, v in free.items())
         report.warnings.append(
-            f"the original model does not run with {fills[0] or 1} in its symbolic dims "
-            f"({where}): {first}; compiled and compared with {fills[k]} there instead: "
+            f"the original model does not run with {' or '.join(sizes[:k])} in its symbolic "
+            f"dims ({where}): {first}; compiled and compared with {fills[k]} there instead: "
             "--input-shape sets the sizes you use")
 
 

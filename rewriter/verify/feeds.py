@@ -85,6 +85,13 @@ def symbolic_dims(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = 
     return out
 
 
+# Random inputs put this in the symbolic dims past the batch first. With 1 there, an
+# attention's softmax runs over one element (always 1) and a recurrence over one step, so a
+# rewrite that broke the Q.K path or a reshape of the time axis would still verify
+# (an int8 MiniLM was verified at sequence length 1). Where the original does not run with
+# it, 1 is tried, then FALLBACK_FILLS.
+FIRST_FILL = 8
+
 # Sizes tried, in order, for symbolic dims past the batch when random inputs with 1 there
 # cannot run the original (a conv or pooling window larger than 1, a reshape that needs a
 # multiple): the smallest usual sizes, so verification stays fast; 1024 last, for audio
