@@ -2,7 +2,10 @@
 
 A model saved by onnxruntime's optimiser (``optimized_model_filepath``, ORT_ENABLE_EXTENDED
 or ALL) carries fused contrib ops; MIGraphX's parser does not know FusedConv, FusedGemm or
-FusedMatMul (some others it parses by name). Before -> after::
+FusedMatMul. Those it parses and computes right (GELUs, Skip(Simplified)LayerNormalization:
+MIGRAPHX_PARSES, in the forms its parser accepts) are kept, counted as
+``parsed-by-migraphx:<Op>``, unless the target MIGraphX version predates them.
+Before -> after::
 
     FusedConv(x, W, B, Z; act, params)      =>  act(Add(Conv(x, W, B), Z))
     FusedGemm(A, B, C; act, act_alpha ..)   =>  act(Gemm(A, B, C))
@@ -64,6 +67,17 @@ MS = "com.microsoft"
 ACTS = {"Relu": (), "Tanh": (), "Sigmoid": (), "Silu": (), "Softplus": (), "Softsign": (),
         "LeakyRelu": ("alpha",), "Elu": ("alpha",), "ThresholdedRelu": ("alpha",),
         "Selu": ("alpha", "gamma"), "HardSigmoid": ("alpha", "beta"), "Clip": ("min", "max")}
+# Contrib ops MIGraphX parses itself, from the version that added them (src/onnx/
+# parse_gelu.cpp since 2.10, ROCm 6.2; parse_skip_simplified_layer_normalization.cpp since
+# 2.11; parse_skip_layer_normalization.cpp since 2.13, ROCm 7.0), and computes within FP32
+# tolerances on 2.15 and 2.16 (tests/test_migraphx_models.py): they are kept, not expanded,
+# unless the target version (Options.migraphx_version) predates them. Kept, they stay
+# exact: the LayerNorm decomposition re-rounds (Numerics.CLOSE), and a model that rounds
+# it on into dynamic quantization and durations (Kokoro TTS, int8) then drifts (cosine
+# -0.23). QuickGelu is not here: MIGraphX requires its alpha attribute, onnxruntime not.
+MIGRAPHX_PARSES = {"Gelu": (2, 10), "BiasGelu": (2, 10), "FastGelu": (2, 10),
+                   "SkipSimplifiedLayerNormalization": (2, 11),
+                   "SkipLayerNormalization": (2, 13)}
 # Default-domain ops that onnxruntime registers itself (not valid ONNX at these opsets).
 ORT_ONNX_DOMAIN = {"LayerNormalization": 17, "SimplifiedLayerNormalization": 1 << 30}
 # To find a dtype shape inference missed (it stops at the first contrib op): ops whose output
@@ -81,6 +95,58 @@ SAME_TYPE = {"Relu", "Sigmoid", "Tanh", "Erf", "Identity", "Transpose", "Reshape
 def _contrib(domain, op: str, opset: int) -> bool:
     d = domain or ""
     return d.startswith(MS) or (d in ("", "ai.onnx") and opset < ORT_ONNX_DOMAIN.get(op, 0))
+
+
+def _migraphx_parses(node: gs.Node, version) -> bool:
+    """Whether MIGraphX (``version``, None: 2.15/2.16) parses this contrib node as it is:
+    the op is in MIGRAPHX_PARSES at that version, float32 or float16, only its first output
+    read, and for the skip layer norms the ranks its parser accepts (SkipLayerNormalization:
+    input 3-D, skip 3-D or 2-D; the simplified one: input 2-D or 3-D, skip the same rank;
+    gamma, beta and bias 1-D)."""
+    since = MIGRAPHX_PARSES.get(node.op) if node.domain == MS else None
+    if since is None or tuple(version or since) < since:
+        return False
+    if any(t.name and t.outputs for t in node.outputs[1:]) or _dtype(node) not in (
+            np.float32, np.float16):
+        return False
+    if not node.op.startswith("Skip"):
+        return True
+    ranks = [None if t.name == "" else _rank(t) for t in node.inputs]
+    x, skip, params = ranks[0], ranks[1], ranks[2:]
+    if any(r != 1 for r, t in zip(params, node.inputs[2:]) if t.name):
+        return False
+    if node.op == "SkipLayerNormalization":
+        return x == 3 and skip in (2, 3)
+    return x in (2, 3) and skip == x
+
+
+# Ops whose output has the rank of their inputs broadcast together (the largest), for a
+# rank shape inference did not give (it stops at the first contrib op).
+BROADCAST_RANK = {"Add", "Sub", "Mul", "Div", "Pow", "Where", "Relu", "Sigmoid", "Tanh", "Erf",
+                  "Sqrt", "Cast", "Identity", "Softmax", "LeakyRelu", "Clip", "Neg",
+                  "DequantizeLinear", "QuantizeLinear", "DynamicQuantizeLinear", "MatMul",
+                  "MatMulInteger", "Gelu", "BiasGelu", "FastGelu", "QuickGelu", "BiasAdd",
+                  "SkipLayerNormalization", "SkipSimplifiedLayerNormalization",
+                  "LayerNormalization", "SimplifiedLayerNormalization"}
+
+
+def _rank(t, depth: int = 0) -> int | None:
+    """A tensor's rank: its shape's, or from its producer's inputs (BROADCAST_RANK)."""
+    if t.shape is not None:
+        return len(t.shape)
+    if isinstance(t, gs.Constant):
+        return t.values.ndim
+    n = t.inputs[0] if t.inputs else None
+    if n is None or depth > 64 or n.op not in BROADCAST_RANK or t is not n.outputs[0]:
+        return None
+    ranks = [_rank(i, depth + 1) for i in n.inputs if i.name]
+    if n.op == "DequantizeLinear" or n.op == "QuantizeLinear":
+        ranks = ranks[:1]
+    elif n.op in ("MatMul", "MatMulInteger"):
+        ranks = ranks[:2]
+    elif n.op.startswith(("Skip", "LayerNorm", "SimplifiedLayerNorm")):
+        ranks = ranks[:1]
+    return None if not ranks or None in ranks else max(ranks)
 
 
 class ExpandContrib(Pass):
@@ -102,6 +168,9 @@ class ExpandContrib(Pass):
                 if not node.outputs or not _contrib(node.domain, node.op, graph.opset):
                     continue
                 known = (node.domain or "") in (MS, "", "ai.onnx")
+                if _migraphx_parses(node, ctx.options.migraphx_version):
+                    res.skip(f"parsed-by-migraphx:{node.op}")
+                    continue
                 handler = HANDLERS.get(node.op) if known else None
                 if handler is None:
                     dom = "" if node.domain == MS else f"{node.domain}:"

@@ -338,6 +338,28 @@ def test_a_model_that_parses_only_with_fixed_sizes_says_so(tmp_path, capfd):
     assert code == 0, capfd.readouterr().err
 
 
+def test_contrib_ops_kept_for_migraphx_parse_and_compute_right(tmp_path):
+    """expand-contrib keeps the com.microsoft ops of MIGRAPHX_PARSES in the forms MIGraphX's
+    parser takes: this MIGraphX parses each (BiasGelu, FastGelu, Gelu, SkipLayerNormalization
+    with a 2-D skip and five inputs, SkipSimplifiedLayerNormalization with a 3-D one) and
+    computes the model within the FP32 tolerances against onnxruntime's kernels. What its
+    parser refuses (a simplified norm with a 2-D skip) is expanded."""
+    import onnx
+
+    from rewriter.passes.expand_contrib import MIGRAPHX_PARSES
+    mod = load_script("tests/passes/test_expand_contrib.py")
+    model = mod.make_model(mod.KEPT, mod.KEPT_INITS, seed=11)
+    path = tmp_path / "contrib.onnx"
+    onnx.save(model, path)
+    report, info = rewrite_on_migraphx(path, tmp_path, verify=True)
+    assert_fp32_ok(info)
+    assert info["input_dims"]["x"] == [1, 4, 16]
+    kept = {k.split(":")[2] for k in report.passes[0].counts if "parsed-by-migraphx" in k}
+    assert kept == set(MIGRAPHX_PARSES), report.passes[0].counts
+    out = onnx.load(tmp_path / "out.onnx")
+    assert sum(n.domain == "com.microsoft" for n in out.graph.node) == len(MIGRAPHX_PARSES)
+
+
 DYNAMIC_MATMUL = """
     g (float[N, 16] x) => (float[N, 8] y) {
         xq, xs, xz = DynamicQuantizeLinear(x)

@@ -12,9 +12,17 @@ import rewriter
 from rewriter.core.convert import to_graph, to_model
 from rewriter.core.graph import Namer, graph_protos
 from rewriter.core.manager import cleanup
-from rewriter.core.pass_base import Context
+from rewriter.core.pass_base import Context, Options
 
 TOL = 1e-5
+# MIGraphX before 2.10 parses none of the contrib ops: everything handled is expanded. The
+# default (2.15/2.16, or no version) keeps the ones it parses: test_kept_where_migraphx_parses.
+OLD_MIGRAPHX = {"migraphx_version": (2, 9)}
+
+
+def rewrite(m, passes, **kw):
+    kw["options"] = {**OLD_MIGRAPHX, **kw.get("options", {})}
+    return rewriter.rewrite(m, passes, **kw)
 
 
 def head(opset=17):
@@ -22,7 +30,7 @@ def head(opset=17):
 
 
 def expand(m, **kw):
-    return rewriter.rewrite(m, ["expand-contrib"], verify=True, **kw)
+    return rewrite(m, ["expand-contrib"], verify=True, **kw)
 
 
 def contrib_nodes(m):
@@ -76,7 +84,7 @@ def test_fused_conv_silu_against_numpy():
         y = com.microsoft.FusedConv <activation = "Silu", pads = [1, 1, 1, 1]> (x, W, B)
     }}"""
     m = make_model(text, {"W": (4, 4, 3, 3), "B": (4,)})
-    out, _ = rewriter.rewrite(m, ["expand-contrib"])
+    out, _ = rewrite(m, ["expand-contrib"])
     assert ops(out) == ["Conv", "Sigmoid", "Mul"]
     f = feeds(x=(2, 4, 8, 8))
     c = run_ort(make_model(text.replace('activation = "Silu", ', ""),
@@ -184,6 +192,46 @@ def test_gelu_family_chained_dtype_found_through_contrib_producers():
     check(m, out, feeds(x=(2, 4, 16)))
 
 
+KEPT = f"""
+    {head()}
+    g (float[N, 4, 16] x, float[4, 16] s, float[N, 4, 16] t) => (float[N, 4, 16] y,
+                                                                 float[N, 4, 16] z,
+                                                                 float[N, 4, 16] w) {{
+        h = MatMul (x, M)
+        a = com.microsoft.BiasGelu (h, b)
+        c = com.microsoft.FastGelu (a, b2)
+        d = com.microsoft.Gelu (c)
+        e = com.microsoft.QuickGelu (d)
+        y = com.microsoft.SkipLayerNormalization <epsilon = 0.001> (e, s, G, Bt, b)
+        z = com.microsoft.SkipSimplifiedLayerNormalization <epsilon = 0.001> (d, t, G)
+        w = com.microsoft.SkipSimplifiedLayerNormalization <epsilon = 0.001> (d, s, G)
+    }}"""
+KEPT_INITS = {"M": (16, 16), "b": (16,), "b2": (16,), "G": ("pos", (16,)), "Bt": (16,)}
+
+
+def test_kept_where_migraphx_parses():
+    """MIGraphX 2.15/2.16 parse the GELUs and both skip layer norms (and compute them within
+    FP32 tolerances: tests/test_migraphx_models.py): by default they stay, exact, each
+    counted with the reason. Expanded: QuickGelu (MIGraphX needs its alpha) and a
+    simplified norm whose skip is 2-D (its parser wants the input's rank). A target MIGraphX
+    that predates an op gets it expanded: 2.12 has all but SkipLayerNormalization."""
+    m = make_model(KEPT, KEPT_INITS)
+    every = {"BiasGelu": 1, "FastGelu": 1, "Gelu": 1, "SkipLayerNormalization": 1,
+             "SkipSimplifiedLayerNormalization": 1}
+    for options, expanded in ((None, {}), ({"migraphx_version": (2, 16)}, {}),
+                              ({"migraphx_version": (2, 12)}, {"SkipLayerNormalization": 1})):
+        out, rep = rewriter.rewrite(m, ["expand-contrib"], verify=True, options=options)
+        c = rep.passes[0].counts
+        assert {k.split(":")[1]: v for k, v in c.items() if k.startswith("expanded:")} == {
+            "QuickGelu": 1, "SkipSimplifiedLayerNormalization": 1, **expanded}, c
+        kept = {k: v for k, v in every.items() if k not in expanded}
+        assert {k.split(":")[2]: v for k, v in c.items() if "parsed-by-migraphx" in k} == kept
+        assert sorted(contrib_nodes(out)) == sorted(kept)
+        f = feeds(x=(2, 4, 16), s=(4, 16), t=(2, 4, 16))
+        for a, b in zip(run_ort(m, f), run_ort(out, f)):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("opset", [13, 17, 18])
 @pytest.mark.parametrize("beta,bias,sum_out", [(True, True, True), (False, False, False),
                                                (True, False, True), (False, True, False)])
@@ -220,7 +268,7 @@ def run_pass(m):
     """The pass on its own: a default-domain LayerNormalization below opset 17 is
     onnxruntime's private schema, which onnx.checker (and so rewriter.rewrite) refuses."""
     graph = to_graph(m)
-    res = ExpandContrib().run(graph, Context(namer=Namer(graph)))
+    res = ExpandContrib().run(graph, Context(namer=Namer(graph), options=Options(**OLD_MIGRAPHX)))
     cleanup(graph)
     return to_model(graph, m), res
 
@@ -256,7 +304,7 @@ def test_layer_norm_in_the_microsoft_domain():
         y = com.microsoft.LayerNormalization <epsilon = 0.001> (x, G, Bt)
     }}"""
     m = make_model(text, {"G": (16,), "Bt": (16,)})
-    out, _ = rewriter.rewrite(m, ["expand-contrib"])
+    out, _ = rewrite(m, ["expand-contrib"])
     assert ops(out) == ["LayerNormalization"] and not contrib_nodes(out)
     twin = make_model(text.replace("com.microsoft.", ""), {"G": (16,), "Bt": (16,)})
     f = feeds(x=(2, 4, 16))
@@ -270,7 +318,7 @@ def test_bias_add_against_numpy():
     g (float[N, 4, 16] x, float[N, 4, 16] s) => (float[N, 4, 16] y) {{
         y = com.microsoft.BiasAdd (x, B, s)
     }}""", {"B": (16,)})
-    out, _ = rewriter.rewrite(m, ["expand-contrib"])
+    out, _ = rewrite(m, ["expand-contrib"])
     assert ops(out) == ["Add", "Add"]
     f = feeds(x=(2, 4, 16), s=(2, 4, 16))
     b = onnx.numpy_helper.to_array(m.graph.initializer[0])
@@ -322,7 +370,7 @@ def test_skip_reasons(reason, body, opset):
     g (float[2, 2] x) => ({outs}) {{
         {body}
     }}""", {"W": (2, 2), "G": (2,), "H": np.ones(2, np.float16)})
-    out, rep = rewriter.rewrite(m, ["expand-contrib"])
+    out, rep = rewrite(m, ["expand-contrib"])
     counts = rep.passes[0].counts
     assert counts.get(f"skip:{reason}") == 1, counts
     assert contrib_nodes(out), "the skipped node stays"
@@ -335,7 +383,7 @@ def test_nchwc_domain_op_is_named_with_its_domain():
         [onnx.helper.make_tensor_value_info("y", 1, [1, 8, 4, 4])]),
         opset_imports=[onnx.helper.make_opsetid("", 17),
                        onnx.helper.make_opsetid("com.microsoft.nchwc", 1)])
-    _, rep = rewriter.rewrite(m, ["expand-contrib"])
+    _, rep = rewrite(m, ["expand-contrib"])
     assert rep.passes[0].counts == {"skip:unsupported-contrib:com.microsoft.nchwc:ReorderInput": 1}
 
 
@@ -456,7 +504,7 @@ def test_onnxruntime_extended_output_expands(which, tmp_path):
         f = feeds(input=(2, 3, 64, 64))
     opt = _ort_optimized(m, tmp_path / "opt.onnx")
     before = set(contrib_nodes(opt))
-    out, rep = rewriter.rewrite(tmp_path / "opt.onnx", ["expand-contrib"], verify=True)
+    out, rep = rewrite(tmp_path / "opt.onnx", ["expand-contrib"], verify=True)
     assert not contrib_nodes(out)
     assert {k.split(":")[1] for k in rep.passes[0].counts} == before
     check(opt, out, f)
