@@ -360,6 +360,33 @@ def test_contrib_ops_kept_for_migraphx_parse_and_compute_right(tmp_path):
     assert sum(n.domain == "com.microsoft" for n in out.graph.node) == len(MIGRAPHX_PARSES)
 
 
+def test_refused_at_every_size_reports_the_first_sizes_error(tmp_path, capfd):
+    """Kokoro TTS (int8, with an op MIGraphX lacks) refused at 8 tokens for the op, then at
+    1024 for its 512-position table: the line said the latter, which is not what is wrong
+    with the model. Here: Det (not in MIGraphX) after a 16-row position table sliced to the
+    sequence: at 8 the parse stops at Det, at 32 at the table's broadcast; the line gives
+    the error at 8 and the sizes also tried."""
+    from rewriter.cli import main
+    rng = np.random.default_rng(2)
+    path = _save_text(tmp_path, """
+    g (float[1, L, 4] x) => (float[1] y) {
+        s = Shape (x)
+        n = Gather (s, one)
+        p = Slice (table, zero, n, one)
+        a = Add (x, p)
+        t = Transpose <perm = [0, 2, 1]> (a)
+        m = MatMul (t, a)
+        y = Det (m)
+    }""", zero=np.array([0]), one=np.array([1]),
+        table=rng.standard_normal((1, 16, 4)).astype(np.float32))
+    code = main([str(path), "-o", str(tmp_path / "o.onnx"), "-q", "--verify",
+                 "--migraphx-target", "ref"])
+    err = [ln for ln in capfd.readouterr().err.splitlines() if ln.strip()]
+    assert code == 2, err
+    assert len(err) == 1 and "either at x:1x8x4: " in err[0], err
+    assert "Unknown operator: Det (not caused by the rewrite); nor with 32 or 224" in err[0], err
+
+
 DYNAMIC_MATMUL = """
     g (float[N, 16] x) => (float[N, 8] y) {
         xq, xs, xz = DynamicQuantizeLinear(x)

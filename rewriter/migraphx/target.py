@@ -318,7 +318,7 @@ def compile_output(report, checked: tuple, exported, original, base_dir, output,
         fills = [FIRST_FILL, None, *FALLBACK_FILLS]
     else:
         fills = [fill] + ([f for f in FALLBACK_FILLS if fill is None or f > fill] if free else [])
-    first = None
+    first = first_info = None
     for k, f in enumerate(fills):
         try:
             _compile_output(report, checked, exported, original, base_dir, output, mgx,
@@ -333,8 +333,12 @@ def compile_output(report, checked: tuple, exported, original, base_dir, output,
         if info.get("status") != "failed" or not info.get("original_refused"):
             break
         first = first or "MIGraphX " + info["original_refused"]
+        first_info = first_info or info
     sizes = [str(f or 1) for f in fills]
     if k > 0 and info.get("status") == "failed" and info.get("original_refused"):
+        # The first size's error: the later ones fail for their size (a table of 512
+        # positions at 1024), which says nothing of the model at the size it was given.
+        info = report.extra["compile"] = first_info
         info["error"] += (f"; nor with {' or '.join(sizes[1:])} in the symbolic dims past "
                           "the batch: --input-shape sets the sizes")
     if fills[k] in FALLBACK_FILLS and k > 0 and info.get("status") == "compiled":
