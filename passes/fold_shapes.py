@@ -10,8 +10,8 @@ Every small integer or boolean tensor (at most 1,024 elements) gets a value whos
 are integers or sympy expressions in the symbolic dims: a dim_param is a symbol (the same
 name is the same value, as ONNX's shape inference also assumes), an unnamed unknown dim is a
 fresh symbol per tensor and axis, and all are non-negative integers. Values flow through
-Shape, Size, Gather, Slice, Concat, Unsqueeze, Squeeze, Reshape, Flatten, Identity, Cast
-(between integer/bool types), Add, Sub, Mul, Neg, Abs, Div (truncating; symbolic only for a
+Shape, Size, Gather, Slice, Concat, Unsqueeze, Squeeze, Reshape, Flatten, Transpose,
+ConstantOfShape (integer values), Identity, Cast (between integer/bool types), Add, Sub, Mul, Neg, Abs, Div (truncating; symbolic only for a
 non-negative dividend and a positive constant divisor), Max, Min, Equal, Less, Greater,
 LessOrEqual, GreaterOrEqual, Not, And, Or, Where and Constant. A node whose outputs all come
 out as plain numbers becomes constants: that folds every value that does not depend on a
@@ -33,9 +33,9 @@ Skipped with a reason: a branch whose tensor names clash with the enclosing grap
 (if-name-clash).
 
 Shapes come from ONNX shape inference (data propagation on), run once before the pipeline,
-If/Loop/Scan bodies included; bodies are processed like the top level. Where a round gave a
-Reshape output a shape that inference did not find (its data propagation stops in some
-chains) or inlined a branch, and a Shape or Size of a not fully static tensor is left,
+If/Loop/Scan bodies included; bodies are processed like the top level. Where a round folded
+anything (a Reshape's output shape inference did not find, an inlined branch, a Pad's pads:
+TensorFlow's SAME padding) and a Shape or Size of a not fully static tensor is left,
 inference runs again on the graph as it is (:func:`rewriter.core.convert.refresh_shapes`;
 its fresh unknown dims are renamed per run, so they never alias a dim of another run) and
 the next round sees what became static downstream, through ops this pass does not
@@ -116,10 +116,11 @@ class FoldShapes(Pass):
                 break
             res.changed = True
             dead_code(graph)
-            if (shaped or inlined) and round_ + 1 < ROUNDS and _shapes_left(graph):
-                # What this round made known (a Reshape's output shape, an inlined branch)
-                # can make more static downstream, through ops this pass does not evaluate
-                # (an LSTM's output, a Transpose): onnx infers the graph again.
+            if round_ + 1 < ROUNDS and _shapes_left(graph):
+                # What this round made known (a Reshape's output shape, an inlined branch,
+                # a Pad's folded pads) can make more static downstream, through ops this
+                # pass does not evaluate (an LSTM's output, a Transpose, a Conv after the
+                # Pad): onnx infers the graph again.
                 res.count("shapes-refreshed", int(refresh_shapes(graph, f"r{round_}_") > 0))
         return res
 
@@ -276,6 +277,16 @@ def _eval(node: gs.Node, values: dict):  # noqa: C901 - one branch per op, flat 
     x = ins[0] if ins else None
     if op == "Identity":
         return [x]
+    if op == "ConstantOfShape":   # TF's SAME pads start from zeros of a known count
+        value = node.attrs.get("value")
+        a = np.asarray(value.values).ravel() if isinstance(value, gs.Constant) else \
+            np.zeros(1, np.float32)
+        if x is None or not x.concrete() or a.dtype.kind not in INT_KINDS:
+            return None
+        shape = [int(d) for d in x.arr.ravel()]
+        if any(d < 0 for d in shape) or np.prod(shape, dtype=float) > MAX_ELEMS:
+            return None
+        return [_V(np.full(shape, a[0].item(), dtype=object), a.dtype)]
     if x is None:
         return None
     if op == "Gather":
@@ -336,6 +347,10 @@ def _eval(node: gs.Node, values: dict):  # noqa: C901 - one branch per op, flat 
         if not int(node.attrs.get("allowzero", 0)):
             shape = [x.arr.shape[i] if s == 0 else s for i, s in enumerate(shape)]
         return [_V(x.arr.reshape(shape), x.dtype)]
+    if op == "Transpose":   # TF's SAME pads: a [4, 2] table transposed, then flattened
+        perm = node.attrs.get("perm")
+        return [_V(np.transpose(x.arr, None if perm is None else [int(p) for p in perm]),
+                   x.dtype)]
     if op == "Flatten":
         axis = int(node.attrs.get("axis", 1)) % max(x.arr.ndim, 1)
         lead = int(np.prod(x.arr.shape[:axis]))

