@@ -153,7 +153,7 @@ class ExpandContrib(Pass):
     name = "expand-contrib"
     phase = Phase.FOLD
     numerics = Numerics.CLOSE
-    summary = "rewrite onnxruntime's com.microsoft ops (FusedConv, Gelu ...) as standard ONNX"
+    summary = "onnxruntime's com.microsoft ops MIGraphX lacks (FusedConv ...) as standard ONNX"
 
     def needs_shapes(self, model) -> bool:
         opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)

@@ -17,6 +17,7 @@ _PASSES = [
     ("integer-zero-points", "rewriter.passes.integer_zero_points:IntegerZeroPoints"),
     ("fold-shapes", "rewriter.passes.fold_shapes:FoldShapes"),
     ("fold-constants", "rewriter.passes.fold_constants:FoldConstants"),
+    ("sink-transposes", "rewriter.passes.sink_transposes:SinkTransposes"),
     ("collapse-chains", "rewriter.passes.collapse_chains:CollapseChains"),
     ("merge-duplicates", "rewriter.passes.merge_duplicates:MergeDuplicates"),
     ("fuse-conv-bn", "rewriter.passes.fuse_conv_bn:FuseConvBn"),
@@ -32,11 +33,13 @@ _PASSES = [
 
 # FP32, numerically exact or equal to rounding; the order matters: contrib ops first (so
 # every later pass sees standard ops), shapes before constants (folded shapes feed them),
-# fusions on the folded graph, CSE last (fusions make new duplicates). integer-zero-points
+# Transposes sunk before the chains collapse (they meet their inverse there) and before
+# fuse-conv-bn (the per-channel Mul/Add then sit right after the conv), fusions on the
+# folded graph, CSE last (fusions make new duplicates). integer-zero-points
 # makes onnxruntime's dynamic quantization compute right on MIGraphX (exact in int32).
 DEFAULT_PIPELINE = ["expand-contrib", "integer-zero-points", "fold-shapes", "fold-constants",
-                    "collapse-chains", "fuse-conv-bn", "fuse-pad", "fuse-space-to-depth",
-                    "fuse-matmul-add", "merge-duplicates"]
+                    "sink-transposes", "collapse-chains", "fuse-conv-bn", "fuse-pad",
+                    "fuse-space-to-depth", "fuse-matmul-add", "merge-duplicates"]
 # Fixes for what MIGraphX gets wrong, not optimisations: in the default pipeline only when
 # MIGraphX is the target.
 MIGRAPHX_ONLY = {"integer-zero-points"}

@@ -1,0 +1,149 @@
+"""sink-transposes: Transposes move down through elementwise ops and cancel or merge; the
+values stay bit for bit; graph outputs keep their names; what cannot move says why."""
+
+import numpy as np
+import onnx
+from conftest import make_model, ops, run_ort
+
+import rewriter
+
+HEAD = '<ir_version: 8, opset_import: ["" : 17]>'
+TO_NCHW, TO_NHWC = "[0, 3, 1, 2]", "[0, 2, 3, 1]"
+
+
+def st(m, passes=("sink-transposes",), **kw):
+    return rewriter.rewrite(m, list(passes), verify=True, **kw)
+
+
+def same(m, out, shapes, names=("x",), seed=0, exact=True):
+    """Equal outputs; ``shapes`` holds one shape per run, or per run a dict by input."""
+    r = np.random.default_rng(seed)
+    for shape in shapes:
+        each = shape if isinstance(shape, dict) else {n: shape for n in names}
+        f = {n: r.standard_normal(s).astype(np.float32) for n, s in each.items()}
+        for a, b in zip(run_ort(m, f), run_ort(out, f)):
+            if exact:
+                np.testing.assert_array_equal(a, b)
+            else:
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def nhwc_block(c_in=3, c=4):
+    """A TensorFlow-converted conv pair: NHWC between NCHW convs, BN as Mul/Add on [C] and
+    [1, 1, 1, C] constants, two sites sharing the bias vector."""
+    return make_model(f"""
+    {HEAD}
+    g (float[N, 6, 6, {c_in}] x) => (float[N, 6, 6, {c}] y) {{
+        a = Transpose <perm = {TO_NCHW}> (x)
+        c1 = Conv <pads = [1, 1, 1, 1]> (a, W1)
+        t1 = Transpose <perm = {TO_NHWC}> (c1)
+        b1 = Add (t1, bias)
+        s1 = Mul (b1, scale)
+        r1 = Relu (s1)
+        u = Transpose <perm = {TO_NCHW}> (r1)
+        c2 = Conv <pads = [1, 1, 1, 1]> (u, W2)
+        t2 = Transpose <perm = {TO_NHWC}> (c2)
+        b2 = Add (t2, bias)
+        y = Clip (b2, lo, hi)
+    }}""", {"W1": (c, c_in, 3, 3), "W2": (c, c, 3, 3), "bias": (c,), "scale": (1, 1, 1, c),
+            "lo": np.array(-0.5, np.float32), "hi": np.array(1.5, np.float32)})
+
+
+def test_nhwc_between_convs_cancels_and_the_bn_folds():
+    m = nhwc_block()
+    out, rep = st(m)
+    c = rep.passes[0].counts
+    assert c["cancelled"] == 1 and c["moved"] >= 4, c
+    assert ops(out).count("Transpose") == 2, ops(out)   # the model's own NHWC in and out
+    same(m, out, [(1, 6, 6, 3), (2, 6, 6, 3)])
+    # With the default pipeline the per-channel Mul/Add go into the convs.
+    full, _ = rewriter.rewrite(m, verify=True)
+    assert ops(full) == ["Transpose", "Conv", "Relu", "Conv", "Clip", "Transpose"], ops(full)
+    same(m, full, [(1, 6, 6, 3), (3, 6, 6, 3)], exact=False)
+
+
+def test_a_residual_add_of_two_transposed_branches_keeps_one_transpose():
+    """ResNet in NHWC: the block output feeds the next conv (a Transpose that cancels) and
+    the skip Add, whose other input is transposed the same way: one Transpose is left,
+    after the Add."""
+    m = make_model(f"""
+    {HEAD}
+    g (float[N, 4, 5, 5] x, float[N, 4, 5, 5] v) => (float[N, 5, 5, 4] y, float[N, 4, 5, 5] z) {{
+        t = Transpose <perm = {TO_NHWC}> (x)
+        r = Relu (t)
+        back = Transpose <perm = {TO_NCHW}> (r)
+        z = Conv (back, W)
+        tv = Transpose <perm = {TO_NHWC}> (v)
+        y = Add (r, tv)
+    }}""", {"W": (4, 4, 1, 1)})
+    out, rep = st(m)
+    assert ops(out).count("Transpose") == 1, ops(out)
+    t = [n for n in out.graph.node if n.op_type == "Transpose"][0]
+    assert list(t.output) == ["y"]   # the graph output keeps its name, written by the Transpose
+    same(m, out, [(1, 4, 5, 5), (2, 4, 5, 5)], names=("x", "v"))
+
+
+def test_what_cannot_move_stays_and_says_why():
+    """Another input neither constant nor transposed the same way; a constant of higher rank
+    than the perm; a Transpose whose output is a graph output; a Transpose read twice."""
+    m = make_model(f"""
+    {HEAD}
+    g (float[2, 3, 4] x, float[2, 4, 3] w, float[2, 4, 3] v) => (float[2, 4, 3] a,
+                                                              float[1, 2, 4, 3] b,
+                                                              float[2, 4, 3] o,
+                                                              float[2, 4, 3] d,
+                                                              float[2, 4, 3] e) {{
+        t1 = Transpose <perm = [0, 2, 1]> (x)
+        a = Add (t1, w)
+        t2 = Transpose <perm = [0, 2, 1]> (x)
+        b = Mul (t2, big)
+        o = Transpose <perm = [0, 2, 1]> (x)
+        t4 = Transpose <perm = [0, 2, 1]> (x)
+        d = Relu (t4)
+        e = Sigmoid (t4)
+    }}""", {"big": (1, 2, 4, 3)})
+    out, rep = st(m)
+    c = rep.passes[0].counts
+    assert c["skip:other-input-not-transposed"] == 1 and c["skip:constant-rank"] == 1, c
+    assert not rep.passes[0].changed
+    same(m, out, [{"x": (2, 3, 4), "w": (2, 4, 3), "v": (2, 4, 3)}])
+
+
+def test_casts_clips_and_scalars_move_and_values_stay_bit_exact():
+    m = make_model(f"""
+    {HEAD}
+    g (float[N, 2, 3, 4] x) => (float[N, 2, 3, 4] y) {{
+        t = Transpose <perm = {TO_NHWC}> (x)
+        h = Cast <to = 10> (t)
+        f = Cast <to = 1> (h)
+        s = Sub (k, f)
+        d = Div (s, per)
+        c = Clip (d, lo, hi)
+        y = Transpose <perm = {TO_NCHW}> (c)
+    }}""", {"k": np.array(0.25, np.float32), "per": (3, 1, 2),
+           "lo": np.array(-1.0, np.float32), "hi": np.array(1.0, np.float32)})
+    out, rep = st(m)
+    assert "Transpose" not in ops(out), ops(out)
+    same(m, out, [(1, 2, 3, 4), (3, 2, 3, 4)])
+    # The constant laid out anew: [3, 1, 2] read as NHWC's [1, 3, 1, 2] is NCHW's [1, 2, 3, 1].
+    shapes = {t.name: list(t.dims) for t in out.graph.initializer}
+    assert [1, 2, 3, 1] in shapes.values(), shapes
+
+
+def test_inside_an_if_body_and_idempotent():
+    body = f"""
+        t = Transpose <perm = [1, 0]> (x)
+        r = Relu (t)
+        o = Transpose <perm = [1, 0]> (r)"""
+    m = onnx.parser.parse_model(f"""
+    {HEAD}
+    g (bool c, float[3, 4] x) => (float[3, 4] y) {{
+        y = If (c) <then_branch = g1 () => (float[3, 4] o) {{ {body} }},
+                    else_branch = g2 () => (float[3, 4] o) {{ o = Neg (x) }}>
+    }}""")
+    out, rep = st(m, inputs={"c": np.array(True), "x": np.ones((3, 4), np.float32)})
+    assert rep.passes[0].counts["cancelled"] == 1
+    then = out.graph.node[0].attribute[0].g
+    assert [n.op_type for n in then.node] == ["Relu"]
+    again, rep2 = st(out, inputs={"c": np.array(True), "x": np.ones((3, 4), np.float32)})
+    assert not rep2.passes[0].changed
