@@ -68,16 +68,17 @@ class SinkTransposes(Pass):
             moved = True
             while moved and budget > 0:
                 moved, skips = False, []
+                members = {id(n) for n in g.nodes}   # a body's reader of ours is not ours
                 for node in list(g.nodes):
                     if not _is_transpose(node):
                         continue
-                    n = _cancel(node, g, outs)
+                    n = _cancel(node, g, outs, members)
                     if n:
                         res.count("cancelled", n)
                         res.changed = moved = True
                     if not node.outputs:
                         continue
-                    reason = _sink(node, g, outs, ctx)
+                    reason = _sink(node, g, outs, ctx, members)
                     if reason is None:
                         res.count("moved")
                         res.changed = moved = True
@@ -98,12 +99,13 @@ def _perm(node: gs.Node) -> list[int]:
     return [int(p) for p in node.attrs["perm"]]
 
 
-def _cancel(t: gs.Node, g: gs.Graph, outs: set[int]) -> int:
-    """Readers of ``t`` that are Transposes undoing it read ``t``'s input instead."""
+def _cancel(t: gs.Node, g: gs.Graph, outs: set[int], members: set[int]) -> int:
+    """Readers of ``t`` in its graph that are Transposes undoing it read ``t``'s input
+    instead."""
     y, x, p = t.outputs[0], t.inputs[0], _perm(t)
     n = 0
     for reader in list(y.outputs):
-        if not _is_transpose(reader) or reader.inputs[0] is not y:
+        if not _is_transpose(reader) or reader.inputs[0] is not y or id(reader) not in members:
             continue
         q = _perm(reader)
         if len(q) != len(p) or [p[i] for i in q] != list(range(len(p))):
@@ -120,11 +122,13 @@ def _cancel(t: gs.Node, g: gs.Graph, outs: set[int]) -> int:
     return n
 
 
-def _sink(t: gs.Node, g: gs.Graph, outs: set[int], ctx: Context) -> str | None:
-    """Move ``t`` past the one node that reads it. None if moved, a skip reason, or ""
-    when the pattern does not apply."""
+def _sink(t: gs.Node, g: gs.Graph, outs: set[int], ctx: Context, members: set[int]
+          ) -> str | None:
+    """Move ``t`` past the one node that reads it, in its graph (a body reading ``t``'s
+    output from outside reads it through the same tensor, which would be left without a
+    producer). None if moved, a skip reason, or "" when the pattern does not apply."""
     y, p = t.outputs[0], _perm(t)
-    if id(y) in outs or len(y.outputs) != 1:
+    if id(y) in outs or len(y.outputs) != 1 or id(y.outputs[0]) not in members:
         return ""
     e = y.outputs[0]
     if e.domain not in (None, "", "ai.onnx") or len(e.outputs) != 1 or (

@@ -147,3 +147,21 @@ def test_inside_an_if_body_and_idempotent():
     assert [n.op_type for n in then.node] == ["Relu"]
     again, rep2 = st(out, inputs={"c": np.array(True), "x": np.ones((3, 4), np.float32)})
     assert not rep2.passes[0].changed
+
+
+def test_a_transpose_read_only_inside_a_body_stays():
+    """A body reads outer tensors through the same tensor objects: its one reader, a Relu
+    in the then-branch, is not this graph's, and moving the Transpose past it would leave
+    the body reading a tensor nobody writes."""
+    m = onnx.parser.parse_model(f"""
+    {HEAD}
+    g (bool c, float[3, 4] x) => (float[4, 3] y) {{
+        t = Transpose <perm = [1, 0]> (x)
+        y = If (c) <then_branch = g1 () => (float[4, 3] o) {{ o = Relu (t) }},
+                    else_branch = g2 () => (float[4, 3] o) {{ o = Constant <value = float[4, 3]
+                        {{0,0,0,0,0,0,0,0,0,0,0,0}}> () }}>
+    }}""")
+    feeds = {"c": np.array(True), "x": np.arange(12, dtype=np.float32).reshape(3, 4) - 5}
+    out, rep = st(m, inputs=feeds)
+    assert not rep.passes[0].changed
+    np.testing.assert_array_equal(run_ort(m, feeds)[0], run_ort(out, feeds)[0])
