@@ -145,11 +145,12 @@ def _sink(t: gs.Node, g: gs.Graph, outs: set[int], ctx: Context, members: set[in
         elif inp.name == "":
             new_inputs.append(inp)
         elif isinstance(inp, gs.Constant):
-            v = np.asarray(inp.values)
-            if v.ndim > r:
+            shape = list(inp.shape)   # before reading: a big weight stays on disk
+            if len(shape) > r:
                 return "constant-rank"
-            if v.size > MAX_LAID_ELEMS:   # a copy laid out anew: per-channel vectors, not
-                return "constant-too-large"   # weights (a shared one would be doubled)
+            if np.prod(shape, dtype=float) > MAX_LAID_ELEMS:   # a copy laid out anew:
+                return "constant-too-large"   # vectors, not weights a reader shares
+            v = np.asarray(inp.values)
             if v.size == 1 and v.ndim <= 1:
                 new_inputs.append(inp)
                 continue

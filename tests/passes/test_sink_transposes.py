@@ -165,3 +165,18 @@ def test_a_transpose_read_only_inside_a_body_stays():
     out, rep = st(m, inputs=feeds)
     assert not rep.passes[0].changed
     np.testing.assert_array_equal(run_ort(m, feeds)[0], run_ort(out, feeds)[0])
+
+
+def test_a_large_constant_is_not_copied():
+    """Moving past a Mul by a constant as large as the tensor would store a transposed copy
+    of it (65,792 values here): the Transpose stays, and says why."""
+    m = make_model(f"""
+    {HEAD}
+    g (float[1, 256, 257] x) => (float[1, 256, 257] y) {{
+        t = Transpose <perm = [0, 2, 1]> (x)
+        s = Mul (t, big)
+        y = Transpose <perm = [0, 2, 1]> (s)
+    }}""", {"big": (1, 257, 256)})
+    out, rep = st(m)
+    assert rep.passes[0].counts["skip:constant-too-large"] == 1
+    assert ops(out) == ["Transpose", "Mul", "Transpose"]
