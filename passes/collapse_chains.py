@@ -13,6 +13,7 @@ Before -> after::
     ... and the first Transpose also read by a Shape, p∘q the identity
                                         =>  y is x; Shape(x) -> Gather(p)
     x -> Unsqueeze(a) -> Squeeze(a) -> y (and the reverse)  =>  x
+    x -> Unsqueeze(a) -> Unsqueeze(b) -> y                  =>  x -> Unsqueeze(a merged into b)
     x -> Slice(axes A) -> Slice(axes B), A and B disjoint  =>  x -> Slice(A ∪ B)
     GRU/LSTM/RNN(..., initial_h = ConstantOfShape(0) -> Slice ...)  =>  GRU(..., no initial_h)
 
@@ -170,9 +171,35 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
             return None
         node.inputs[0] = prev.inputs[0]
         return _drop_pair(node, g, outs, "removed-squeeze-pair")
+    if op == "Unsqueeze" and prev.op == "Unsqueeze":
+        return _merge_unsqueezes(prev, node, opset, namer)
     if op == "Slice" and prev.op == "Slice" and opset >= 10:
         return _merge_slices(prev, node, namer)
     return None
+
+
+def _merge_unsqueezes(prev: gs.Node, node: gs.Node, opset: int, namer) -> str | None:
+    """Unsqueeze(a) -> Unsqueeze(b) as one Unsqueeze (an attention mask's [:, None, None]):
+    b's axes are positions in the final output; each axis p of a is the p-th position
+    that b does not take."""
+    a, b = _axes(prev, opset), _axes(node, opset)
+    a = None if a is None else _norm_axes(a, prev)
+    b = None if b is None else _norm_axes(b, node)
+    if a is None or b is None:
+        return None
+    taken, free = set(b), []
+    i = 0
+    while len(free) <= max(a):
+        if i not in taken:
+            free.append(i)
+        i += 1
+    axes = sorted(taken | {free[p] for p in a})
+    node.inputs[0] = prev.inputs[0]
+    if "axes" in node.attrs:
+        node.attrs["axes"] = axes
+    else:
+        node.inputs[1] = gs.Constant(namer(f"{node.name}_axes"), np.array(axes, np.int64))
+    return "merged-unsqueeze"
 
 
 def _shape_before_transpose(node: gs.Node, prev: gs.Node, x: gs.Tensor, g: gs.Graph,

@@ -308,3 +308,30 @@ def test_neutral_adds_and_muls_go(rng):
     assert sorted(ops(out)) == ["Add", "Identity", "Mul", "Relu", "Sub"], ops(out)
     for n in (1, 3):
         same(m, out, {"x": rng.standard_normal((n, 3, 4)).astype(np.float32)})
+
+
+def test_two_unsqueezes_become_one(rng):
+    """An attention mask's mask[:, None, None, :] as exported (two Unsqueezes; MiniLM int8):
+    one Unsqueeze with both axes, in the attribute form too (opset 11), negative axes where
+    the rank is known; an Unsqueeze read twice stays."""
+    for opset, form in ((17, "input"), (11, "attr")):
+        ax = (lambda a: f"<axes = {a}>") if form == "attr" else (lambda a: "")
+        inp = (lambda n: f", {n}") if form == "input" else (lambda n: "")
+        m = make_model(f"""
+        <ir_version: 8, opset_import: ["" : {opset}]>
+        g (float[N, 5] x) => (float[N, 1, 1, 5] y, float[1, N, 5, 1] z, float[N, 1, 5] w,
+                              float[N, 1, 5, 1] v) {{
+            a = Unsqueeze {ax([1])} (x{inp('one')})
+            y = Unsqueeze {ax([1])} (a{inp('one')})
+            b = Unsqueeze {ax([-1])} (x{inp('m1')})
+            z = Unsqueeze {ax([0])} (b{inp('zero')})
+            w = Unsqueeze {ax([1])} (x{inp('one')})
+            v = Unsqueeze {ax([-1])} (w{inp('m1')})
+        }}""", {} if form == "attr" else {"one": np.array([1], np.int64),
+                                            "m1": np.array([-1], np.int64),
+                                            "zero": np.array([0], np.int64)})
+        out, rep = cc(m)
+        assert rep.passes[0].counts["merged-unsqueeze"] == 2, rep.passes[0].counts
+        assert ops(out).count("Unsqueeze") == 4, ops(out)   # y, z merged; w read twice
+        for n in (1, 3):
+            same(m, out, {"x": rng.standard_normal((n, 5)).astype(np.float32)})
