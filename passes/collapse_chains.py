@@ -12,7 +12,8 @@ Before -> after::
     x -> Add(0) / Sub(0) / Mul(1) / Div(1) -> y (x's shape unchanged) =>  x
     ... and the first Transpose also read by a Shape, p∘q the identity
                                         =>  y is x; Shape(x) -> Gather(p)
-    x -> Unsqueeze(a) -> Squeeze(a) -> y (and the reverse)  =>  x
+    x -> Unsqueeze(a) -> Squeeze(a) -> y (and the reverse)  =>  x (the middle may have
+                                                                  other readers)
     x -> Unsqueeze(a) -> Unsqueeze(b) -> y                  =>  x -> Unsqueeze(a merged into b)
     x -> Slice(axes A) -> Slice(axes B), A and B disjoint  =>  x -> Slice(A ∪ B)
     GRU/LSTM/RNN(..., initial_h = ConstantOfShape(0) -> Slice ...)  =>  GRU(..., no initial_h)
@@ -20,9 +21,11 @@ Before -> after::
 Preconditions (else the chain stays; all exact rewrites, no values change):
 
 * the first node of a pair has no other reader and is not a graph output (else it would
-  stay and the pair would cost a node more, not less); one exception: a Transpose pair
-  that is the identity, whose first Transpose is also read by one Shape (that Shape then
-  reads the pair's input through a Gather of the perm);
+  stay and the pair would cost a node more, not less); two exceptions: a Squeeze /
+  Unsqueeze pair that is the identity (its end goes, its start stays for the other
+  readers: one node less), and a Transpose pair that is the identity, whose first
+  Transpose is also read by one Shape (that Shape then reads the pair's input through a
+  Gather of the perm);
 * shapes, perms, axes and slice bounds are constants (attributes or initializers);
 * a Reshape after the chain has no 0 in its shape unless ``allowzero`` is set (a 0 copies
   the dim of its *input*, which the chain changes); a Reshape with ``allowzero=1`` and a 0
@@ -136,6 +139,16 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
     if (op == "Transpose" and prev is not None and prev.op == "Transpose"
             and len(x.outputs) == 2 and id(prev) in members and id(x) not in outs):
         _shape_before_transpose(node, prev, x, g, namer)   # x's other reader a Shape: moved
+    if (prev is not None and {op, prev.op} == {"Squeeze", "Unsqueeze"}
+            and prev.domain in (None, "", "ai.onnx") and id(prev) in members):
+        # The pair is the identity: its end reads the start's input, whoever else reads
+        # the middle (then the first node stays for them: one node less, not two).
+        a, b = _axes(prev, opset), _axes(node, opset)
+        if a is None or b is None or _norm_axes(a, prev) is None \
+                or _norm_axes(a, prev) != _norm_axes(b, node):
+            return None
+        node.inputs[0] = prev.inputs[0]
+        return _drop_pair(node, g, outs, "removed-squeeze-pair")
     if prev is None or len(x.outputs) != 1 or id(x) in outs or prev.domain not in (
             None, "", "ai.onnx") or id(prev) not in members:
         return None
@@ -165,12 +178,6 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
             return _drop_pair(node, g, outs, "removed-transpose-pair")
         node.attrs["perm"] = comp
         return "merged-transpose"
-    if {op, prev.op} == {"Squeeze", "Unsqueeze"}:
-        a, b = _axes(prev, opset), _axes(node, opset)
-        if a is None or b is None or _norm_axes(a, prev) != _norm_axes(b, node):
-            return None
-        node.inputs[0] = prev.inputs[0]
-        return _drop_pair(node, g, outs, "removed-squeeze-pair")
     if op == "Unsqueeze" and prev.op == "Unsqueeze":
         return _merge_unsqueezes(prev, node, opset, namer)
     if op == "Slice" and prev.op == "Slice" and opset >= 10:

