@@ -4,6 +4,8 @@ Before -> after::
 
     x:float -> Cast(to=float) -> y                         =>  x
     x[2,3,4] -> Reshape([2,3,4]) / Expand([2,3,4]) -> y     =>  x      (static, same shape)
+    x[N,512] -> Reshape([-1, 512]) / x[L] -> Reshape([-1])  =>  x      (the -1 is the one
+                                                                        symbolic dim)
     x -> Slice(0:INT_MAX on every axis, step 1) -> y        =>  x
     x -> Reshape / Flatten / Squeeze / Unsqueeze -> Reshape(s)  =>  x -> Reshape(s)
     x -> Transpose(p) -> Transpose(q) -> y                  =>  x -> Transpose(p∘q), or x
@@ -129,6 +131,8 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
     if op in ("Reshape", "Expand") and static_shape(x) and static_shape(node.outputs[0]) and list(
             x.shape) == list(node.outputs[0].shape):
         return _bypassed(node, g, outs, f"removed-{op.lower()}")
+    if op == "Reshape" and _reshape_noop(node):
+        return _bypassed(node, g, outs, "removed-reshape")
     if op == "Slice" and _slice_noop(node, opset):
         return _bypassed(node, g, outs, "removed-slice")
     if op in _NEUTRAL and len(node.inputs) == 2 and _neutral_operand(node):
@@ -314,6 +318,28 @@ def _copies_resolved(shape: np.ndarray, transpose: gs.Node) -> np.ndarray | None
         else:
             out[i], unknown = -1, unknown + 1
     return out if unknown == 0 or (unknown == 1 and -1 not in shape.tolist()) else None
+
+
+def _reshape_noop(node: gs.Node) -> bool:
+    """Reshape(x, s) that gives x's own shape, symbolic dims included: each entry of s is
+    x's static dim there, or a 0 copying it, or the one -1 standing where x's only dim not
+    known statically is ([N, 512] to [-1, 512]; [L] to [-1])."""
+    x = node.inputs[0]
+    s = _const(node.inputs[1]) if len(node.inputs) > 1 else None
+    if s is None or x.shape is None or len(s) != len(x.shape):
+        return False
+    allowzero = int(node.attrs.get("allowzero", 0))
+    unknown = [i for i, d in enumerate(x.shape)
+               if not (isinstance(d, (int, np.integer)) and d >= 0)]
+    for i, (e, d) in enumerate(zip(s.tolist(), x.shape)):
+        if e == -1:
+            if unknown != [i]:
+                return False
+        elif e == 0 and not allowzero:
+            continue
+        elif not (isinstance(d, (int, np.integer)) and int(d) == e):
+            return False
+    return True
 
 
 def _drop_pair(node, g, outs, kind):

@@ -356,3 +356,35 @@ def test_a_squeeze_pair_goes_even_when_the_middle_has_other_readers(rng):
         f = {"n": np.array([v], np.int64), "k": np.array([2], np.int64)}
         for a, b in zip(run_ort(m, f), run_ort(out, f)):
             np.testing.assert_array_equal(a, b)
+
+
+def test_a_reshape_to_its_own_symbolic_shape_goes(rng):
+    """universal-sentence-encoder (onnxsim drops these too): Reshape([-1]) of a 1-D tensor,
+    Reshape([-1, 5]) of [N, 5], Reshape([0, -1]) of [2, L] give the input's own shape. A
+    -1 where two dims are symbolic, or a size that differs, stays."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[L] a, float[N, 5] b, float[2, L] c, float[N, M] d, float[N, 5] e)
+      => (float[L] ya, float[N, 5] yb, float[2, L] yc, float[K, 5] yd, float[K, 10] ye) {
+        ra = Relu (a)
+        ya = Reshape (ra, m1)
+        rb = Relu (b)
+        yb = Reshape (rb, m1_5)
+        rc = Relu (c)
+        yc = Reshape (rc, z_m1)
+        rd = Relu (d)
+        yd = Reshape (rd, m1_5)
+        re = Relu (e)
+        ye = Reshape (re, m1_10)
+    }""", {"m1": np.array([-1], np.int64), "m1_5": np.array([-1, 5], np.int64),
+           "z_m1": np.array([0, -1], np.int64), "m1_10": np.array([-1, 10], np.int64)})
+    out, rep = cc(m, input_shapes={"a": [7], "b": [4, 5], "c": [2, 3], "d": [2, 5],
+                                   "e": [4, 5]})
+    assert rep.passes[0].counts["removed-reshape"] == 3, rep.passes[0].counts
+    assert ops(out).count("Reshape") == 2
+    f = {"a": rng.standard_normal(7).astype(np.float32),
+         "b": rng.standard_normal((3, 5)).astype(np.float32),
+         "c": rng.standard_normal((2, 6)).astype(np.float32),
+         "d": rng.standard_normal((4, 5)).astype(np.float32),
+         "e": rng.standard_normal((4, 5)).astype(np.float32)}
+    same(m, out, f)
