@@ -155,12 +155,12 @@ def _dequantizes_weight(node: gs.Node) -> bool:
     x, to = node.inputs[0], node.attrs.get("to")
     if not isinstance(x, gs.Constant) or to is None:
         return False
-    dtype = np.asarray(x.values).dtype if not hasattr(x, "dtype") or x.dtype is None else x.dtype
+    dtype = np.dtype(x.dtype)   # from the tensor's header: a lazy weight stays on disk
     try:
         target = onnx.helper.tensor_dtype_to_np_dtype(int(to))
     except (KeyError, TypeError, ValueError):
         return False
-    return (np.issubdtype(np.dtype(dtype), np.integer) and np.dtype(dtype).itemsize <= 2
+    return (np.issubdtype(dtype, np.integer) and dtype.itemsize <= 2
             and np.issubdtype(target, np.floating) and _prod(x.shape) >= 1024)
 
 

@@ -138,7 +138,6 @@ class _Rewrite:
         self.labels = labels
         self.fix_shapes, self.fixed = fix_shapes, None
         self.fill = None   # random inputs' size in symbolic dims past the batch (None: 1)
-        self.tried = "1"   # the sizes tried there before feeds.FALLBACK_FILLS
         self.planner_settings = options.pop("planner", None)
         if target == "migraphx" and options.get("migraphx_version") is None:
             from rewriter.migraphx.lowering import installed_version
@@ -320,7 +319,6 @@ class _Rewrite:
             feeds, what = None, f"random inputs seed {self.seed}"
             from rewriter.verify.feeds import FIRST_FILL, symbolic_dims
             if symbolic_dims(self.original, self.input_shapes) and not self.fix_shapes:
-                self.tried = f"{FIRST_FILL} or 1"
                 try:   # see FIRST_FILL: 1 in a sequence's length leaves attention unchecked
                     feeds = make_feeds(self.original, self.input_shapes, self.seed,
                                        fill=FIRST_FILL)
@@ -366,6 +364,7 @@ class _Rewrite:
         if self.inputs is not None or self.held_out or not free:
             raise error
         where = "; ".join(f"{k} at {v}" for k, v in free.items())
+        tried = "1" if self.fix_shapes else f"{FIRST_FILL} or 1"   # as make_verifier did
         for fill in FALLBACK_FILLS:
             try:
                 feeds = make_feeds(self.original, self.input_shapes, self.seed, fill=fill)
@@ -374,7 +373,7 @@ class _Rewrite:
                 continue
             shapes = ", ".join(f"{k}:{'x'.join(map(str, np.shape(feeds[k])))}" for k in free)
             self.report.warnings.append(
-                f"random inputs with {self.tried} in the symbolic dims ({where}) do not run "
+                f"random inputs with {tried} in the symbolic dims ({where}) do not run "
                 "the original "
                 f"model; verified with {fill} there instead ({shapes}): --input-shape sets "
                 "the sizes you use")
@@ -384,7 +383,7 @@ class _Rewrite:
             f"--input-shape {vi.name}:" + "x".join(map(str, input_shape(vi, self.input_shapes
                                                                          or {})))
             for vi in real_inputs(self.original) if vi.name in free)
-        sizes = ([FIRST_FILL] if self.tried != "1" else []) + list(FALLBACK_FILLS)
+        sizes = ([] if self.fix_shapes else [FIRST_FILL]) + list(FALLBACK_FILLS)
         raise InputError(f"{error} (symbolic dims set to 1: {where}; nor did "
                          f"{' or '.join(map(str, sizes))} run; give your sizes, "
                          f"e.g. {example} with the 1s replaced)") from None

@@ -7,6 +7,7 @@ not what onnxruntime would have rewritten it into.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Sequence
 
@@ -54,11 +55,24 @@ def _custom_ops(so) -> None:
     """onnxruntime-extensions' ops (ai.onnx.contrib: tokenizers, string ops, image codecs)
     where that package is installed: models that carry their tokenizer in the graph then
     run, so they can be verified and calibrated like any other."""
+    path = _extensions_library()
+    if path is None:
+        return
+    try:
+        so.register_custom_ops_library(path)
+    except Exception:  # noqa: BLE001 - built for another onnxruntime: a model that needs
+        return         # its ops then fails to load, and says which op
+
+
+@functools.lru_cache(maxsize=1)
+def _extensions_library() -> str | None:
+    """The library's path, looked up once: a failed import is not cached by Python, and
+    sessions are made many times per run (verification, calibration)."""
     try:
         from onnxruntime_extensions import get_library_path
-        so.register_custom_ops_library(get_library_path())
-    except Exception:  # noqa: BLE001 - not installed, or built for another onnxruntime:
-        return         # a model that needs its ops then fails to load, and says which op
+        return get_library_path()
+    except Exception:  # noqa: BLE001 - not installed, or broken
+        return None
 
 
 def run(sess, feeds: dict[str, np.ndarray], output_names: Sequence[str] | None = None
