@@ -241,3 +241,34 @@ def test_a_plan_missing_on_migraphx_as_in_onnxruntime_is_not_migraphx_s_miss():
         case = info(mgx, ort)
         _as_onnxruntime(case)
         assert not case["metrics"][0]["ok"], (mgx, ort)
+
+
+@pytest.mark.parametrize("refusals, tried, error", [
+    # Size-dependent: every size is tried, the line keeps the first size's error.
+    (["shapes at 8", "shapes at 32", "shapes at 224", "shapes at 1024"], [8, 32, 224, 1024],
+     "parse failed: shapes at 8; nor with 32 or 224 or 1024 in the symbolic dims"),
+    # An unknown operator is unknown at every size: nothing more is tried.
+    (["Unknown operator: Det"], [8], "parse failed: Unknown operator: Det"),
+])
+def test_sizes_tried_when_migraphx_refuses_the_original(tmp_path, monkeypatch, refusals,
+                                                        tried, error):
+    from rewriter.core.report import Report
+    from rewriter.migraphx import target
+    onnx.save(onnx.parser.parse_model('<ir_version: 8, opset_import: ["" : 17]>\n'
+                                      "g (float[1, L] x) => (float[1, L] y) { y = Relu (x) }"),
+              tmp_path / "m.onnx")
+    original = onnx.load(tmp_path / "m.onnx")
+    calls = []
+
+    def refuse(report, *args):
+        calls.append(args[-1])
+        why = refusals[len(calls) - 1]
+        report.extra["compile"] = {"status": "failed", "error": f"parse failed: {why}",
+                                   "original_refused": f"parse failed: {why}"}
+
+    monkeypatch.setattr(target, "_compile_output", refuse)
+    report = Report(input=str(tmp_path / "m.onnx"))
+    target.compile_output(report, (None, [], ""), None, original, str(tmp_path), "o.onnx",
+                          {}, None, None, 0, [], None, object(), None, fill=8)
+    assert calls == tried
+    assert report.extra["compile"]["error"].startswith(error), report.extra["compile"]

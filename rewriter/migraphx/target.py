@@ -25,6 +25,7 @@ static check (rewriter.check) has already said what MIGraphX would refuse or run
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Sequence
 
 import numpy as np
@@ -298,6 +299,10 @@ def static_check(report, exported, version: tuple[int, ...] | None, input_shapes
     return result, int8, what
 
 
+# Refusals of the original that no size changes: the other sizes are not tried.
+SIZE_INDEPENDENT = (r"Unknown operator",)
+
+
 def compile_output(report, checked: tuple, exported, original, base_dir, output, mgx: dict,
                    input_shapes, inputs, seed: int, held_out: list, plan, verifier,
                    model_path: str | None, fill: int | None = None) -> None:
@@ -334,6 +339,8 @@ def compile_output(report, checked: tuple, exported, original, base_dir, output,
             break
         first = first or "MIGraphX " + info["original_refused"]
         first_info = first_info or info
+        if any(re.search(p, info["original_refused"]) for p in SIZE_INDEPENDENT):
+            break   # an unknown operator is unknown at every size
     sizes = [str(f or 1) for f in fills]
     if k > 0 and info.get("status") == "failed" and info.get("original_refused"):
         # The first size's error: the later ones fail for their size (a table of 512
