@@ -98,3 +98,31 @@ def test_keep_only_upstream_cuts_a_model_to_what_a_tensor_needs(rng):
     }""")
     assert not keep_only_upstream(body, ["y"])
     assert len(body.graph.node) == 1
+
+
+def test_checked_once_not_once_per_layer(rng, monkeypatch):
+    """With --verify, bias correction's runs (one per INT8 layer) are checked once, after
+    the last: each check runs the whole model over the held-out samples (a YOLOv5's 81 INT8
+    convs spent 100 s there). The check still sees the corrected model."""
+    from onnx import numpy_helper
+
+    from rewriter.verify.verifier import Verifier
+    m = make_model(TEXT, INITS, seed=5)
+    calib = [{"x": (rng.standard_normal((1, 4, 8, 8)) + 0.5).astype(np.float32)}
+             for _ in range(12)]
+    plan = {"rules": [{"match": {"op": "Conv"}, "precision": "int8"}],
+            "int8": {"equalize": False, "bias_correction": True}}
+    checked = []
+    real = Verifier.check
+    monkeypatch.setattr(Verifier, "check", lambda self, exp, *a: checked.append(
+        {t.name: numpy_helper.to_array(t) for t in exp.model.graph.initializer})
+        or real(self, exp, *a))
+    out, rep = rewriter.rewrite(m, plan=plan, calib=calib, verify=True)
+    rec = [p for p in rep.passes if p.name == "correct-bias"][0]
+    assert rec.counts["corrected-layers"] == 3 and rec.verification
+    # insert-qdq, then correct-bias (3 layers, one check); nothing after changes the graph.
+    assert len(checked) == 2, len(checked)
+    final = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    assert {"B1_channel", "B3_channel", "b_bias_correction"} <= set(checked[-1])
+    assert all(np.array_equal(checked[-1][k], v) for k, v in final.items())
+    assert not np.array_equal(checked[0]["B1_channel"], final["B1_channel"])
