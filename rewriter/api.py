@@ -453,12 +453,14 @@ class _Rewrite:
         return records + run_pipeline(self.graph, tail, self.ctx, self.after_change,
                                       before=[r.name for r in records])
 
-    def correct_bias(self, fp32_exported, outs: list, before: list, group: int = 1) -> list:
+    def correct_bias(self, fp32_exported, outs: list, before: list) -> list:
         """Measure the INT8 convs' per-channel output mean shifts (quantised minus FP32, on
-        the calibration data) and let correct-bias remove them, ``group`` layers at a time
-        in graph order: a layer's shift is measured after every layer before it has been
-        corrected (correcting all at once over-corrects: upstream fixes move downstream
-        means too)."""
+        the calibration data) and let correct-bias remove them, one level at a time: a
+        layer's shift is measured after every INT8 layer upstream of it has been corrected
+        (correcting all at once over-corrects: upstream fixes move downstream means too).
+        A level holds the layers with the same number of INT8 layers on their longest path
+        from the inputs, so none is upstream of another and measuring them together gives
+        what measuring them one by one in graph order gives (a YOLOv5: 55 runs, not 81)."""
         from rewriter.core.graph import keep_only_upstream
         from rewriter.quant.ranges import channel_stats
 
@@ -467,12 +469,12 @@ class _Rewrite:
         ref = channel_stats(fp32_exported.model, outs, self.calib_data,
                             base_dir=fp32_exported.source_dir,
                             initializers=fp32_exported.ort_initializers(), **kw)
-        order = {n.outputs[0].name: i for i, n in enumerate(self.graph.nodes) if n.outputs}
-        outs = sorted(outs, key=lambda t: order.get(t, 0))
+        levels = _int8_levels(self.graph, set(outs))
+        groups = [[o for o in outs if levels.get(o, 0) == v]
+                  for v in sorted({levels.get(o, 0) for o in outs})]
         records = []
         measuring = time.perf_counter() - t
-        for k in range(0, len(outs), group):
-            part = outs[k:k + group]
+        for k, part in enumerate(groups):
             t = time.perf_counter()
             exp = export(self.graph, self.original, self.base_dir)
             keep_only_upstream(exp.model, part)   # only what the measured layers read
@@ -480,10 +482,10 @@ class _Rewrite:
                                 initializers=exp.ort_initializers(), **kw)
             measuring += time.perf_counter() - t
             self.ctx.bias_shift = {name: got[name].mean - ref[name].mean for name in part}
-            # Checked once, after the last group: a plan is judged as a whole, and a check
+            # Checked once, after the last level: a plan is judged as a whole, and a check
             # per layer ran the whole model over the held-out samples each time (81 runs,
             # 100 s, on a YOLOv5's 81 INT8 convs).
-            last = k + group >= len(outs)
+            last = k + 1 == len(groups)
             records += run_pipeline(self.graph, registry.resolve(["correct-bias"]), self.ctx,
                                     self.after_change if last else None,
                                     before=before + [r.name for r in records])
@@ -863,6 +865,18 @@ class _Rewrite:
         budget = self.plan.verify["min_cosine"] if self.plan is not None else 0.99
         return layer_divergence(self.fp32_snapshot, exported, names,
                                 self.verifier.feed_sets[:8], budget, labels)
+
+
+def _int8_levels(graph, outs: set) -> dict:
+    """For each tensor of ``outs`` (INT8 layers' outputs): how many of them lie on the
+    longest path from the graph inputs to it, itself included. The graph is in
+    topological order (the manager's cleanup sorts it)."""
+    level: dict[str, int] = {}
+    for node in graph.nodes:
+        up = max((level.get(t.name, 0) for t in node.inputs), default=0)
+        for t in node.outputs:
+            level[t.name] = up + (t.name in outs)
+    return {t: level.get(t, 0) for t in outs}
 
 
 def _merge_records(records: list) -> list:

@@ -126,3 +126,51 @@ def test_checked_once_not_once_per_layer(rng, monkeypatch):
     assert {"B1_channel", "B3_channel", "b_bias_correction"} <= set(checked[-1])
     assert all(np.array_equal(checked[-1][k], v) for k, v in final.items())
     assert not np.array_equal(checked[0]["B1_channel"], final["B1_channel"])
+
+
+BRANCHES = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 4, 8, 8] x) => (float[N, 8, 8, 8] y) {
+    a = Conv <pads = [1, 1, 1, 1]> (x, W1, B1)
+    r = Relu (a)
+    b = Conv <pads = [1, 1, 1, 1]> (r, W2, B2)
+    c = Conv (r, W3, B3)
+    s = Add (b, c)
+    h = Relu (s)
+    y = Conv <pads = [1, 1, 1, 1]> (h, W4, B4)
+}"""
+BRANCH_INITS = {"W1": (8, 4, 3, 3), "B1": (8,), "W2": (8, 8, 3, 3), "B2": (8,),
+                "W3": (8, 8, 1, 1), "B3": (8,), "W4": (8, 8, 3, 3), "B4": (8,)}
+
+
+def test_layers_side_by_side_are_measured_together_as_one_by_one(rng, monkeypatch):
+    """b and c read the same tensor and neither is upstream of the other: they are
+    measured in one run (3 runs for 4 layers, plus the FP32 one), and the biases come out
+    as measuring them one by one in graph order gives."""
+    from onnx import numpy_helper
+
+    import rewriter.api as api
+    from rewriter.quant import ranges
+    m = make_model(BRANCHES, BRANCH_INITS, seed=6)
+    calib = [{"x": (rng.standard_normal((1, 4, 8, 8)) + 0.5).astype(np.float32)}
+             for _ in range(12)]
+    plan = {"rules": [{"match": {"op": "Conv"}, "precision": "int8"}],
+            "int8": {"equalize": False, "bias_correction": True}}
+    runs = []
+    real_stats = ranges.channel_stats
+    monkeypatch.setattr(ranges, "channel_stats", lambda model, names, *a, **k: runs.append(
+        sorted(names)) or real_stats(model, names, *a, **k))
+    grouped, _ = rewriter.rewrite(m, plan=plan, calib=calib)
+    assert runs == [["a", "b", "c", "y"], ["a"], ["b", "c"], ["y"]], runs
+    runs.clear()
+    real_levels = api._int8_levels
+    monkeypatch.setattr(api, "_int8_levels", lambda g, outs: {   # one level per layer
+        t: i for i, t in enumerate(sorted(real_levels(g, outs), key=["a", "b", "c", "y"].index))})
+    single, _ = rewriter.rewrite(m, plan=plan, calib=calib)
+    assert runs == [["a", "b", "c", "y"], ["a"], ["b"], ["c"], ["y"]], runs
+    weights = lambda model: {t.name: numpy_helper.to_array(t)   # noqa: E731
+                             for t in model.graph.initializer}
+    got, want = weights(grouped), weights(single)
+    assert got.keys() == want.keys()
+    for k in got:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-6, atol=1e-7, err_msg=k)
