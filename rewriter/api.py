@@ -358,7 +358,8 @@ class _Rewrite:
         batch dim, and say which ran; if none does, the error with 1, with the option that
         fixes it."""
         from rewriter.verify.feeds import (FALLBACK_FILLS, FIRST_FILL, input_shape,
-                                           make_feeds, real_inputs, symbolic_dims)
+                                           make_feeds, real_inputs, symbolic_dims,
+                                           weight_dims)
 
         free = symbolic_dims(self.original, self.input_shapes)
         if self.inputs is not None or self.held_out or not free:
@@ -379,9 +380,10 @@ class _Rewrite:
                 "the sizes you use")
             self.fill = fill
             return v, f"{what}, symbolic dims {fill}"
+        derived = weight_dims(self.original)
         example = ", ".join(
-            f"--input-shape {vi.name}:" + "x".join(map(str, input_shape(vi, self.input_shapes
-                                                                         or {})))
+            f"--input-shape {vi.name}:" + "x".join(map(str, input_shape(
+                vi, self.input_shapes or {}, derived=derived.get(vi.name))))
             for vi in real_inputs(self.original) if vi.name in free)
         sizes = ([] if self.fix_shapes else [FIRST_FILL]) + list(FALLBACK_FILLS)
         raise InputError(f"{error} (symbolic dims set to 1: {where}; nor did "

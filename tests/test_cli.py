@@ -340,6 +340,43 @@ def test_random_indices_stay_inside_the_tables_they_index(tmp_path, capfd):
     assert code == 0, err
 
 
+def test_symbolic_dims_a_weight_fixes_get_its_size(tmp_path, capfd):
+    """madmom's beat trackers declare their input [input_dim_0, input_dim_1] and feed it to
+    an LSTM whose W is [1, 100, 266]: random inputs of [1, 1], 8, 32, 224 or 1024 features
+    never ran the original (exit 2). A dim a weight fixes now gets that size: an LSTM's
+    input size, a MatMul's contracted dim (an unnamed dim too), a grouped Conv's channels,
+    a transposed Gemm's; a dim two weights disagree on is left alone."""
+    from rewriter.verify.feeds import make_feeds, symbolic_dims, weight_dims
+    model = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[T, F] x, float[N, C, 6, 6] img, float[K, M] a, float[P, Q] b, float[R, S] c)
+        => (float[T, 1, 1, 5] y, float[N, 8, 4, 4] z, float[M, 3] ga, float[P, 2] mb) {
+        u = Unsqueeze (x, one)
+        y, h = LSTM <hidden_size = 5> (u, W, R)
+        z = Conv <group = 4> (img, Wc)
+        ga = Gemm <transA = 1, transB = 1> (a, Bg)
+        mb = MatMul (b, Bm)
+        c1 = MatMul (c, B1)
+        c2 = MatMul (c, B2)
+    }""", {"one": np.array([1], np.int64), "W": (1, 20, 266), "R": (1, 20, 5),
+           "Wc": (8, 2, 3, 3), "Bg": (3, 7), "Bm": (11, 2), "B1": (4, 2), "B2": (6, 2)})
+    model.graph.input[4].type.tensor_type.shape.dim[1].Clear()   # an unnamed dim
+    assert weight_dims(model) == {"x": {1: 266}, "img": {1: 8}, "a": {0: 7}, "b": {1: 11}}
+    feeds = make_feeds(model, fill=8)
+    assert {k: v.shape for k, v in feeds.items()} == {
+        "x": (1, 266), "img": (1, 8, 6, 6), "a": (7, 8), "b": (1, 11), "c": (1, 8)}
+    assert symbolic_dims(model) == {"a": [1], "c": [1]}   # what a weight fixes is not free
+    src = tmp_path / "beats.onnx"
+    onnx.save(make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[input_dim_0, input_dim_1] input) => (float[input_dim_0, 1, 1, 5] y) {
+        u = Unsqueeze (input, one)
+        y, h = LSTM <hidden_size = 5> (u, W, R)
+    }""", {"one": np.array([1], np.int64), "W": (1, 20, 266), "R": (1, 20, 5)}), src)
+    code, _, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--verify", "--target", "none")
+    assert code == 0, err
+
+
 def test_input_untouched_and_output_deterministic_and_idempotent(tmp_path, capfd):
     for src in (RESNET, MOBILENET):
         before = sha(src)

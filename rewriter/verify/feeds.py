@@ -44,11 +44,13 @@ def batch_names(model: onnx.ModelProto) -> set[str]:
 
 
 def input_shape(vi: onnx.ValueInfoProto, shapes: dict[str, list[int]], default: int = 1,
-                fill: int | None = None, batches: set[str] = frozenset()) -> list[int]:
+                fill: int | None = None, batches: set[str] = frozenset(),
+                derived: dict[int, int] | None = None) -> list[int]:
     """The dims of input ``vi``: the user's, else the declared ones with each symbolic dim
-    ``default``, or ``fill`` past the first position (the batch stays ``default``, as does
-    a dim named as a batch, see :func:`batch_names`; a 1-D input's only dim, a length,
-    takes ``fill``)."""
+    the size a weight fixes for it (``derived``, see :func:`weight_dims`), else ``default``,
+    or ``fill`` past the first position (the batch stays ``default``, as does a dim named
+    as a batch, see :func:`batch_names`; a 1-D input's only dim, a length, takes
+    ``fill``)."""
     tt = vi.type.tensor_type
     if vi.name in shapes:
         return shapes[vi.name]
@@ -56,7 +58,9 @@ def input_shape(vi: onnx.ValueInfoProto, shapes: dict[str, list[int]], default: 
     # A user's bare `1x3x224x224` applies to a single input.
     if "" in shapes and len(shapes[""]) == len(dims):
         return shapes[""]
+    derived = derived or {}
     return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0
+            else derived[i] if i in derived
             else default if fill is None or _is_batch(dims, i, batches) else fill
             for i, d in enumerate(dims)]
 
@@ -71,6 +75,7 @@ def symbolic_dims(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = 
     not named as a batch and not set by the user}."""
     shapes = shapes or {}
     batches = batch_names(model)
+    derived = weight_dims(model)
     out = {}
     for vi in real_inputs(model):
         if vi.name in shapes or not vi.type.HasField("tensor_type"):
@@ -79,7 +84,8 @@ def symbolic_dims(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = 
         if "" in shapes and len(shapes[""]) == len(dims):
             continue
         pos = [i for i, d in enumerate(dims) if not _is_batch(dims, i, batches)
-               and not (d.HasField("dim_value") and d.dim_value > 0)]
+               and not (d.HasField("dim_value") and d.dim_value > 0)
+               and i not in derived.get(vi.name, {})]
         if pos:
             out[vi.name] = pos
     return out
@@ -112,8 +118,8 @@ def make_feeds(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = Non
     Integer inputs are often indices or lengths, so they get values in [0, 4), or below
     the rows of the table they index where that is smaller (:func:`index_bounds`: BERT's
     token_type_ids pick one of 2 rows); float inputs cast to such indices get whole numbers
-    in the same range. Symbolic dims are 1, or ``fill`` past the first
-    position (see :func:`input_shape`).
+    in the same range. Symbolic dims a weight fixes get that size (:func:`weight_dims`),
+    the others 1, or ``fill`` past the first position (see :func:`input_shape`).
     """
     rng = np.random.default_rng(seed)
     shapes = shapes or {}
@@ -125,11 +131,13 @@ def make_feeds(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = Non
     batches = batch_names(model) if fill is not None else frozenset()
     total = 0.0
     bounds = index_bounds(model)
+    derived = weight_dims(model)
     for vi in real_inputs(model):
         if not vi.type.HasField("tensor_type"):
             raise InputError(f"input '{vi.name}' is not a tensor; pass it with --inputs")
         dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
-        shape = input_shape(vi, shapes, fill=fill, batches=batches)
+        shape = input_shape(vi, shapes, fill=fill, batches=batches,
+                            derived=derived.get(vi.name))
         # Declared dims can be absurd (2^40): refuse before numpy tries to allocate them.
         total += float(np.prod([float(d) for d in shape])) * np.dtype(dtype).itemsize
         if total > MAX_FEED_BYTES:
@@ -204,6 +212,82 @@ def index_bounds(model: onnx.ModelProto) -> dict[str, int]:
                     todo.extend(n.output[:1])
         if bound is not None:
             out[vi.name] = bound
+    return out
+
+
+def weight_dims(model: onnx.ModelProto) -> dict[str, dict[int, int]]:
+    """{input: {position: size}} for the symbolic input dims whose size a layer's weight
+    fixes: a MatMul's contracted dim (B's rows), a Gemm's, a Conv's channels (W's input
+    channels times the groups), a ConvTranspose's, an LSTM/GRU/RNN's input size (W's last
+    dim). madmom's beat trackers declare their input [input_dim_0, input_dim_1] and feed it
+    to an LSTM whose W is [1, 100, 266]: no size but 266 runs them, and nothing else in
+    the model says so.
+
+    The dims are followed by onnx's shape inference on a weight-free copy (an unnamed
+    symbolic dim gets a name first; the exporter's value_info and output shapes are
+    dropped, so only what inference derives from the inputs counts). A dim only counts
+    when every weight that fixes it agrees."""
+    from rewriter.core.convert import shape_info
+    from rewriter.core.graph import weight_free_copy
+
+    stub = weight_free_copy(model)
+    del stub.graph.value_info[:]
+    for vi in stub.graph.output:
+        vi.type.tensor_type.ClearField("shape")
+    where: dict[str, list[tuple[str, int]]] = {}   # dim name -> (input, position)
+    for vi in real_inputs(stub):
+        if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+            continue
+        for i, d in enumerate(vi.type.tensor_type.shape.dim):
+            if d.HasField("dim_value") and d.dim_value > 0:
+                continue
+            if not d.dim_param:
+                d.dim_param = f"__rewrite_{vi.name}_{i}"
+            where.setdefault(d.dim_param, []).append((vi.name, i))
+    if not where:
+        return {}
+    infos = shape_info(stub)
+    weights = {t.name: list(t.dims) for t in model.graph.initializer}
+    weights.update((n.output[0], list(a.t.dims)) for n in model.graph.node
+                   if n.op_type == "Constant" for a in n.attribute if a.name == "value")
+
+    def dims(name: str) -> list | None:
+        if name in weights:
+            return weights[name]
+        vi = infos.get(name)
+        if vi is None or not vi.type.tensor_type.HasField("shape"):
+            return None
+        return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else d.dim_param
+                for d in vi.type.tensor_type.shape.dim]
+
+    found: dict[str, set[int]] = {}
+
+    def fixes(data: str, axis: int, size) -> None:
+        got = dims(data)
+        if got and -len(got) <= axis < len(got) and isinstance(size, int) and size > 0 \
+                and got[axis] in where:
+            found.setdefault(got[axis], set()).add(size)
+
+    for n in model.graph.node:
+        w = dims(n.input[1]) if len(n.input) > 1 and n.input[1] else None
+        if not w:
+            continue
+        attr = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        if n.op_type == "MatMul":
+            fixes(n.input[0], -1, w[-2] if len(w) >= 2 else w[0])
+        elif n.op_type == "Gemm" and len(w) == 2:
+            fixes(n.input[0], 0 if attr.get("transA") else 1, w[1 if attr.get("transB") else 0])
+        elif n.op_type == "Conv" and len(w) >= 3 and isinstance(w[1], int):
+            fixes(n.input[0], 1, w[1] * int(attr.get("group", 1)))
+        elif n.op_type == "ConvTranspose" and len(w) >= 3:
+            fixes(n.input[0], 1, w[0])
+        elif n.op_type in ("LSTM", "GRU", "RNN") and len(w) == 3:
+            fixes(n.input[0], 2, w[2])
+    out: dict[str, dict[int, int]] = {}
+    for name, sizes in found.items():
+        if len(sizes) == 1:
+            for inp, pos in where[name]:
+                out.setdefault(inp, {})[pos] = next(iter(sizes))
     return out
 
 
