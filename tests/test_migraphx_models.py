@@ -421,6 +421,56 @@ def test_what_migraphx_computes_wrong_for_the_original_too_is_not_the_rewrites(t
     assert out.exists()
 
 
+TIED_TOPK = """
+    g (float[1, 64] x) => (float[1, 16, 4] y) {
+        z = Sub (x, twenty)
+        s = Sigmoid (z)
+        v, i = TopK <axis = -1> (s, k)
+        y = Gather <axis = 0> (table, i)
+    }"""
+
+
+def test_the_order_of_ties_in_a_topk_is_said_not_failed(tmp_path, capfd):
+    """An end-to-end YOLOv8 head (isbnx's barcode detector: TopK 300 of the scores, boxes
+    gathered by its indices) failed on MIGraphX for the original too (exit 2, cosine 0.76)
+    on any input with nothing to detect. onnxruntime's Sigmoid returns 0 below -18 and
+    errs by up to 1e-7 above (sigmoid(-16) = 1.1e-7, it gives 6.0e-8; sigmoid(-17) 8.9e-8):
+    its scores tie where MIGraphX's, exact, do not, so the TopK picks another order. Here
+    the same in miniature: the TopK's input agrees within FP32 tolerances and nothing else
+    differs, so the output is said to be ordered by ties (exit 0), with the numbers."""
+    import json
+
+    from rewriter.cli import main
+    rng = np.random.default_rng(3)
+    path = _save_text(tmp_path, TIED_TOPK, twenty=np.float32(20), k=np.array([16]),
+                      table=rng.standard_normal((64, 4)).astype(np.float32))
+    code = main([str(path), "-o", str(tmp_path / "o.onnx"), "--verify", "--migraphx-target",
+                 "ref", "--report", str(tmp_path / "r.json")])
+    out = capfd.readouterr().out
+    assert code == 0, out
+    m = json.loads((tmp_path / "r.json").read_text())["compile"]["metrics"][0]
+    assert m["ok"] and m["cosine"] < 0.99, m
+    assert "ordered by TopK 'v'" in m["tied_order"] and "max_rel 0.00e+00" in m["tied_order"]
+    assert "not comparable element by element" in out
+
+
+def test_a_topk_after_what_migraphx_computes_wrong_still_fails(tmp_path, capfd):
+    """The TopK explanation holds only when everything the TopK part reads agrees: here its
+    input comes from onnxruntime's dynamic quantization, which MIGraphX computes wrongly
+    (above): exit 2 as before."""
+    from rewriter.cli import main
+    w = np.random.default_rng(7).integers(-127, 128, (16, 8)).astype(np.int8)
+    path = _save_text(tmp_path, DYNAMIC_MATMUL.replace("(float[N, 8] y)", "(float[N, 4] y)")
+                      .replace("y = Mul(yf, xs)", "z = Mul(yf, xs)\n        y, i = TopK "
+                               "<axis = -1> (z, k)"), w=w, k=np.array([4]))
+    code = main([str(path), "-o", str(tmp_path / "o.onnx"), "-q", "--verify",
+                 "--migraphx-target", "ref", "--passes", "collapse-chains",
+                 "--input-shape", "x:4x16"])
+    err = [ln for ln in capfd.readouterr().err.splitlines() if ln.strip()]
+    assert code == 2, err
+    assert "MIGraphX computes the original model differently from onnxruntime too" in err[0]
+
+
 def test_dynamic_quantization_computes_right_after_the_rewrite(tmp_path):
     """The same model through the default pipeline: integer-zero-points puts MatMulInteger in
     the form MIGraphX computes right, so MIGraphX now agrees with onnxruntime within FP32
