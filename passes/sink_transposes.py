@@ -18,6 +18,11 @@ Transposes or lowers it (a Transpose is moved only past the one node that reads 
 second transposed input of that node must have the same perm); a pair that cancels goes.
 The elementwise ops compute the same values on permuted data: bit-exact (Numerics.EXACT).
 
+Squeeze, Unsqueeze and Pad (LAYOUT) pass a Transpose too, with constant axes or pads
+renumbered and the perm changed with the rank, as onnxruntime's transpose optimizer does
+(madmom's Conv -> Transpose -> Squeeze -> Mul/Add/Elu -> Pad -> Unsqueeze -> Transpose then
+cancels; skipped without constant axes or pads: axes-not-constant, pad-not-constant).
+
 Elementwise here: unary activations and math (SAME_SHAPE) and the broadcasting binary and
 variadic ops (BROADCAST), whose other inputs are constants of rank at most the Transpose's
 (laid out anew: c' = reshape(c, rank r) transposed by the inverse perm, a copy of at most
@@ -44,6 +49,9 @@ SAME_SHAPE = {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Elu", "Selu", "Celu", "Ha
 BROADCAST = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "PRelu", "Clip",
              "Where", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or",
              "Xor", "BitShift", "Mod"}
+# Ops that move axes around without reading them as channels: a Transpose passes them
+# with the axes (or pads) renumbered, and its perm changes with the rank (_sink_layout).
+LAYOUT = {"Squeeze", "Unsqueeze", "Pad"}
 # Constants re-laid for a moved Transpose are copies: per-channel vectors and small tables
 # only.
 MAX_LAID_ELEMS = 1 << 16
@@ -132,12 +140,14 @@ def _sink(t: gs.Node, g: gs.Graph, outs: set[int], ctx: Context, members: set[in
         return ""
     e = y.outputs[0]
     if e.domain not in (None, "", "ai.onnx") or len(e.outputs) != 1 or (
-            e.op not in SAME_SHAPE and e.op not in BROADCAST):
+            e.op not in SAME_SHAPE and e.op not in BROADCAST and e.op not in LAYOUT):
         return ""
     r = len(p)
     inv = [0] * r
     for i, a in enumerate(p):
         inv[a] = i
+    if e.op in LAYOUT:
+        return _sink_layout(t, e, p, g, ctx)
     new_inputs = []
     for inp in e.inputs:
         if inp is y:
@@ -172,4 +182,80 @@ def _sink(t: gs.Node, g: gs.Graph, outs: set[int], ctx: Context, members: set[in
     e.outputs[0] = before
     g.nodes.append(gs.Node("Transpose", name=ctx.namer(f"{t.name}_sunk"), attrs={"perm": p},
                            inputs=[before], outputs=[z]))
+    return None
+
+
+def _const_ints(e: gs.Node, index: int, attr: str) -> list[int] | None:
+    """An int list given as a constant input (opset 13+ axes, opset 11+ pads) or, in older
+    opsets, as the attribute; None if neither is known."""
+    if len(e.inputs) > index and e.inputs[index].name:
+        c = e.inputs[index]
+        return [int(v) for v in np.asarray(c.values).ravel()] if isinstance(c, gs.Constant) \
+            else None
+    v = e.attrs.get(attr)
+    return None if v is None else [int(a) for a in v]
+
+
+def _sink_layout(t: gs.Node, e: gs.Node, p: list[int], g: gs.Graph, ctx: Context
+                 ) -> str | None:
+    """Move ``t`` (perm ``p``) past ``e``, a Squeeze, Unsqueeze or Pad, as onnxruntime's
+    transpose optimizer does:
+
+    * Squeeze(Transpose(x, p), A) = Transpose(Squeeze(x, p[A]), p'), p' the rest of p
+      renumbered;
+    * Unsqueeze(Transpose(x, p), A) = Transpose(Unsqueeze(x, A), q), q keeping the new
+      axes in place and mapping the others as p does (madmom's Conv -> Transpose ->
+      Squeeze -> Mul/Add/Elu -> Pad -> Unsqueeze -> Transpose then cancels);
+    * Pad(Transpose(x, p), pads) = Transpose(Pad(x, pads'), p), each axis' pads moved to
+      the axis it comes from."""
+    r = len(p)
+    if e.op == "Pad":
+        pads = _const_ints(e, 1, "pads")
+        if pads is None or len(pads) != 2 * r or (len(e.inputs) > 3 and e.inputs[3].name):
+            return "pad-not-constant"
+        laid = [0] * (2 * r)
+        for j in range(r):
+            laid[p[j]], laid[r + p[j]] = pads[j], pads[r + j]
+        after = p
+        new_attrs = dict(e.attrs)
+        if len(e.inputs) > 1 and e.inputs[1].name:
+            new_in = [t.inputs[0], gs.Constant(ctx.namer(f"{e.inputs[1].name}_t"),
+                                               np.array(laid, np.int64))] + list(e.inputs[2:])
+        else:
+            new_in, new_attrs["pads"] = [t.inputs[0]], laid
+    else:
+        axes = _const_ints(e, 1, "axes")
+        rank = r if e.op == "Squeeze" else r + len(axes or [])
+        if axes is None or any(not -rank <= a < rank for a in axes):
+            return "axes-not-constant"
+        axes = sorted({a % rank for a in axes})
+        if e.op == "Squeeze":
+            gone = {p[a] for a in axes}
+            keep = sorted(set(range(r)) - gone)
+            after = [keep.index(p[j]) for j in range(r) if j not in axes]
+            new_axes = sorted(gone)
+        else:
+            rest = [j for j in range(rank) if j not in axes]
+            after = [j if j in axes else rest[p[rest.index(j)]] for j in range(rank)]
+            new_axes = axes
+        new_attrs = {k: v for k, v in e.attrs.items() if k != "axes"}
+        if len(e.inputs) > 1 and e.inputs[1].name:
+            new_in = [t.inputs[0], gs.Constant(ctx.namer(f"{e.inputs[1].name}_t"),
+                                               np.array(new_axes, np.int64))]
+        else:
+            new_in, new_attrs["axes"] = [t.inputs[0]], new_axes
+    z = e.outputs[0]
+    inv = [0] * len(after)
+    for i, a in enumerate(after):
+        inv[a] = i
+    before = gs.Variable(ctx.namer(f"{z.name}_pre"), dtype=z.dtype,
+                         shape=None if z.shape is None or len(z.shape) != len(after)
+                         else [z.shape[a] for a in inv])
+    while e.inputs:
+        e.inputs.pop()
+    e.inputs.extend(new_in)
+    e.attrs = new_attrs
+    e.outputs[0] = before
+    g.nodes.append(gs.Node("Transpose", name=ctx.namer(f"{t.name}_sunk"),
+                           attrs={"perm": after}, inputs=[before], outputs=[z]))
     return None

@@ -180,3 +180,74 @@ def test_a_large_constant_is_not_copied():
     out, rep = st(m)
     assert rep.passes[0].counts["skip:constant-too-large"] == 1
     assert ops(out) == ["Transpose", "Mul", "Transpose"]
+
+
+def madmom_block(opset: int):
+    """madmom's converter: each conv of a [T, F] spectrogram between an Unsqueeze and a
+    Squeeze of the batch, in NHWC, BN as Mul/Add, Elu, and a Pad before the next conv;
+    axes as attributes before opset 13, as inputs after; pads as an input from opset 11."""
+    axes = "" if opset >= 13 else "<axes = [0]> "
+    ax_in = ", ax" if opset >= 13 else ""
+    return make_model(f"""
+    <ir_version: 8, opset_import: ["" : {opset}]>
+    g (float[T, F, 1] x) => (float[1, 4, Tp, Fp] y) {{
+        u0 = Unsqueeze {axes}(x{ax_in})
+        a = Transpose <perm = {TO_NCHW}> (u0)
+        c1 = Conv (a, W1)
+        t1 = Transpose <perm = {TO_NHWC}> (c1)
+        s1 = Squeeze {axes}(t1{ax_in})
+        m1 = Mul (s1, scale)
+        b1 = Add (m1, bias)
+        e1 = Elu (b1)
+        p1 = Pad (e1, pads)
+        u1 = Unsqueeze {axes}(p1{ax_in})
+        t2 = Transpose <perm = {TO_NCHW}> (u1)
+        y = Conv (t2, W2)
+    }}""", {"W1": (4, 1, 3, 3), "W2": (4, 4, 3, 3), "scale": (4,), "bias": (1, 4),
+            "pads": np.array([1, 0, 0, 1, 0, 0], np.int64), "ax": np.array([0], np.int64)})
+
+
+def test_through_squeeze_pad_and_unsqueeze_as_madmom_writes_them():
+    """madmom's key CNN: 24 Transposes, onnxruntime basic 2, we 24 (a Squeeze, Pad or
+    Unsqueeze stopped them). They move through those now, axes and pads renumbered, and
+    the pair around each conv's epilogue cancels: bit-exact, at opset 11 and 17."""
+    for opset in (11, 17):
+        m = madmom_block(opset)
+        out, rep = st(m, input_shapes={"x": [5, 6, 1]})
+        assert ops(out).count("Transpose") == 1, (opset, ops(out))   # only the input's
+        assert rep.passes[0].counts["cancelled"] == 1, rep.passes[0].counts
+        same(m, out, [(5, 6, 1), (9, 7, 1)])
+
+
+def test_layout_moves_renumber_axes_and_pads():
+    """Each move on its own, against onnxruntime: a Squeeze of two axes given negative, an
+    Unsqueeze of two new axes, a Pad in reflect mode, with perms that are not NHWC."""
+    m = make_model(f"""
+    {HEAD}
+    g (float[2, 1, 5, 1, 3] x) => (float[3, 1, 1, 7, 2] y) {{
+        t = Transpose <perm = [3, 2, 4, 1, 0]> (x)
+        s = Squeeze (t, sq)
+        p = Pad <mode = "reflect"> (s, pads)
+        u = Unsqueeze (p, us)
+        y = Transpose <perm = [4, 0, 1, 3, 2]> (u)
+    }}""", {"sq": np.array([-2, 0], np.int64), "pads": np.array([1, 0, 0, 1, 0, 0], np.int64),
+            "us": np.array([1, 4], np.int64)})
+    out, rep = st(m)
+    assert rep.passes[0].counts["moved"] == 3, rep.passes[0].counts
+    same(m, out, [(2, 1, 5, 1, 3)])
+
+
+def test_a_squeeze_without_axes_and_a_pad_with_axes_stay():
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 18]>
+    g (float[1, 4, 1, 3] x) => (float[4, 3] y, float[3, 6, 1, 1] z) {
+        t = Transpose <perm = [2, 3, 0, 1]> (x)
+        y = Squeeze (t)
+        t2 = Transpose <perm = [3, 1, 2, 0]> (x)
+        z = Pad (t2, pads, zero, axes)
+    }""", {"pads": np.array([1, 1], np.int64), "zero": np.array(0.0, np.float32),
+           "axes": np.array([1], np.int64)})
+    out, rep = st(m)
+    c = rep.passes[0].counts
+    assert c["skip:axes-not-constant"] == 1 and c["skip:pad-not-constant"] == 1, c
+    assert ops(out).count("Transpose") == 2
