@@ -17,6 +17,7 @@ Before -> after::
     x -> Unsqueeze(a) -> Squeeze(a) -> y (and the reverse)  =>  x (the middle may have
                                                                   other readers)
     x -> Unsqueeze(a) -> Unsqueeze(b) -> y                  =>  x -> Unsqueeze(a merged into b)
+    Concat(a, Concat(b, c)) on one axis, the inner one read only there  =>  Concat(a, b, c)
     x -> Slice(axes A) -> Slice(axes B), A and B disjoint  =>  x -> Slice(A ∪ B)
     GRU/LSTM/RNN(..., initial_h = ConstantOfShape(0) -> Slice ...)  =>  GRU(..., no initial_h)
 
@@ -139,6 +140,8 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
         return _drop_pair(node, g, outs, f"removed-{op.lower()}")
     if op == "Concat" and _single_concat(node):
         return _drop_pair(node, g, outs, "removed-concat")
+    if op == "Concat" and _merge_concats(node, outs, members):
+        return "merged-concat"
     prev = x.inputs[0] if len(x.inputs) == 1 else None
     if (op == "Transpose" and prev is not None and prev.op == "Transpose"
             and len(x.outputs) == 2 and id(prev) in members and id(x) not in outs):
@@ -187,6 +190,29 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
     if op == "Slice" and prev.op == "Slice" and opset >= 10:
         return _merge_slices(prev, node, namer)
     return None
+
+
+def _merge_concats(node: gs.Node, outs: set[int], members: set[int]) -> bool:
+    """Inputs of ``node`` that an inner Concat on the same axis writes for it alone give way
+    to that Concat's inputs (concatenation is associative): Concat(c, Concat(h, w)) ->
+    Concat(c, h, w), the shape vector of a Resize built from Shape -> Gather (trueocr's
+    text detector: three)."""
+    axis = node.attrs.get("axis")
+    spliced, changed = [], False
+    for t in node.inputs:
+        p = t.inputs[0] if len(t.inputs) == 1 else None
+        if (p is not None and p.op == "Concat" and p.domain in (None, "", "ai.onnx")
+                and id(p) in members and p.attrs.get("axis") == axis and axis is not None
+                and len(t.outputs) == 1 and id(t) not in outs):
+            spliced.extend(p.inputs)
+            changed = True
+        else:
+            spliced.append(t)
+    if changed:
+        while node.inputs:
+            node.inputs.pop()
+        node.inputs.extend(spliced)
+    return changed
 
 
 def _merge_unsqueezes(prev: gs.Node, node: gs.Node, opset: int, namer) -> str | None:

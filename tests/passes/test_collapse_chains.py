@@ -388,3 +388,31 @@ def test_a_reshape_to_its_own_symbolic_shape_goes(rng):
          "d": rng.standard_normal((4, 5)).astype(np.float32),
          "e": rng.standard_normal((4, 5)).astype(np.float32)}
     same(m, out, f)
+
+
+def test_a_concat_of_a_concat_on_the_same_axis_is_one(rng):
+    """trueocr's text detector builds each Resize's sizes as Concat([1, 24], Concat(h, w)):
+    one Concat (onnxsim folds them too). An inner Concat on another axis, read elsewhere
+    or a graph output stays."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 3, 4] x, float[N, 2, 4] z, float[N, 2, 8] u)
+        => (float[N, 10, 4] y, float[N, 4, 8] w, float[N, 5, 4] o, float[N, 7, 4] p,
+            float[N, 7, 4] p2, float[N, 4, 4] r2) {
+        i = Concat <axis = 1> (x, z)
+        y = Concat <axis = 1> (z, i, x)
+        j = Concat <axis = 2> (z, z)
+        w = Concat <axis = 1> (j, u)
+        o = Concat <axis = 1> (x, z)
+        p = Concat <axis = 1> (o, z)
+        i2 = Concat <axis = 1> (z, z)
+        p2 = Concat <axis = 1> (i2, x)
+        r2 = Relu (i2)
+    }""", {})
+    out, rep = cc(m)
+    assert rep.passes[0].counts["merged-concat"] == 1, rep.passes[0].counts
+    assert ops(out).count("Concat") == 7, ops(out)
+    for n in (1, 2):
+        same(m, out, {"x": rng.standard_normal((n, 3, 4)).astype(np.float32),
+                      "z": rng.standard_normal((n, 2, 4)).astype(np.float32),
+                      "u": rng.standard_normal((n, 2, 8)).astype(np.float32)})
