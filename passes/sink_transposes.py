@@ -172,17 +172,27 @@ def _sink(t: gs.Node, g: gs.Graph, outs: set[int], ctx: Context, members: set[in
             new_inputs.append(inp.inputs[0].inputs[0])
         else:
             return "other-input-not-transposed"
+    _place(t, e, new_inputs, p, g, ctx)
+    return None
+
+
+def _place(t: gs.Node, e: gs.Node, new_inputs: list, perm: list[int], g: gs.Graph,
+           ctx: Context) -> None:
+    """``e`` reads ``new_inputs`` and writes a new tensor, which a Transpose(``perm``)
+    named after ``t`` turns into ``e``'s old output (its name and readers kept)."""
     z = e.outputs[0]
+    inv = [0] * len(perm)
+    for i, a in enumerate(perm):
+        inv[a] = i
     before = gs.Variable(ctx.namer(f"{z.name}_pre"), dtype=z.dtype,
-                         shape=None if z.shape is None or len(z.shape) != r
+                         shape=None if z.shape is None or len(z.shape) != len(perm)
                          else [z.shape[a] for a in inv])
     while e.inputs:
         e.inputs.pop()
     e.inputs.extend(new_inputs)
     e.outputs[0] = before
-    g.nodes.append(gs.Node("Transpose", name=ctx.namer(f"{t.name}_sunk"), attrs={"perm": p},
-                           inputs=[before], outputs=[z]))
-    return None
+    g.nodes.append(gs.Node("Transpose", name=ctx.namer(f"{t.name}_sunk"),
+                           attrs={"perm": perm}, inputs=[before], outputs=[z]))
 
 
 def _const_ints(e: gs.Node, index: int, attr: str) -> list[int] | None:
@@ -244,18 +254,6 @@ def _sink_layout(t: gs.Node, e: gs.Node, p: list[int], g: gs.Graph, ctx: Context
                                                np.array(new_axes, np.int64))]
         else:
             new_in, new_attrs["axes"] = [t.inputs[0]], new_axes
-    z = e.outputs[0]
-    inv = [0] * len(after)
-    for i, a in enumerate(after):
-        inv[a] = i
-    before = gs.Variable(ctx.namer(f"{z.name}_pre"), dtype=z.dtype,
-                         shape=None if z.shape is None or len(z.shape) != len(after)
-                         else [z.shape[a] for a in inv])
-    while e.inputs:
-        e.inputs.pop()
-    e.inputs.extend(new_in)
     e.attrs = new_attrs
-    e.outputs[0] = before
-    g.nodes.append(gs.Node("Transpose", name=ctx.namer(f"{t.name}_sunk"),
-                           attrs={"perm": after}, inputs=[before], outputs=[z]))
+    _place(t, e, new_in, after, g, ctx)
     return None
