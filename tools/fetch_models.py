@@ -158,6 +158,12 @@ MODELS: tuple[RealModel, ...] = (
         "minus the VGG means: NHWC Transposes around every conv, BN as Mul/Add, SAME pads "
         "computed from Shape",
     ),
+    RealModel(
+        "isbnx_best.onnx", "isbnx", "0.0.18", "isbnx/model/best.onnx", 10313478,
+        "b75bf231391623513477ea2b860efae2a492f28e7e6e85c8921d8f57928a81f7",
+        "YOLOv8 barcode detector with an end-to-end head (TopK 300 of the sigmoid scores, "
+        "boxes gathered by index), opset 20, input [batch, 3, height, width]",
+    ),
 )
 
 BY_NAME = {m.file: m for m in MODELS}
