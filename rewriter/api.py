@@ -162,6 +162,7 @@ class _Rewrite:
         self.fp32_done: list = []    # records of the FP32 part, for a failure's report
         self.fp32_snapshot = None    # the FP32-rewritten model, to locate a lossy divergence
         self.verify_seconds = 0.0
+        self.random_shapes: dict = {}   # sizes random inputs took in every dim (last resort)
         self.extra_records: list = []   # passes the plan step runs before its own passes
 
     @property
@@ -380,6 +381,9 @@ class _Rewrite:
                 "the sizes you use")
             self.fill = fill
             return v, f"{what}, symbolic dims {fill}"
+        v = self.fill_first_dims(verifier, where, tried, what)
+        if v is not None:
+            return v
         derived = weight_dims(self.original)
         example = ", ".join(
             f"--input-shape {vi.name}:" + "x".join(map(str, input_shape(
@@ -387,8 +391,40 @@ class _Rewrite:
             for vi in real_inputs(self.original) if vi.name in free)
         sizes = ([] if self.fix_shapes else [FIRST_FILL]) + list(FALLBACK_FILLS)
         raise InputError(f"{error} (symbolic dims set to 1: {where}; nor did "
-                         f"{' or '.join(map(str, sizes))} run; give your sizes, "
-                         f"e.g. {example} with the 1s replaced)") from None
+                         f"{' or '.join(map(str, sizes))} run, in the first dims too; give "
+                         f"your sizes, e.g. {example} with the 1s replaced)") from None
+
+    def fill_first_dims(self, verifier, where: str, tried: str, what: str):
+        """The last resort for random inputs: the first dim takes the sizes too, for inputs
+        whose first dim is not a batch (madmom's chord CNN reads [frames, bins]: one frame
+        is too short for its 3x3 convs). The sizes that run are kept for the MIGraphX
+        compare; returns (verifier, what) or None."""
+        from rewriter.verify.feeds import FALLBACK_FILLS, FIRST_FILL, make_feeds, real_inputs
+
+        names = {vi.name for vi in real_inputs(self.original)
+                 if vi.name not in (self.input_shapes or {}) and any(
+                     not (d.HasField("dim_value") and d.dim_value > 0)
+                     for d in vi.type.tensor_type.shape.dim)}
+        if "" in (self.input_shapes or {}) or not names:
+            return None
+        for fill in (FIRST_FILL, *FALLBACK_FILLS):
+            try:
+                feeds = make_feeds(self.original, self.input_shapes, self.seed, fill=fill,
+                                   fill_batch=True)
+                v = verifier(feeds)
+            except InputError:
+                continue
+            self.random_shapes = {k: list(np.shape(feeds[k])) for k in sorted(names)}
+            shapes = ", ".join(f"{k}:{'x'.join(map(str, s))}"
+                               for k, s in self.random_shapes.items())
+            self.report.warnings.append(
+                f"random inputs with {tried} or {' or '.join(map(str, FALLBACK_FILLS))} in "
+                f"the symbolic dims ({where}) do not run the original model; verified with "
+                f"{fill} in the first dims too ({shapes}): --input-shape sets the sizes you "
+                "use")
+            self.fill = None
+            return v, f"{what}, symbolic dims {fill}, the first dims too"
+        return None
 
     def after_change(self, p, rec, records) -> None:
         """After a pass that changed the graph: the numeric check, blaming that pass."""
@@ -829,7 +865,8 @@ class _Rewrite:
         t = time.perf_counter()
         from rewriter.migraphx.target import compile_output
         compile_output(self.report, self.migraphx_checked, exported, self.original,
-                       self.base_dir, self.output, self.migraphx, self.input_shapes,
+                       self.base_dir, self.output, self.migraphx,
+                       {**(self.input_shapes or {}), **self.random_shapes},
                        self.inputs, self.seed, self.held_out, self.plan, self.verifier,
                        self.path, fill=self.fill)
         self.seconds["migraphx"] += time.perf_counter() - t

@@ -377,6 +377,39 @@ def test_symbolic_dims_a_weight_fixes_get_its_size(tmp_path, capfd):
     assert code == 0, err
 
 
+FRAMES_FIRST = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[T, F] x) => (float[1, 2, A, B] y) {
+        u = Unsqueeze (x, zero)
+        v = Unsqueeze (u, zero)
+        y = Conv (v, W)
+    }"""
+
+
+def test_a_first_dim_that_is_not_a_batch_takes_the_sizes_last(tmp_path, capfd):
+    """madmom's chord CNN reads [frames, bins]: random inputs keep the first dim at 1 like a
+    batch, and one frame is too short for its 3x3 convs, whatever the bins (exit 2). As a
+    last resort the first dims take the sizes too, with a warning that says so; a model
+    no size runs still fails, and the error says the first dims were tried."""
+    src = tmp_path / "frames.onnx"
+    onnx.save(make_model(FRAMES_FIRST, {"zero": np.array([0], np.int64), "W": (2, 1, 3, 3)}),
+              src)
+    code, out, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--verify", "--target",
+                         "none", "--report", tmp_path / "r.json")
+    assert code == 0, err
+    assert "verified with 8 in the first dims too (x:8x8)" in out, out
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["verified_with"].endswith("symbolic dims 8, the first dims too")
+    bad = tmp_path / "bad.onnx"   # a 3x3 conv after a Reshape to [1, 1, 2, 2]: never runs
+    onnx.save(make_model(FRAMES_FIRST.replace("v = Unsqueeze (u, zero)",
+                                              "v = Reshape (u, four)"),
+                         {"zero": np.array([0], np.int64), "W": (2, 1, 3, 3),
+                          "four": np.array([1, 1, 2, -1], np.int64)}), bad)
+    code, _, err = run(capfd, bad, "-o", tmp_path / "b.onnx", "-q", "--verify", "--target",
+                       "none")
+    assert code == 2 and "run, in the first dims too; give your sizes" in err[0], err
+
+
 def test_input_untouched_and_output_deterministic_and_idempotent(tmp_path, capfd):
     for src in (RESNET, MOBILENET):
         before = sha(src)

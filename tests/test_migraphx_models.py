@@ -484,6 +484,23 @@ def test_an_end_to_end_yolov8_head_on_migraphx_is_said_to_order_ties(tmp_path):
     assert "max_rel 0.00e+00" in m["tied_order"]
 
 
+def test_sizes_random_inputs_took_in_the_first_dims_are_what_migraphx_runs(tmp_path):
+    """madmom's chord CNN ([frames, bins], one frame too short): verification fills the
+    first dim too as a last resort, and MIGraphX compiles and compares at those sizes (not
+    at 1 frame, which the original does not run with either)."""
+    path = _save_text(tmp_path, """
+    g (float[T, F] x) => (float[1, 2, A, B] y) {
+        u = Unsqueeze (x, zero)
+        v = Unsqueeze (u, zero)
+        y = Conv (v, W)
+    }""", zero=np.array([0]), W=np.random.default_rng(4).standard_normal(
+        (2, 1, 3, 3)).astype(np.float32))
+    report, info = rewrite_on_migraphx(path, tmp_path, verify=True)
+    assert_fp32_ok(info)
+    assert info["input_dims"] == {"x": [8, 8]}, info["input_dims"]
+    assert "first dims too" in report.verified_with
+
+
 def test_dynamic_quantization_computes_right_after_the_rewrite(tmp_path):
     """The same model through the default pipeline: integer-zero-points puts MatMulInteger in
     the form MIGraphX computes right, so MIGraphX now agrees with onnxruntime within FP32

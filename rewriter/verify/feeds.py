@@ -45,12 +45,13 @@ def batch_names(model: onnx.ModelProto) -> set[str]:
 
 def input_shape(vi: onnx.ValueInfoProto, shapes: dict[str, list[int]], default: int = 1,
                 fill: int | None = None, batches: set[str] = frozenset(),
-                derived: dict[int, int] | None = None) -> list[int]:
+                derived: dict[int, int] | None = None, fill_batch: bool = False) -> list[int]:
     """The dims of input ``vi``: the user's, else the declared ones with each symbolic dim
     the size a weight fixes for it (``derived``, see :func:`weight_dims`), else ``default``,
     or ``fill`` past the first position (the batch stays ``default``, as does a dim named
     as a batch, see :func:`batch_names`; a 1-D input's only dim, a length, takes
-    ``fill``)."""
+    ``fill``; with ``fill_batch``, the batch too: the last resort for inputs whose first
+    dim is not a batch, madmom's [frames, bins])."""
     tt = vi.type.tensor_type
     if vi.name in shapes:
         return shapes[vi.name]
@@ -61,8 +62,8 @@ def input_shape(vi: onnx.ValueInfoProto, shapes: dict[str, list[int]], default: 
     derived = derived or {}
     return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0
             else derived[i] if i in derived
-            else default if fill is None or _is_batch(dims, i, batches) else fill
-            for i, d in enumerate(dims)]
+            else default if fill is None or (_is_batch(dims, i, batches) and not fill_batch)
+            else fill for i, d in enumerate(dims)]
 
 
 def _is_batch(dims, i: int, batches) -> bool:
@@ -112,7 +113,8 @@ MAX_FEED_BYTES = 64 << 20
 
 
 def make_feeds(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = None,
-               seed: int = 0, fill: int | None = None) -> dict[str, np.ndarray]:
+               seed: int = 0, fill: int | None = None, fill_batch: bool = False
+               ) -> dict[str, np.ndarray]:
     """Seeded random inputs: N(0,1) floats, small non-negative integers, random bools.
 
     Integer inputs are often indices or lengths, so they get values in [0, 4), or below
@@ -137,7 +139,7 @@ def make_feeds(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = Non
             raise InputError(f"input '{vi.name}' is not a tensor; pass it with --inputs")
         dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
         shape = input_shape(vi, shapes, fill=fill, batches=batches,
-                            derived=derived.get(vi.name))
+                            derived=derived.get(vi.name), fill_batch=fill_batch)
         # Declared dims can be absurd (2^40): refuse before numpy tries to allocate them.
         total += float(np.prod([float(d) for d in shape])) * np.dtype(dtype).itemsize
         if total > MAX_FEED_BYTES:
