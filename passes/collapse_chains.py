@@ -44,7 +44,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rewriter.core.graph import bypass, iter_graphs, static_shape
+from rewriter.core.graph import bypass, const_ints, iter_graphs, static_shape
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
@@ -150,7 +150,7 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
             and prev.domain in (None, "", "ai.onnx") and id(prev) in members):
         # The pair is the identity: its end reads the start's input, whoever else reads
         # the middle (then the first node stays for them: one node less, not two).
-        a, b = _axes(prev, opset), _axes(node, opset)
+        a, b = const_ints(prev, 1, "axes"), const_ints(node, 1, "axes")
         if a is None or b is None or _norm_axes(a, prev) is None \
                 or _norm_axes(a, prev) != _norm_axes(b, node):
             return None
@@ -186,7 +186,7 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
         node.attrs["perm"] = comp
         return "merged-transpose"
     if op == "Unsqueeze" and prev.op == "Unsqueeze":
-        return _merge_unsqueezes(prev, node, opset, namer)
+        return _merge_unsqueezes(prev, node, namer)
     if op == "Slice" and prev.op == "Slice" and opset >= 10:
         return _merge_slices(prev, node, namer)
     return None
@@ -215,11 +215,11 @@ def _merge_concats(node: gs.Node, outs: set[int], members: set[int]) -> bool:
     return changed
 
 
-def _merge_unsqueezes(prev: gs.Node, node: gs.Node, opset: int, namer) -> str | None:
+def _merge_unsqueezes(prev: gs.Node, node: gs.Node, namer) -> str | None:
     """Unsqueeze(a) -> Unsqueeze(b) as one Unsqueeze (an attention mask's [:, None, None]):
     b's axes are positions in the final output; each axis p of a is the p-th position
     that b does not take."""
-    a, b = _axes(prev, opset), _axes(node, opset)
+    a, b = const_ints(prev, 1, "axes"), const_ints(node, 1, "axes")
     a = None if a is None else _norm_axes(a, prev)
     b = None if b is None else _norm_axes(b, node)
     if a is None or b is None:
@@ -397,15 +397,6 @@ def _const(t) -> np.ndarray | None:
         except Exception:  # noqa: BLE001
             return None
     return None
-
-
-def _axes(node, opset):
-    if "axes" in node.attrs:
-        return [int(a) for a in node.attrs["axes"]]
-    if len(node.inputs) > 1 and node.inputs[1].name:
-        v = _const(node.inputs[1])
-        return None if v is None else [int(a) for a in v]
-    return None   # Squeeze without axes: depends on which dims are 1
 
 
 def _norm_axes(axes, node):

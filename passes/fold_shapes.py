@@ -11,8 +11,9 @@ are integers or sympy expressions in the symbolic dims: a dim_param is a symbol 
 name is the same value, as ONNX's shape inference also assumes), an unnamed unknown dim is a
 fresh symbol per tensor and axis, and all are non-negative integers. Values flow through
 Shape, Size, Gather, Slice, Concat, Unsqueeze, Squeeze, Reshape, Flatten, Transpose,
-ConstantOfShape (integer values), Identity, Cast (between integer/bool types), Add, Sub, Mul, Neg, Abs, Div (truncating; symbolic only for a
-non-negative dividend and a positive constant divisor), Max, Min, Equal, Less, Greater,
+ConstantOfShape (integer values), Identity, Cast (between integer/bool types), Add, Sub,
+Mul, Neg, Abs, Div (truncating; symbolic only for a non-negative dividend and a positive
+constant divisor), Max, Min, Equal, Less, Greater,
 LessOrEqual, GreaterOrEqual, Not, And, Or, Where and Constant. A node whose outputs all come
 out as plain numbers becomes constants: that folds every value that does not depend on a
 symbolic dim; what does depend keeps its nodes. A comparison sympy cannot decide, or any

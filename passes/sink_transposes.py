@@ -38,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rewriter.core.graph import bypass, iter_graphs
+from rewriter.core.graph import bypass, const_ints, iter_graphs
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 SAME_SHAPE = {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Elu", "Selu", "Celu", "HardSigmoid",
@@ -195,17 +195,6 @@ def _place(t: gs.Node, e: gs.Node, new_inputs: list, perm: list[int], g: gs.Grap
                            attrs={"perm": perm}, inputs=[before], outputs=[z]))
 
 
-def _const_ints(e: gs.Node, index: int, attr: str) -> list[int] | None:
-    """An int list given as a constant input (opset 13+ axes, opset 11+ pads) or, in older
-    opsets, as the attribute; None if neither is known."""
-    if len(e.inputs) > index and e.inputs[index].name:
-        c = e.inputs[index]
-        return [int(v) for v in np.asarray(c.values).ravel()] if isinstance(c, gs.Constant) \
-            else None
-    v = e.attrs.get(attr)
-    return None if v is None else [int(a) for a in v]
-
-
 def _sink_layout(t: gs.Node, e: gs.Node, p: list[int], g: gs.Graph, ctx: Context
                  ) -> str | None:
     """Move ``t`` (perm ``p``) past ``e``, a Squeeze, Unsqueeze or Pad, as onnxruntime's
@@ -220,7 +209,7 @@ def _sink_layout(t: gs.Node, e: gs.Node, p: list[int], g: gs.Graph, ctx: Context
       the axis it comes from."""
     r = len(p)
     if e.op == "Pad":
-        pads = _const_ints(e, 1, "pads")
+        pads = const_ints(e, 1, "pads")
         if pads is None or len(pads) != 2 * r or (len(e.inputs) > 3 and e.inputs[3].name):
             return "pad-not-constant"
         laid = [0] * (2 * r)
@@ -234,7 +223,7 @@ def _sink_layout(t: gs.Node, e: gs.Node, p: list[int], g: gs.Graph, ctx: Context
         else:
             new_in, new_attrs["pads"] = [t.inputs[0]], laid
     else:
-        axes = _const_ints(e, 1, "axes")
+        axes = const_ints(e, 1, "axes")
         rank = r if e.op == "Squeeze" else r + len(axes or [])
         if axes is None or any(not -rank <= a < rank for a in axes):
             return "axes-not-constant"

@@ -399,13 +399,10 @@ class _Rewrite:
         whose first dim is not a batch (madmom's chord CNN reads [frames, bins]: one frame
         is too short for its 3x3 convs). The sizes that run are kept for the MIGraphX
         compare; returns (verifier, what) or None."""
-        from rewriter.verify.feeds import FALLBACK_FILLS, FIRST_FILL, make_feeds, real_inputs
+        from rewriter.verify.feeds import FALLBACK_FILLS, FIRST_FILL, make_feeds, symbolic_dims
 
-        names = {vi.name for vi in real_inputs(self.original)
-                 if vi.name not in (self.input_shapes or {}) and any(
-                     not (d.HasField("dim_value") and d.dim_value > 0)
-                     for d in vi.type.tensor_type.shape.dim)}
-        if "" in (self.input_shapes or {}) or not names:
+        names = symbolic_dims(self.original, self.input_shapes, batch=True)
+        if not names:
             return None
         for fill in (FIRST_FILL, *FALLBACK_FILLS):
             try:

@@ -20,8 +20,8 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from .errors import InputError
 from .gs_io import export_model, import_model
-from .graph import (graph_protos, iter_graphs, node_bodies, iter_model_tensors, unique_node_names,
-                     weight_free_copy)
+from .graph import (constant_tensors, graph_protos, iter_graphs, node_bodies, iter_model_tensors,
+                     unique_node_names, weight_free_copy)
 from .load import ExternalValues, first_line, resolve_external
 
 # Tensors above this many bytes go to the external data file when we write one.
@@ -113,9 +113,7 @@ def wrong_stfts(graph: onnx.GraphProto, infos: dict[str, onnx.ValueInfoProto] | 
     stfts = [n for g in graph_protos(graph) for n in g.node if n.op_type == "STFT"]
     if not stfts:
         return set()
-    consts = {t.name: t for t in graph.initializer}
-    consts.update({n.output[0]: a.t for n in graph.node if n.op_type == "Constant"
-                   for a in n.attribute if a.name == "value"})
+    consts = constant_tensors(graph)
     tainted: set[str] = set()
     for n in stfts:
         if not n.output or n.output[0] not in infos:

@@ -139,6 +139,32 @@ def tensor_nbytes(t: onnx.TensorProto) -> int:
 _ITEMSIZE: dict[int, int] = {}
 
 
+def constant_tensors(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    """The graph's constants by name: its initializers and its Constant nodes' ``value``
+    tensors (not its bodies')."""
+    out = {t.name: t for t in graph.initializer}
+    out.update({n.output[0]: a.t for n in graph.node if n.op_type == "Constant"
+                for a in n.attribute if a.name == "value"})
+    return out
+
+
+def const_ints(node: gs.Node, index: int, attr: str) -> list[int] | None:
+    """An int list a node takes as the attribute ``attr`` (older opsets: Squeeze's axes
+    before 13, Pad's pads before 11) or as the constant input ``index`` (later ones);
+    None when it takes neither, or the input is computed."""
+    if attr in node.attrs:
+        return [int(a) for a in node.attrs[attr]]
+    if len(node.inputs) > index and node.inputs[index].name:
+        c = node.inputs[index]
+        if not isinstance(c, gs.Constant):
+            return None
+        try:
+            return [int(v) for v in np.asarray(c.values).ravel()]
+        except Exception:  # noqa: BLE001 - unreadable external data
+            return None
+    return None
+
+
 # Tensors up to this size are copied as they are (scales, zero points, shapes): readers such
 # as the MIGraphX check need their values; above it only dims survive.
 SMALL_TENSOR = 64 << 10

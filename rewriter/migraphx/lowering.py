@@ -244,15 +244,21 @@ def what(stderr: str) -> str:
     return clean_message(line)
 
 
+def known_failure(message: str) -> tuple[str, str, str, str] | None:
+    """The KNOWN_FAILURES entry (pattern, form, code, advice) a MIGraphX error matches."""
+    return next((k for k in KNOWN_FAILURES if re.search(k[0], message)), None)
+
+
 def explain(message: str, findings=None) -> str:
     """MIGraphX's error message plus the QDQ form that causes it and the layers that have
     that form (from the static check's findings), as one line."""
-    for pattern, form, code, advice in KNOWN_FAILURES:
-        if re.search(pattern, message):
-            nodes = list(dict.fromkeys(f.node for f in findings or [] if f.code == code))
-            where = f" (in {compact(nodes)})" if nodes else ""
-            return f"{message}: caused by {form}{where}; {advice}"
-    return message
+    known = known_failure(message)
+    if known is None:
+        return message
+    _, form, code, advice = known
+    nodes = list(dict.fromkeys(f.node for f in findings or [] if f.code == code))
+    where = f" (in {compact(nodes)})" if nodes else ""
+    return f"{message}: caused by {form}{where}; {advice}"
 
 
 def compact(names: Sequence[str], limit: int = 4) -> str:

@@ -25,7 +25,6 @@ static check (rewriter.check) has already said what MIGraphX would refuse or run
 from __future__ import annotations
 
 import os
-import re
 from typing import Any, Sequence
 
 import numpy as np
@@ -219,19 +218,19 @@ def _tied_order(be, original, feed_sets, shapes, device, names: list[str]) -> di
 
     from rewriter.core import ort
     from rewriter.core.errors import RewriteError
+    from rewriter.core.graph import constant_tensors, iter_model_tensors, tensor_nbytes
     from rewriter.verify.feeds import stack_runs
     from rewriter.verify.metrics import ABS_FLOOR, compare
 
-    try:
-        model = onnx.load(original)
-        if model.ByteSize() > (1 << 30):
+    try:   # the weights' size from the headers first: a copy is written below
+        model = onnx.load(original, load_external_data=False)
+        if sum(tensor_nbytes(t) for t in iter_model_tensors(model.graph)) > (1 << 30):
             return {}
+        onnx.load_external_data_for_model(model, os.path.dirname(os.fspath(original)))
     except (OSError, ValueError, RewriteError):
         return {}
     g = model.graph
-    consts = {t.name: t for t in g.initializer}
-    consts.update({n.output[0]: a.t for n in g.node if n.op_type == "Constant"
-                   for a in n.attribute if a.name == "value"})
+    consts = constant_tensors(g)
     inputs = {i.name for i in g.input}
     # Tensors that depend on a TopK's order: its outputs and everything computed from them
     # (the graph's nodes are in topological order); the first TopK on each path is a root.
@@ -251,12 +250,10 @@ def _tied_order(be, original, feed_sets, shapes, device, names: list[str]) -> di
     if not roots or not all(name in dependent for name in names):
         return {}
     data = sorted(frontier)
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(t) for t in data)
+    g.output.extend(onnx.helper.make_empty_tensor_value_info(t) for t in data)  # our copy
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "topk_inputs.onnx")
-        onnx.save(probe, path)
+        onnx.save(model, path)
         try:
             got = be.compile_and_run(path, feed_sets, input_shapes=shapes or None,
                                      target=device).outputs[-len(data):]
@@ -400,8 +397,9 @@ def static_check(report, exported, version: tuple[int, ...] | None, input_shapes
     return result, int8, what
 
 
-# Refusals of the original that no size changes: the other sizes are not tried.
-SIZE_INDEPENDENT = (r"Unknown operator",)
+# Refusals of the original that no size changes (lowering.KNOWN_FAILURES' codes): the
+# other sizes are not tried.
+SIZE_INDEPENDENT = ("unsupported-op",)
 
 
 def compile_output(report, checked: tuple, exported, original, base_dir, output, mgx: dict,
@@ -415,6 +413,7 @@ def compile_output(report, checked: tuple, exported, original, base_dir, output,
     When MIGraphX refuses the output, the original is tried at the same dims: if it is
     refused too, the dims are at fault, not the rewrite; with random inputs and symbolic
     dims the user did not set, the larger sizes of feeds.FALLBACK_FILLS are tried next."""
+    from rewriter.migraphx.lowering import known_failure
     from rewriter.verify.feeds import FALLBACK_FILLS, FIRST_FILL, symbolic_dims
     from rewriter.verify.verifier import OriginalRunError
 
@@ -440,7 +439,8 @@ def compile_output(report, checked: tuple, exported, original, base_dir, output,
             break
         first = first or "MIGraphX " + info["original_refused"]
         first_info = first_info or info
-        if any(re.search(p, info["original_refused"]) for p in SIZE_INDEPENDENT):
+        known = known_failure(info["original_refused"])
+        if known is not None and known[2] in SIZE_INDEPENDENT:
             break   # an unknown operator is unknown at every size
     sizes = [str(f or 1) for f in fills]
     if k > 0 and info.get("status") == "failed" and info.get("original_refused"):

@@ -70,10 +70,11 @@ def _is_batch(dims, i: int, batches) -> bool:
     return (i == 0 and len(dims) > 1) or (bool(dims[i].dim_param) and dims[i].dim_param in batches)
 
 
-def symbolic_dims(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = None
-                  ) -> dict[str, list[int]]:
+def symbolic_dims(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = None,
+                  batch: bool = False) -> dict[str, list[int]]:
     """{input: positions past the first (or a 1-D input's only one) whose dims are symbolic,
-    not named as a batch and not set by the user}."""
+    not named as a batch (``batch``: the batch too), not fixed by a weight and not set by
+    the user}."""
     shapes = shapes or {}
     batches = batch_names(model)
     derived = weight_dims(model)
@@ -84,7 +85,7 @@ def symbolic_dims(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = 
         dims = list(vi.type.tensor_type.shape.dim)
         if "" in shapes and len(shapes[""]) == len(dims):
             continue
-        pos = [i for i, d in enumerate(dims) if not _is_batch(dims, i, batches)
+        pos = [i for i, d in enumerate(dims) if (batch or not _is_batch(dims, i, batches))
                and not (d.HasField("dim_value") and d.dim_value > 0)
                and i not in derived.get(vi.name, {})]
         if pos:
@@ -175,18 +176,16 @@ def index_bounds(model: onnx.ModelProto) -> dict[str, int]:
     that reach a Gather's indices through value-preserving ops, where the Gather's data is
     a weight (an initializer or a Constant) of static shape. Random indices below that
     bound are valid; above it onnxruntime refuses the original model."""
+    from rewriter.core.graph import constant_tensors
+
     g = model.graph
-    shapes = {t.name: list(t.dims) for t in g.initializer}
+    shapes = {name: list(t.dims) for name, t in constant_tensors(g).items()}
     producer, consumers = {}, {}
     for n in g.node:
         for o in n.output:
             producer[o] = n
         for i, x in enumerate(n.input):
             consumers.setdefault(x, []).append((n, i))
-        if n.op_type == "Constant":
-            for a in n.attribute:
-                if a.name == "value":
-                    shapes[n.output[0]] = list(a.t.dims)
 
     def table_shape(name, depth=0):
         if name in shapes:
@@ -230,7 +229,7 @@ def weight_dims(model: onnx.ModelProto) -> dict[str, dict[int, int]]:
     dropped, so only what inference derives from the inputs counts). A dim only counts
     when every weight that fixes it agrees."""
     from rewriter.core.convert import shape_info
-    from rewriter.core.graph import weight_free_copy
+    from rewriter.core.graph import constant_tensors, weight_free_copy
 
     stub = weight_free_copy(model)
     del stub.graph.value_info[:]
@@ -249,9 +248,7 @@ def weight_dims(model: onnx.ModelProto) -> dict[str, dict[int, int]]:
     if not where:
         return {}
     infos = shape_info(stub)
-    weights = {t.name: list(t.dims) for t in model.graph.initializer}
-    weights.update((n.output[0], list(a.t.dims)) for n in model.graph.node
-                   if n.op_type == "Constant" for a in n.attribute if a.name == "value")
+    weights = {name: list(t.dims) for name, t in constant_tensors(model.graph).items()}
 
     def dims(name: str) -> list | None:
         if name in weights:
