@@ -103,7 +103,7 @@ def gptq_round(w: np.ndarray, scale: np.ndarray, hessian: np.ndarray, group: int
 
 def _gptq_block(w: np.ndarray, s: np.ndarray, h: np.ndarray, damp: float) -> np.ndarray:
     d = w.shape[1]
-    h = h.copy()
+    h = np.array(h, dtype=np.float64)     # stored float32 (hessian.py); solved in float64
     dead = np.diag(h) <= 0
     h[dead, dead] = 1.0
     w = w.copy()
