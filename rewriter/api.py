@@ -725,7 +725,11 @@ class _Rewrite:
                 o.type.tensor_type.ClearField("shape")
         del copy.graph.value_info[:]
         try:
-            inferred = onnx.shape_inference.infer_shapes(copy, strict_mode=True)
+            # check_type too, as onnx.checker's full_check runs it: without it, inference
+            # refuses a MatMul reading ai.onnx.ml's Scaler (no inference function) that the
+            # full check accepts.
+            inferred = onnx.shape_inference.infer_shapes(copy, check_type=True,
+                                                         strict_mode=True)
         except Exception as e:  # noqa: BLE001 - any inference error is the finding
             if wrong_stfts(onnx.shape_inference.infer_shapes(copy).graph):
                 self.report.warnings.append("onnx's shape inference gets STFT's bins wrong "

@@ -192,7 +192,35 @@ def to_graph(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
                     # [unk__0, unk__1, unk__2] where data propagation knows [N, 0, 1]).
                     if t.shape is None or fixed or _more_static(new, t.shape):
                         t.shape = new
+        _schema_dtypes(graph, model)
     return graph
+
+
+def _schema_dtypes(graph: gs.Graph, model: onnx.ModelProto) -> None:
+    """Output dtypes that the operator's schema fixes, where inference gave none.
+
+    Many ai.onnx.ml operators (Scaler, Normalizer, LinearRegressor, TreeEnsembleRegressor...)
+    have no inference function, but their schema says ``tensor(float)``: without it a
+    Cast to float after them looks like a real conversion and is kept."""
+    versions = {o.domain or "": o.version for o in model.opset_import}
+    for g in iter_graphs(graph):
+        for node in g.nodes:
+            if all(t.dtype is not None for t in node.outputs):
+                continue
+            domain = node.domain or ""
+            try:
+                schema = onnx.defs.get_schema(node.op, versions.get(domain, 1), domain)
+            except Exception:   # noqa: BLE001 - unknown to onnx (contrib, custom domains)
+                continue
+            for t, formal in zip(node.outputs, schema.outputs):
+                if formal.option == onnx.defs.OpSchema.FormalParameterOption.Variadic:
+                    break
+                kind = formal.type_str[7:-1].upper() if formal.type_str.startswith(
+                    "tensor(") else ""
+                if (isinstance(t, gs.Variable) and t.dtype is None and kind != "STRING"
+                        and kind in onnx.TensorProto.DataType.keys()):
+                    t.dtype = onnx.helper.tensor_dtype_to_np_dtype(
+                        onnx.TensorProto.DataType.Value(kind))
 
 
 def _more_static(new: list, old: list) -> bool:

@@ -416,3 +416,20 @@ def test_a_concat_of_a_concat_on_the_same_axis_is_one(rng):
         same(m, out, {"x": rng.standard_normal((n, 3, 4)).astype(np.float32),
                       "z": rng.standard_normal((n, 2, 4)).astype(np.float32),
                       "u": rng.standard_normal((n, 2, 8)).astype(np.float32)})
+
+
+def test_a_cast_to_the_type_an_ml_schema_fixes_goes(rng):
+    # ai.onnx.ml's Scaler has no inference function; its schema says tensor(float). The
+    # Cast to float after it is a no-op (scikit-learn MLP exports), and the output still
+    # passes onnx's full check, which runs inference with check_type as the gate does.
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17, "ai.onnx.ml" : 1]>
+    g (double[N, 2] x) => (float[N, 3] y) {
+        s = ai.onnx.ml.Scaler <offset = [0.5, -1.0], scale = [2.0, 0.25]> (x)
+        c = Cast <to = 1> (s)
+        y = MatMul (c, w)
+    }""", {"w": rng.standard_normal((2, 3)).astype(np.float32)})
+    out, rep = cc(m)
+    assert ops(out) == ["Scaler", "MatMul"]
+    onnx.checker.check_model(out, full_check=True)
+    same(m, out, {"x": rng.standard_normal((5, 2))})
