@@ -138,6 +138,7 @@ class _Rewrite:
         self.labels = labels
         self.fix_shapes, self.fixed = fix_shapes, None
         self.fill = None   # random inputs' size in symbolic dims past the batch (None: 1)
+        self.ints = (0, 4)   # random integer inputs' [low, high) (new_verifier may narrow it)
         self.planner_settings = options.pop("planner", None)
         if target == "migraphx" and options.get("migraphx_version") is None:
             from rewriter.migraphx.lowering import installed_version
@@ -318,17 +319,32 @@ class _Rewrite:
             feeds, what = self.held_out, f"{len(self.held_out)} held-out calibration samples"
         else:
             feeds, what = None, f"random inputs seed {self.seed}"
-            from rewriter.verify.feeds import FIRST_FILL, symbolic_dims
-            if symbolic_dims(self.original, self.input_shapes) and not self.fix_shapes:
-                try:   # see FIRST_FILL: 1 in a sequence's length leaves attention unchecked
-                    feeds = make_feeds(self.original, self.input_shapes, self.seed,
-                                       fill=FIRST_FILL)
+            from rewriter.verify.feeds import FALLBACK_FILLS, FIRST_FILL, symbolic_dims
+            free = symbolic_dims(self.original, self.input_shapes)
+            # See FIRST_FILL: 1 in a sequence's length leaves attention unchecked, and 1x1
+            # in an image's leaves every conv reading padding (a text detector whose FPN
+            # needs a multiple of 32 was verified on a 1x1 image before 32 came second).
+            for fill in (FIRST_FILL, FALLBACK_FILLS[0]) if free and not self.fix_shapes else ():
+                try:
+                    feeds = make_feeds(self.original, self.input_shapes, self.seed, fill=fill)
                     self.verifier = self.new_verifier(feeds, None)
-                    self.fill, what = FIRST_FILL, f"{what}, symbolic dims {FIRST_FILL}"
                 except (OriginalRunError, InputError):
                     feeds = self.verifier = None
+                    continue
+                self.fill, what = fill, f"{what}, symbolic dims {fill}"
+                if fill != FIRST_FILL:
+                    shapes = ", ".join(f"{k}:{'x'.join(map(str, np.shape(feeds[k])))}"
+                                       for k in free)
+                    self.report.warnings.append(
+                        f"random inputs with {FIRST_FILL} in the symbolic dims "
+                        f"({'; '.join(f'{k} at {v}' for k, v in free.items())}) do not run "
+                        f"the original model; verified with {fill} there instead ({shapes}): "
+                        "--input-shape sets the sizes you use")
+                break
             if feeds is None:
                 feeds = make_feeds(self.original, self.input_shapes, self.seed)
+                if free:
+                    what += ", symbolic dims 1"
         for feed in [feeds] if isinstance(feeds, dict) else feeds:
             for name, dims in (self.fixed or {}).items():
                 if name in feed and list(np.shape(feed[name])) != dims:
@@ -343,18 +359,51 @@ class _Rewrite:
                 self.verifier = verifier(feeds)
             except OriginalRunError as e:
                 self.verifier, what = self.fill_symbolic_dims(e, what, verifier)
+        if self.ints != (0, 4):
+            what += ", integer inputs " + ("0 or 1" if self.ints[0] == 0 else "1")
         self.report.verified_with = "onnxruntime CPU, graph optimisations off, " + what
         self.seconds["reference"] = time.perf_counter() - t
 
     def new_verifier(self, feeds, labels):
-        from rewriter.verify import Verifier
-        return Verifier(self.original, self.base_dir, feeds, path=self.path,
-                        lossy=self.plan.verify if self.plan is not None else None,
-                        labels=labels,
-                        strict=bool((self.planner_settings or {}).get("strict")))
+        """The verifier on ``feeds``. When the original gives NaN or inf everywhere in an
+        output on random integers in [0, 4) (T5's and BERT's masking overflows on a mask of
+        3), the same shapes are drawn again with integers in {0, 1}, then all 1: equal NaNs
+        must not pass for a verified output."""
+        from rewriter.verify import Verifier, make_feeds
+        from rewriter.verify.verifier import NonFiniteReference
+
+        def make(feeds):
+            return Verifier(self.original, self.base_dir, feeds, path=self.path,
+                            lossy=self.plan.verify if self.plan is not None else None,
+                            labels=labels,
+                            strict=bool((self.planner_settings or {}).get("strict")))
+        try:
+            return make(feeds)
+        except NonFiniteReference as e:
+            random = self.inputs is None and not self.held_out and isinstance(feeds, dict)
+            ints = [k for k, v in feeds.items() if np.issubdtype(np.asarray(v).dtype, np.integer)
+                    ] if random else []
+            if not ints:
+                where = "give real inputs with --inputs" if random else \
+                    "give inputs on which it is finite"
+                raise InputError(f"{e}; {where}") from None
+            shapes = {k: list(np.shape(v)) for k, v in feeds.items()}
+            for low, say in ((0, "0 or 1"), (1, "1")):
+                try:
+                    v = make(make_feeds(self.original, shapes, self.seed, ints=(low, 2)))
+                except NonFiniteReference:
+                    continue
+                self.ints = (low, 2)
+                self.report.warnings.append(
+                    f"random integers in [0, 4): {e}; verified with the integer inputs "
+                    f"({', '.join(ints)}) set to {say} instead (a mask, say): --inputs gives "
+                    "real ones")
+                return v
+            raise InputError(f"{e}, with random integer inputs ({', '.join(ints)}) in [0, 4), "
+                             "in {0, 1} and all 1: give real inputs with --inputs") from None
 
     def fill_symbolic_dims(self, error, what: str, verifier):
-        """Random inputs with FIRST_FILL, then 1, in the symbolic dims did not run the
+        """Random inputs with FIRST_FILL, 32, then 1, in the symbolic dims did not run the
         original (a window larger than 8, say): try the sizes of FALLBACK_FILLS past the
         batch dim, and say which ran; if none does, the error with 1, with the option that
         fixes it."""
@@ -366,8 +415,9 @@ class _Rewrite:
         if self.inputs is not None or self.held_out or not free:
             raise error
         where = "; ".join(f"{k} at {v}" for k, v in free.items())
-        tried = "1" if self.fix_shapes else f"{FIRST_FILL} or 1"   # as make_verifier did
-        for fill in FALLBACK_FILLS:
+        tried = "1" if self.fix_shapes else \
+            f"{FIRST_FILL}, {FALLBACK_FILLS[0]} or 1"   # as make_verifier did
+        for fill in FALLBACK_FILLS[0 if self.fix_shapes else 1:]:
             try:
                 feeds = make_feeds(self.original, self.input_shapes, self.seed, fill=fill)
                 v = verifier(feeds)
@@ -869,7 +919,7 @@ class _Rewrite:
                        self.base_dir, self.output, self.migraphx,
                        {**(self.input_shapes or {}), **self.random_shapes},
                        self.inputs, self.seed, self.held_out, self.plan, self.verifier,
-                       self.path, fill=self.fill)
+                       self.path, fill=self.fill, ints=self.ints)
         self.seconds["migraphx"] += time.perf_counter() - t
 
     # -- failures -------------------------------------------------------------------------------

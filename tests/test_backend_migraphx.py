@@ -261,7 +261,7 @@ def test_sizes_tried_when_migraphx_refuses_the_original(tmp_path, monkeypatch, r
     calls = []
 
     def refuse(report, *args):
-        calls.append(args[-1])
+        calls.append(args[-2])   # the fill (then the integer range)
         why = refusals[len(calls) - 1]
         report.extra["compile"] = {"status": "failed", "error": f"parse failed: {why}",
                                    "original_refused": f"parse failed: {why}"}

@@ -194,6 +194,28 @@ def test_model_onnxruntime_cannot_run_is_exit_2(tmp_path, capfd):
     assert code == 0 and err == []
 
 
+def test_an_image_that_runs_at_32_is_not_verified_at_1x1(tmp_path, capfd):
+    """A text detector's FPN (ocrspine, seventh round) adds maps that only a multiple of 32
+    aligns: 8x8 random images failed and 1x1 ran, so every conv read padding and the check
+    proved little. 32 now comes before 1, said in a warning and in verified_with."""
+    fpn = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 2, H, W] x) => (float[N, 2, H, W] y) {
+        a = MaxPool <kernel_shape = [1, 1], strides = [16, 16]> (x)
+        c = Conv <pads = [1, 1, 1, 1]> (a, w)
+        b = Resize <mode = "nearest"> (c, , scales)
+        y = Add (x, b)
+    }""", {"w": (2, 2, 3, 3), "scales": np.array([1, 1, 16, 16], np.float32)})
+    src = tmp_path / "fpn.onnx"
+    onnx.save(fpn, src)
+    code, out, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--verify", "--target", "none",
+                         "--report", tmp_path / "r.json")
+    assert code == 0, err
+    assert "verified with 32 there instead (x:1x2x32x32)" in " ".join(err) + out, (out, err)
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["verified_with"].endswith("symbolic dims 32"), report["verified_with"]
+
+
 def test_symbolic_dims_too_small_to_run_get_a_larger_size_or_the_fix(tmp_path, capfd):
     # An 11x11 conv without padding cannot run on the 8x8 image random inputs start from,
     # nor on 1x1: verification falls back to 32 past the batch dim and says so.
@@ -408,6 +430,64 @@ def test_a_first_dim_that_is_not_a_batch_takes_the_sizes_last(tmp_path, capfd):
     code, _, err = run(capfd, bad, "-o", tmp_path / "b.onnx", "-q", "--verify", "--target",
                        "none")
     assert code == 2 and "run, in the first dims too; give your sizes" in err[0], err
+
+
+MASKED = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, L, 4] x, int64[N, L] attention_mask) => (float[N, L, 4] y) {
+    mf = Cast <to = 1> (attention_mask)
+    inv = Sub (one, mf)
+    bias = Mul (inv, fmin)
+    b3 = Unsqueeze (bias, ax)
+    xt = Transpose <perm = [0, 2, 1]> (x)
+    s0 = MatMul (x, xt)
+    s = Add (s0, b3)
+    p = Softmax <axis = -1> (s)
+    c = MatMul (p, x)
+    m = ReduceMean <keepdims = 1> (c)
+    y = Add (c, m)
+}"""
+
+
+def test_an_output_nan_everywhere_is_not_verified(tmp_path, capfd):
+    """T5's masking adds (1 - mask) * finfo.min: a random mask of 3 overflows to +inf and
+    every output of a T5 encoder, a MiniLM (PyPI wheels) was NaN; equal NaNs were dropped and
+    the verification said max_abs 0, cosine 1, ok: nothing was compared, a broken rewrite
+    passed. The integers are now drawn in {0, 1} (then all 1) when [0, 4) gives NaN or inf
+    everywhere in an output, said in a warning and the report, and MIGraphX runs the same
+    inputs; an output NaN on every input is exit 2, with the reason."""
+    from rewriter.verify import Verifier, make_feeds
+    from rewriter.verify.verifier import NonFiniteReference
+    model = make_model(MASKED, {"one": np.array(1, np.float32), "ax": np.array([1], np.int64),
+                                "fmin": np.array(np.finfo(np.float32).min, np.float32)})
+    with pytest.raises(NonFiniteReference):
+        Verifier(model, None, make_feeds(model, {"x": [2, 8, 4], "attention_mask": [2, 8]}))
+    src = tmp_path / "masked.onnx"
+    onnx.save(model, src)
+    code, out, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--verify", "--target",
+                         "none", "--report", tmp_path / "r.json")
+    assert code == 0, err
+    assert "set to 0 or 1 instead" in out, out
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["verified_with"].endswith("integer inputs 0 or 1")
+    # What it verified on is finite: a candidate that differs from the original now fails.
+    feeds = make_feeds(model, {"x": [1, 8, 4], "attention_mask": [1, 8]}, ints=(0, 2))
+    v = Verifier(model, None, feeds)
+    assert all(np.isfinite(r).all() for r in v.reference)
+    nan = tmp_path / "nan.onnx"     # NaN whatever the inputs
+    onnx.save(make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 8] x) => (float[1, 8] y) {
+        a = Abs (x)
+        n = Neg (a)
+        s = Sub (n, one)
+        y = Sqrt (s)
+    }""", {"one": np.array(1, np.float32)}), nan)
+    code, _, err = run(capfd, nan, "-o", tmp_path / "n.onnx", "-q", "--verify", "--target",
+                       "none")
+    assert code == 2 and "is NaN or infinite everywhere on these inputs: nothing to compare; " \
+        "give real inputs with --inputs" in err[0], err
+    assert not (tmp_path / "n.onnx").exists()
 
 
 def test_input_untouched_and_output_deterministic_and_idempotent(tmp_path, capfd):

@@ -404,11 +404,13 @@ SIZE_INDEPENDENT = ("unsupported-op",)
 
 def compile_output(report, checked: tuple, exported, original, base_dir, output, mgx: dict,
                    input_shapes, inputs, seed: int, held_out: list, plan, verifier,
-                   model_path: str | None, fill: int | None = None) -> None:
+                   model_path: str | None, fill: int | None = None,
+                   ints: tuple[int, int] = (0, 4)) -> None:
     """The API's target step, second half: :func:`migraphx_step` on the saved output
     (``checked`` is what :func:`static_check` returned). Random inputs use ``fill`` in
-    the symbolic dims past the batch (None: 1), as verification did; without
-    verification, FIRST_FILL and then 1, as verification would have.
+    the symbolic dims past the batch (None: 1) and integers in ``ints``, as verification
+    did; without
+    verification, FIRST_FILL, 32 and then 1, as verification would have.
 
     When MIGraphX refuses the output, the original is tried at the same dims: if it is
     refused too, the dims are at fault, not the rewrite; with random inputs and symbolic
@@ -420,7 +422,7 @@ def compile_output(report, checked: tuple, exported, original, base_dir, output,
     free = symbolic_dims(original, input_shapes) \
         if inputs is None and not (plan is not None and held_out) else {}
     if free and verifier is None:   # no --verify chose the sizes: as it would have
-        fills = [FIRST_FILL, None, *FALLBACK_FILLS]
+        fills = [FIRST_FILL, FALLBACK_FILLS[0], None, *FALLBACK_FILLS[1:]]
     else:
         fills = [fill] + ([f for f in FALLBACK_FILLS if fill is None or f > fill] if free else [])
     first = first_info = None
@@ -428,7 +430,7 @@ def compile_output(report, checked: tuple, exported, original, base_dir, output,
         try:
             _compile_output(report, checked, exported, original, base_dir, output, mgx,
                             input_shapes, inputs, seed, held_out, plan,
-                            verifier if f == fill else None, model_path, f)
+                            verifier if f == fill else None, model_path, f, ints)
         except OriginalRunError as e:   # the reference, in onnxruntime
             if k + 1 == len(fills):
                 raise
@@ -458,7 +460,8 @@ def compile_output(report, checked: tuple, exported, original, base_dir, output,
 
 
 def _compile_output(report, checked, exported, original, base_dir, output, mgx, input_shapes,
-                    inputs, seed, held_out, plan, verifier, model_path, fill) -> None:
+                    inputs, seed, held_out, plan, verifier, model_path, fill,
+                    ints=(0, 4)) -> None:
     result, int8, what = checked
     backend = mgx.get("backend", "migraphx")
     if not _backend(backend).available()[0]:   # skipped: no inputs to make, nothing to save
@@ -467,7 +470,7 @@ def _compile_output(report, checked, exported, original, base_dir, output, mgx, 
             require=bool(mgx.get("require")), what=what)
         return
     feed_sets = _feed_sets(original, input_shapes, inputs, seed, held_out, plan,
-                           int(mgx.get("samples", 8)), fill)
+                           int(mgx.get("samples", 8)), fill, ints)
     lossy = plan.verify if plan is not None else None
     strict = bool(getattr(verifier, "strict", False))
     budget = "plan budget"
@@ -550,7 +553,7 @@ def _fixed_parses(model_path, dims: dict, tmp: str) -> bool:
 
 
 def _feed_sets(original, input_shapes, inputs, seed, held_out, plan, samples: int,
-               fill: int | None = None) -> list:
+               fill: int | None = None, ints: tuple[int, int] = (0, 4)) -> list:
     """What MIGraphX runs: the user's inputs; else, for a plan, up to ``samples`` held-out
     calibration samples of one shape (or seeded random ones); else one random sample."""
     from rewriter.verify import make_feeds
@@ -562,7 +565,8 @@ def _feed_sets(original, input_shapes, inputs, seed, held_out, plan, samples: in
         same = [f for f in held_out if {k: np.shape(v) for k, v in f.items()} == first]
         return same[:max(2, samples)]
     n = max(2, samples) if plan is not None else 1
-    return [make_feeds(original, input_shapes, seed + i, fill=fill) for i in range(n)]
+    return [make_feeds(original, input_shapes, seed + i, fill=fill, ints=ints)
+            for i in range(n)]
 
 
 def _same_feeds(a: list, b: list) -> bool:

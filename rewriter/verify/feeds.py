@@ -97,7 +97,7 @@ def symbolic_dims(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = 
 # attention's softmax runs over one element (always 1) and a recurrence over one step, so a
 # rewrite that broke the Q.K path or a reshape of the time axis would still verify
 # (an int8 MiniLM was verified at sequence length 1). Where the original does not run with
-# it, 1 is tried, then FALLBACK_FILLS.
+# it, FALLBACK_FILLS[0] (32) is tried, then 1, then the rest of FALLBACK_FILLS.
 FIRST_FILL = 8
 
 # Sizes tried, in order, for symbolic dims past the batch when random inputs with 1 there
@@ -114,8 +114,8 @@ MAX_FEED_BYTES = 64 << 20
 
 
 def make_feeds(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = None,
-               seed: int = 0, fill: int | None = None, fill_batch: bool = False
-               ) -> dict[str, np.ndarray]:
+               seed: int = 0, fill: int | None = None, fill_batch: bool = False,
+               ints: tuple[int, int] = (0, 4)) -> dict[str, np.ndarray]:
     """Seeded random inputs: N(0,1) floats, small non-negative integers, random bools.
 
     Integer inputs are often indices or lengths, so they get values in [0, 4), or below
@@ -123,6 +123,8 @@ def make_feeds(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = Non
     token_type_ids pick one of 2 rows); float inputs cast to such indices get whole numbers
     in the same range. Symbolic dims a weight fixes get that size (:func:`weight_dims`),
     the others 1, or ``fill`` past the first position (see :func:`input_shape`).
+    ``ints`` is the [low, high) of integer values, (0, 4) unless the original gives NaN
+    everywhere on them (an attention mask of 3 overflows T5's masking: api.new_verifier).
     """
     rng = np.random.default_rng(seed)
     shapes = shapes or {}
@@ -149,13 +151,15 @@ def make_feeds(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = Non
                              "dims with --input-shape or pass --inputs")
         if np.issubdtype(dtype, np.floating) and vi.name in bounds:
             # Floats cast to indices (tf2onnx's embeddings read float ids)
-            x = rng.integers(0, min(4, bounds[vi.name]), size=shape).astype(dtype)
+            x = rng.integers(ints[0], max(ints[0] + 1, min(ints[1], bounds[vi.name])),
+                             size=shape).astype(dtype)
         elif np.issubdtype(dtype, np.floating):
             x = rng.standard_normal(shape).astype(dtype)
         elif dtype == np.bool_:
             x = rng.random(shape) < 0.5
         elif np.issubdtype(dtype, np.integer):
-            x = rng.integers(0, min(4, bounds.get(vi.name, 4)), size=shape).astype(dtype)
+            x = rng.integers(ints[0], max(ints[0] + 1, min(ints[1], bounds.get(vi.name, 4))),
+                             size=shape).astype(dtype)
         else:
             raise InputError(f"input '{vi.name}' has dtype {dtype}; pass it with --inputs")
         feeds[vi.name] = np.asarray(x, dtype=dtype)   # 0-d stays an array, not a scalar

@@ -18,6 +18,11 @@ class OriginalRunError(InputError):
     """onnxruntime loads the original model but cannot run it on the feeds given."""
 
 
+class NonFiniteReference(InputError):
+    """A float output of the original is NaN or infinite everywhere on the feeds: there is
+    nothing to compare, and equal NaNs must not pass for a verified output."""
+
+
 class Verifier:
     """Runs the original once, then compares candidates against it, output by output.
 
@@ -57,6 +62,13 @@ class Verifier:
                               for k, v in self.feed_sets[0].items())
             raise OriginalRunError(f"onnxruntime cannot run the original model on these "
                                    f"inputs ({given}): {_line(e)}") from None
+        bad = [n for n, r in zip(self.output_names, self.reference)
+               if np.issubdtype(r.dtype, np.floating) and r.size and not np.isfinite(r).any()]
+        if bad:
+            raise NonFiniteReference(
+                f"the original model's output{'s' if len(bad) > 1 else ''} "
+                f"{', '.join(repr(b) for b in bad)} {'are' if len(bad) > 1 else 'is'} NaN or "
+                "infinite everywhere on these inputs: nothing to compare")
 
     def check(self, exported, numerics: Numerics, depth: int = 1) -> list[OutputMetrics]:
         """Compare an :class:`rewriter.core.convert.Exported` model with the reference."""
