@@ -164,6 +164,13 @@ MODELS: tuple[RealModel, ...] = (
         "YOLOv8 barcode detector with an end-to-end head (TopK 300 of the sigmoid scores, "
         "boxes gathered by index), opset 20, input [batch, 3, height, width]",
     ),
+    RealModel(
+        "traceforge_span_encoder.onnx", "traceforge-title-model", "0.2.0",
+        "traceforge_title_model/data/span/encoder.onnx", 35628332,
+        "b82bef1400cec815c3e5addd04dc451ec31491ac6598b166bbc6594656823787",
+        "T5 encoder with onnxruntime's dynamic int8 (DynamicQuantizeLinear -> MatMulInteger, "
+        "uint8 zero points), inputs input_ids and attention_mask [batch, length]",
+    ),
 )
 
 BY_NAME = {m.file: m for m in MODELS}
