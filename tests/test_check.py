@@ -530,6 +530,12 @@ def test_summary_line_never_shows_a_common_ending_cut_inside_a_word():
                          finding("b", "b: the same reason, at some length")])
     assert alike.summary_lines() == [
         "warning dynamic-input-dim (2): a, b: the same reason, at some length"]
+    # The same message for every node (two DynamicQuantizeLSTMs) is shown whole: its start
+    # names the op, which cutting at the first ': ' dropped.
+    same = "DynamicQuantizeLSTM (domain 'com.microsoft'): parsing throws 'Unknown operator'"
+    twins = CheckResult([Finding("error", "unsupported-op", n, "input", same)
+                         for n in ("l1", "l2")])
+    assert twins.summary_lines() == [f"error unsupported-op (2): l1, l2: {same}"]
 
 
 def test_rewrite_checks_with_the_gates_inferred_copy_as_on_its_own(tmp_path):

@@ -127,8 +127,8 @@ def _common_tail(messages: list[str]) -> str | None:
     """What all messages of one rule say alike: their longest common ending that starts
     after a ': ' (the rule's reason); None when they share no such ending of 20 characters
     or more (each message is then about its own node)."""
-    if len(messages) == 1:
-        return messages[0]
+    if len(set(messages)) == 1:   # the same words for every node: all of them, the op's
+        return messages[0]        # name included (text2tashkeel's DynamicQuantizeLSTMs)
     first = messages[0]
     n = 0
     while n < len(first) and all(len(m) > n and m[-1 - n] == first[-1 - n] for m in messages):
