@@ -217,7 +217,8 @@ def test_registry_is_pinned():
     assert len(files) == len(set(files))
     for m in fm.MODELS:
         assert len(m.sha256) == 64 and int(m.sha256, 16) >= 0
-        assert 0 < m.size < 30_000_000 and m.version[0].isdigit()
+        # small enough that the slow tests stay fast (the int8 T5 encoder: 36 MB, 3 s)
+        assert 0 < m.size < 40_000_000 and m.version[0].isdigit()
     assert "ch_ppocr_mobile_v2.0_cls_infer.onnx" in files and "silero_vad.onnx" in files
 
 
