@@ -30,9 +30,9 @@ Preconditions (else the chain stays; all exact rewrites, no values change):
   Transpose is also read by one Shape (that Shape then reads the pair's input through a
   Gather of the perm);
 * shapes, perms, axes and slice bounds are constants (attributes or initializers);
-* a Reshape after the chain has no 0 in its shape unless ``allowzero`` is set (a 0 copies
-  the dim of its *input*, which the chain changes); a Reshape with ``allowzero=1`` and a 0
-  is kept as it is;
+* a Reshape after the chain has a constant shape without a 0 (a 0 copies the dim of its
+  *input*, which the chain changes), or ``allowzero=1``, with any shape, computed ones
+  included (a 0 is then a 0); a no-op Reshape with ``allowzero=1`` and a 0 is kept;
 * a Cast goes only when its input's dtype is known and equal to the target type;
 * a Slice is a no-op when every axis goes from 0 to at least 2^31 - 1 with step 1, or
   against a static shape; an Expand only against a static shape.
@@ -160,8 +160,11 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
             None, "", "ai.onnx") or id(prev) not in members:
         return None
     if op == "Reshape" and prev.op in RESHAPES:
+        # With allowzero=1 a 0 is a 0, so only the element count reaches the target from
+        # the input: any target, computed at run time too (khmersm's Reshape to
+        # Concat(c, Shape(x)) after a Reshape to [6, 1, -1]).
         shape = _const(node.inputs[1]) if len(node.inputs) > 1 else None
-        if shape is None or (0 in shape.tolist() and not int(node.attrs.get("allowzero", 0))):
+        if not int(node.attrs.get("allowzero", 0)) and (shape is None or 0 in shape.tolist()):
             return None
         node.inputs[0] = prev.inputs[0]
         return "merged-reshape"

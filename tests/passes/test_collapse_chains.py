@@ -433,3 +433,29 @@ def test_a_cast_to_the_type_an_ml_schema_fixes_goes(rng):
     assert ops(out) == ["Scaler", "MatMul"]
     onnx.checker.check_model(out, full_check=True)
     same(m, out, {"x": rng.standard_normal((5, 2))})
+
+
+def test_a_reshape_with_allowzero_merges_whatever_its_computed_shape(rng):
+    # khmersm (PyPI): Reshape([6, 1, -1]) then Reshape(Concat(c, Shape(x)), allowzero=1).
+    # With allowzero=1 only the element count reaches the target from its input, so the
+    # first Reshape goes even though the second's shape is computed; without allowzero a
+    # computed shape could hold a 0 that copies a dim the first one changed: both stay.
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2, 6, 1, S] x) => (float[2, 6, 1, S] y) {
+        r1 = Reshape <allowzero = 1> (x, s1)
+        sx = Shape <start = 3> (x)
+        s2 = Concat <axis = 0> (c, sx)
+        r2 = Reshape <allowzero = ZERO> (r1, s2)
+        y = Relu (r2)
+    }"""
+    inits = {"s1": np.array([12, 1, -1], np.int64), "c": np.array([2, 6, -1], np.int64)}
+    feeds = {"x": rng.standard_normal((2, 6, 1, 5)).astype(np.float32)}
+    m = make_model(text.replace("ZERO", "1"), inits)
+    out, rep = cc(m)
+    assert ops(out) == ["Shape", "Concat", "Reshape", "Relu"]
+    same(m, out, feeds)
+    m = make_model(text.replace("ZERO", "0"), inits)
+    out, rep = cc(m)
+    assert ops(out).count("Reshape") == 2
+    same(m, out, feeds)
