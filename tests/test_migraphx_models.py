@@ -567,3 +567,32 @@ def test_light_model_zoo_fp32(name, tmp_path):
         pytest.skip(f"{name} not in this onnx wheel")
     report, info = rewrite_on_migraphx(path, tmp_path)
     assert_fp32_ok(info)
+
+
+def test_a_scikit_learn_mlp_behind_a_scaler_compiles(tmp_path):
+    """skl2onnx's StandardScaler -> MLP (surfaces-onnx-files' surrogates, PyPI): MIGraphX
+    parses no ai.onnx.ml op ("Unknown operator: Scaler", exit 2). expand-ml writes the
+    Scaler as Sub and Mul (bit-exact in onnxruntime): compiled, within FP32 tolerances. The
+    original is still refused, so the test fails if MIGraphX never needed the pass."""
+    import onnx
+    import onnx.parser
+    from onnx import numpy_helper
+
+    from rewriter.migraphx import backend as be
+    rng = np.random.default_rng(11)
+    model = onnx.parser.parse_model(
+        '<ir_version: 8, opset_import: ["" : 17, "ai.onnx.ml" : 1]>\n'
+        "g (double[N, 4] x) => (float[N, 3] y) {\n"
+        "  s = ai.onnx.ml.Scaler <offset = [0.5, -1.0, 3.0, 0.1], scale = [2.0, 0.25, 1.5, 9.0]>"
+        " (x)\n  c = Cast <to = 1> (s)\n  h = MatMul (c, w1)\n  a = Add (h, b1)\n"
+        "  r = Relu (a)\n  y = MatMul (r, w2)\n}")
+    for name, shape in (("w1", (4, 8)), ("b1", (8,)), ("w2", (8, 3))):
+        model.graph.initializer.append(numpy_helper.from_array(
+            rng.standard_normal(shape).astype(np.float32), name))
+    path = tmp_path / "mlp.onnx"
+    onnx.save(model, path)
+    assert be.refuses(str(path), {"x": [1, 4]}, None) is not None
+    report, info = rewrite_on_migraphx(path, tmp_path, verify=True)
+    assert_fp32_ok(info)
+    rec = next(p for p in report.passes if p.name == "expand-ml")
+    assert rec.counts["expanded-scaler"] == 1

@@ -14,6 +14,7 @@ from rewriter.core.errors import InputError
 # (CLI name, "module:Class"). Modules are imported on first use, to keep start-up cheap.
 _PASSES = [
     ("expand-contrib", "rewriter.passes.expand_contrib:ExpandContrib"),
+    ("expand-ml", "rewriter.passes.expand_ml:ExpandMl"),
     ("integer-zero-points", "rewriter.passes.integer_zero_points:IntegerZeroPoints"),
     ("fold-shapes", "rewriter.passes.fold_shapes:FoldShapes"),
     ("fold-constants", "rewriter.passes.fold_constants:FoldConstants"),
@@ -36,13 +37,14 @@ _PASSES = [
 # Transposes sunk before the chains collapse (they meet their inverse there) and before
 # fuse-conv-bn (the per-channel Mul/Add then sit right after the conv), fusions on the
 # folded graph, CSE last (fusions make new duplicates). integer-zero-points
-# makes onnxruntime's dynamic quantization compute right on MIGraphX (exact in int32).
-DEFAULT_PIPELINE = ["expand-contrib", "integer-zero-points", "fold-shapes", "fold-constants",
-                    "sink-transposes", "collapse-chains", "fuse-conv-bn", "fuse-pad",
+# makes onnxruntime's dynamic quantization compute right on MIGraphX (exact in int32);
+# expand-ml writes ai.onnx.ml's Scaler, which MIGraphX does not parse, as Sub and Mul.
+DEFAULT_PIPELINE = ["expand-contrib", "expand-ml", "integer-zero-points", "fold-shapes",
+                    "fold-constants", "sink-transposes", "collapse-chains", "fuse-conv-bn", "fuse-pad",
                     "fuse-space-to-depth", "fuse-matmul-add", "merge-duplicates"]
 # Fixes for what MIGraphX gets wrong, not optimisations: in the default pipeline only when
 # MIGraphX is the target.
-MIGRAPHX_ONLY = {"integer-zero-points"}
+MIGRAPHX_ONLY = {"integer-zero-points", "expand-ml"}
 
 
 def default_pipeline(target: str | None) -> list[str]:
