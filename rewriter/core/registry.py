@@ -40,10 +40,10 @@ _PASSES = [
 # makes onnxruntime's dynamic quantization compute right on MIGraphX (exact in int32);
 # expand-ml writes ai.onnx.ml's Scaler, which MIGraphX does not parse, as Sub and Mul.
 DEFAULT_PIPELINE = ["expand-contrib", "expand-ml", "integer-zero-points", "fold-shapes",
-                    "fold-constants", "sink-transposes", "collapse-chains", "fuse-conv-bn", "fuse-pad",
-                    "fuse-space-to-depth", "fuse-matmul-add", "merge-duplicates"]
-# Fixes for what MIGraphX gets wrong, not optimisations: in the default pipeline only when
-# MIGraphX is the target.
+                    "fold-constants", "sink-transposes", "collapse-chains", "fuse-conv-bn",
+                    "fuse-pad", "fuse-space-to-depth", "fuse-matmul-add", "merge-duplicates"]
+# Fixes for what MIGraphX gets wrong or lacks, not optimisations: in the default pipeline
+# only when MIGraphX is the target.
 MIGRAPHX_ONLY = {"integer-zero-points", "expand-ml"}
 
 
