@@ -313,6 +313,7 @@ class _Rewrite:
         t = time.perf_counter()
         from rewriter.verify import make_feeds
         from rewriter.verify.verifier import OriginalRunError
+        at_one = False
         if self.inputs is not None:
             feeds, what = self.inputs, "user inputs"
         elif self.held_out:
@@ -343,8 +344,7 @@ class _Rewrite:
                 break
             if feeds is None:
                 feeds = make_feeds(self.original, self.input_shapes, self.seed)
-                if free:
-                    what += ", symbolic dims 1"
+                at_one = bool(free)   # said once the original runs there
         for feed in [feeds] if isinstance(feeds, dict) else feeds:
             for name, dims in (self.fixed or {}).items():
                 if name in feed and list(np.shape(feed[name])) != dims:
@@ -357,12 +357,39 @@ class _Rewrite:
         if self.verifier is None:
             try:
                 self.verifier = verifier(feeds)
+                what += ", symbolic dims 1" if at_one else ""
             except OriginalRunError as e:
                 self.verifier, what = self.fill_symbolic_dims(e, what, verifier)
         if self.ints != (0, 4):
             what += ", integer inputs " + ("0 or 1" if self.ints[0] == 0 else "1")
+        if self.inputs is None and not self.held_out:
+            what += self.branch_sets(verifier)
         self.report.verified_with = "onnxruntime CPU, graph optimisations off, " + what
         self.seconds["reference"] = time.perf_counter() - t
+
+    def branch_sets(self, verifier) -> str:
+        """Random inputs next to the constants an Equal compares them with (Silero VAD's
+        Equal(sr, 16000) -> If): a random sr never selects that branch, so a feed set per
+        constant joins the verification, where the original runs on it. Returns what to
+        add to verified_with."""
+        from rewriter.verify.feeds import branch_feed_sets
+
+        base = self.verifier.feed_sets[0]
+        keep, said = [base], []
+        for extra in branch_feed_sets(self.original, base)[1:]:
+            name, value = next((k, v) for k, v in extra.items() if v is not base[k])
+            try:
+                v = verifier(keep + [extra])
+            except InputError as e:   # that branch does not run at these sizes: say so
+                self.report.warnings.append(
+                    f"random inputs with {name} = {np.asarray(value).ravel()[0]} (the value "
+                    f"an Equal compares it with) do not run the original: {str(e)[:200]}; "
+                    "that branch is not verified (--inputs)")
+                continue
+            self.verifier = v
+            keep.append(extra)
+            said.append(f"{name} = {np.asarray(value).ravel()[0]}")
+        return f", and with {', '.join(said)} (compared by an Equal)" if said else ""
 
     def new_verifier(self, feeds, labels):
         """The verifier on ``feeds``. When the original gives NaN or inf everywhere in an
@@ -431,7 +458,7 @@ class _Rewrite:
                 "the sizes you use")
             self.fill = fill
             return v, f"{what}, symbolic dims {fill}"
-        v = self.fill_first_dims(verifier, where, tried, what)
+        v = self.fill_first_dims(verifier, where, what)
         if v is not None:
             return v
         derived = weight_dims(self.original)
@@ -444,7 +471,7 @@ class _Rewrite:
                          f"{' or '.join(map(str, sizes))} run, in the first dims too; give "
                          f"your sizes, e.g. {example} with the 1s replaced)") from None
 
-    def fill_first_dims(self, verifier, where: str, tried: str, what: str):
+    def fill_first_dims(self, verifier, where: str, what: str):
         """The last resort for random inputs: the first dim takes the sizes too, for inputs
         whose first dim is not a batch (madmom's chord CNN reads [frames, bins]: one frame
         is too short for its 3x3 convs). The sizes that run are kept for the MIGraphX
@@ -465,7 +492,7 @@ class _Rewrite:
             shapes = ", ".join(f"{k}:{'x'.join(map(str, s))}"
                                for k, s in self.random_shapes.items())
             self.report.warnings.append(
-                f"random inputs with {tried} or {' or '.join(map(str, FALLBACK_FILLS))} in "
+                f"random inputs with {_sizes_tried(self.fix_shapes)} in "
                 f"the symbolic dims ({where}) do not run the original model; verified with "
                 f"{fill} in the first dims too ({shapes}): --input-shape sets the sizes you "
                 "use")
@@ -1057,6 +1084,14 @@ def _span(index: list[int]) -> str:
             runs.append(f"{start}" if start == a else f"{start}-{a}")
             start = b
     return "slices " + ", ".join(runs)
+
+
+def _sizes_tried(fix_shapes: bool) -> str:
+    """The sizes random inputs try in the symbolic dims past the batch, in order."""
+    from rewriter.verify.feeds import FALLBACK_FILLS, FIRST_FILL
+    order = [1, *FALLBACK_FILLS] if fix_shapes else [FIRST_FILL, FALLBACK_FILLS[0], 1,
+                                                      *FALLBACK_FILLS[1:]]
+    return ", ".join(map(str, order[:-1])) + f" or {order[-1]}"
 
 
 def _worst(metrics, verifier=None) -> str:

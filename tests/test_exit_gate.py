@@ -533,6 +533,48 @@ class BreaksAttentionScores(Pass):
         return PassResult(changed=True)
 
 
+class BreaksThenBranch(Pass):
+    """A deliberately wrong pass: inside an If's then branch, Mul by 2 becomes Mul by 2.5."""
+
+    name = "breaks-then-branch"
+    phase = Phase.FUSE
+    numerics = Numerics.EXACT
+
+    def run(self, graph, ctx):
+        body = next(n for n in graph.nodes if n.op == "If").attrs["then_branch"]
+        mul = next(n for n in body.nodes if n.op == "Mul")
+        mul.inputs[1] = gs.Constant(ctx.namer("two_and_a_half"), np.array(2.5, np.float32))
+        return PassResult(changed=True)
+
+
+def test_random_inputs_reach_the_branch_an_equal_selects():
+    """Silero VAD: Equal(sr, 16000) -> If. A random sr in [0, 4) never equals 16000, so the
+    16 kHz branch was never verified and a pass that broke it passed. A feed set with sr
+    at each constant an Equal compares it with now joins the random one."""
+    from rewriter.verify.feeds import branch_values
+    then = onnx.helper.make_graph(
+        [onnx.helper.make_node("Mul", ["x", "two"], ["t"])], "then", [],
+        [onnx.helper.make_tensor_value_info("t", onnx.TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array(2.0, np.float32), "two")])
+    other = onnx.helper.make_graph(
+        [onnx.helper.make_node("Mul", ["x", "three"], ["e"])], "else", [],
+        [onnx.helper.make_tensor_value_info("e", onnx.TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array(3.0, np.float32), "three")])
+    g = onnx.helper.make_graph(
+        [onnx.helper.make_node("Equal", ["sr", "rate"], ["c"]),
+         onnx.helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)],
+        "g", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4]),
+              onnx.helper.make_tensor_value_info("sr", onnx.TensorProto.INT64, [])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])],
+        [numpy_helper.from_array(np.array(16000, np.int64), "rate")])
+    m = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    assert branch_values(m) == {"sr": [16000]}
+    with pytest.raises(rewriter.VerificationError) as e:
+        rewriter.rewrite(m, [BreaksThenBranch()], verify=True)
+    assert "breaks-then-branch" in str(e.value)
+    assert e.value.report.verified_with.endswith("and with sr = 16000 (compared by an Equal)")
+
+
 def test_random_inputs_are_long_enough_to_check_attention():
     """Self-attention over a symbolic sequence length: with 1 there (the default before),
     the broken scores verified; random inputs now put 8 in symbolic dims past the batch,

@@ -220,6 +220,55 @@ def index_bounds(model: onnx.ModelProto) -> dict[str, int]:
     return out
 
 
+def branch_values(model: onnx.ModelProto, limit: int = 3) -> dict[str, list]:
+    """{input: constants it is compared with}: inputs that reach an Equal with a one-element
+    constant through value-preserving ops (Silero VAD: Equal(sr, 16000) -> If picks its
+    16 kHz branch). Random values almost never equal those constants, so the branch they
+    select would never be verified: :func:`branch_feed_sets` adds a feed set per value."""
+    from rewriter.core.graph import constant_tensors, graph_protos
+
+    consts, consumers = {}, {}
+    for g in graph_protos(model.graph):   # a body reads outer names: names are global
+        for name, t in constant_tensors(g).items():
+            if int(np.prod(t.dims)) == 1:
+                consts[name] = t
+        for n in g.node:
+            for i, x in enumerate(n.input):
+                consumers.setdefault(x, []).append((n, i))
+    out: dict[str, list] = {}
+    for vi in real_inputs(model):
+        todo, seen, values = [vi.name], set(), []
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            for n, i in consumers.get(name, []):
+                other = n.input[1 - i] if n.op_type == "Equal" and len(n.input) == 2 else None
+                if other in consts:
+                    v = onnx.numpy_helper.to_array(consts[other]).ravel()[0].item()
+                    if v not in values:
+                        values.append(v)
+                elif n.op_type in _SAME_VALUES and i == 0:
+                    todo.extend(n.output[:1])
+        if values:
+            out[vi.name] = values[:limit]
+    return out
+
+
+def branch_feed_sets(model: onnx.ModelProto, feeds: dict) -> list[dict]:
+    """``feeds`` and, for each input :func:`branch_values` finds, a copy with that input set
+    to each constant it is compared with (the other inputs as they are)."""
+    sets = [feeds]
+    for name, values in branch_values(model).items():
+        if name not in feeds:
+            continue
+        x = np.asarray(feeds[name])
+        for v in values:
+            sets.append({**feeds, name: np.full(x.shape, v, dtype=x.dtype)})
+    return sets
+
+
 def weight_dims(model: onnx.ModelProto) -> dict[str, dict[int, int]]:
     """{input: {position: size}} for the symbolic input dims whose size a layer's weight
     fixes: a MatMul's contracted dim (B's rows), a Gemm's, a Conv's channels (W's input
