@@ -201,23 +201,31 @@ def index_bounds(model: onnx.ModelProto) -> dict[str, int]:
 
     out = {}
     for vi in real_inputs(model):
-        todo, seen, bound = [vi.name], set(), None
-        while todo:
-            name = todo.pop()
-            if name in seen:
-                continue
-            seen.add(name)
-            for n, i in consumers.get(name, []):
-                if n.op_type == "Gather" and i == 1:
-                    dims = table_shape(n.input[0])
-                    axis = next((a.i for a in n.attribute if a.name == "axis"), 0)
-                    if dims and -len(dims) <= axis < len(dims) and dims[axis] > 0:
-                        bound = min(bound or dims[axis], dims[axis])
-                elif n.op_type in _SAME_VALUES and i == 0:
-                    todo.extend(n.output[:1])
+        bound = None
+        for n, i in _value_reads(vi.name, consumers):
+            if n.op_type == "Gather" and i == 1:
+                dims = table_shape(n.input[0])
+                axis = next((a.i for a in n.attribute if a.name == "axis"), 0)
+                if dims and -len(dims) <= axis < len(dims) and dims[axis] > 0:
+                    bound = min(bound or dims[axis], dims[axis])
         if bound is not None:
             out[vi.name] = bound
     return out
+
+
+def _value_reads(name: str, consumers: dict):
+    """(node, input index) of every read of ``name``'s values, directly or through
+    value-preserving ops (_SAME_VALUES, by their first input)."""
+    todo, seen = [name], set()
+    while todo:
+        t = todo.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        for n, i in consumers.get(t, []):
+            yield n, i
+            if n.op_type in _SAME_VALUES and i == 0:
+                todo.extend(n.output[:1])
 
 
 def branch_values(model: onnx.ModelProto, limit: int = 3) -> dict[str, list]:
@@ -237,20 +245,13 @@ def branch_values(model: onnx.ModelProto, limit: int = 3) -> dict[str, list]:
                 consumers.setdefault(x, []).append((n, i))
     out: dict[str, list] = {}
     for vi in real_inputs(model):
-        todo, seen, values = [vi.name], set(), []
-        while todo:
-            name = todo.pop()
-            if name in seen:
-                continue
-            seen.add(name)
-            for n, i in consumers.get(name, []):
-                other = n.input[1 - i] if n.op_type == "Equal" and len(n.input) == 2 else None
-                if other in consts:
-                    v = onnx.numpy_helper.to_array(consts[other]).ravel()[0].item()
-                    if v not in values:
-                        values.append(v)
-                elif n.op_type in _SAME_VALUES and i == 0:
-                    todo.extend(n.output[:1])
+        values = []
+        for n, i in _value_reads(vi.name, consumers):
+            other = n.input[1 - i] if n.op_type == "Equal" and len(n.input) == 2 else None
+            if other in consts:
+                v = onnx.numpy_helper.to_array(consts[other]).ravel()[0].item()
+                if v not in values:
+                    values.append(v)
         if values:
             out[vi.name] = values[:limit]
     return out
