@@ -434,7 +434,7 @@ class _Rewrite:
         original (a window larger than 8, say): try the sizes of FALLBACK_FILLS past the
         batch dim, and say which ran; if none does, the error with 1, with the option that
         fixes it."""
-        from rewriter.verify.feeds import (FALLBACK_FILLS, FIRST_FILL, input_shape,
+        from rewriter.verify.feeds import (FALLBACK_FILLS, FIRST_FILL, dense_fill, input_shape,
                                            make_feeds, real_inputs, symbolic_dims,
                                            weight_dims)
 
@@ -444,7 +444,8 @@ class _Rewrite:
         where = "; ".join(f"{k} at {v}" for k, v in free.items())
         tried = "1" if self.fix_shapes else \
             f"{FIRST_FILL}, {FALLBACK_FILLS[0]} or 1"   # as make_verifier did
-        for fill in FALLBACK_FILLS[0 if self.fix_shapes else 1:]:
+        dense = dense_fill(self.original, self.input_shapes)
+        for fill in _with(FALLBACK_FILLS[0 if self.fix_shapes else 1:], dense):
             try:
                 feeds = make_feeds(self.original, self.input_shapes, self.seed, fill=fill)
                 v = verifier(feeds)
@@ -454,8 +455,8 @@ class _Rewrite:
             self.report.warnings.append(
                 f"random inputs with {tried} in the symbolic dims ({where}) do not run "
                 "the original "
-                f"model; verified with {fill} there instead ({shapes}): --input-shape sets "
-                "the sizes you use")
+                f"model; verified with {fill} there instead ({shapes}{_dense_why(fill, dense)}"
+                "): --input-shape sets the sizes you use")
             self.fill = fill
             return v, f"{what}, symbolic dims {fill}"
         v = self.fill_first_dims(verifier, where, what)
@@ -476,12 +477,14 @@ class _Rewrite:
         whose first dim is not a batch (madmom's chord CNN reads [frames, bins]: one frame
         is too short for its 3x3 convs). The sizes that run are kept for the MIGraphX
         compare; returns (verifier, what) or None."""
-        from rewriter.verify.feeds import FALLBACK_FILLS, FIRST_FILL, make_feeds, symbolic_dims
+        from rewriter.verify.feeds import (FALLBACK_FILLS, FIRST_FILL, dense_fill, make_feeds,
+                                           symbolic_dims)
 
         names = symbolic_dims(self.original, self.input_shapes, batch=True)
         if not names:
             return None
-        for fill in (FIRST_FILL, *FALLBACK_FILLS):
+        dense = dense_fill(self.original, self.input_shapes, fill_batch=True)
+        for fill in _with((FIRST_FILL, *FALLBACK_FILLS), dense):
             try:
                 feeds = make_feeds(self.original, self.input_shapes, self.seed, fill=fill,
                                    fill_batch=True)
@@ -494,8 +497,8 @@ class _Rewrite:
             self.report.warnings.append(
                 f"random inputs with {_sizes_tried(self.fix_shapes)} in "
                 f"the symbolic dims ({where}) do not run the original model; verified with "
-                f"{fill} in the first dims too ({shapes}): --input-shape sets the sizes you "
-                "use")
+                f"{fill} in the first dims too ({shapes}{_dense_why(fill, dense)}): "
+                "--input-shape sets the sizes you use")
             self.fill = None
             return v, f"{what}, symbolic dims {fill}, the first dims too"
         return None
@@ -1084,6 +1087,15 @@ def _span(index: list[int]) -> str:
             runs.append(f"{start}" if start == a else f"{start}-{a}")
             start = b
     return "slices " + ", ".join(runs)
+
+
+def _with(fills, dense: int | None) -> list:
+    """The sizes to try, and last the one a weight after the convs fixes (dense_fill)."""
+    return list(fills) + ([dense] if dense is not None and dense not in fills else [])
+
+
+def _dense_why(fill, dense) -> str:
+    return "; the size a weight after the convs fixes" if fill == dense else ""
 
 
 def _sizes_tried(fix_shapes: bool) -> str:

@@ -229,13 +229,15 @@ def test_symbolic_dims_too_small_to_run_get_a_larger_size_or_the_fix(tmp_path, c
     assert code == 0, err
     said = " ".join(err) + out
     assert "verified with 32 there instead (x:1x3x32x32)" in said
-    # No size fits a reshape to rows of 35 (32 and 224 are not multiples of it): one line
-    # that names the symbolic dims and the option.
+    # No size fits a reshape to rows of 35 (32 and 224 are not multiples of it, and the
+    # Concat doubles whatever size, so no bisection finds 35): one line that names the
+    # symbolic dims and the option.
     text = """
     <ir_version: 8, opset_import: ["" : 17]>
     g (float[1, L] x) => (float[R, 35] y) {
         s = Constant <value = int64[2] {-1, 35}> ()
-        y = Reshape(x, s)
+        xx = Concat <axis = 1> (x, x)
+        y = Reshape(xx, s)
     }
     """
     src = tmp_path / "r.onnx"
@@ -406,6 +408,33 @@ FRAMES_FIRST = """
         v = Unsqueeze (u, zero)
         y = Conv (v, W)
     }"""
+
+
+def test_symbolic_dims_a_weight_after_the_convs_fixes_are_found(tmp_path, capfd):
+    """madmom's note CNN flattens its conv maps into a Dense of 1060 rows: only 144 bins run
+    it, which no usual size (8, 32, 1, 224, 1024) and no weight on the input finds: exit 2,
+    give your sizes. The size is now found by bisection over shape inference (conv and
+    pooling sizes grow with the input) and used, with a warning that says why."""
+    from rewriter.verify.feeds import dense_fill
+    model = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 1, H, W] x) => (float[M, 4] y) {
+        c = Conv (x, w)
+        p = MaxPool <kernel_shape = [2, 2], strides = [2, 2]> (c)
+        f = Reshape (p, rows)
+        y = MatMul (f, d)
+    }""", {"w": (2, 1, 3, 3), "rows": np.array([-1, 162], np.int64), "d": (162, 4)})
+    assert dense_fill(model) == 20       # (20 - 2) // 2 = 9: 2 x 9 x 9 = 162
+    src = tmp_path / "flat.onnx"
+    onnx.save(model, src)
+    code, out, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--verify", "--target", "none",
+                         "--report", tmp_path / "r.json")
+    assert code == 0, err
+    said = " ".join(err) + out
+    assert "verified with 20 there instead (x:1x1x20x20; the size a weight after the convs " \
+        "fixes)" in said, said
+    assert json.loads((tmp_path / "r.json").read_text())["verified_with"].endswith(
+        "symbolic dims 20")
 
 
 def test_a_first_dim_that_is_not_a_batch_takes_the_sizes_last(tmp_path, capfd):

@@ -344,6 +344,78 @@ def weight_dims(model: onnx.ModelProto) -> dict[str, dict[int, int]]:
     return out
 
 
+def dense_fill(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = None,
+               fill_batch: bool = False, top: int = 4096) -> int | None:
+    """The size that, put in every free symbolic dim (past the batch; with ``fill_batch``
+    in the first dims too), gives a weight's rows to the first layer that needs them and
+    does not get them from a known dim: a MatMul's or Gemm's contracted dim, or the dims
+    after the first of a Reshape to [-1, K]'s input (a flatten into a Dense of K rows).
+    None when there is none, or no size gives it. madmom's note CNN reads [frames, bins]
+    and flattens its conv maps into [-1, 1060] for a Dense of 1060 rows: only 106 bins
+    run it, which neither :func:`weight_dims` (the weight is past the convs) nor the usual
+    sizes find. Conv, pooling and flattening sizes do not decrease as the input grows, so
+    the size is found by bisection over onnx's shape inference on a weight-free copy
+    (about 12 runs)."""
+    from rewriter.core.convert import shape_info
+    from rewriter.core.graph import constant_tensors, weight_free_copy
+
+    stub = weight_free_copy(model)
+    del stub.graph.value_info[:]
+    for vi in stub.graph.output:
+        vi.type.tensor_type.ClearField("shape")
+    consts = constant_tensors(model.graph)
+    needs = []   # (tensor, which dims of it multiply to the rows, rows)
+    for n in model.graph.node:
+        t = consts.get(n.input[1]) if len(n.input) > 1 else None
+        if t is None:
+            continue
+        attr = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        if n.op_type == "MatMul" and len(t.dims) == 2:
+            needs.append((n.input[0], slice(-1, None), t.dims[0]))
+        elif n.op_type == "Gemm" and len(t.dims) == 2:
+            a = 0 if attr.get("transA") else 1
+            needs.append((n.input[0], slice(a, a + 1), t.dims[1 if attr.get("transB") else 0]))
+        elif n.op_type == "Reshape" and list(t.dims) == [2]:
+            target = onnx.numpy_helper.to_array(t).tolist()
+            if target[0] == -1 and target[1] > 0:
+                needs.append((n.input[0], slice(1, None), target[1]))
+    if not needs:
+        return None
+    batches = batch_names(model) if not fill_batch else frozenset()
+    derived = weight_dims(model)
+
+    def sizes(size: int | None) -> list:
+        fixed = None if size is None else {
+            vi.name: input_shape(vi, shapes or {}, fill=size, batches=batches,
+                                 derived=derived.get(vi.name), fill_batch=fill_batch)
+            for vi in real_inputs(model) if vi.type.HasField("tensor_type")}
+        infos = shape_info(stub, fixed)
+        out = []
+        for name, which, _ in needs:
+            vi = infos.get(name)
+            dims = list(vi.type.tensor_type.shape.dim)[which] if vi is not None and \
+                vi.type.tensor_type.HasField("shape") else []
+            known = [d.dim_value for d in dims if d.HasField("dim_value") and d.dim_value > 0]
+            out.append(int(np.prod(known)) if dims and len(known) == len(dims) else None)
+        return out
+
+    k = next((i for i, d in enumerate(sizes(None)) if d is None), None)
+    if k is None:
+        return None
+    rows = needs[k][2]
+    lo, hi = 1, top
+    while lo < hi:   # the smallest size whose dims reach the rows
+        mid = (lo + hi) // 2
+        got = sizes(mid)[k]
+        if got is not None and got >= rows:
+            hi = mid
+        else:
+            lo = mid + 1
+    got = sizes(lo)
+    return lo if got[k] == rows and all(d is None or d == r for d, (_, _, r) in
+                                        zip(got, needs)) else None
+
+
 def load_inputs(path: str | os.PathLike, model: onnx.ModelProto) -> dict[str, np.ndarray]:
     """Inputs from an .npz (keys = input names) or an .npy (single-input models)."""
     names = [i.name for i in real_inputs(model)]
