@@ -112,7 +112,7 @@ class EqualizeChannels(Pass):
             s = a ** alpha / np.maximum(w_max, 1e-12) ** (1 - alpha)
             s = s / s.max()
         s = np.maximum(s, MIN_SCALE)
-        if self._fold_into_producer(x, convs, s, ctx, res):
+        if self._fold_into_producer(graph, x, convs, s, ctx, res):
             xs = x
         else:
             xs = self._insert_mul(graph, x, convs, s, ctx)
@@ -130,14 +130,19 @@ class EqualizeChannels(Pass):
             conv.inputs[0] = xs
         return None
 
-    def _fold_into_producer(self, x, convs, s, ctx, res) -> bool:
+    def _fold_into_producer(self, graph, x, convs, s, ctx, res) -> bool:
         """Scale the producing conv's rows and bias by 1/s when that is exact and nothing
-        but these convs reads x (and, through a Relu, nothing else reads the conv)."""
-        if len(x.outputs) != len(convs) or not x.inputs:
+        but these convs reads x (and, through a Relu, nothing else reads the conv): not a
+        graph output either, whose values the scaling would change (a feature map a model
+        returns beside its head)."""
+        outs = {id(t) for t in graph.outputs}
+        if len(x.outputs) != len(convs) or not x.inputs or id(x) in outs:
             return False
         node = x.inputs[0]
         if node.op == "Relu" and len(node.inputs[0].outputs) == 1 and node.inputs[0].inputs:
             y = node.inputs[0]
+            if id(y) in outs:
+                return False
             conv = y.inputs[0]
         else:
             conv = node

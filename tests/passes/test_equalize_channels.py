@@ -98,6 +98,22 @@ def test_shared_weight_is_copied_not_edited(rng):
     assert y.input[1] != "W"
 
 
+@pytest.mark.parametrize("returned", ["r", "a"])
+def test_a_map_the_model_returns_is_not_scaled(setup, returned):
+    """conv a -> Relu -> conv b, with the Relu's output (or the conv's, before it) also a
+    graph output (a feature map returned beside the head, eighth round): folding 1/s into
+    a's rows changed that output (cosine 0.98), written so without --verify. A Mul before
+    conv b keeps it."""
+    m, feeds = setup
+    m.graph.output.append(onnx.helper.make_tensor_value_info(returned, 1, ["N", 8, 8, 8]))
+    out, rep = equalize(m, ["b", "d"], feeds)
+    assert rep.ok   # verified: every output, the returned map included
+    counts = rep.passes[0].counts
+    assert "folded-into-producer" not in counts and counts["mul-inserted"] == 2
+    for a, b in zip(run_ort(m, feeds[0]), run_ort(out, feeds[0])):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * float(np.abs(a).max()))
+
+
 def test_skip_reasons(rng):
     text = """
     <ir_version: 8, opset_import: ["" : 17]>
