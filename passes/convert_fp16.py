@@ -96,7 +96,7 @@ class ConvertFp16(Pass):
                                 res.notes.append(f"{t.name}: {over} values overflow float16 to inf")
                         if clamp:
                             v = np.clip(v, -FP16_MAX, FP16_MAX)
-                        v16 = v.astype(np.float16)
+                        v16 = np.asarray(v, dtype=np.float16)   # np.clip of 0-d is a scalar
                         if all(id(c) in region for c in t.outputs) and id(t) not in outputs:
                             set_values(t, v16)
                             const16[t.name] = t

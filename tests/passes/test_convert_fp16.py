@@ -136,3 +136,28 @@ def test_no_fp16_layers_changes_nothing_and_is_idempotent():
     once, _ = run(m, "fp16")
     twice, rep2 = run(once, "fp16")
     assert not rep2.passes[0].changed
+
+
+def test_a_scalar_constant_in_a_region_becomes_float16():
+    # A GELU written out (x * Erf(x / s)) with s a 0-d initializer: np.clip of a 0-d array
+    # is a numpy scalar, which gs.Constant refused (exit 3, internal error; eighth round).
+    # s is read in the float16 region and outside it, so it gets a float16 copy.
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4, 8, 8] x) => (float[N, 8, 8, 8] y) {
+        c = Conv <pads = [1, 1, 1, 1]> (x, W1)
+        d = Div (c, s)
+        e = Erf (d)
+        g = Mul (c, e)
+        c2 = Conv <pads = [1, 1, 1, 1]> (g, W2)
+        d2 = Div (c2, s)
+        e2 = Erf (d2)
+        y = Mul (c2, e2)
+    }"""
+    m = make_model(text, {"W1": (8, 4, 3, 3), "W2": (8, 8, 3, 3),
+                          "s": np.array(1.4140625, np.float32)})
+    out, rep = run(m, {"version": 1, "default": "fp32", "overrides": {"c": "fp16"}})
+    s16 = [t for t in out.graph.initializer if list(t.dims) == [] and t.data_type == 10]
+    assert len(s16) == 1, [(t.name, t.dims, t.data_type) for t in out.graph.initializer]
+    a, b = run_ort(m, x_feed())[0], run_ort(out, x_feed())[0]
+    assert cos(a, b) > 0.9999
