@@ -265,6 +265,7 @@ class _Rewrite:
             return
         from rewriter.quant import plan as plan_mod
         self.plan = plan_mod.load(self.plan)
+        self.int8_settings_given()
         pre = (self.planner_settings or {}).get("preprocess")
         if pre:
             if self.plan.preprocess and self.plan.preprocess != pre:
@@ -287,6 +288,23 @@ class _Rewrite:
             self.held_out = list(held)
             self.held_labels = held.labels
         self.calib_data = data
+
+    def int8_settings_given(self) -> None:
+        """--method, --percentile, --samples and --weights, where given, apply to any plan
+        (a plan file's or a named one's int8 section), not only to the planner's: they were
+        silently ignored with --plan int8 (eighth round)."""
+        s = {k: v for k, v in (self.planner_settings or {}).items()
+             if k in ("method", "percentile", "samples", "weights") and v is not None}
+        if "samples" in s and int(s["samples"]) < 1:
+            raise InputError(f"--samples {s['samples']}: give at least 1")
+        if "percentile" in s and not 0 < float(s["percentile"]) <= 100:
+            raise InputError(f"--percentile {s['percentile']}: give a value in (0, 100]")
+        cal = self.plan.int8["calibration"]
+        for k in ("method", "percentile", "samples"):
+            if k in s:
+                cal[k] = s[k]
+        if "weights" in s:
+            self.plan.int8["weights"] = s["weights"]
 
     def describe_input(self) -> None:
         r = self.report

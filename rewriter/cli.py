@@ -280,13 +280,17 @@ def _planner_args(p) -> None:
     g.add_argument("--max-accuracy-drop", type=float, default=None, metavar="POINTS",
                    help="with labels beside the calibration data (labels.txt/.json/.npy): "
                         "task accuracy the plan may lose against FP32, in points")
-    g.add_argument("--method", choices=METHODS, default="mse",
+    # None = not given: the planner's defaults, or the plan file's own (which a given
+    # value overrides for any --plan).
+    g.add_argument("--method", choices=METHODS, default=None,
                    help="activation range method (default mse: the clip minimising the "
-                        "quantisation error)")
-    g.add_argument("--percentile", type=float, default=99.99, help="for percentile (99.99)")
-    g.add_argument("--weights", choices=("per-channel", "per-tensor"), default="per-channel")
-    g.add_argument("--samples", type=int, default=256,
-                   help="calibration samples used at most (default 256)")
+                        "quantisation error; overrides a plan file's)")
+    g.add_argument("--percentile", type=float, default=None, help="for percentile (99.99)")
+    g.add_argument("--weights", choices=("per-channel", "per-tensor"), default=None,
+                   help="INT8 weight scales (default per-channel; overrides a plan file's)")
+    g.add_argument("--samples", type=int, default=None,
+                   help="calibration samples used at most (default 256; overrides a plan "
+                        "file's)")
     g.add_argument("--folds", type=int, default=4,
                    help="k-fold judgement: ranges from k-1 folds, judged on the k-th (4)")
     g.add_argument("--strict", action="store_true",

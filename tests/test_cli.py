@@ -810,6 +810,37 @@ def test_an_opset_9_model_is_converted_for_its_int8_layers(tmp_path, capfd):
     assert len([n for n in q.graph.node if n.op_type == "Gemm"][0].input) == 3
 
 
+def test_int8_options_apply_to_a_named_plan_too(tmp_path, capfd):
+    """--method, --samples and --weights with --plan int8 were silently ignored (the report
+    said mse, every sample, per-channel; eighth round): they now override the plan's."""
+    src, calib = tmp_path / "m.onnx", tmp_path / "calib"
+    onnx.save(make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4, 8, 8] x) => (float[N, 8, 8, 8] y) {
+        a = Conv <pads = [1, 1, 1, 1]> (x, W1, B1)
+        r = Relu (a)
+        y = Conv <pads = [1, 1, 1, 1]> (r, W2)
+    }""", {"W1": (8, 4, 3, 3), "B1": (8,), "W2": (8, 8, 3, 3)}), src)
+    calib.mkdir()
+    rng = np.random.default_rng(2)
+    for i in range(20):
+        np.save(calib / f"{i}.npy", rng.standard_normal((1, 4, 8, 8)).astype(np.float32))
+    code, _, err = run(capfd, src, "-o", tmp_path / "q.onnx", "--plan", "int8", "--calib",
+                       calib, "--target", "none", "--method", "minmax", "--samples", "12",
+                       "--weights", "per-tensor", "--report", tmp_path / "r.json")
+    assert code == 0, err
+    from rewriter.quant.data import held_out_count
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert r["calibration"]["method"] == "minmax", r["calibration"]
+    assert r["calibration"]["samples"] == 12 - held_out_count(12)      # 20 in the folder
+    q = onnx.load(tmp_path / "q.onnx")
+    scales = [t for t in q.graph.initializer if t.name.endswith("_scale")]
+    assert scales and all(list(t.dims) == [] for t in scales)      # per tensor, weights too
+    code, _, err = run(capfd, src, "-o", tmp_path / "q.onnx", "--plan", "int8", "--calib",
+                       calib, "--target", "none", "--samples", "0")
+    assert code == 2 and "--samples 0: give at least 1" in err[0], err
+
+
 def test_calibration_options_without_what_they_serve_are_refused(tmp_path, capfd):
     # --calib without a plan, and --preprocess without --calib, did nothing, silently.
     src = tmp_path / "m.onnx"
