@@ -280,6 +280,7 @@ class _Rewrite:
         data = load_calibration(self.calib, self.original, preprocess=self.plan.preprocess,
                                 limit=int(self.plan.int8["calibration"]["samples"]),
                                 labels=self.labels)
+        self.check_calib_shapes(data)
         if len(data) >= 8:
             # The same samples are held out with or without --verify, so the model written
             # does not depend on the flag, and --verify judges it on samples its scales were
@@ -288,6 +289,22 @@ class _Rewrite:
             self.held_out = list(held)
             self.held_labels = held.labels
         self.calib_data = data
+
+    def check_calib_shapes(self, data) -> None:
+        """Calibration samples of other sizes than --input-shape gives: the held-out ones
+        are what MIGraphX then runs, at the sizes it compiled for (trueocr's detector with
+        320x320 samples and --input-shape x:1x1x96x96 was exit 3, an internal error)."""
+        if not self.input_shapes or not len(data):
+            return
+        first = data[0] if hasattr(data, "__getitem__") else next(iter(data))
+        for name, dims in self.input_shapes.items():
+            key = name or (next(iter(first)) if len(first) == 1 else None)
+            have = list(np.shape(first[key])) if key in first else None
+            if have is not None and (len(have) != len(dims) or have[1:] != [
+                    int(d) for d in dims][1:]):   # the batch may differ: files hold several
+                got, want = ("x".join(map(str, v)) for v in (np.shape(first[key]), dims))
+                raise InputError(f"--calib samples give {key} as {got} but --input-shape "
+                                 f"says {want}: make them agree (or leave --input-shape out)")
 
     def int8_settings_given(self) -> None:
         """--method, --percentile, --samples and --weights, where given, apply to any plan

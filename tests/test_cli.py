@@ -841,6 +841,28 @@ def test_int8_options_apply_to_a_named_plan_too(tmp_path, capfd):
     assert code == 2 and "--samples 0: give at least 1" in err[0], err
 
 
+def test_calibration_samples_of_other_sizes_than_input_shape_are_one_line(tmp_path, capfd):
+    """320x320 calibration samples with --input-shape x:1x1x96x96 (trueocr's detector,
+    eighth round): MIGraphX compiled for 96x96 and was fed the held-out 320x320 samples,
+    exit 3, an internal error, after the output was written. Now one line first."""
+    src, calib = tmp_path / "m.onnx", tmp_path / "calib"
+    onnx.save(make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4, H, W] x) => (float[N, 8, H, W] y) {
+        y = Conv <pads = [1, 1, 1, 1]> (x, W1)
+    }""", {"W1": (8, 4, 3, 3)}), src)
+    calib.mkdir()
+    for i in range(8):
+        np.save(calib / f"{i}.npy", np.random.default_rng(i).standard_normal(
+            (1, 4, 16, 16)).astype(np.float32))
+    out = tmp_path / "q.onnx"
+    code, _, err = run(capfd, src, "-o", out, "--plan", "int8", "--calib", calib, "--target",
+                       "none", "--input-shape", "x:1x4x8x8")
+    assert code == 2
+    assert_one_line(err, "--calib samples give x as 1x4x16x16 but --input-shape says 1x4x8x8")
+    assert not out.exists()
+
+
 def test_calibration_options_without_what_they_serve_are_refused(tmp_path, capfd):
     # --calib without a plan, and --preprocess without --calib, did nothing, silently.
     src = tmp_path / "m.onnx"

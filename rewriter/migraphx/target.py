@@ -129,6 +129,8 @@ def _compile_migraphx(be, info, output_path, verifier, feed_sets, shapes, numeri
     except be.MigraphxError as e:
         info.update(status="failed", error=str(e), stage=e.stage)
         return None
+    except ValueError as e:   # feeds the compiled program cannot take (backend._params)
+        raise InputError(f"MIGraphX: {e}") from None
     info.update(status="compiled", op_histogram=run.op_histogram,
                 kernel_counts=run.kernel_counts, compile_seconds=run.compile_seconds,
                 run_seconds=run.run_seconds, input_dims=run.input_dims)
