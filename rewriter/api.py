@@ -923,7 +923,7 @@ class _Rewrite:
         from rewriter.verify.metrics import TINY_OUTPUT
         for m in metrics:
             if m.shape_ok and not m.integer and m.certificate is None \
-                    and m.ref_max < TINY_OUTPUT and self.worst is not Numerics.LOSSY:
+                    and m.ref_max < TINY_OUTPUT:
                 # Judged by absolute error: a saturated sigmoid on random inputs (a text
                 # detector's probability map is ~0 everywhere) says little about the rest.
                 self.report.warnings.append(

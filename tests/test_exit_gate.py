@@ -378,12 +378,16 @@ def test_an_output_tiny_everywhere_is_said_to_be_a_weak_check(tmp_path):
     assert len(said) == 1 and said[0].startswith("output 'p' is below 0.001"), report.warnings
 
 
-def test_a_lossy_failure_on_an_output_tiny_everywhere_says_the_data_may_not_exercise_it():
-    """PP-OCRv4 det with --plan default on random calibration data: its probability map is
-    ~1e-6 everywhere, FP16 rounds that to a few subnormal steps and the run fails; on text
-    pages the same plan keeps cosine 0.997. The one-line error says the original's output
-    was tiny everywhere on these inputs."""
-    from rewriter.core.errors import VerificationError
+def test_a_lossy_plan_on_an_output_tiny_everywhere_is_judged_by_absolute_error():
+    """PP-OCRv4 det with an FP16 plan on data with nothing to detect: its probability map is
+    ~1e-6 everywhere, FP16 rounds that to a few subnormal steps, the cosine drops below the
+    budget and the run failed, although on text pages the same plan keeps cosine 0.997 (a
+    detector's calibration photos without text, eighth round, failed the same way). As in
+    FP32, such an output is judged by absolute error (within 1e-5 at a 0.99 cosine
+    budget) and the report says the check is weak; one that grows out of the tiny range
+    still fails."""
+    from rewriter.verify.metrics import LOSSY_DEFAULT, compare
+    from rewriter.core.pass_base import Numerics
 
     m = make_model("""
     <ir_version: 8, opset_import: ["" : 17]>
@@ -395,8 +399,14 @@ def test_a_lossy_failure_on_an_output_tiny_everywhere_says_the_data_may_not_exer
     }""", {"W": (2, 3, 3, 3)})
     calib = [{"x": np.random.default_rng(i).standard_normal((1, 3, 8, 8)).astype(np.float32)
               * 0.1} for i in range(8)]
-    with pytest.raises(VerificationError, match="below 0.001 everywhere on these inputs"):
-        rewriter.rewrite(m, plan="fp16", calib=calib, verify=True)
+    _, report = rewriter.rewrite(m, plan="fp16", calib=calib, verify=True)
+    assert report.ok
+    assert any(w.startswith("output 'p' is below 0.001 everywhere") and "a weak check" in w
+               for w in report.warnings), report.warnings
+    ref = np.full((4, 2, 8, 8), 7e-8, np.float32)
+    near, far = compare("p", ref, ref * 1.5), compare("p", ref, ref + 1e-4)
+    assert judge(near, Numerics.LOSSY, lossy=LOSSY_DEFAULT)
+    assert not judge(far, Numerics.LOSSY, lossy=LOSSY_DEFAULT)
 
 
 def test_components_of_different_scale_are_judged_apart():
