@@ -293,7 +293,13 @@ def resolve(plan: Plan, nodes: list) -> Assignment:
     all_names = [node_id(n) for n in nodes]
     convs = [i for i in ids if ops[i] in ("Conv", "ConvTranspose")]
     mats = [i for i in ids if ops[i] in ("MatMul", "Gemm")]
-    positions = {"first_conv": convs[:1], "last_conv": convs[-1:], "classifier": mats[-1:]}
+    # The classifier is the last MatMul/Gemm with a weight: an attention's activation x
+    # activation MatMul is no classifier (a YOLOv8-seg's backbone one was taken, eighth
+    # round). Nodes that cannot say (NodeProto) count as weighted.
+    weighted = [i for i, n in zip(ids, layers) if ops[i] in ("MatMul", "Gemm")
+                and _weighted(n)]
+    positions = {"first_conv": convs[:1], "last_conv": convs[-1:],
+                 "classifier": (weighted or mats)[-1:]}
     for r in plan.rules:
         name = r["match"].get("name")
         if name is not None and name not in ids:
@@ -340,6 +346,25 @@ def _dequantized(t) -> bool:
 
 def _op(node) -> str:
     return getattr(node, "op", None) or node.op_type
+
+
+def _weighted(node) -> bool:
+    """Whether a (graphsurgeon) MatMul/Gemm reads a constant as B, directly or through a
+    DequantizeLinear, Cast or Transpose of one; True when the node cannot say."""
+    import onnx_graphsurgeon as gs
+    if not isinstance(node, gs.Node):
+        return True
+    t = node.inputs[1] if len(node.inputs) > 1 else None
+    for _ in range(3):
+        if t is None or isinstance(t, gs.Constant):
+            return t is not None
+        src = t.inputs[0] if t.inputs else None
+        if src is None or src.op not in ("DequantizeLinear", "Cast", "Transpose", "Constant"):
+            return False
+        if src.op == "Constant":
+            return True
+        t = src.inputs[0] if src.inputs else None
+    return False
 
 
 def _matches(m: dict, i: str, op: str, positions: dict) -> bool:

@@ -336,3 +336,23 @@ def test_a_layer_whose_second_input_is_computed_is_not_planned_int8(rng):
     codes = {f["code"] for f in rep.extra["migraphx_check"]["findings"]}
     assert "plan-int8-stays-float" not in codes
     assert ops(out).count("QuantizeLinear") == 1
+
+
+def test_the_classifier_is_the_last_matmul_with_a_weight(rng):
+    """The default recipe keeps the classifier FP16: it was the last MatMul/Gemm in graph
+    order, so a YOLOv8-seg's attention MatMul (activations only, after every weighted
+    one there) was taken, and the real head left in INT8 (eighth round)."""
+    from rewriter.core.convert import to_graph
+    from rewriter.quant import plan as plan_mod
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 16] x) => (float[1, 1, 1] y) {
+        h = Gemm <transB = 1> (x, W1)
+        r = Relu (h)
+        z = MatMul (r, W2)
+        u = Unsqueeze (z, ax)
+        t = Transpose <perm = [0, 2, 1]> (u)
+        y = MatMul (u, t)
+    }""", {"W1": (16, 16), "W2": (16, 8), "ax": np.array([0], np.int64)})
+    a = plan_mod.resolve(plan_mod.load("default"), list(to_graph(m).nodes))
+    assert a.precision["z"] == "fp16" and a.precision["h"] == "int8", a.precision
