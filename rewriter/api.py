@@ -145,6 +145,12 @@ class _Rewrite:
             options["migraphx_version"] = installed_version()
         self.options = Options.from_dict(options)
         self.data = data
+        mxr = (migraphx or {}).get("save_mxr")
+        if mxr:   # checked now, not after the compile (exit 3 from MIGraphX's writer)
+            folder = Path(mxr).parent if str(Path(mxr).parent) else Path(".")
+            if not folder.is_dir() or not os.access(folder, os.W_OK) or Path(mxr).is_dir():
+                raise InputError(f"{mxr}: --save-mxr needs a file in an existing, writable "
+                                 "folder")
         unknown = set(data) - set(_DATA_KEYS)
         if unknown:
             raise InputError(f"unknown data key(s) {sorted(unknown)} ({', '.join(_DATA_KEYS)})")

@@ -863,6 +863,19 @@ def test_calibration_samples_of_other_sizes_than_input_shape_are_one_line(tmp_pa
     assert not out.exists()
 
 
+def test_save_mxr_into_a_missing_folder_is_refused_first(tmp_path, capfd):
+    # MIGraphX's writer failed after the compile: exit 3 and the .onnx already written.
+    src = tmp_path / "m.onnx"
+    onnx.save(make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 4] x) => (float[1, 4] y) { y = Relu(x) }"""), src)
+    out = tmp_path / "o.onnx"
+    code, _, err = run(capfd, src, "-o", out, "--save-mxr", tmp_path / "no" / "m.mxr")
+    assert code == 2
+    assert_one_line(err, "m.mxr: --save-mxr needs a file in an existing, writable folder")
+    assert not out.exists()
+
+
 def test_calibration_options_without_what_they_serve_are_refused(tmp_path, capfd):
     # --calib without a plan, and --preprocess without --calib, did nothing, silently.
     src = tmp_path / "m.onnx"
