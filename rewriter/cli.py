@@ -98,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="target MIGraphX version for the plan's INT8 weight form and the "
                         "static check (default: the installed one, else rules of both)")
     g.add_argument("--migraphx-samples", type=int, default=8, metavar="N",
-                   help="plan models are judged on MIGraphX on up to N samples (default 8)")
+                   help="plan models are judged on MIGraphX on up to N samples, at least 2 "
+                        "(default 8)")
     g.add_argument("--save-mxr", metavar="FILE", help="save the compiled MIGraphX program")
     g.add_argument("--require-backend", action="store_true",
                    help="fail (exit 2) when the backend is not installed, instead of "
