@@ -141,8 +141,15 @@ def main(argv: list[str] | None = None, *, freeze_graph: bool = False) -> int:
         return _fail(e, args.verbose)
 
 
+# A closed stdout (`| head`): 128 + SIGPIPE, as a process the signal ended, and no message.
+EXIT_PIPE = 141
+
+
 def _fail(e: BaseException, verbose: bool) -> int:
     from rewriter.core.errors import RewriteError
+
+    if isinstance(e, BrokenPipeError):
+        return EXIT_PIPE
 
     if verbose:
         traceback.print_exc()
@@ -441,8 +448,13 @@ def entry() -> None:
     does one rewrite; main() called in-process by others does not do this)."""
     import os
 
-    code = main(freeze_graph=True)
-    sys.stdout.flush()
+    try:
+        code = main(freeze_graph=True)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        code = EXIT_PIPE
+    if code == EXIT_PIPE:   # the reader stopped (`rewrite check --json | head`): no more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # to tell it
     sys.stderr.flush()
     os._exit(code)
 

@@ -876,6 +876,29 @@ def test_save_mxr_into_a_missing_folder_is_refused_first(tmp_path, capfd):
     assert not out.exists()
 
 
+def test_a_reader_that_stops_early_ends_the_output_quietly(tmp_path):
+    """`rewrite check --json --details | head` ended in exit 3, an internal
+    BrokenPipeError (eighth round): now no message and 141, as a process SIGPIPE ended."""
+    import subprocess
+    import sys
+    nodes = "\n".join(f"        m{i} = Mish (m{i - 1})" for i in range(1, 3000))
+    src = tmp_path / "m.onnx"
+    onnx.save(make_model(f"""
+    <ir_version: 8, opset_import: ["" : 18]>
+    g (float[1, 4] x) => (float[1, 4] y) {{
+        m0 = Mish (x)
+{nodes}
+        y = Relu (m2999)
+    }}"""), src)
+    p = subprocess.Popen([sys.executable, "-c", "from rewriter.cli import entry; entry()",
+                          "check", str(src), "--json", "--details"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout.read(10)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait() == 141 and err == "", err
+
+
 def test_calibration_options_without_what_they_serve_are_refused(tmp_path, capfd):
     # --calib without a plan, and --preprocess without --calib, did nothing, silently.
     src = tmp_path / "m.onnx"
