@@ -1150,6 +1150,10 @@ def _sizes_tried(fix_shapes: bool) -> str:
 def _worst(metrics, verifier=None) -> str:
     bad = [m for m in metrics if not m.ok] or metrics
     m = max(bad, key=lambda m: m.max_rel)
+    if m.integer and m.shape_ok:   # compared value by value, judged as top-1 agreement
+        budget = (verifier.lossy or {}).get("min_top1") if verifier is not None else None
+        return (f"output '{m.name}': {1 - m.mismatch:.2%} of its integer values equal"
+                + (f" vs budget min_top1 {budget:g}" if budget is not None else ""))
     s = (f"output '{m.name}': max_rel {m.max_rel:.2e}, max_abs {m.max_abs:.2e}, "
          f"cosine {m.cosine:.6f}")
     if m.top1 is not None:

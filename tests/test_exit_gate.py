@@ -409,6 +409,30 @@ def test_a_lossy_plan_on_an_output_tiny_everywhere_is_judged_by_absolute_error()
     assert not judge(far, Numerics.LOSSY, lossy=LOSSY_DEFAULT)
 
 
+def test_an_integer_output_is_shown_and_said_as_values_equal():
+    """trueocr's recogniser returns token ids: the table showed them as max_abs 1.00e+00,
+    cosine 0.9817708, SQNR inf, and the error said "cosine 0.981771 vs budget min_cosine",
+    while the rule judging them is the share equal against min_top1 (eighth round)."""
+    from rewriter.api import _worst
+    from rewriter.core.report import Report
+    from rewriter.verify.metrics import compare
+
+    ref = np.arange(64, dtype=np.int64).reshape(1, 64) % 7
+    out = ref.copy()
+    out[0, :2] += 1
+    m = compare("ids", ref, out)
+    m.ok = False
+
+    class V:
+        lossy = {"min_top1": 0.99, "min_cosine": 0.99}
+    assert _worst([m], V()) == "output 'ids': 96.88% of its integer values equal vs budget " \
+        "min_top1 0.99"
+    r = Report(input="m.onnx")
+    r.verification, r.verified_with = [m.to_dict()], "random inputs"
+    row = [ln for ln in r.render().splitlines() if ln.strip().startswith("ids")][0]
+    assert row.split()[1:5] == ["-", "-", "-", "NO"] and "96.88% equal" in row, row
+
+
 def test_components_of_different_scale_are_judged_apart():
     """A YOLO head [N, 4 + classes, anchors]: box rows in pixels beside scores in 0-1. The
     output's cosine is the boxes'; scale_groups splits the rows at a gap of more than two

@@ -129,6 +129,13 @@ class Report:
             lines.append(f"  {'output':<{ow}}  {'max_abs':>9}  {'max_rel':>9}  {'cosine':>10}{extra}  ok")
             for m in self.verification:
                 more = ""
+                if m.get("integer"):   # compared value by value: the share that is equal
+                    if lossy:
+                        more = f"  {'-':>8}  {1 - m['mismatch']:6.4f}"
+                    said = "" if lossy else f"   (integers: {1 - m['mismatch']:.2%} equal)"
+                    lines.append(f"  {m['name']:<{ow}}  {'-':>9}  {'-':>9}  {'-':>10}{more}  "
+                                 f"{'yes' if m['ok'] else 'NO'}{said}")
+                    continue
                 if lossy:
                     top1 = "-" if m.get("top1") is None else f"{m['top1']:.4f}"
                     more = f"  {m.get('sqnr_db', float('inf')):8.1f}  {top1:>6}"
