@@ -346,6 +346,11 @@ class _Rewrite:
         infer = bool(self.quantize) or pipeline_needs_shapes(self.pipeline, self.original)
         if self.fix_shapes:
             self.fixed = check_fixed_shapes(self.original, self.input_shapes)
+        elif self.input_shapes and any(self.input_shapes):
+            # The same checks without --fix-shapes: a dim the model fixes at 3 given as 4
+            # ran on, and --verify's error lost the dims to onnxruntime's first line.
+            check_fixed_shapes(self.original, {k: v for k, v in self.input_shapes.items()
+                                               if k})
         self.graph = to_graph(self.original, self.base_dir, infer=infer, fixed=self.fixed)
 
     def make_verifier(self) -> None:

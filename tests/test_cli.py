@@ -159,7 +159,7 @@ def test_output_may_not_be_the_input(tmp_path, capfd):
     (["--passes", "fuse-bn-conv"], "did you mean 'fuse-conv-bn'"),
     (["--passes", ","], "--passes is empty"),
     (["--input-shape", "input:1xAx3"], "--input-shape"),
-    (["--input-shape", "nope:1x3x64x64", "--verify"], "unknown input"),
+    (["--input-shape", "nope:1x3x64x64", "--verify"], "not a graph input"),
 ])
 def test_usage_errors(tmp_path, capfd, argv, fragment):
     code, _, err = run(capfd, RESNET, "-o", tmp_path / "o.onnx", "-q", *argv)
@@ -897,6 +897,22 @@ def test_a_reader_that_stops_early_ends_the_output_quietly(tmp_path):
     p.stdout.close()
     err = p.stderr.read().decode()
     assert p.wait() == 141 and err == "", err
+
+
+def test_input_shape_against_a_static_dim_is_one_line_without_fix_shapes(tmp_path, capfd):
+    # x:1x4x48x192 for a 3-channel model ran on with exit 0, written (eighth round); only
+    # --fix-shapes checked it.
+    src = tmp_path / "m.onnx"
+    onnx.save(make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 3, H, W] x) => (float[N, 8, H, W] y) {
+        y = Conv <pads = [1, 1, 1, 1]> (x, W1)
+    }""", {"W1": (8, 3, 3, 3)}), src)
+    out = tmp_path / "o.onnx"
+    code, _, err = run(capfd, src, "-o", out, "--input-shape", "x:1x4x8x8")
+    assert code == 2
+    assert_one_line(err, "input 'x': dim 1 is 3 in the model, --input-shape gives 4")
+    assert not out.exists()
 
 
 def test_calibration_options_without_what_they_serve_are_refused(tmp_path, capfd):
