@@ -913,6 +913,12 @@ def test_input_shape_against_a_static_dim_is_one_line_without_fix_shapes(tmp_pat
     assert code == 2
     assert_one_line(err, "input 'x': dim 1 is 3 in the model, --input-shape gives 4")
     assert not out.exists()
+    # A dynamic dim written as -1 (PaddleOCR's exports) takes any size.
+    m = onnx.load(src)
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = -1
+    onnx.save(m, src)
+    code, _, err = run(capfd, src, "-o", out, "--input-shape", "x:2x3x8x8", "--target", "none")
+    assert code == 0, err
 
 
 def test_calibration_options_without_what_they_serve_are_refused(tmp_path, capfd):

@@ -281,7 +281,8 @@ def check_fixed_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]] | No
         for i, (d, v) in enumerate(zip(have, dims)):
             if int(v) < 0:
                 raise InputError(f"input '{name}': dim {i} is {v}; dims must be >= 0")
-            if d.HasField("dim_value") and d.dim_value != int(v):
+            if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != int(v):
+                # (-1 or 0 written for a dynamic dim, as some exporters do: free)
                 raise InputError(f"input '{name}': dim {i} is {d.dim_value} in the model, "
                                  f"--input-shape gives {v}")
     return {k: [int(v) for v in dims] for k, dims in shapes.items()}
