@@ -382,5 +382,9 @@ def _matches(m: dict, i: str, op: str, positions: dict) -> bool:
 def _missing(name: str, ids: list[str], all_names: list[str], source: str) -> str:
     close = difflib.get_close_matches(name, ids, n=3, cutoff=0.4)
     where = "is not a layer (Conv/MatMul/Gemm)" if name in all_names else "does not exist"
-    hint = f"; closest layers: {', '.join(close)}" if close else ""
+    if close:
+        hint = f"; closest layers: {', '.join(close)}"
+    else:   # nothing alike: say what the layers are called
+        hint = f"; the {len(ids)} layers are named like {', '.join(ids[:3])}" + (
+            ", ..." if len(ids) > 3 else "") if ids else "; the model has no such layers"
     return f"plan {source}: node '{name}' {where}{hint}"

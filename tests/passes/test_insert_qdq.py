@@ -356,3 +356,22 @@ def test_the_classifier_is_the_last_matmul_with_a_weight(rng):
     }""", {"W1": (16, 16), "W2": (16, 8), "ax": np.array([0], np.int64)})
     a = plan_mod.resolve(plan_mod.load("default"), list(to_graph(m).nodes))
     assert a.precision["z"] == "fp16" and a.precision["h"] == "int8", a.precision
+
+
+def test_a_plan_naming_an_unknown_node_says_what_layers_are_called():
+    """A name close to none of the layers gave no hint at all (eighth round)."""
+    from rewriter.core.errors import InputError
+    from rewriter.quant import plan as plan_mod
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 16] x) => (float[1, 8] y) {
+        h = Gemm <transB = 1> (x, W1)
+        y = MatMul (h, W2)
+    }""", {"W1": (16, 16), "W2": (16, 8)})
+    p = plan_mod.load({"version": 1, "default": "fp32", "overrides": {"zzzzzz": "fp16"}})
+    with pytest.raises(InputError, match="node 'zzzzzz' does not exist; the 2 layers are "
+                                         "named like h, y"):
+        plan_mod.resolve(p, list(m.graph.node))
+    p = plan_mod.load({"version": 1, "default": "fp32", "overrides": {"hh": "fp16"}})
+    with pytest.raises(InputError, match="closest layers: h"):
+        plan_mod.resolve(p, list(m.graph.node))
