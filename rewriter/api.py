@@ -296,6 +296,12 @@ class _Rewrite:
             self.held_labels = held.labels
         self.calib_data = data
 
+    def plan_asks(self) -> list[str]:
+        """The precisions the plan's default, rules and overrides ask for."""
+        p = self.plan
+        return [getattr(p, "default", "fp32")] + [r.get("precision", "") for r in p.rules] \
+            + list(p.overrides.values())
+
     def check_calib_shapes(self, data) -> None:
         """Calibration samples of other sizes than --input-shape gives: the held-out ones
         are what MIGraphX then runs, at the sizes it compiled for (trueocr's detector with
@@ -664,6 +670,13 @@ class _Rewrite:
             i: {"op": a.op[i], "precision": a.precision[i], "why": a.why[i]} for i in a.order},
             "counts": a.counts()}
         self.report.warnings.extend(a.notes)
+        if not any(p in ("int8", "fp16") for p in a.precision.values()) and any(
+                p in ("int8", "fp16") for p in self.plan_asks()):
+            # e.g. --plan default on a model quantized already (ConvInteger): no Conv,
+            # MatMul or Gemm left for the recipe, which said nothing (eighth round)
+            self.report.warnings.append(
+                f"the plan puts no layer in INT8 or FP16 (of {len(a.order)} Conv/MatMul/Gemm "
+                "layers): nothing is quantized")
         int8 = [n for n in self.graph.nodes if a.precision.get(node_id(n)) == "int8"]
         if not int8:
             return None

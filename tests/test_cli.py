@@ -921,6 +921,19 @@ def test_input_shape_against_a_static_dim_is_one_line_without_fix_shapes(tmp_pat
     assert code == 0, err
 
 
+def test_a_plan_that_matches_no_layer_says_so(tmp_path, capfd):
+    # --plan default on a model quantized already (ddddocr's ConvInteger recogniser): no
+    # Conv/MatMul/Gemm for the recipe, and nothing said (eighth round).
+    src = tmp_path / "m.onnx"
+    onnx.save(make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 4] x) => (float[1, 4] y) { y = Relu(x) }"""), src)
+    code, out, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--plan", "fp16",
+                         "--target", "none")
+    assert code == 0, err
+    assert "the plan puts no layer in INT8 or FP16 (of 0 Conv/MatMul/Gemm layers)" in out
+
+
 def test_calibration_options_without_what_they_serve_are_refused(tmp_path, capfd):
     # --calib without a plan, and --preprocess without --calib, did nothing, silently.
     src = tmp_path / "m.onnx"
