@@ -145,12 +145,9 @@ class _Rewrite:
             options["migraphx_version"] = installed_version()
         self.options = Options.from_dict(options)
         self.data = data
-        mxr = (migraphx or {}).get("save_mxr")
-        if mxr:   # checked now, not after the compile (exit 3 from MIGraphX's writer)
-            folder = Path(mxr).parent if str(Path(mxr).parent) else Path(".")
-            if not folder.is_dir() or not os.access(folder, os.W_OK) or Path(mxr).is_dir():
-                raise InputError(f"{mxr}: --save-mxr needs a file in an existing, writable "
-                                 "folder")
+        if (migraphx or {}).get("save_mxr"):   # now, not after the compile (exit 3)
+            from rewriter.core.save import check_output_path
+            check_output_path(migraphx["save_mxr"], "--save-mxr")
         unknown = set(data) - set(_DATA_KEYS)
         if unknown:
             raise InputError(f"unknown data key(s) {sorted(unknown)} ({', '.join(_DATA_KEYS)})")
@@ -299,7 +296,7 @@ class _Rewrite:
     def plan_asks(self) -> list[str]:
         """The precisions the plan's default, rules and overrides ask for."""
         p = self.plan
-        return [getattr(p, "default", "fp32")] + [r.get("precision", "") for r in p.rules] \
+        return [p.default] + [r.get("precision", "") for r in p.rules] \
             + list(p.overrides.values())
 
     def check_calib_shapes(self, data) -> None:
@@ -308,7 +305,7 @@ class _Rewrite:
         320x320 samples and --input-shape x:1x1x96x96 was exit 3, an internal error)."""
         if not self.input_shapes or not len(data):
             return
-        first = data[0] if hasattr(data, "__getitem__") else next(iter(data))
+        first = next(iter(data))   # one sample's file is read
         for name, dims in self.input_shapes.items():
             key = name or (next(iter(first)) if len(first) == 1 else None)
             have = list(np.shape(first[key])) if key in first else None
@@ -386,13 +383,7 @@ class _Rewrite:
                     continue
                 self.fill, what = fill, f"{what}, symbolic dims {fill}"
                 if fill != FIRST_FILL:
-                    shapes = ", ".join(f"{k}:{'x'.join(map(str, np.shape(feeds[k])))}"
-                                       for k in free)
-                    self.report.warnings.append(
-                        f"random inputs with {FIRST_FILL} in the symbolic dims "
-                        f"({'; '.join(f'{k} at {v}' for k, v in free.items())}) do not run "
-                        f"the original model; verified with {fill} there instead ({shapes}): "
-                        "--input-shape sets the sizes you use")
+                    self.said_sizes(str(FIRST_FILL), free, fill, feeds)
                 break
             if feeds is None:
                 feeds = make_feeds(self.original, self.input_shapes, self.seed)
@@ -503,15 +494,10 @@ class _Rewrite:
                 v = verifier(feeds)
             except InputError:
                 continue
-            shapes = ", ".join(f"{k}:{'x'.join(map(str, np.shape(feeds[k])))}" for k in free)
-            self.report.warnings.append(
-                f"random inputs with {tried} in the symbolic dims ({where}) do not run "
-                "the original "
-                f"model; verified with {fill} there instead ({shapes}{_dense_why(fill, dense)}"
-                "): --input-shape sets the sizes you use")
+            self.said_sizes(tried, free, fill, feeds, dense=dense)
             self.fill = fill
             return v, f"{what}, symbolic dims {fill}"
-        v = self.fill_first_dims(verifier, where, what)
+        v = self.fill_first_dims(verifier, free, what)
         if v is not None:
             return v
         derived = weight_dims(self.original)
@@ -524,7 +510,7 @@ class _Rewrite:
                          f"{' or '.join(map(str, sizes))} run, in the first dims too; give "
                          f"your sizes, e.g. {example} with the 1s replaced)") from None
 
-    def fill_first_dims(self, verifier, where: str, what: str):
+    def fill_first_dims(self, verifier, free: dict, what: str):
         """The last resort for random inputs: the first dim takes the sizes too, for inputs
         whose first dim is not a batch (madmom's chord CNN reads [frames, bins]: one frame
         is too short for its 3x3 convs). The sizes that run are kept for the MIGraphX
@@ -544,16 +530,25 @@ class _Rewrite:
             except InputError:
                 continue
             self.random_shapes = {k: list(np.shape(feeds[k])) for k in sorted(names)}
-            shapes = ", ".join(f"{k}:{'x'.join(map(str, s))}"
-                               for k, s in self.random_shapes.items())
-            self.report.warnings.append(
-                f"random inputs with {_sizes_tried(self.fix_shapes)} in "
-                f"the symbolic dims ({where}) do not run the original model; verified with "
-                f"{fill} in the first dims too ({shapes}{_dense_why(fill, dense)}): "
-                "--input-shape sets the sizes you use")
+            self.said_sizes(_sizes_tried(self.fix_shapes), free, fill, feeds,
+                            shown=sorted(names), dense=dense)
             self.fill = None
             return v, f"{what}, symbolic dims {fill}, the first dims too"
         return None
+
+    def said_sizes(self, tried: str, free: dict, fill: int, feeds: dict,
+                   shown: list | None = None, dense: int | None = None) -> None:
+        """The warning that random inputs moved to ``fill``: past the batch (``free``'s
+        dims), or in the first dims too when ``shown`` (the inputs whose shapes to say)."""
+        where = "; ".join(f"{k} at {v}" for k, v in free.items())
+        shapes = ", ".join(f"{k}:{'x'.join(map(str, np.shape(feeds[k])))}"
+                           for k in (shown or free))
+        place = "in the first dims too" if shown else "there instead"
+        why = "; the size a weight after the convs fixes" if fill == dense else ""
+        self.report.warnings.append(
+            f"random inputs with {tried} in the symbolic dims ({where}) do not run the "
+            f"original model; verified with {fill} {place} ({shapes}{why}): --input-shape "
+            "sets the sizes you use")
 
     def after_change(self, p, rec, records) -> None:
         """After a pass that changed the graph: the numeric check, blaming that pass."""
@@ -1151,10 +1146,6 @@ def _span(index: list[int]) -> str:
 def _with(fills, dense: int | None) -> list:
     """The sizes to try, and last the one a weight after the convs fixes (dense_fill)."""
     return list(fills) + ([dense] if dense is not None and dense not in fills else [])
-
-
-def _dense_why(fill, dense) -> str:
-    return "; the size a weight after the convs fixes" if fill == dense else ""
 
 
 def _sizes_tried(fix_shapes: bool) -> str:

@@ -775,6 +775,14 @@ def test_fix_shapes_does_not_trust_onnx_wrong_stft_bins(tmp_path, capfd):
     assert got.shape == (1, 19, 4)
 
 
+def npy_calib(folder, n: int, shape, seed: int = 0) -> None:
+    """A calibration folder of ``n`` seeded N(0, 1) samples as .npy files."""
+    folder.mkdir()
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        np.save(folder / f"{i}.npy", rng.standard_normal(shape).astype(np.float32))
+
+
 def test_an_opset_9_model_is_converted_for_its_int8_layers(tmp_path, capfd):
     # QuantizeLinear is opset 10: an opset-9 model (open-nsfw, converted from Caffe) failed
     # after calibration with "insert-qdq needs opset >= 10"; it is converted first, and said.
@@ -789,10 +797,7 @@ def test_an_opset_9_model_is_converted_for_its_int8_layers(tmp_path, capfd):
     }""", {"W1": (8, 4, 3, 3), "B1": (8,), "W2": (8, 8, 3, 3), "G": (10, 512), "GB": (10,)})
     src, calib = tmp_path / "m.onnx", tmp_path / "calib"
     onnx.save(m, src)
-    calib.mkdir()
-    rng = np.random.default_rng(1)
-    for i in range(8):
-        np.save(calib / f"{i}.npy", rng.standard_normal((1, 4, 8, 8)).astype(np.float32))
+    npy_calib(calib, 8, (1, 4, 8, 8), seed=1)
     # Every layer INT8 (Gemm-9 takes C, which the INT8 form moves after the scale); random
     # logits have small margins, so cosine judges.
     plan = tmp_path / "plan.json"
@@ -821,10 +826,7 @@ def test_int8_options_apply_to_a_named_plan_too(tmp_path, capfd):
         r = Relu (a)
         y = Conv <pads = [1, 1, 1, 1]> (r, W2)
     }""", {"W1": (8, 4, 3, 3), "B1": (8,), "W2": (8, 8, 3, 3)}), src)
-    calib.mkdir()
-    rng = np.random.default_rng(2)
-    for i in range(20):
-        np.save(calib / f"{i}.npy", rng.standard_normal((1, 4, 8, 8)).astype(np.float32))
+    npy_calib(calib, 20, (1, 4, 8, 8), seed=2)
     code, _, err = run(capfd, src, "-o", tmp_path / "q.onnx", "--plan", "int8", "--calib",
                        calib, "--target", "none", "--method", "minmax", "--samples", "12",
                        "--weights", "per-tensor", "--report", tmp_path / "r.json")
@@ -851,10 +853,7 @@ def test_calibration_samples_of_other_sizes_than_input_shape_are_one_line(tmp_pa
     g (float[N, 4, H, W] x) => (float[N, 8, H, W] y) {
         y = Conv <pads = [1, 1, 1, 1]> (x, W1)
     }""", {"W1": (8, 4, 3, 3)}), src)
-    calib.mkdir()
-    for i in range(8):
-        np.save(calib / f"{i}.npy", np.random.default_rng(i).standard_normal(
-            (1, 4, 16, 16)).astype(np.float32))
+    npy_calib(calib, 8, (1, 4, 16, 16))
     out = tmp_path / "q.onnx"
     code, _, err = run(capfd, src, "-o", out, "--plan", "int8", "--calib", calib, "--target",
                        "none", "--input-shape", "x:1x4x8x8")
@@ -872,7 +871,7 @@ def test_save_mxr_into_a_missing_folder_is_refused_first(tmp_path, capfd):
     out = tmp_path / "o.onnx"
     code, _, err = run(capfd, src, "-o", out, "--save-mxr", tmp_path / "no" / "m.mxr")
     assert code == 2
-    assert_one_line(err, "m.mxr: --save-mxr needs a file in an existing, writable folder")
+    assert_one_line(err, "m.mxr: --save-mxr folder does not exist")
     assert not out.exists()
 
 

@@ -66,6 +66,20 @@ def _is_big(t: onnx.TensorProto) -> bool:
             or (t.data_type != onnx.TensorProto.STRING and tensor_nbytes(t) > EXTERNAL_THRESHOLD))
 
 
+def check_output_path(path: str | os.PathLike, what: str = "output") -> Path:
+    """The folder a file can be written to at ``path``; InputError, naming ``what``, when
+    it does not exist, is not writable, or ``path`` is a folder."""
+    out = Path(path)
+    folder = out.parent if str(out.parent) else Path(".")
+    if not folder.is_dir():
+        raise InputError(f"{out}: {what} folder does not exist")
+    if not os.access(folder, os.W_OK):
+        raise InputError(f"{out}: {what} folder is not writable")
+    if out.is_dir():
+        raise InputError(f"{out}: is a folder; give an {what} file name")
+    return folder
+
+
 def save_model(exp: Exported, path: str | os.PathLike, external: bool | None = None,
                before_commit: Callable[[], None] | None = None) -> list[str]:
     """Write atomically; return the files written.
@@ -80,13 +94,7 @@ def save_model(exp: Exported, path: str | os.PathLike, external: bool | None = N
     writes the arrays and memory-mapped input tensors directly.
     """
     out = Path(path)
-    folder = out.parent if str(out.parent) else Path(".")
-    if not folder.is_dir():
-        raise InputError(f"{out}: output folder does not exist")
-    if not os.access(folder, os.W_OK):
-        raise InputError(f"{out}: output folder is not writable")
-    if out.is_dir():
-        raise InputError(f"{out}: is a folder; give an output file name")
+    folder = check_output_path(out)
     try:
         return _save(exp, out, folder, external, before_commit)
     except OSError as e:

@@ -293,11 +293,11 @@ def resolve(plan: Plan, nodes: list) -> Assignment:
     all_names = [node_id(n) for n in nodes]
     convs = [i for i in ids if ops[i] in ("Conv", "ConvTranspose")]
     mats = [i for i in ids if ops[i] in ("MatMul", "Gemm")]
+    computed = {node_id(n) for n in layers if _computed_weight(n)}
     # The classifier is the last MatMul/Gemm with a weight: an attention's activation x
     # activation MatMul is no classifier (a YOLOv8-seg's backbone one was taken, eighth
     # round). Nodes that cannot say (NodeProto) count as weighted.
-    weighted = [i for i, n in zip(ids, layers) if ops[i] in ("MatMul", "Gemm")
-                and _weighted(n)]
+    weighted = [i for i in mats if i not in computed]
     positions = {"first_conv": convs[:1], "last_conv": convs[-1:],
                  "classifier": (weighted or mats)[-1:]}
     for r in plan.rules:
@@ -319,7 +319,6 @@ def resolve(plan: Plan, nodes: list) -> Assignment:
         else:
             prec[i], why[i] = plan.default, "default"
     notes = []
-    computed = {node_id(n) for n in layers if _computed_weight(n)}
     for i in ids:
         if prec[i] == "int8" and ops[i] not in INT8_OPS:
             notes.append(f"{i}: {ops[i]} has no int8 kernel in MIGraphX; kept fp32")
@@ -346,25 +345,6 @@ def _dequantized(t) -> bool:
 
 def _op(node) -> str:
     return getattr(node, "op", None) or node.op_type
-
-
-def _weighted(node) -> bool:
-    """Whether a (graphsurgeon) MatMul/Gemm reads a constant as B, directly or through a
-    DequantizeLinear, Cast or Transpose of one; True when the node cannot say."""
-    import onnx_graphsurgeon as gs
-    if not isinstance(node, gs.Node):
-        return True
-    t = node.inputs[1] if len(node.inputs) > 1 else None
-    for _ in range(3):
-        if t is None or isinstance(t, gs.Constant):
-            return t is not None
-        src = t.inputs[0] if t.inputs else None
-        if src is None or src.op not in ("DequantizeLinear", "Cast", "Transpose", "Constant"):
-            return False
-        if src.op == "Constant":
-            return True
-        t = src.inputs[0] if src.inputs else None
-    return False
 
 
 def _matches(m: dict, i: str, op: str, positions: dict) -> bool:

@@ -270,6 +270,18 @@ def branch_feed_sets(model: onnx.ModelProto, feeds: dict) -> list[dict]:
     return sets
 
 
+def _inference_stub(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A weight-free copy without the exporter's value_info and output shapes: what shape
+    inference derives from the inputs alone."""
+    from rewriter.core.graph import weight_free_copy
+
+    stub = weight_free_copy(model)
+    del stub.graph.value_info[:]
+    for vi in stub.graph.output:
+        vi.type.tensor_type.ClearField("shape")
+    return stub
+
+
 def weight_dims(model: onnx.ModelProto) -> dict[str, dict[int, int]]:
     """{input: {position: size}} for the symbolic input dims whose size a layer's weight
     fixes: a MatMul's contracted dim (B's rows), a Gemm's, a Conv's channels (W's input
@@ -283,12 +295,9 @@ def weight_dims(model: onnx.ModelProto) -> dict[str, dict[int, int]]:
     dropped, so only what inference derives from the inputs counts). A dim only counts
     when every weight that fixes it agrees."""
     from rewriter.core.convert import shape_info
-    from rewriter.core.graph import constant_tensors, weight_free_copy
+    from rewriter.core.graph import constant_tensors
 
-    stub = weight_free_copy(model)
-    del stub.graph.value_info[:]
-    for vi in stub.graph.output:
-        vi.type.tensor_type.ClearField("shape")
+    stub = _inference_stub(model)
     where: dict[str, list[tuple[str, int]]] = {}   # dim name -> (input, position)
     for vi in real_inputs(stub):
         if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
@@ -357,12 +366,8 @@ def dense_fill(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = Non
     the size is found by bisection over onnx's shape inference on a weight-free copy
     (about 12 runs)."""
     from rewriter.core.convert import shape_info
-    from rewriter.core.graph import constant_tensors, weight_free_copy
+    from rewriter.core.graph import constant_tensors
 
-    stub = weight_free_copy(model)
-    del stub.graph.value_info[:]
-    for vi in stub.graph.output:
-        vi.type.tensor_type.ClearField("shape")
     consts = constant_tensors(model.graph)
     needs = []   # (tensor, which dims of it multiply to the rows, rows)
     for n in model.graph.node:
@@ -381,6 +386,7 @@ def dense_fill(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = Non
                 needs.append((n.input[0], slice(1, None), target[1]))
     if not needs:
         return None
+    stub = _inference_stub(model)
     batches = batch_names(model) if not fill_batch else frozenset()
     derived = weight_dims(model)
 
