@@ -260,7 +260,7 @@ def test_sizes_tried_when_migraphx_refuses_the_original(tmp_path, monkeypatch, r
     original = onnx.load(tmp_path / "m.onnx")
     calls = []
 
-    def refuse(report, *args):
+    def refuse(report, *args, **kw):
         calls.append(args[-2])   # the fill (then the integer range)
         why = refusals[len(calls) - 1]
         report.extra["compile"] = {"status": "failed", "error": f"parse failed: {why}",

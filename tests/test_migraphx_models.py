@@ -372,7 +372,7 @@ def test_an_unknown_operator_is_not_tried_at_other_sizes(tmp_path, capfd, monkey
     calls = []
     real = target._compile_output
     monkeypatch.setattr(target, "_compile_output",   # a[-2]: the fill, a[-1]: the integers
-                        lambda *a: calls.append(a[-2]) or real(*a))
+                        lambda *a, **k: calls.append(a[-2]) or real(*a, **k))
     rng = np.random.default_rng(2)
     path = _save_text(tmp_path, """
     g (float[1, L, 4] x) => (float[1] y) {
@@ -520,6 +520,29 @@ def test_sizes_random_inputs_took_in_the_first_dims_are_what_migraphx_runs(tmp_p
     assert_fp32_ok(info)
     assert info["input_dims"] == {"x": [8, 8]}, info["input_dims"]
     assert "first dims too" in report.verified_with
+
+
+def test_migraphx_tries_the_first_dims_where_only_it_refuses_one_frame(tmp_path):
+    """madmom's key CNN ([frames, bins]): onnxruntime runs it at 1 frame, so verification
+    keeps 1 there, but MIGraphX refuses to pool one frame in the original too. The compile
+    step tried larger sizes past the batch only, and exited 2; it now tries the first dims
+    too, as verification's last resort does, and says so."""
+    path = _save_text(tmp_path, """
+    g (float[T, F] x) => (float[1, 2] y) {
+        u = Unsqueeze (x, zero)
+        v = Unsqueeze (u, zero)
+        c = Conv <pads=[1, 1, 1, 1]> (v, W)
+        p = MaxPool <kernel_shape=[2, 2], strides=[2, 2]> (c)
+        q = GlobalAveragePool (p)
+        y = Flatten (q)
+    }""", zero=np.array([0]), W=np.random.default_rng(5).standard_normal(
+        (2, 1, 3, 3)).astype(np.float32))
+    for verify in (True, False):
+        report, info = rewrite_on_migraphx(path, tmp_path, verify=verify)
+        assert_fp32_ok(info)
+        assert info["input_dims"] == {"x": [8, 8]}, info["input_dims"]
+        said = [w for w in report.warnings if "in the first dims too" in w]
+        assert len(said) == 1 and "POOLING" in said[0], report.warnings
 
 
 def test_dynamic_quantization_computes_right_after_the_rewrite(tmp_path):

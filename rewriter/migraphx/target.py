@@ -439,18 +439,26 @@ def compile_output(report, checked: tuple, exported, original, base_dir, output,
     from rewriter.verify.feeds import FALLBACK_FILLS, FIRST_FILL, symbolic_dims
     from rewriter.verify.verifier import OriginalRunError
 
-    free = symbolic_dims(original, input_shapes) \
-        if inputs is None and not (plan is not None and held_out) else {}
+    random = inputs is None and not (plan is not None and held_out)
+    free = symbolic_dims(original, input_shapes) if random else {}
     if free and verifier is None:   # no --verify chose the sizes: as it would have
         fills = [FIRST_FILL, FALLBACK_FILLS[0], None, *FALLBACK_FILLS[1:]]
     else:
         fills = [fill] + ([f for f in FALLBACK_FILLS if fill is None or f > fill] if free else [])
+    fills = [(f, False) for f in fills]
+    # Last, the first dims too (madmom's key CNN reads [frames, bins]: MIGraphX refuses to
+    # pool one frame where onnxruntime runs it), as verification's last resort does.
+    batch = symbolic_dims(original, input_shapes, batch=True) if random else {}
+    if batch != free:   # some first dim is symbolic too
+        fills += [(f, True) for f in (FIRST_FILL, *FALLBACK_FILLS)]
+        free = {**free, **batch}
     first = first_info = None
-    for k, f in enumerate(fills):
+    for k, (f, fill_batch) in enumerate(fills):
         try:
             _compile_output(report, checked, exported, original, base_dir, output, mgx,
                             input_shapes, inputs, seed, held_out, plan,
-                            verifier if f == fill else None, model_path, f, ints)
+                            verifier if k == 0 else None, model_path, f, ints,
+                            fill_batch=fill_batch)
         except OriginalRunError as e:   # the reference, in onnxruntime
             if k + 1 == len(fills):
                 raise
@@ -462,26 +470,30 @@ def compile_output(report, checked: tuple, exported, original, base_dir, output,
         first = first or "MIGraphX " + info["original_refused"]
         first_info = first_info or info
         known = known_failure(info["original_refused"])
-        if known is not None and known[2] in SIZE_INDEPENDENT:
+        if known is not None and known[2] in SIZE_INDEPENDENT or info.get("fix_shapes"):
             break   # an unknown operator is unknown at every size
-    sizes = [str(f or 1) for f in fills]
+    sizes = [str(f or 1) for f, _ in fills]
     if k > 0 and info.get("status") == "failed" and info.get("original_refused"):
         # The first size's error: the later ones fail for their size (a table of 512
         # positions at 1024), which says nothing of the model at the size it was given.
         info = report.extra["compile"] = first_info
-        info["error"] += (f"; nor with {' or '.join(sizes[1:])} in the symbolic dims past "
-                          "the batch: --input-shape sets the sizes")
-    if fills[k] in FALLBACK_FILLS and k > 0 and info.get("status") == "compiled":
+        info["error"] += (f"; nor with {' or '.join(dict.fromkeys(sizes[1:]))} in the "
+                          "symbolic dims" + (", the first dims too" if fills[k][1] else
+                                             " past the batch")
+                          + ": --input-shape sets the sizes")
+    f, fill_batch = fills[k]
+    if k > 0 and info.get("status") == "compiled" and (f in FALLBACK_FILLS or fill_batch):
         where = "; ".join(f"{n} at {v}" for n, v in free.items())
         report.warnings.append(
-            f"the original model does not run with {' or '.join(sizes[:k])} in its symbolic "
-            f"dims ({where}): {first}; compiled and compared with {fills[k]} there instead: "
-            "--input-shape sets the sizes you use")
+            f"the original model does not run with {' or '.join(dict.fromkeys(sizes[:k]))} "
+            f"in its symbolic dims ({where}): {first}; compiled and compared with {f} "
+            + ("in the first dims too" if fill_batch else "there instead")
+            + ": --input-shape sets the sizes you use")
 
 
 def _compile_output(report, checked, exported, original, base_dir, output, mgx, input_shapes,
                     inputs, seed, held_out, plan, verifier, model_path, fill,
-                    ints=(0, 4)) -> None:
+                    ints=(0, 4), fill_batch: bool = False) -> None:
     result, int8, what = checked
     backend = mgx.get("backend", "migraphx")
     if not _backend(backend).available()[0]:   # skipped: no inputs to make, nothing to save
@@ -490,7 +502,7 @@ def _compile_output(report, checked, exported, original, base_dir, output, mgx, 
             require=bool(mgx.get("require")), what=what)
         return
     feed_sets = _feed_sets(original, input_shapes, inputs, seed, held_out, plan,
-                           int(mgx.get("samples", 8)), fill, ints)
+                           int(mgx.get("samples", 8)), fill, ints, fill_batch)
     lossy = plan.verify if plan is not None else None
     strict = bool(getattr(verifier, "strict", False))
     budget = "plan budget"
@@ -544,6 +556,7 @@ def _compile_output(report, checked, exported, original, base_dir, output, mgx, 
                                      for k, v in dims.items())
                     info["error"] += ("; with these sizes written into the model, MIGraphX "
                                       f"parses it: add --fix-shapes {flags}")
+                    info["fix_shapes"] = flags   # the sizes are fine: no other is tried
             else:
                 does = "parses" if info["stage"] == "parse" else "compiles"
                 info["error"] += f" (the original model {does} at {shown}: the rewrite broke it)"
@@ -573,7 +586,8 @@ def _fixed_parses(model_path, dims: dict, tmp: str) -> bool:
 
 
 def _feed_sets(original, input_shapes, inputs, seed, held_out, plan, samples: int,
-               fill: int | None = None, ints: tuple[int, int] = (0, 4)) -> list:
+               fill: int | None = None, ints: tuple[int, int] = (0, 4),
+               fill_batch: bool = False) -> list:
     """What MIGraphX runs: the user's inputs; else, for a plan, up to ``samples`` held-out
     calibration samples of one shape (or seeded random ones); else one random sample."""
     from rewriter.verify import make_feeds
@@ -585,8 +599,8 @@ def _feed_sets(original, input_shapes, inputs, seed, held_out, plan, samples: in
         same = [f for f in held_out if {k: np.shape(v) for k, v in f.items()} == first]
         return same[:max(2, samples)]
     n = max(2, samples) if plan is not None else 1
-    return [make_feeds(original, input_shapes, seed + i, fill=fill, ints=ints)
-            for i in range(n)]
+    return [make_feeds(original, input_shapes, seed + i, fill=fill, ints=ints,
+                       fill_batch=fill_batch) for i in range(n)]
 
 
 def _same_feeds(a: list, b: list) -> bool:
