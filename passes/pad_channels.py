@@ -171,13 +171,14 @@ class ConvRow:
     wbytes_after: int
     status: str            # "padded", "aligned" (already) or "skip:<reason>"
     per_pixel: bool = False  # spatial dims symbolic: FLOPs counted per output pixel
+    guarded: str = ""      # what the cost guard refused, and why
 
     def line(self) -> str:
         unit = " per output pixel" if self.per_pixel else ""
         return (f"{self.name}: {self.status}; in {self.cin}->{self.pin}, out {self.cout}->"
                 f"{self.pout}, group {self.group}; FLOPs {_si(self.flops)}->"
                 f"{_si(self.flops_after)}{unit}; weights {_si(self.wbytes)}B->"
-                f"{_si(self.wbytes_after)}B")
+                f"{_si(self.wbytes_after)}B" + (f"; {self.guarded}" if self.guarded else ""))
 
 
 def round_up(c: int, n: int) -> int:
@@ -298,6 +299,7 @@ class _GraphPadder:
         w, b, group, cin, cout = info
         depthwise = group > 1 and group == cin and w.shape[1] == 1
         reasons: list[str] = []
+        self.guarded = ""
         in_layout, pad_in = self._input_side(node, x, lx, w, group, cin, depthwise, reasons)
         out_layout = self._output_side(node, in_layout, w, group, cin, cout, depthwise, reasons)
         in_layout, pad_in, out_layout = self._cost_guard(node, in_layout, pad_in, out_layout,
@@ -362,6 +364,8 @@ class _GraphPadder:
         out_layout = self._out_layout(node, cout, group, len(w.shape))
         if out_layout.size / cout - 1 > self.max_over + 1e-9:
             reasons.append("cost-guard")
+            self._guarded(cin, in_layout.size if in_layout is not None else cin, cout,
+                          out_layout.size)
             return None
         return out_layout
 
@@ -376,6 +380,7 @@ class _GraphPadder:
         if ratio - 1 <= self.max_over + 1e-9:
             return in_layout, pad_in, out_layout
         reasons.append("cost-guard")
+        self._guarded(cin, pin, cout, pout, depthwise)
         if not pad_in:
             self._slice(node, 0)
         # A second run sees padded counts as true ones. If the input side alone would pass,
@@ -384,6 +389,16 @@ class _GraphPadder:
         if depthwise or round_up(cin, self.n) / cin - 1 <= self.max_over + 1e-9:
             out_layout = None
         return None, False, out_layout
+
+    def _guarded(self, cin, pin, cout, pout, depthwise=False) -> None:
+        """Say what the cost guard refused (both sides, when both were): the note's counts
+        are what was done."""
+        self.refused = pin, pout = ((max(pin, self.refused[0]), max(pout, self.refused[1]))
+                                    if self.guarded else (pin, pout))
+        ratio = pin / cin if depthwise else (pin / cin) * (pout / cout)
+        self.guarded = (f"cost guard: padding in {cin}->{pin}, out {cout}->{pout} would add "
+                        f"{ratio - 1:+.0%} FLOPs and weights, over --pad-max-overhead "
+                        f"{self.max_over:g}")
 
     def _out_layout(self, node, cout, group, rank) -> Layout:
         n = self.n
@@ -440,7 +455,8 @@ class _GraphPadder:
         wbytes = itemsize * (cout * (cin // max(group, 1)) * kprod + (cout if has_b else 0))
         wbytes_after = itemsize * (pout * (pin // max(new_g, 1)) * kprod + (pout if has_b else 0))
         self.rows.append(ConvRow(node.name or y.name, group, cin, cout, pin, pout, flops,
-                                 flops_after, wbytes, wbytes_after, status, per_pixel))
+                                 flops_after, wbytes, wbytes_after, status, per_pixel,
+                                 getattr(self, "guarded", "")))
 
     # ------------------------------------------------------------------ other ops
     def _transfer(self, node) -> Layout | None:

@@ -105,6 +105,10 @@ def test_cost_guard_skips_one_channel_input():
     assert ops(out) == ["Conv", "Relu"]
     assert rep.passes[0].counts["skip:cost-guard"] == 1
     assert not rep.passes[0].changed
+    # The note says what was refused, not only the unchanged cost.
+    note = next(n for n in rep.passes[0].notes if "skip:cost-guard" in n)
+    assert "FLOPs" in note and "cost guard: padding in 1->4, out 16->16 would add +300% " \
+        "FLOPs and weights, over --pad-max-overhead 0.5" in note, note
     # A looser guard lets it through.
     out, rep, _ = pad(m, options={"pad_max_overhead": 4.0})
     assert conv_weights(out) == [((16, 4, 3, 3), 1)]
