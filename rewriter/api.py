@@ -152,7 +152,11 @@ class _Rewrite:
         if unknown:
             raise InputError(f"unknown data key(s) {sorted(unknown)} ({', '.join(_DATA_KEYS)})")
         self.pipeline = registry.resolve(registry.default_pipeline(target)
-                                         if passes is None else passes)
+                                         if passes is None else passes, target)
+        pad = [k for k in options if k.startswith("pad_")]
+        if pad and not any(p.name == "pad-channels" for p in self.pipeline):
+            raise InputError(f"--{pad[0].replace('_', '-')} sets pad-channels, which runs only "
+                             "when named: add --passes default,pad-channels")
         self.quantize: list = []
         self.seconds: dict[str, float] = {}
         self.calib_data = None

@@ -42,8 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="tracebacks on errors")
 
     g = p.add_argument_group("pipeline")
-    g.add_argument("--passes", help="comma-separated pass names, run in this order "
-                   "(default: fold-constants,fuse-conv-bn)")
+    g.add_argument("--passes", help="comma-separated pass names, run in this order; "
+                   "'default' stands for the default pipeline, e.g. default,pad-channels "
+                   "(default: the default pipeline, --list-passes marks it)")
     g.add_argument("--list-passes", action="store_true", help="list the passes and exit")
     g.add_argument("--fold-size-limit", type=int, metavar="BYTES", default=1 << 20,
                    help="fold-constants leaves results larger than this (and more than 2x "
@@ -66,11 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
 
     g = p.add_argument_group("pad-channels")
-    g.add_argument("--pad-multiple", type=int, choices=(4, 8, 16, 32), default=4,
+    g.add_argument("--pad-multiple", type=int, choices=(4, 8, 16, 32),
                    metavar="N", help="channel multiple, 4 (default), 8, 16 or 32")
-    g.add_argument("--pad-sides", choices=("in", "out", "both"), default="both",
+    g.add_argument("--pad-sides", choices=("in", "out", "both"),
                    help="pad conv inputs, outputs or both (default both)")
-    g.add_argument("--pad-max-overhead", type=float, default=0.5, metavar="SHARE",
+    g.add_argument("--pad-max-overhead", type=float, metavar="SHARE",
                    help="skip a conv whose FLOPs or weight bytes would grow by more than this "
                         "share (default 0.5 = +50%%)")
 
@@ -169,10 +170,14 @@ def _run(args) -> int:
     from rewriter.core.errors import InputError, VerificationError
 
     if args.list_passes:
-        rows = registry.describe()
+        default = registry.default_pipeline("migraphx")
+        rows = sorted(registry.describe(), key=lambda r: default.index(r[0])
+                      if r[0] in default else len(default))   # the pipeline's order first
         width = max(len(name) for name, _ in rows)
         for name, summary in rows:
-            print(f"{name:<{width}}  {summary}")
+            print(f"{'*' if name in default else ' '} {name:<{width}}  {summary}")
+        print("* the default pipeline ('default' in --passes), in this order; "
+              f"{' and '.join(sorted(registry.MIGRAPHX_ONLY))} only with --target migraphx")
         return EXIT_OK
     if not args.model:
         raise InputError("no input model given (usage: rewrite MODEL -o OUT)")
@@ -187,7 +192,10 @@ def _run(args) -> int:
     from rewriter.verify import load_inputs, parse_shape_args
 
     shapes = parse_shape_args(args.input_shape)
-    passes = registry.resolve(args.passes) if args.passes is not None else None
+    target = None if args.target == "none" else args.target
+    passes = registry.resolve(args.passes, target) if args.passes is not None else None
+    pad = {k: v for k, v in (("pad_multiple", args.pad_multiple), ("pad_sides", args.pad_sides),
+                             ("pad_max_overhead", args.pad_max_overhead)) if v is not None}
     inputs = None
     if args.inputs:
         from rewriter.core.load import load_model
@@ -207,12 +215,11 @@ def _run(args) -> int:
             input_shapes=shapes, inputs=inputs, seed=args.seed, fix_shapes=args.fix_shapes,
             options={"fold_size_limit": args.fold_size_limit,
                      "planner": _planner_settings(args),
-                     "pad_multiple": args.pad_multiple, "pad_sides": args.pad_sides,
-                     "pad_max_overhead": args.pad_max_overhead,
+                     **pad,
                      "migraphx_version": version},
             materialize=False, plan=args.plan, calib=args.calib,
             progress=not args.quiet and sys.stderr.isatty(),
-            target=None if args.target == "none" else args.target, migraphx=mgx)
+            target=target, migraphx=mgx)
     except VerificationError as e:
         report = getattr(e, "report", None)
         if report is not None:

@@ -24,7 +24,7 @@ from conftest import load_script, make_model
 from onnx import helper
 
 from rewriter.cli import main
-from rewriter.core import ort
+from rewriter.core import ort, registry
 
 ROOT = Path(__file__).resolve().parents[1]
 RESNET = ROOT / "models" / "resnet_mini.onnx"
@@ -581,10 +581,35 @@ def test_list_passes(capfd):
     code, stdout, err = run(capfd, "--list-passes")
     assert code == 0 and err == []
     lines = [ln for ln in stdout.splitlines() if ln.strip()]
-    names = [ln.split()[0] for ln in lines]
-    assert {"fold-constants", "fuse-conv-bn", "integer-zero-points"} <= set(names)
+    footer = lines.pop()
+    assert footer.startswith("* the default pipeline ('default' in --passes)"), footer
+    rows = {ln[2:].split()[0]: ln[0] == "*" for ln in lines}
+    assert {"fold-constants", "fuse-conv-bn", "integer-zero-points"} <= set(rows)
+    assert [n for n, default in rows.items() if default] == [
+        n for n in registry.DEFAULT_PIPELINE if n in rows] and sum(rows.values()) == len(
+        registry.DEFAULT_PIPELINE) and not rows["pad-channels"]
     # one column for the summaries, however long the longest name
-    assert len({ln.index(ln.split()[1], len(ln.split()[0])) for ln in lines}) == 1
+    assert len({ln.index(ln[2:].split()[1], 2 + len(ln[2:].split()[0])) for ln in lines}) == 1
+
+
+def test_pad_options_need_pad_channels_and_default_names_the_pipeline(tmp_path, capfd):
+    """--pad-multiple without pad-channels in --passes padded nothing and said nothing;
+    'default' in --passes stands for the default pipeline, so adding the pass is short."""
+    out = tmp_path / "o.onnx"
+    for flag, value in (("--pad-multiple", "8"), ("--pad-sides", "in"),
+                        ("--pad-max-overhead", "2")):
+        code, _, err = run(capfd, MOBILENET, "-o", out, "-q", flag, value)
+        assert code == 2 and not out.exists()
+        assert_one_line(err, f"{flag} sets pad-channels, which runs only when named: add "
+                        "--passes default,pad-channels")
+    code, _, err = run(capfd, MOBILENET, "-o", out, "-q", "--verify", "--target", "none",
+                       "--passes", "default,pad-channels", "--pad-multiple", "8",
+                       "--pad-max-overhead", "2", "--report", tmp_path / "r.json")
+    assert code == 0 and err == [], err
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert [p["name"] for p in r["passes"]] == registry.default_pipeline(None) + [
+        "pad-channels"]
+    assert r["passes"][-1]["counts"]["padded-convs"] >= 1, r["passes"][-1]
 
 
 def test_input_shape_and_inputs_files(tmp_path, capfd):

@@ -67,8 +67,10 @@ def get(name: str):
     raise InputError(f"unknown pass '{name}'{hint}")
 
 
-def resolve(spec) -> list:
-    """Pass instances from a list of names / classes / instances, or a comma string."""
+def resolve(spec, target: str | None = None) -> list:
+    """Pass instances from a list of names / classes / instances, or a comma string. The
+    name "default" stands for :func:`default_pipeline` (``target``'s), e.g.
+    "default,pad-channels"."""
     if spec is None:
         spec = DEFAULT_PIPELINE
     if isinstance(spec, str):
@@ -77,7 +79,9 @@ def resolve(spec) -> list:
             raise InputError("--passes is empty")
     out = []
     for item in spec:
-        if isinstance(item, str):
+        if item == "default":
+            out.extend(get(name)() for name in default_pipeline(target))
+        elif isinstance(item, str):
             out.append(get(item)())
         elif isinstance(item, type):
             out.append(item())
