@@ -89,6 +89,10 @@ def patches(x: np.ndarray, spec: ConvSpec) -> np.ndarray:
         g, (c // g) * kh * kw, -1)
 
 
+# Patches gathered before one x x^T product is added to a conv's sums (see _flush).
+FLUSH_PATCHES = 1024
+
+
 class HessianReducer:
     """Streams batches of conv inputs into H = sum x x^T / count per conv and group; with
     ``groups`` (the group of each item, in the order the data streams) the sums are kept per
@@ -111,6 +115,7 @@ class HessianReducer:
         self.batches = 1
         self.result: dict[str, np.ndarray] = {}
         self.without: dict[int, dict[str, np.ndarray]] = {}  # group -> H of the others
+        self.pending: dict[tuple, list] = {}               # (conv id, group) -> patches
 
     def update(self, name: str, a: np.ndarray) -> None:
         item = self.seen.get(name, 0)
@@ -121,14 +126,32 @@ class HessianReducer:
             keep = max(1, self.max_patches // max(1, self.batches))
             if x.shape[2] > keep:
                 x = x[:, :, self.rng.choice(x.shape[2], keep, replace=False)]
-            h = x @ x.transpose(0, 2, 1)
-            hs, cs = self.h.setdefault(spec.id, {}), self.count.setdefault(spec.id, {})
-            hs[key] = hs[key] + h if key in hs else h
-            cs[key] = cs.get(key, 0) + x.shape[2]
+            pending = self.pending.setdefault((spec.id, key), [])
+            pending.append(x)
+            if sum(p.shape[2] for p in pending) >= FLUSH_PATCHES:
+                self._flush(spec.id, key)
+
+    def _flush(self, sid: str, key: int) -> None:
+        """Add the pending patches' x x^T to the sums: one product over many patches, as
+        a product over a few dozen writes the whole D x D result for little work (a
+        9216-wide conv: 48 batches of 85 patches took 27 s, 4 products of 1024 take 4)."""
+        pending = self.pending.pop((sid, key), None)
+        if not pending:
+            return
+        x = np.concatenate(pending, axis=2) if len(pending) > 1 else pending[0]
+        h = x @ x.transpose(0, 2, 1)
+        hs, cs = self.h.setdefault(sid, {}), self.count.setdefault(sid, {})
+        if key in hs:
+            hs[key] += h
+        else:
+            hs[key] = h
+        cs[key] = cs.get(key, 0) + x.shape[2]
 
     def finish(self, names: list[str], progress: bool) -> None:
         for name in names:
             for spec in self.by_input.get(name, []):
+                for sid, key in [k for k in self.pending if k[0] == spec.id]:
+                    self._flush(sid, key)
                 if spec.id not in self.h:
                     continue
                 hs, cs = self.h.pop(spec.id), self.count.pop(spec.id)

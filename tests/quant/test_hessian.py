@@ -80,3 +80,35 @@ def test_blocked_gptq_is_the_column_by_column_arithmetic():
     q = _gptq_block(w, s, h, 0.01)
     assert np.array_equal(q, by_column(w, s, h, 0.01))
     assert not np.array_equal(q, np.clip(np.rint(w / s[:, None]), -QMAX, QMAX))  # not nearest
+
+
+def test_sums_flushed_in_between_equal_one_product(monkeypatch):
+    """Patches are gathered and added to H in products of FLUSH_PATCHES (a product of a few
+    dozen patches wrote a whole 9216 x 9216 result each batch): flushing every few
+    batches gives the H of one product over all patches."""
+    from rewriter.quant import hessian
+    rng = np.random.default_rng(2)
+    data = [{"x": rng.standard_normal((1, 3, 6, 6)).astype(np.float32)} for _ in range(8)]
+    spec = ConvSpec("conv", "x", (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    once = conv_hessians(_model(), [spec], data, progress=False)["conv"]
+    monkeypatch.setattr(hessian, "FLUSH_PATCHES", 50)   # 36 patches a sample: 4 flushes
+    flushed = conv_hessians(_model(), [spec], data, progress=False)["conv"]
+    x = np.concatenate([hessian.patches(d["x"], spec) for d in data], axis=2)
+    np.testing.assert_allclose(once, x @ x.transpose(0, 2, 1) / x.shape[2], rtol=1e-5,
+                               atol=1e-6 * float(np.abs(once).max()))
+    np.testing.assert_allclose(flushed, once, rtol=1e-5, atol=1e-6 * float(np.abs(once).max()))
+
+
+def test_the_inverse_factor_is_upper_and_factors_the_inverse():
+    """GPTQ's U (U^T U = H^-1, upper) from one Cholesky and a triangular inverse by halves,
+    at sizes that split unevenly."""
+    from rewriter.passes.insert_qdq import _upper_inverse_factor
+    rng = np.random.default_rng(3)
+    for n in (5, 129, 257, 600):
+        x = rng.standard_normal((n, n + 50))
+        h = x @ x.T / (n + 50) + 0.01 * np.eye(n)
+        u = _upper_inverse_factor(h)
+        assert np.array_equal(u, np.triu(u)) and (np.diag(u) > 0).all()
+        np.testing.assert_allclose(u.T @ u @ h, np.eye(n), atol=1e-9)
+        np.testing.assert_allclose(u, np.linalg.cholesky(np.linalg.inv(h)).T, rtol=1e-9,
+                                   atol=1e-12 * np.abs(u).max())
