@@ -126,7 +126,11 @@ class Report:
             lossy = any(m.get("top1") is not None or m.get("sqnr_db", float("inf")) < 200
                         for m in self.verification)
             extra = f"  {'SQNR dB':>8}  {'top-1':>6}" if lossy else ""
-            lines.append(f"  {'output':<{ow}}  {'max_abs':>9}  {'max_rel':>9}  {'cosine':>10}{extra}  ok")
+            # With per-sample judgements below, the table's cosine is the pooled one: say so.
+            cos = "cos pooled" if any(m.get("certificate") for m in self.verification) \
+                else "cosine"
+            lines.append(f"  {'output':<{ow}}  {'max_abs':>9}  {'max_rel':>9}  {cos:>10}{extra}"
+                         "  ok")
             for m in self.verification:
                 more = ""
                 if m.get("integer"):   # compared value by value: the share that is equal

@@ -270,7 +270,11 @@ class Judgement:
                   f"{self.top1_ci[1]:.3f}], flip-risk bound >= {1 - self.flip_risk_upper:.3f}")
             if self.every_position is not None:
                 s += f", every position agrees on {self.every_position:.3f} of samples"
-        s += (f", cosine {self.cosine:.4f} [{self.cosine_ci[0]:.4f}, {self.cosine_ci[1]:.4f}]"
+        # Per sample, the mean with its interval: the table's cosine is over all samples'
+        # values at once, which one large sample can dominate (a detector's map that is
+        # empty on most samples: 0.9994 there, 0.51 here).
+        s += (", cosine" + ("" if self.pooled else " per sample, mean")
+              + f" {self.cosine:.4f} [{self.cosine_ci[0]:.4f}, {self.cosine_ci[1]:.4f}]"
               + (" (over the samples: one value each)" if self.pooled
                  else f" (worst {self.cosine_worst:.4f})"))
         if self.accuracy is not None:

@@ -92,6 +92,28 @@ def test_outputs_without_classes_are_judged_by_cosine_only():
     assert j.top1 is None and not j.classes and j.met and j.certifiable
 
 
+def test_the_per_sample_cosine_is_not_shown_as_the_tables_pooled_one():
+    """A detector map empty on most samples: the cosine over all values at once (the
+    verify table's) is high, the mean of per-sample cosines low. Shown side by side, both
+    unlabelled, they read as a contradiction (seal detector, eighth round)."""
+    from rewriter.core.report import Report
+    rng = np.random.default_rng(6)
+    ref = rng.standard_normal((8, 1, 16, 16)) * 1e-3
+    ref[0] *= 1e4                                   # one sample carries the energy
+    out = ref + rng.standard_normal(ref.shape) * 1e-3
+    j = judge_lossy("map", ref, out, BUDGET)
+    assert ", cosine per sample, mean " in j.line() and "(worst " in j.line()
+    pooled = float((ref * out).sum() / np.linalg.norm(ref) / np.linalg.norm(out))
+    assert pooled > 0.99 > j.cosine, (pooled, j.cosine)
+    r = Report(input="m.onnx")
+    r.verified_with = "16 held-out calibration samples"
+    r.verification = [dict(name="map", max_abs=1e-3, max_rel=1.0, cosine=pooled, sqnr_db=20.0,
+                           top1=None, ok=False, certificate=j.to_dict())]
+    text = r.render()
+    header = next(ln for ln in text.splitlines() if "max_abs" in ln)
+    assert "cos pooled" in header and j.line() in text, text
+
+
 def _draws_above_truth(seed: int, classes: int, noise: float, fresh: int,
                        budget: float) -> tuple[int, float]:
     """Logits at random confidence, perturbed by the same Gaussian noise at any confidence
