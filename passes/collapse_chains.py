@@ -14,6 +14,8 @@ Before -> after::
     x -> Add(0) / Sub(0) / Mul(1) / Div(1) -> y (x's shape unchanged) =>  x
     ... and the first Transpose also read by a Shape, p∘q the identity
                                         =>  y is x; Shape(x) -> Gather(p)
+    x -> Transpose(p) -> Shape (its only reader)  =>  Shape(x) -> Gather(p)  (no data moved;
+                                        a Shape(x) already there then merges)
     x -> Unsqueeze(a) -> Squeeze(a) -> y (and the reverse)  =>  x (the middle may have
                                                                   other readers)
     x -> Unsqueeze(a) -> Unsqueeze(b) -> y                  =>  x -> Unsqueeze(a merged into b)
@@ -159,6 +161,10 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
     if prev is None or len(x.outputs) != 1 or id(x) in outs or prev.domain not in (
             None, "", "ai.onnx") or id(prev) not in members:
         return None
+    if op == "Shape" and prev.op == "Transpose":
+        # Read only by this Shape: the Transpose moves data for nothing but its dims.
+        return "shape-before-transpose" if _shape_before_transpose(None, prev, x, g, namer,
+                                                                   shape=node) else None
     if op == "Reshape" and prev.op in RESHAPES:
         # With allowzero=1 a 0 is a 0, so only the element count reaches the target from
         # the input: any target, computed at run time too (khmersm's Reshape to
@@ -242,20 +248,26 @@ def _merge_unsqueezes(prev: gs.Node, node: gs.Node, namer) -> str | None:
     return "merged-unsqueeze"
 
 
-def _shape_before_transpose(node: gs.Node, prev: gs.Node, x: gs.Tensor, g: gs.Graph,
-                            namer) -> None:
+def _shape_before_transpose(node: gs.Node | None, prev: gs.Node, x: gs.Tensor, g: gs.Graph,
+                            namer, shape: gs.Node | None = None) -> bool:
     """x = Transpose(x0, p) read by ``node`` (a Transpose that undoes it) and by one Shape:
     the Shape reads x0 and a Gather picks p's dims, Shape(x)[s:e] = Shape(x0)[p[s:e]], so
     the Transpose pair can go (three nodes -> two, as onnxruntime's transpose optimiser
-    does). Anything else: nothing changes."""
-    p, q = prev.attrs.get("perm"), node.attrs.get("perm")
-    if p is None or q is None or [list(p)[i] for i in q] != list(range(len(p))):
-        return
-    others = [n for n in x.outputs if n is not node]
-    shape = others[0] if len(others) == 1 else None
+    does). With ``shape`` (and no ``node``): that Shape is x's only reader, and the
+    Transpose goes (chars2vec's LSTM output, transposed only to read its dims). Anything
+    else: nothing changes."""
+    p = prev.attrs.get("perm")
+    if p is None:
+        return False
+    if node is not None:
+        q = node.attrs.get("perm")
+        if q is None or [list(p)[i] for i in q] != list(range(len(p))):
+            return False
+        others = [n for n in x.outputs if n is not node]
+        shape = others[0] if len(others) == 1 else None
     if (shape is None or shape.op != "Shape" or shape.domain not in (None, "", "ai.onnx")
             or not any(n is shape for n in g.nodes) or not shape.outputs):
-        return
+        return False
     r = len(p)
     start = int(shape.attrs.get("start", 0))
     end = int(shape.attrs.get("end", r))
@@ -271,6 +283,7 @@ def _shape_before_transpose(node: gs.Node, prev: gs.Node, x: gs.Tensor, g: gs.Gr
     shape.outputs[0] = dims
     g.nodes.append(gs.Node("Gather", namer(f"{shape.name or out.name}_gather") if namer else "",
                            attrs={"axis": 0}, inputs=[dims, idx], outputs=[out]))
+    return True
 
 
 # x + 0, 0 + x, x - 0, x * 1, 1 * x, x / 1 are x (a -0.0 input comes out of Add as +0.0).

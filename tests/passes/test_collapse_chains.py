@@ -120,6 +120,41 @@ def test_transpose_round_trip_also_read_by_a_shape_goes(rng):
         assert ops(out).count("Transpose") == 2 and "Gather" not in ops(out)
 
 
+def test_a_transpose_read_only_by_a_shape_goes(rng):
+    """chars2vec's LSTM output was transposed only for a Shape of it: the Shape reads the
+    input through a Gather of the perm and the Transpose goes (no data moved); with a
+    Shape of the input already there, merge-duplicates makes them one (82 -> 81 nodes,
+    as onnxruntime's basic level). A Transpose that another node reads, here inside an If
+    branch, stays."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 5, 4] x) => (int64[2] s, int64[3] s0) {
+        t = Transpose <perm = [2, 0, 1]> (x)
+        s = Shape <start = 1> (t)
+        s0 = Shape (x)
+    }""")
+    out, rep = rewriter.rewrite(m, ["collapse-chains", "merge-duplicates"], verify=True,
+                                input_shapes={"x": [2, 5, 4]})
+    assert sorted(ops(out)) == ["Gather", "Shape"], ops(out)
+    assert rep.passes[0].counts["shape-before-transpose"] == 1
+    for n in (1, 3, 0):
+        same(m, out, {"x": rng.standard_normal((n, 5, 4)).astype(np.float32)})
+    branch = onnx.helper.make_graph(
+        [onnx.helper.make_node("ReduceSum", ["t"], ["r"], keepdims=0)], "b", [],
+        [onnx.helper.make_tensor_value_info("r", onnx.TensorProto.FLOAT, [])])
+    g = onnx.helper.make_graph(
+        [onnx.helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0]),
+         onnx.helper.make_node("Shape", ["t"], ["s"]),
+         onnx.helper.make_node("If", ["c"], ["r"], then_branch=branch, else_branch=branch)],
+        "m", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3]),
+              onnx.helper.make_tensor_value_info("c", onnx.TensorProto.BOOL, [])],
+        [onnx.helper.make_tensor_value_info("s", onnx.TensorProto.INT64, [2]),
+         onnx.helper.make_tensor_value_info("r", onnx.TensorProto.FLOAT, [])])
+    read = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    out, rep = rewriter.rewrite(read, ["collapse-chains"])
+    assert ops(out).count("Transpose") == 1 and "Gather" not in ops(out), ops(out)
+
+
 def test_inside_a_loop_body():
     body = onnx.helper.make_graph(
         [onnx.helper.make_node("Cast", ["v"], ["c"], to=1),
