@@ -11,9 +11,10 @@ when op, domain, attributes and inputs (after earlier merges, so chains collapse
 topological sweep) are, and they have the same number of outputs. Every graph is done,
 If/Loop/Scan bodies included.
 
-Never merged: random ops (each draws anew), nodes with subgraphs, nodes whose outputs are
-graph outputs (the interface keeps its tensors), constants that are graph outputs,
-constants above 256 MiB (hashing them would cost more than they save).
+Never merged: random ops (each draws anew), nodes with subgraphs, two nodes whose outputs
+are both graph outputs (the interface keeps its tensors; with one, that node stays and
+the other's readers read it), constants that are graph outputs, constants above 256 MiB
+(hashing them would cost more than they save).
 """
 
 from __future__ import annotations
@@ -138,7 +139,10 @@ def _merge_nodes(g: gs.Graph, outs: set[int]) -> int:
             seen[key] = node
             continue
         if any(id(t) in outs for t in node.outputs):
-            continue
+            if any(id(t) in outs for t in rep.outputs):
+                continue   # both are the interface's
+            # The graph output's node stays, and the earlier one's readers read it.
+            seen[key], node, rep = node, rep, node
         for old, new in zip(node.outputs, rep.outputs):
             _rewire(old, new)
         node.inputs.clear()

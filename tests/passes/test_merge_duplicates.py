@@ -52,6 +52,20 @@ def test_graph_outputs_keep_their_tensors(rng):
     }""")
     out, rep = cse(m)
     assert [o.name for o in out.graph.output] == ["y", "z"] and ops(out).count("Relu") == 2
+    # One of the two a graph output: that node stays, the other's readers read it (the
+    # earlier node was kept and the later one skipped, so neither merged).
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4] x) => (float[N, 4] y, float[N, 4] z) {
+        a = Relu (x)
+        y = Neg (a)
+        z = Relu (x)
+    }""")
+    out, rep = cse(m)
+    assert ops(out) == ["Relu", "Neg"] and rep.passes[0].counts["merged-nodes"] == 1
+    assert [o.name for o in out.graph.output] == ["y", "z"]
+    assert [n.input[0] for n in out.graph.node if n.op_type == "Neg"] == ["z"]
+    onnx.checker.check_model(out, full_check=True)
 
 
 def test_inside_an_if_body(rng):
