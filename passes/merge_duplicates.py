@@ -99,7 +99,8 @@ def _merge_constants(g: gs.Graph, outs: set[int]) -> int:
             rep = entry[1].get(h)
             if rep is None:
                 entry[1][h] = t
-            elif rep is not t and np.array_equal(peek_values(rep), v):
+            elif rep is not t and np.array_equal(np.ascontiguousarray(peek_values(rep)), v):
+                # (both through ascontiguousarray: it makes a 0-d array 1-d)
                 _rewire(t, rep)
                 merged += 1
     return merged

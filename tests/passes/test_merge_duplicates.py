@@ -30,6 +30,24 @@ def test_parallel_identical_convs_and_chains_merge(rng):
     onnx.checker.check_model(out, full_check=True)
 
 
+def test_equal_scalar_constants_merge(rng):
+    """Two Gathers of one shape, each with its own 0-d index 2: the indices were never
+    merged (a 0-d array compared with its 1-d copy), so neither were the Gathers after."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 3, H] x) => (float y) {
+        s = Shape (x)
+        g1 = Gather (s, i1)
+        g2 = Gather (s, i2)
+        c1 = Cast <to = 1> (g1)
+        c2 = Cast <to = 1> (g2)
+        y = Add (c1, c2)
+    }""", {"i1": np.array(2, np.int64), "i2": np.array(2, np.int64)})
+    out, rep = cse(m, input_shapes={"x": [2, 3, 5]})
+    assert ops(out) == ["Shape", "Gather", "Cast", "Add"], ops(out)
+    assert rep.passes[0].counts["merged-constants"] == 1
+
+
 def test_different_weights_attributes_and_random_ops_stay(rng):
     m = make_model("""
     <ir_version: 8, opset_import: ["" : 17]>
