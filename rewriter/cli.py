@@ -16,6 +16,7 @@ import argparse
 import sys
 import traceback
 import warnings
+from pathlib import Path
 
 from rewriter.quant import METHODS
 
@@ -188,6 +189,11 @@ def _run(args) -> int:
                          "int8 or a file)")
     if args.preprocess and not args.calib:
         raise InputError("--preprocess says how --calib images become inputs: add --calib DIR")
+    from rewriter.core.save import check_distinct, check_output_path
+    check_distinct(args.model, [("-o", args.output), ("--report", args.report),
+                                ("--save-mxr", args.save_mxr)])
+    if args.report:   # now, not after the run (then only a warning)
+        check_output_path(args.report, "--report")
     from rewriter.api import rewrite
     from rewriter.verify import load_inputs, parse_shape_args
 
@@ -247,8 +253,7 @@ def _run(args) -> int:
 def _emit(report, args) -> None:
     if args.report:
         try:
-            with open(args.report, "w") as f:
-                f.write(report.to_json())
+            _atomic_write(Path(args.report), report.to_json())
         except OSError as e:
             print(f"rewrite: warning: cannot write report {args.report}: {e.strerror}",
                   file=sys.stderr)
@@ -358,17 +363,22 @@ def _plan_main(argv: list[str]) -> int:
         import json
         from pathlib import Path
 
+        from rewriter.core.save import check_distinct, check_output_path
         from rewriter.quant.planner import plan_auto, write_plot
         from rewriter.verify import parse_shape_args
 
+        out = Path(args.output)
+        stem = out.with_suffix("")
+        check_output_path(out, "plan")   # now, not after minutes of measuring
+        check_distinct(args.model, [("-o", str(out)),
+                                    ("-o", f"{stem}.sensitivity.json"),
+                                    ("-o", f"{stem}.sensitivity.png")])
         _, rep = plan_auto(args.model, args.calib, settings=_planner_settings(args),
                               input_shapes=parse_shape_args(args.input_shape),
                               progress=not args.quiet and sys.stderr.isatty())
-        out = Path(args.output)
         text = (json.dumps(rep.plan, indent=2) if out.suffix == ".json"
                 else _yaml(rep.plan))
         _atomic_write(out, text)
-        stem = out.with_suffix("")
         _atomic_write(Path(f"{stem}.sensitivity.json"), json.dumps(rep.to_dict(), indent=2))
         plotted = write_plot(rep, f"{stem}.sensitivity.png")
         if not args.quiet:

@@ -154,6 +154,42 @@ def test_output_may_not_be_the_input(tmp_path, capfd):
     assert sha(src) == before
 
 
+def test_no_written_file_may_be_an_input_file_or_another_written_one(ext_model, tmp_path,
+                                                                       capfd):
+    """--report naming the input model replaced it with JSON, exit 0 (ninth round); the
+    same for its external data, the output, --save-mxr, and `rewrite plan -o` naming the
+    model. Each is now one line, exit 2, nothing written and the input unchanged."""
+    src = tmp_path / "m.onnx"
+    src.write_bytes(RESNET.read_bytes())
+    data = ext_model.parent / "model.onnx.data"
+    before = {p: sha(p) for p in (src, ext_model, data)}
+    out = tmp_path / "o.onnx"
+    for model, argv, fragment in (
+            (src, ["--report", src], "--report " + str(src) + ": would overwrite the input model"),
+            (ext_model, ["--report", data], "would overwrite the input's external data"),
+            (src, ["--report", out], "--report " + str(out) + ": would overwrite the file of -o"),
+            (src, ["--target", "migraphx", "--save-mxr", src], "--save-mxr"),
+            (src, ["--report", tmp_path / "no" / "r.json"], "--report folder does not exist")):
+        if "would overwrite the file of -o" in fragment:
+            out.write_bytes(b"previous output")
+        code, _, err = run(capfd, model, "-o", out, "-q", *argv)
+        assert code == 2, (argv, err)
+        assert_one_line(err, fragment)
+        assert {p: sha(p) for p in before} == before
+        assert not out.exists() or out.read_bytes() == b"previous output"
+        out.unlink(missing_ok=True)
+    code, _, err = run(capfd, "plan", src, "--calib", tmp_path, "-o", src, "-q")
+    assert code == 2 and "would overwrite the input model" in err[-1], err
+    code, _, err = run(capfd, "plan", src, "--calib", tmp_path, "-o", tmp_path / "no" / "p.yaml")
+    assert code == 2 and "plan folder does not exist" in err[-1], err
+    assert {p: sha(p) for p in before} == before
+    # A report beside the output, written again: fine (an existing file that is no input).
+    (tmp_path / "r.json").write_text("{}")
+    code, _, err = run(capfd, src, "-o", out, "-q", "--target", "none",
+                       "--report", tmp_path / "r.json")
+    assert code == 0 and err == [] and json.loads((tmp_path / "r.json").read_text())["passes"]
+
+
 @pytest.mark.parametrize("argv,fragment", [
     (["--passes", "fold-constant"], "did you mean 'fold-constants'"),
     (["--passes", "fuse-bn-conv"], "did you mean 'fuse-conv-bn'"),

@@ -80,6 +80,44 @@ def check_output_path(path: str | os.PathLike, what: str = "output") -> Path:
     return folder
 
 
+def check_distinct(model: str | os.PathLike, writes: list[tuple[str, str | None]]) -> None:
+    """InputError when a file the run will write, (flag, path), is the input model, one
+    of its external data files, or another written file: ``--report m.onnx`` replaced the
+    model with JSON and exited 0. Only paths that exist can be input files; the model's
+    external data are read from its proto when the model file is small enough to parse
+    for that alone (an inline model of hundreds of MB has none in practice)."""
+    def same(a, b) -> bool:
+        try:
+            return os.path.samefile(a, b)
+        except OSError:
+            return os.path.realpath(a) == os.path.realpath(b)
+
+    inputs = [(str(model), "the input model")]
+    if any(p and os.path.exists(p) for _, p in writes) and os.path.isfile(model) \
+            and os.path.getsize(model) <= EXTERNAL_SCAN_BYTES:
+        try:
+            m = onnx.load(str(model), load_external_data=False)
+        except Exception:  # noqa: BLE001 - an unreadable model is refused later, with its reason
+            m = None
+        base = Path(model).parent
+        for t in (m.graph.initializer if m is not None else ()):
+            for e in t.external_data:
+                if e.key == "location":
+                    inputs.append((str(base / e.value), "the input's external data"))
+    written: list[tuple[str, str]] = []
+    for flag, path in writes:
+        if not path:
+            continue
+        for other, what in inputs + written:
+            if same(path, other):
+                raise InputError(f"{flag} {path}: would overwrite {what}; choose another path")
+        written.append((path, f"the file of {flag}"))
+
+
+# check_distinct parses a model up to this size to find its external data files.
+EXTERNAL_SCAN_BYTES = 256 << 20
+
+
 def save_model(exp: Exported, path: str | os.PathLike, external: bool | None = None,
                before_commit: Callable[[], None] | None = None) -> list[str]:
     """Write atomically; return the files written.
