@@ -190,6 +190,7 @@ class _Rewrite:
         self.seconds["load"] = time.perf_counter() - t0 - self.seconds.get("plan", 0.0)
         self.make_verifier()
         self.ctx = Context(self.options, Namer(self.graph), plan=self.plan,
+                           progress=bool(self.progress),
                            **{k: v for k, v in self.data.items() if k != "plan"})
         check_order(self.pipeline + self.quantize)
         records = run_pipeline(self.graph, self.pipeline, self.ctx, self.after_change)

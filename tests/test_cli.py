@@ -1008,3 +1008,25 @@ def test_calibration_options_without_what_they_serve_are_refused(tmp_path, capfd
     assert code == 2
     assert_one_line(err, "--preprocess says how --calib images become inputs")
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_long_steps_show_progress_on_a_terminal(tmp_path, monkeypatch):
+    """GPTQ rounding takes a minute on a 9216-wide conv (PP-OCRv3's recogniser) and
+    showed nothing meanwhile: insert-qdq now has a bar, like calibration, on a terminal
+    only (never in a log or a pipe)."""
+    import io
+    import sys
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    npy_calib(tmp_path / "calib", 8, (1, 3, 64, 64))
+    for stream, shown in ((Terminal(), True), (io.StringIO(), False)):
+        monkeypatch.setattr(sys, "stderr", stream)
+        code = main([str(MOBILENET), "-o", str(tmp_path / "q.onnx"), "--target", "none",
+                     "--plan", "default", "--calib", str(tmp_path / "calib")])
+        assert code == 0, stream.getvalue()
+        text = stream.getvalue()
+        assert ("int8 weights" in text) == shown and ("weight rounding statistics" in text) \
+            == shown, text[-500:]

@@ -112,6 +112,7 @@ class Context:
     # Rounded weights by (layer, weight, form): the planner builds many plans from one
     # graph and shares this dict, so a layer's GPTQ rounding runs once.
     weight_cache: dict[tuple, Any] = field(default_factory=dict)
+    progress: bool = False             # a bar on stderr (a terminal) for long passes
 
 
 class Pass:

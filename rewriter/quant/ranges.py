@@ -149,7 +149,7 @@ def _stream(model, tensors: list[str], data, reducer, chunk: int, base_dir, init
     order = {n: i for i, n in enumerate(produced)}
     inner = sorted((t for t in tensors if t not in graph_inputs), key=order.__getitem__)
     chunks = [inner[i:i + chunk] for i in range(0, len(inner), chunk)] or [[]]
-    bar = _bar(progress, total=len(chunks) * len(data), desc=desc, unit="batch")
+    bar = progress_bar(progress, total=len(chunks) * len(data), desc=desc, unit="batch")
     try:
         for k, names in enumerate(chunks):
             bar.set_postfix_str(f"chunk {k + 1}/{len(chunks)}, {len(names)} tensors")
@@ -200,7 +200,7 @@ class _ChannelReducer:
                                               self.total.pop(n) / max(1, self.count.pop(n)))
 
 
-def _bar(progress: bool, **kw):
+def progress_bar(progress: bool, **kw):
     from tqdm.auto import tqdm
 
     stream = sys.stderr
@@ -300,7 +300,7 @@ class _Reducer:
 
     def finish(self, names: list[str], progress: bool) -> None:
         todo = names if self.collector is not None else []
-        bar = _bar(progress and self.method == "entropy", total=len(todo),
+        bar = progress_bar(progress and self.method == "entropy", total=len(todo),
                    desc="entropy search", unit="tensor")
         for n in names:
             amax = self.amax.get(n, 0.0)
