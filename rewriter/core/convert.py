@@ -51,7 +51,12 @@ def shape_info(model: onnx.ModelProto, fixed: dict[str, list[int]] | None = None
     stack = [inferred.graph]
     while stack:  # If/Loop/Scan bodies too: names are unique across the whole model
         g = stack.pop()
+        own = None if g is inferred.graph else {vi.name for vi in (*g.input, *g.output)}
         for vi in list(g.value_info) + list(g.output) + list(g.input):
+            # A body's value_info for an outer tensor (onnx writes one, often less static:
+            # akiki-vad's [unk, 128, unk] for a [1, 128, 1]) never replaces the outer one.
+            if own is not None and vi.name in out and vi.name not in own:
+                continue
             out[vi.name] = vi   # inputs and outputs win over a stale value_info
         for node in g.node:
             for a in node.attribute:
