@@ -44,6 +44,11 @@ class PassRecord:
     notes: list[str]
     rows: list = field(default_factory=list)
     verification: list[dict] | None = None
+    round: int = 1                 # the pipeline's round (api: run to a fixed point)
+
+    @property
+    def label(self) -> str:
+        return self.name if self.round == 1 else f"{self.name} #{self.round}"
 
     def summary(self) -> str:
         done = [f"{k} {v}" for k, v in sorted(self.counts.items()) if v and not k.startswith("skip:")]
@@ -108,9 +113,9 @@ class Report:
                      f"{sum(self.ops_after.values()):>7}")
         lines.append(f"{'size':<{w}}  {_mb(self.bytes_before):>7}  {_mb(self.bytes_after):>7}")
         lines.append("")
-        pw = max([len(p.name) for p in self.passes] + [4])
+        pw = max([len(p.label) for p in self.passes] + [4])
         for p in self.passes:
-            lines.append(f"{p.name:<{pw}}  {p.seconds * 1000:7.1f} ms  "
+            lines.append(f"{p.label:<{pw}}  {p.seconds * 1000:7.1f} ms  "
                          f"{p.nodes_before:>5} -> {p.nodes_after:<5}  {p.summary()}")
             for n in p.notes:
                 lines.append(f"{'':<{pw}}  note: {n}")
