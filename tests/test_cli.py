@@ -655,7 +655,7 @@ def test_report_json(tmp_path, capfd):
     from rewriter.core.registry import DEFAULT_PIPELINE, default_pipeline
     # integer-zero-points is a MIGraphX fix: not with --target none
     assert [p["name"] for p in r["passes"]] == default_pipeline("none") == [
-        p for p in DEFAULT_PIPELINE if p not in ("integer-zero-points", "expand-ml")]
+        p for p in DEFAULT_PIPELINE if p not in registry.MIGRAPHX_ONLY]
     assert all(m["ok"] for m in r["verification"])
     assert "fuse-conv-bn" in stdout  # the table is printed without -q
 

@@ -619,3 +619,29 @@ def test_a_scikit_learn_mlp_behind_a_scaler_compiles(tmp_path):
     assert_fp32_ok(info)
     rec = next(p for p in report.passes if p.name == "expand-ml")
     assert rec.counts["expanded-scaler"] == 1
+
+
+def test_a_qdq_models_per_channel_weights_lower_on_every_version(tmp_path):
+    """A model quantized elsewhere with per-channel weights (onnxruntime's quantize_static
+    default): MIGraphX 2.16's simplify_qdq throws on its per-axis weight DQs (ninth round:
+    a PP-OCRv3 detector, exit 1 with advice about plans). The MIGraphX pipeline's
+    weight-scales-after moves the scales after the layers: every Q/DQ layer lowers to
+    quant_convolution/quant_dot, on 2.16 and on 2.15 (where the pass leaves them, as 2.15
+    lowers them as they are)."""
+    import sys
+
+    from rewriter.migraphx.lowering import installed_version, lower_int8
+    sys.path.insert(0, str(ROOT / "tests" / "passes"))
+    from test_weight_scales_after import qdq_model
+    path = tmp_path / "qdq.onnx"
+    import onnx
+    onnx.save(qdq_model(np.random.default_rng(3)), path)
+    shapes = {"x": [1, 4, 8, 8], "v": [1, 6]}
+    before = lower_int8(path, shapes, [])
+    assert (before.status == "failed") == (installed_version() >= (2, 16)), before.headline()
+    report, info = rewrite_on_migraphx(path, tmp_path, verify=True, input_shapes=shapes)
+    assert info["status"] == "compiled" and info["ok"], info
+    low = info["lowering"]
+    assert low["status"] == "ok" and low["lowered"] == low["planned"] == 3, low
+    moved = next(p for p in report.passes if p.name == "weight-scales-after")
+    assert bool(moved.counts.get("weight-scales-moved")) == (installed_version() >= (2, 16))

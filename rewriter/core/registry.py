@@ -16,6 +16,7 @@ _PASSES = [
     ("expand-contrib", "rewriter.passes.expand_contrib:ExpandContrib"),
     ("expand-ml", "rewriter.passes.expand_ml:ExpandMl"),
     ("integer-zero-points", "rewriter.passes.integer_zero_points:IntegerZeroPoints"),
+    ("weight-scales-after", "rewriter.passes.weight_scales_after:WeightScalesAfter"),
     ("fold-shapes", "rewriter.passes.fold_shapes:FoldShapes"),
     ("fold-constants", "rewriter.passes.fold_constants:FoldConstants"),
     ("sink-transposes", "rewriter.passes.sink_transposes:SinkTransposes"),
@@ -39,12 +40,13 @@ _PASSES = [
 # folded graph, CSE last (fusions make new duplicates). integer-zero-points
 # makes onnxruntime's dynamic quantization compute right on MIGraphX (exact in int32);
 # expand-ml writes ai.onnx.ml's Scaler, which MIGraphX does not parse, as Sub and Mul.
-DEFAULT_PIPELINE = ["expand-contrib", "expand-ml", "integer-zero-points", "fold-shapes",
+DEFAULT_PIPELINE = ["expand-contrib", "expand-ml", "integer-zero-points", "weight-scales-after",
+                    "fold-shapes",
                     "fold-constants", "sink-transposes", "collapse-chains", "fuse-conv-bn",
                     "fuse-pad", "fuse-space-to-depth", "fuse-matmul-add", "merge-duplicates"]
 # Fixes for what MIGraphX gets wrong or lacks, not optimisations: in the default pipeline
 # only when MIGraphX is the target.
-MIGRAPHX_ONLY = {"integer-zero-points", "expand-ml"}
+MIGRAPHX_ONLY = {"integer-zero-points", "expand-ml", "weight-scales-after"}
 
 
 def default_pipeline(target: str | None) -> list[str]:
