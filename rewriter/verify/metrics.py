@@ -46,6 +46,8 @@ class OutputMetrics:
     dtype: str = "float32"     # the output's type: float16 outputs round 8000x coarser
     certificate: dict | None = None   # lossy, several samples: verify.certify's judgement
     groups: list | None = None   # lossy: components of different scale (scale_groups)
+    noise: float | None = None   # the original's own max_rel under 1-ulp input changes,
+                                 # when the tolerance was widened to it (Verifier.check)
 
     def to_dict(self) -> dict:
         return asdict(self)

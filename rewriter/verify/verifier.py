@@ -10,9 +10,9 @@ from rewriter.core.errors import InputError
 from rewriter.core.graph import duplicate_node_names, unique_node_names
 from rewriter.core.pass_base import Numerics
 from rewriter.verify.feeds import join_runs, stack_runs
-from rewriter.verify.metrics import (TINY_OUTPUT, OutputMetrics, class_outputs, compare,
-                                     compute_eps, cosine, head_features, judge, scale_groups,
-                                     scale_split)
+from rewriter.verify.metrics import (MIN_COSINE, TINY_OUTPUT, OutputMetrics, class_outputs,
+                                     compare, compute_eps, cosine, head_features, judge,
+                                     scale_groups, scale_split)
 
 
 class OriginalRunError(InputError):
@@ -42,6 +42,8 @@ class Verifier:
         self.lossy = lossy
         self.output_names = [o.name for o in original.graph.output]
         self.model_eps = compute_eps(original)
+        self._noise: dict[str, float] | None = None
+        self._source = (original, base_dir, path)   # for rounding_noise, run only if needed
         if duplicate_node_names(original):
             # onnxruntime refuses two nodes of one name; the rewrite renames them (the
             # output loads), so the reference runs a renamed copy.
@@ -49,6 +51,7 @@ class Verifier:
             renamed.CopyFrom(original)
             unique_node_names(renamed)
             original, path = renamed, None
+            self._source = (original, base_dir, path)
         try:
             # From the file when there is one: onnxruntime reads it without a protobuf copy.
             sess = ort.session(path) if path else ort.session(original, base_dir)
@@ -88,8 +91,43 @@ class Verifier:
                               self.feed_sets)
         except Exception as e:  # noqa: BLE001 - the original ran on these feeds
             raise ModelLoadError(f"onnxruntime cannot run it: {_line(e)}") from None
-        return [self.judge_output(name, r, o, c, numerics, depth)
-                for name, r, o, c in zip(names, self.reference, outs, self.classes)]
+        metrics = [self.judge_output(name, r, o, c, numerics, depth)
+                   for name, r, o, c in zip(names, self.reference, outs, self.classes)]
+        if numerics is not Numerics.LOSSY and any(_noise_may_explain(m, numerics)
+                                                  for m in metrics):
+            noise = self.rounding_noise()
+            for m in metrics:
+                n = noise.get(m.name)
+                if _noise_may_explain(m, numerics) and n is not None \
+                        and m.max_rel <= NOISE_FACTOR * n * max(1, depth) ** 0.5:
+                    m.ok, m.noise = True, n
+        return metrics
+
+    def rounding_noise(self) -> dict[str, float]:
+        """{output: max_rel of the original's outputs when every float input moves by one
+        ulp (random direction, seeded)}: how much the model itself amplifies rounding on
+        these inputs. SLANet on 8x8 random images: 1.2e-4, the FP32 tolerance; onnxruntime's
+        own basic optimiser drifts 0.9-5.5e-4 there. Run once, only when a check needs it."""
+        if self._noise is None:
+            original, base_dir, path = self._source
+            sess = ort.session(path) if path else ort.session(original, base_dir)
+            rng = np.random.default_rng(0)
+            moved = []
+            for f in self.feed_sets:
+                g = {}
+                for k, v in f.items():
+                    v = np.asarray(v)
+                    if np.issubdtype(v.dtype, np.floating):
+                        way = np.where(rng.random(v.shape) < 0.5, -np.inf, np.inf)
+                        v = np.nextafter(v, way.astype(v.dtype)).astype(v.dtype)
+                    g[k] = v
+                moved.append(ort.run(sess, g))
+            outs = stack_runs(moved, self.feed_sets)
+            self._noise = {}
+            for name, r, o in zip(self.output_names, self.reference, outs):
+                if np.issubdtype(np.asarray(r).dtype, np.floating) and np.shape(r) == np.shape(o):
+                    self._noise[name] = compare(name, r, o).max_rel
+        return self._noise
 
     def judge_output(self, name: str, ref, out, classes: bool, numerics: Numerics,
                      depth: int = 1) -> OutputMetrics:
@@ -150,6 +188,20 @@ def reference_traits(runs: list[list[np.ndarray]], feed_sets: list[dict],
     joined, batched, ragged = join_runs(runs, feed_sets)
     classes = class_outputs(joined, head_features(model), batched, ragged)
     return joined, classes, [None if c else scale_split(r) for r, c in zip(joined, classes)]
+
+
+# A check that fails FP32 tolerances passes when its max_rel is within this many times the
+# original's own response to 1-ulp input changes (sqrt(depth) more after several passes),
+# and its cosine meets the numerics' floor: a rewrite's re-rounding moves every layer a
+# little, more than one ulp at the input does (SLANet: 4.4e-4 against 1.2e-4).
+NOISE_FACTOR = 8.0
+
+
+def _noise_may_explain(m: OutputMetrics, numerics: Numerics) -> bool:
+    """A failed float output whose miss rounding could explain: its cosine meets the
+    numerics' floor and it is not tiny (those are judged by absolute error)."""
+    return (not m.ok and m.shape_ok and not m.integer and m.ref_max >= TINY_OUTPUT
+            and m.cosine >= MIN_COSINE.get(numerics, 1.0))
 
 
 class ModelLoadError(RuntimeError):
