@@ -25,10 +25,10 @@ SUBCOMMANDS = ("check", "plan", "advise")
 
 
 class _Parser(argparse.ArgumentParser):
-    # argparse exits 2 on usage errors already; keep its one-line message.
+    # argparse exits 2 on usage errors already; keep its message, on one line (its usage
+    # block came first: 17 lines for a mistyped --seed).
     def error(self, message):
-        self.print_usage(sys.stderr)
-        raise SystemExit(f"rewrite: error: {message}")
+        raise SystemExit(f"rewrite: error: {message} (see '{self.prog} -h')")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -189,6 +189,11 @@ def _run(args) -> int:
                          "int8 or a file)")
     if args.preprocess and not args.calib:
         raise InputError("--preprocess says how --calib images become inputs: add --calib DIR")
+    if args.target == "none" and (args.save_mxr or args.require_backend):
+        flag = "--save-mxr" if args.save_mxr else "--require-backend"
+        raise InputError(f"{flag} is for MIGraphX's compile: drop --target none")
+    if args.fold_size_limit < 0:
+        raise InputError(f"--fold-size-limit {args.fold_size_limit}: bytes, 0 or more")
     from rewriter.core.save import check_distinct, check_output_path
     check_distinct(args.model, [("-o", args.output), ("--report", args.report),
                                 ("--save-mxr", args.save_mxr)])

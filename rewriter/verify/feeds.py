@@ -22,6 +22,9 @@ def parse_shape_args(items: list[str] | None) -> dict[str, list[int]]:
             raise InputError(f"--input-shape '{item}': expected name:1x3x224x224") from None
         if any(d <= 0 for d in shape):
             raise InputError(f"--input-shape '{item}': dims must be positive")
+        if name in out and out[name] != shape:   # the last one won, without a word
+            raise InputError(f"--input-shape gives {name or 'the input'} twice: "
+                             f"{'x'.join(map(str, out[name]))} and {dims}")
         out[name] = shape
     return out
 
