@@ -149,6 +149,15 @@ class _Rewrite:
             options["migraphx_version"] = installed_version()
         self.options = Options.from_dict(options)
         self.data = data
+        if target == "migraphx" and (migraphx or {}).get("device") == "gpu" \
+                and (migraphx or {}).get("backend", "migraphx") == "migraphx":
+            from rewriter.migraphx import backend as mgx_backend
+            if mgx_backend.available()[0] and not mgx_backend.has_target("gpu"):
+                # Now: with symbolic dims every size failed to compile, and the error
+                # blamed the first size's parse (ninth round).
+                raise InputError("--migraphx-target gpu: this MIGraphX has no GPU target (a "
+                                 "CPU-only build: libmigraphx_gpu does not load); "
+                                 "--migraphx-target ref compiles on its CPU reference")
         if (migraphx or {}).get("save_mxr"):   # now, not after the compile (exit 3)
             from rewriter.core.save import check_output_path
             check_output_path(migraphx["save_mxr"], "--save-mxr")

@@ -645,3 +645,19 @@ def test_a_qdq_models_per_channel_weights_lower_on_every_version(tmp_path):
     assert low["status"] == "ok" and low["lowered"] == low["planned"] == 3, low
     moved = next(p for p in report.passes if p.name == "weight-scales-after")
     assert bool(moved.counts.get("weight-scales-moved")) == (installed_version() >= (2, 16))
+
+
+def test_gpu_on_a_build_without_one_says_so_first(tmp_path, capfd):
+    """--migraphx-target gpu on a CPU-only MIGraphX with symbolic dims: every size failed
+    to compile and the line blamed the first size's parse of the original (ninth round).
+    The missing GPU target is now the error, before any work."""
+    from rewriter.cli import main
+    from rewriter.migraphx.backend import has_target
+    if has_target("gpu"):
+        pytest.skip("this MIGraphX has a GPU target")
+    out = tmp_path / "o.onnx"
+    code = main([str(ROOT / "models" / "mobilenet_mini.onnx"), "-o", str(out), "-q",
+                 "--migraphx-target", "gpu"])
+    err = [ln for ln in capfd.readouterr().err.splitlines() if ln.strip()]
+    assert code == 2 and len(err) == 1 and "has no GPU target" in err[0], err
+    assert not out.exists()
