@@ -661,3 +661,26 @@ def test_gpu_on_a_build_without_one_says_so_first(tmp_path, capfd):
     err = [ln for ln in capfd.readouterr().err.splitlines() if ln.strip()]
     assert code == 2 and len(err) == 1 and "has no GPU target" in err[0], err
     assert not out.exists()
+
+
+def test_what_migraphx_prints_while_parsing_goes_to_the_report(tmp_path, capfd):
+    """MIGraphX's C++ prints 'Warning: onnx model is not topologically sorted' when it
+    parses such a model (an original, often), past -q and into a caller's stdout (ninth
+    round: akiki-vad, afis). The parse now runs with the process's output captured, and
+    the lines reach the report's warnings instead."""
+    import onnx
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    from rewriter.migraphx import backend
+    g = h.make_graph([h.make_node("Relu", ["a"], ["y"]), h.make_node("Neg", ["x"], ["a"])],
+                     "g", [h.make_tensor_value_info("x", T.FLOAT, [2, 3])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [2, 3])])
+    path = tmp_path / "unsorted.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
+    backend.SAID.clear()
+    assert backend.refuses(path, {"x": [2, 3]}) is None
+    out, err = capfd.readouterr()
+    assert out == "" and err == "", (out, err)
+    assert any("topologically sorted" in s for s in backend.SAID), backend.SAID
+    backend.SAID.clear()

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -187,12 +188,40 @@ def _dims(feeds: Mapping[str, np.ndarray], input_shapes) -> dict[str, list[int]]
     return dims
 
 
+# What MIGraphX's C++ printed while parsing (compile_output puts it in the report).
+SAID: list[str] = []
+
+
+def _parse(mgx, model_path, dims):
+    """parse_onnx with the process's stdout and stderr captured into SAID: MIGraphX prints
+    'Warning: onnx model is not topologically sorted' on parsing a model (an original
+    often), past -q and into a caller's pipe."""
+    import tempfile
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as tmp:
+        saved = os.dup(1), os.dup(2)
+        try:
+            os.dup2(tmp.fileno(), 1)
+            os.dup2(tmp.fileno(), 2)
+            try:
+                return mgx.parse_onnx(os.fspath(model_path), map_input_dims=dims)
+            except Exception as e:
+                raise MigraphxError("parse", _clean(e)) from None
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+            tmp.seek(0)
+            for line in tmp.read().decode(errors="replace").splitlines():
+                if line.strip() and line.strip() not in SAID:
+                    SAID.append(line.strip())
+
+
 def _compile(mgx, model_path, dims, target: str, fast_math: bool):
     t0 = time.perf_counter()
-    try:
-        prog = mgx.parse_onnx(os.fspath(model_path), map_input_dims=dims)
-    except Exception as e:
-        raise MigraphxError("parse", _clean(e)) from None
+    prog = _parse(mgx, model_path, dims)
     try:
         prog.compile(mgx.get_target(target), offload_copy=True, fast_math=fast_math)
     except Exception as e:
@@ -244,10 +273,7 @@ def refuses(model_path: str | os.PathLike, dims: dict[str, list[int]], target: s
     mgx = _require()
     try:
         if target is None:
-            try:
-                mgx.parse_onnx(os.fspath(model_path), map_input_dims=dims)
-            except Exception as e:
-                raise MigraphxError("parse", _clean(e)) from None
+            _parse(mgx, model_path, dims)
         else:
             _compile(mgx, model_path, dims, target, True)
     except MigraphxError as e:

@@ -435,6 +435,22 @@ def compile_output(report, checked: tuple, exported, original, base_dir, output,
     When MIGraphX refuses the output, the original is tried at the same dims: if it is
     refused too, the dims are at fault, not the rewrite; with random inputs and symbolic
     dims the user did not set, the larger sizes of feeds.FALLBACK_FILLS are tried next."""
+    from rewriter.migraphx import backend as mgx_backend
+    mgx_backend.SAID.clear()
+    try:
+        _compile_sizes(report, checked, exported, original, base_dir, output, mgx,
+                       input_shapes, inputs, seed, held_out, plan, verifier, model_path, fill,
+                       ints)
+    finally:
+        if mgx_backend.SAID:   # the C++ side's console lines, kept out of stdout and -q
+            report.warnings.append("MIGraphX printed while parsing: "
+                                   + "; ".join(mgx_backend.SAID[:5]))
+            mgx_backend.SAID.clear()
+
+
+def _compile_sizes(report, checked, exported, original, base_dir, output, mgx, input_shapes,
+                   inputs, seed, held_out, plan, verifier, model_path, fill, ints) -> None:
+    """compile_output's sizes: the verification's, then larger ones where only they run."""
     from rewriter.migraphx.lowering import known_failure
     from rewriter.verify.feeds import FALLBACK_FILLS, FIRST_FILL, symbolic_dims
     from rewriter.verify.verifier import OriginalRunError
