@@ -1051,7 +1051,7 @@ class _Rewrite:
         t = time.perf_counter()
         from rewriter.migraphx.target import compile_output
         compile_output(self.report, self.migraphx_checked, exported, self.original,
-                       self.base_dir, self.output, self.migraphx,
+                       self.base_dir, self.output, {**self.migraphx, "progress": self.progress},
                        {**(self.input_shapes or {}), **self.random_shapes},
                        self.inputs, self.seed, self.held_out, self.plan, self.verifier,
                        self.path, fill=self.fill, ints=self.ints)

@@ -283,20 +283,24 @@ def refuses(model_path: str | os.PathLike, dims: dict[str, list[int]], target: s
 
 def compile_and_run(model_path: str | os.PathLike, feeds, input_shapes: dict[str, list[int]]
                     | None = None, target: str = "gpu", fast_math: bool = True,
-                    save_mxr: str | None = None) -> MigraphxRun:
+                    save_mxr: str | None = None, progress: bool = False) -> MigraphxRun:
     """Parse, compile for ``target`` ("gpu" or "ref"), run, and report what compiled.
 
     ``feeds`` is one input dict or a list of them (all of one shape: one compiled program);
     ``outputs`` holds each output joined over the runs as ``verify.feeds.stack_runs`` joins
     onnxruntime's.
-    Failures inside MIGraphX raise :class:`MigraphxError` (one line, MIGraphX's message)."""
+    Failures inside MIGraphX raise :class:`MigraphxError` (one line, MIGraphX's message).
+    ``progress``: a bar over the samples on a terminal (the ``ref`` target takes 25 s a
+    320x320 detector image)."""
+    from rewriter.quant.ranges import progress_bar
     mgx = _require()
     feed_sets = feeds if isinstance(feeds, list) else [feeds]
     dims = _dims(feed_sets[0], input_shapes)
     prog, compile_s = _compile(mgx, model_path, dims, target, fast_math)
     runs = []
     t0 = time.perf_counter()
-    for f in feed_sets:
+    for f in progress_bar(progress and len(feed_sets) > 1, iterable=feed_sets,
+                          desc=f"MIGraphX {target}", unit="sample"):
         params = _params(prog, f)
         try:
             raw = prog.run(params)

@@ -44,7 +44,8 @@ def migraphx_step(output_path: str | os.PathLike, verifier, feed_sets: list[dict
                   backend: str = "migraphx", device: str = "auto",
                   save_mxr: str | None = None, require: bool = False,
                   findings=None, what: str = "planned INT8 layers",
-                  original: str | os.PathLike | None = None) -> dict[str, Any]:
+                  original: str | os.PathLike | None = None,
+                  progress: bool = False) -> dict[str, Any]:
     """Compile ``output_path`` on MIGraphX, compare with ``verifier``'s reference (the
     original in onnxruntime on ``feed_sets``) and check the INT8 lowering.
 
@@ -80,7 +81,7 @@ def migraphx_step(output_path: str | os.PathLike, verifier, feed_sets: list[dict
     run = None
     if backend == "migraphx":
         run = _compile_migraphx(be, info, output_path, verifier, feed_sets, shapes, numerics,
-                                lossy, device, save_mxr, require)
+                                lossy, device, save_mxr, require, progress)
     else:
         outputs = be.run(output_path, feed_sets[0])
         info.update(status="compiled", device="gpu")
@@ -111,7 +112,7 @@ def _backend(name: str):
 
 
 def _compile_migraphx(be, info, output_path, verifier, feed_sets, shapes, numerics, lossy,
-                      device, save_mxr, require):
+                      device, save_mxr, require, progress=False):
     """Compile and run on MIGraphX into ``info``; returns the run (None if it failed)."""
     if device == "auto":
         device = "gpu" if be.has_target("gpu") else None
@@ -125,7 +126,7 @@ def _compile_migraphx(be, info, output_path, verifier, feed_sets, shapes, numeri
     info["device"] = device
     try:
         run = be.compile_and_run(output_path, feed_sets, input_shapes=shapes or None,
-                                 target=device, save_mxr=save_mxr)
+                                 target=device, save_mxr=save_mxr, progress=progress)
     except be.MigraphxError as e:
         info.update(status="failed", error=str(e), stage=e.stage)
         return None
@@ -553,7 +554,8 @@ def _compile_output(report, checked, exported, original, base_dir, output, mgx, 
             lossy=lossy, budget=budget, backend=mgx.get("backend", "migraphx"),
             device=mgx.get("device", "auto"), save_mxr=mgx.get("save_mxr"),
             require=bool(mgx.get("require")), findings=result.findings, what=what,
-            original=model_path if backend == "migraphx" else None)
+            original=model_path if backend == "migraphx" else None,
+            progress=bool(mgx.get("progress")))
         info = report.extra["compile"]
         if info.get("status") == "failed" and info.get("stage") in ("parse", "compile") \
                 and model_path is not None and backend == "migraphx":
