@@ -368,11 +368,18 @@ class _Rewrite:
         infer = bool(self.quantize) or pipeline_needs_shapes(self.pipeline, self.original)
         if self.fix_shapes:
             self.fixed = check_fixed_shapes(self.original, self.input_shapes)
+            more = {k: v for k, v in self.fixed.items() if k not in self.input_shapes}
+            if more:   # inputs that share a dim name with a given one: fixed too, said
+                self.input_shapes = {**self.input_shapes, **more}
+                self.report.warnings.append(
+                    "--fix-shapes also fixed " + ", ".join(
+                        f"{k}:{'x'.join(map(str, v))}" for k, v in more.items())
+                    + " (their dims share names with the inputs given)")
         elif self.input_shapes and any(self.input_shapes):
             # The same checks without --fix-shapes: a dim the model fixes at 3 given as 4
             # ran on, and --verify's error lost the dims to onnxruntime's first line.
             check_fixed_shapes(self.original, {k: v for k, v in self.input_shapes.items()
-                                               if k})
+                                               if k}, share=False)
         self.graph = to_graph(self.original, self.base_dir, infer=infer, fixed=self.fixed)
         self.graph_inferred = infer
 

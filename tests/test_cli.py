@@ -793,6 +793,32 @@ def test_fix_shapes_bad_shapes_are_one_line(tmp_path, capfd, argv, fragment):
     assert not (tmp_path / "o.onnx").exists()
 
 
+def test_fix_shapes_fixes_every_input_that_shares_a_dim_name(tmp_path, capfd):
+    """PaiNN's 19 inputs share num_atoms; --fix-shapes with one of them left the others
+    symbolic in the output (ninth round). A dim name is one size: the inputs that share it
+    are fixed too, and said; two sizes for one name are refused."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    g = h.make_graph([h.make_node("Add", ["a", "b"], ["c"]),
+                      h.make_node("ReduceSum", ["c", "ax"], ["y"], keepdims=0)], "g",
+                     [h.make_tensor_value_info("a", T.FLOAT, ["num_atoms", 3]),
+                      h.make_tensor_value_info("b", T.FLOAT, ["num_atoms", 3])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [3])],
+                     [onnx.numpy_helper.from_array(np.array([0]), "ax")])
+    src, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), src)
+    code, stdout, err = run(capfd, src, "-o", out, "--verify", "--target", "none",
+                            "--fix-shapes", "--input-shape", "a:8x3")
+    assert code == 0 and err == [], err
+    assert "--fix-shapes also fixed b:8x3" in stdout
+    assert [[d.dim_value for d in i.type.tensor_type.shape.dim]
+            for i in onnx.load(out).graph.input] == [[8, 3], [8, 3]]
+    code, _, err = run(capfd, src, "-o", out, "--fix-shapes", "--input-shape", "a:8x3",
+                       "--input-shape", "b:5x3")
+    assert code == 2
+    assert_one_line(err, "--input-shape gives dim 'num_atoms' 8 in 'a' and 5 in 'b'")
+
+
 def _two_rate_model(path: Path) -> Path:
     """x [1, N]; an If on the input ``sr`` picks a branch: 16 kHz takes any N, 8 kHz only
     N = 1 (Squeeze without axes, then an LSTM that needs rank 3), as silero-vad's per-rate

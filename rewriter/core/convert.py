@@ -266,9 +266,10 @@ def refresh_shapes(graph: gs.Graph, tag: str) -> int:
     return gained
 
 
-def check_fixed_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]] | None
-                       ) -> dict[str, list[int]]:
-    """--fix-shapes: every named input exists, has that rank, and its static dims agree."""
+def check_fixed_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]] | None,
+                       share: bool = True) -> dict[str, list[int]]:
+    """--fix-shapes: every named input exists, has that rank, and its static dims agree;
+    with ``share``, a dim name gets one size, and the inputs that share it are fixed too."""
     from rewriter.core.errors import InputError
 
     if not shapes:
@@ -290,7 +291,28 @@ def check_fixed_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]] | No
                 # (-1 or 0 written for a dynamic dim, as some exporters do: free)
                 raise InputError(f"input '{name}': dim {i} is {d.dim_value} in the model, "
                                  f"--input-shape gives {v}")
-    return {k: [int(v) for v in dims] for k, dims in shapes.items()}
+    fixed = {k: [int(v) for v in dims] for k, dims in shapes.items()}
+    if not share:
+        return fixed
+    # A dim name is one size throughout: the inputs that share it take it too (PaiNN's
+    # num_atoms in 19 inputs stayed symbolic in all but the one given, ninth round).
+    sizes: dict[str, tuple[int, str]] = {}
+    for name, dims in fixed.items():
+        for d, v in zip(inputs[name].type.tensor_type.shape.dim, dims):
+            if d.dim_param:
+                seen = sizes.setdefault(d.dim_param, (v, name))
+                if seen[0] != v:
+                    raise InputError(f"--input-shape gives dim '{d.dim_param}' {seen[0]} in "
+                                     f"'{seen[1]}' and {v} in '{name}'")
+    for name, vi in inputs.items():
+        dims = vi.type.tensor_type.shape.dim if vi.type.HasField("tensor_type") else []
+        if name in fixed or not dims or not any(d.dim_param for d in dims):
+            continue
+        values = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0
+                  else sizes.get(d.dim_param, (None,))[0] for d in dims]
+        if all(v is not None for v in values):
+            fixed[name] = [int(v) for v in values]
+    return fixed
 
 
 MEMORY = "__rewrite_memory__"  # location of a weight stub whose bytes live in Exported.weights
