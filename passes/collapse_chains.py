@@ -11,6 +11,7 @@ Before -> after::
     x -> Reshape / Flatten / Squeeze / Unsqueeze -> Reshape(s)  =>  x -> Reshape(s)
     x -> Transpose(p) -> Transpose(q) -> y                  =>  x -> Transpose(p∘q), or x
     x -> Transpose(p moving only dims of size 1) -> Reshape(s)  =>  x -> Reshape(s)
+    x -> Reshape(s) -> Transpose(p moving only dims of size 1 of s)  =>  x -> Reshape(s[p])
     x -> Concat(x) -> y (one input, after inputs of size 0 on the axis)  =>  x
     x -> Add(0) / Sub(0) / Mul(1) / Div(1) -> y (x's shape unchanged) =>  x
     ... and the first Transpose also read by a Shape, p∘q the identity
@@ -189,6 +190,21 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
             return None
         node.inputs[0] = prev.inputs[0]
         return "merged-reshape"
+    if op == "Transpose" and prev.op == "Reshape" and len(prev.inputs) > 1:
+        # The reverse order (flashvad): a Transpose moving only unit axes of a Reshape's
+        # constant target is that Reshape with the target permuted (a -1 moves with its
+        # axis; a 0 copies the input's dim at its position, so only with allowzero=1).
+        shape = _const(prev.inputs[1])
+        allowzero = int(prev.attrs.get("allowzero", 0))
+        if shape is None or (0 in shape.tolist() and not allowzero) \
+                or not _moves_unit_dims(node, shape.tolist()):
+            return None
+        perm = [int(a) for a in node.attrs["perm"]]
+        node.op, node.attrs = "Reshape", {"allowzero": allowzero} if allowzero else {}
+        node.inputs[0] = prev.inputs[0]
+        node.inputs.append(gs.Constant(namer(f"{node.name or x.name}_shape"),
+                                       shape.astype(np.int64)[perm]))
+        return "merged-reshape"
     if op == "Transpose" and prev.op == "Transpose":
         p, q = prev.attrs.get("perm"), node.attrs.get("perm")
         if p is None or q is None:
@@ -335,10 +351,12 @@ def _single_concat(node: gs.Node) -> bool:
     return True
 
 
-def _moves_unit_dims(node: gs.Node) -> bool:
-    """A Transpose that only moves axes of size 1: the other axes keep their order, so the
-    elements keep theirs and a Reshape after it can read its input instead."""
-    perm, shape = node.attrs.get("perm"), node.inputs[0].shape
+def _moves_unit_dims(node: gs.Node, shape=None) -> bool:
+    """A Transpose that only moves axes of size 1 (of ``shape``, default its input's): the
+    other axes keep their order, so the elements keep theirs and a Reshape after it can
+    read its input instead."""
+    perm = node.attrs.get("perm")
+    shape = node.inputs[0].shape if shape is None else list(shape)
     if perm is None or shape is None or len(shape) != len(perm):
         return False
     kept = [int(a) for a in perm if not (isinstance(shape[a], (int, np.integer)) and shape[a] == 1)]

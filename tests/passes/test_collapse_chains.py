@@ -183,6 +183,29 @@ def test_a_zero_pad_and_a_split_into_one_go(rng):
     assert ops(out) == ["Pad", "Split"], ops(out)
 
 
+def test_a_transpose_of_unit_dims_after_a_reshape_merges_into_it(rng):
+    """flashvad (ninth round): Reshape to [-1, 1, 8] then a Transpose that moves only the
+    1 is one Reshape to [1, -1, 8] (54 -> 53 nodes, as onnxsim). A Transpose that moves
+    a real axis, or a target with a 0 (it copies the input's dim at its position), stays."""
+    def model(shape, perm):
+        return make_model(f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 16] x) => (float[A, B, C] y) {{
+            r = Reshape (x, s)
+            y = Transpose <perm = {perm}> (r)
+        }}""", {"s": np.array(shape, np.int64)})
+
+    m = model([-1, 1, 8], "[1, 0, 2]")
+    out, rep = cc(m, input_shapes={"x": [2, 16]})
+    assert ops(out) == ["Reshape"] and rep.passes[0].counts["merged-reshape"] == 1
+    assert onnx.numpy_helper.to_array(out.graph.initializer[0]).tolist() == [1, -1, 8]
+    for n in (1, 3):
+        same(m, out, {"x": rng.standard_normal((n, 16)).astype(np.float32)})
+    for shape, perm in (([-1, 2, 8], "[1, 0, 2]"), ([0, 1, 16], "[1, 0, 2]")):
+        out, _ = cc(model(shape, perm), input_shapes={"x": [2, 16]})
+        assert ops(out) == ["Reshape", "Transpose"], (shape, ops(out))
+
+
 def test_inside_a_loop_body():
     body = onnx.helper.make_graph(
         [onnx.helper.make_node("Cast", ["v"], ["c"], to=1),
