@@ -141,6 +141,40 @@ def test_kernel_counts_from_program_text():
 # -- with MIGraphX ------------------------------------------------------------------------------
 
 
+def test_first_dims_too_large_for_random_inputs_are_skipped(tmp_path, monkeypatch):
+    """The first-dims fallback put 224 in SLANet's batch dim: random inputs refused the
+    size (over 64 MB) and that became the error, exit 2 'too large for random inputs'.
+    A fallback size random inputs cannot take is skipped; the line keeps the first size's
+    refusal and names only the sizes that ran."""
+    from rewriter.core.errors import InputError
+    from rewriter.core.report import Report
+    from rewriter.migraphx import target
+    onnx.save(onnx.parser.parse_model('<ir_version: 8, opset_import: ["" : 17]>\n'
+                                      "g (float[N, L] x) => (float[N, L] y) { y = Relu (x) }"),
+              tmp_path / "m.onnx")
+    calls = []
+
+    def refuse(report, *args, fill_batch=False):
+        fill = args[-2]
+        if fill_batch and fill in (224, 1024):
+            raise InputError("input 'x' of shape [224, 224] is too large for random inputs")
+        calls.append((fill, fill_batch))
+        report.extra["compile"] = {"status": "failed", "error": f"parse failed: at {fill}",
+                                   "original_refused": f"parse failed: at {fill}"}
+
+    monkeypatch.setattr(target, "_compile_output", refuse)
+    report = Report(input=str(tmp_path / "m.onnx"))
+    target.compile_output(report, (None, [], ""), None, onnx.load(tmp_path / "m.onnx"),
+                          str(tmp_path), "o.onnx", {}, None, None, 0, [], None, object(), None,
+                          fill=8)
+    assert calls == [(8, False), (32, False), (224, False), (1024, False), (8, True),
+                     (32, True)]
+    error = report.extra["compile"]["error"]
+    assert error == ("parse failed: at 8; nor with 32 or 224 or 1024 in the symbolic dims "
+                     "past the batch; nor with 8 or 32 in the first dims too: --input-shape "
+                     "sets the sizes"), error
+
+
 @pytest.mark.migraphx
 def test_samples_show_a_bar_on_a_terminal(tmp_path, monkeypatch):
     """The ref target takes 25 s a 320x320 detector image: 8 samples ran 200 s with

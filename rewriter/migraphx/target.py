@@ -469,7 +469,8 @@ def _compile_sizes(report, checked, exported, original, base_dir, output, mgx, i
     if batch != free:   # some first dim is symbolic too
         fills += [(f, True) for f in (FIRST_FILL, *FALLBACK_FILLS)]
         free = {**free, **batch}
-    first = first_info = None
+    first = first_info = info = None
+    tried: list[int] = []
     for k, (f, fill_batch) in enumerate(fills):
         try:
             _compile_output(report, checked, exported, original, base_dir, output, mgx,
@@ -480,7 +481,13 @@ def _compile_sizes(report, checked, exported, original, base_dir, output, mgx, i
             if k + 1 == len(fills):
                 raise
             first = first or str(e)
+            tried.append(k)
             continue
+        except InputError:
+            if k == 0:
+                raise
+            continue   # a fallback size too large for random inputs (224 in a batch dim)
+        tried.append(k)
         info = report.extra["compile"]
         if info.get("status") != "failed" or not info.get("original_refused"):
             break
@@ -489,20 +496,25 @@ def _compile_sizes(report, checked, exported, original, base_dir, output, mgx, i
         known = known_failure(info["original_refused"])
         if known is not None and known[2] in SIZE_INDEPENDENT or info.get("fix_shapes"):
             break   # an unknown operator is unknown at every size
-    sizes = [str(f or 1) for f, _ in fills]
+    if info is None:   # the original ran at no size that random inputs can take
+        raise OriginalRunError(first)
+    sizes = [str(fills[i][0] or 1) for i in tried]
+    k = tried[-1]   # the last size that ran (a later one may have been too large)
     if k > 0 and info.get("status") == "failed" and info.get("original_refused"):
         # The first size's error: the later ones fail for their size (a table of 512
         # positions at 1024), which says nothing of the model at the size it was given.
         info = report.extra["compile"] = first_info
-        info["error"] += (f"; nor with {' or '.join(dict.fromkeys(sizes[1:]))} in the "
-                          "symbolic dims" + (", the first dims too" if fills[k][1] else
-                                             " past the batch")
-                          + ": --input-shape sets the sizes")
+        past = [str(fills[i][0] or 1) for i in tried[1:] if not fills[i][1]]
+        firsts = [str(fills[i][0] or 1) for i in tried[1:] if fills[i][1]]
+        info["error"] += "".join(
+            f"; nor with {' or '.join(v)} {where}" for v, where in (
+                (past, "in the symbolic dims past the batch"),
+                (firsts, "in the first dims too")) if v) + ": --input-shape sets the sizes"
     f, fill_batch = fills[k]
     if k > 0 and info.get("status") == "compiled" and (f in FALLBACK_FILLS or fill_batch):
         where = "; ".join(f"{n} at {v}" for n, v in free.items())
         report.warnings.append(
-            f"the original model does not run with {' or '.join(dict.fromkeys(sizes[:k]))} "
+            f"the original model does not run with {' or '.join(dict.fromkeys(sizes[:-1]))} "
             f"in its symbolic dims ({where}): {first}; compiled and compared with {f} "
             + ("in the first dims too" if fill_batch else "there instead")
             + ": --input-shape sets the sizes you use")
