@@ -197,6 +197,7 @@ def _run(args) -> int:
     from rewriter.core.save import check_distinct, check_output_path
     check_distinct(args.model, [("-o", args.output), ("--report", args.report),
                                 ("--save-mxr", args.save_mxr)])
+    check_output_path(args.output)   # now, not after the passes (a 2.5 GB model: 5 s)
     if args.report:   # now, not after the run (then only a warning)
         check_output_path(args.report, "--report")
     from rewriter.api import rewrite
