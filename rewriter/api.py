@@ -963,8 +963,16 @@ class _Rewrite:
                                        ort_load=True):
                 found.append(p.name)
 
-        try:
-            run_pipeline(graph, self.pipeline + self.quantize, ctx, check)
+        try:   # the rounds the first run made (fixed_point), then the plan's passes
+            from rewriter.core.convert import refresh_shapes
+            for k in range(ROUNDS):
+                if k:
+                    refresh_shapes(graph, f"b{k}_")
+                recs = run_pipeline(graph, self.pipeline, ctx, check)
+                if found or not any(r.changed for r in recs):
+                    break
+            if not found and self.quantize:
+                run_pipeline(graph, self.quantize, ctx, check)
         except Exception:  # noqa: BLE001 - the first run got through; name what we can
             pass
         names = [r.name for r in records]

@@ -67,6 +67,37 @@ def test_a_pass_that_writes_an_invalid_model_is_named_and_nothing_is_written(tmp
     assert not out.exists()
 
 
+class BreaksInTheSecondRound(BreaksTypes):
+    """Harmless in the pipeline's first round, buggy from the second on."""
+
+    name = "breaks-later"
+    calls = 0
+
+    def run(self, graph, ctx):
+        type(self).calls += 1
+        if type(self).calls == 1:
+            return PassResult()
+        return super().run(graph, ctx)
+
+
+def test_a_pass_that_breaks_the_model_in_a_later_round_is_named(tmp_path):
+    """The pipeline runs again while a round changes the graph: a pass that breaks the
+    model only in a later round is still the one named, with the passes before it."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2, 4] x) => (float[2, 4] y) {
+        c = Identity (k)
+        r = Add (x, c)
+        y = Neg (r)
+    }""", {"k": np.ones((2, 4), np.float32)})
+    BreaksInTheSecondRound.calls = 0
+    with pytest.raises(rewriter.PassError) as e:
+        rewriter.rewrite(m, ["fold-constants", BreaksInTheSecondRound()],
+                         output=tmp_path / "o.onnx")
+    assert e.value.pass_name == "breaks-later" and e.value.before == ["fold-constants"]
+    assert BreaksInTheSecondRound.calls >= 3   # round 2 of the run, then the search's
+
+
 def test_a_wrongly_declared_output_shape_is_the_inputs_not_a_pass_bug(tmp_path, capfd):
     """Folding made a Reshape's shape constant, which shows the input declared its output
     wrong: a warning, exit 0 (the interface is kept as declared)."""
