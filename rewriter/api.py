@@ -12,6 +12,7 @@ A model passed in memory is copied first: the caller's proto is never modified.
 
 from __future__ import annotations
 
+import collections.abc
 import gc
 import os
 import time
@@ -26,8 +27,8 @@ from rewriter.core import registry
 from rewriter.core.convert import (check_fixed_shapes, export, to_graph, upgrade_opset,
                                    write_input_dims, wrong_stfts)
 from rewriter.core.errors import InputError, PassError, VerificationError
-from rewriter.core.graph import (SMALL_TENSOR, Namer, copy_fields, graph_protos, node_id,
-                                 tensor_nbytes, weight_free_copy)
+from rewriter.core.graph import (SMALL_TENSOR, Namer, copy_fields, graph_protos,
+                                 iter_model_tensors, node_id, tensor_nbytes, weight_free_copy)
 from rewriter.core.load import first_line, load_model, validate_model
 from rewriter.core.manager import check_order, run_pipeline
 from rewriter.core.pass_base import Context, Numerics, Options, pipeline_needs_shapes
@@ -74,7 +75,9 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
     """Rewrite a model with a pipeline of passes (default: registry.default_pipeline(target)).
 
     Args:
-        model: a path, or an in-memory ModelProto (copied, never modified).
+        model: a path, an in-memory ModelProto (copied, never modified) or its serialized
+            bytes. An in-memory model whose weights are in external files needs
+            ``base_dir``: they are never looked for in the current directory.
         passes: pass names (list or "a,b,c"), classes or instances; None = default pipeline.
         output: where to save atomically (external data beside it when needed).
         verify: compare with the original in onnxruntime after every changing pass.
@@ -84,8 +87,9 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
             symbolic dims into 1 on its own; fixing them here is the explicit way.
         inputs: user inputs for verification instead of random ones.
         options: pass options (rewriter.core.pass_base.Options: fold_size_limit,
-            pad_multiple, pad_sides, pad_max_overhead, migraphx_version ...) and
-            ``planner`` (settings of the planner for ``plan="auto"``).
+            pad_multiple, pad_sides, pad_max_overhead, migraphx_version as "2.16" or
+            (2, 16) ...; each checked against its default's type) and ``planner`` (a dict
+            of settings of the planner for ``plan="auto"``).
         base_dir: folder that resolves external data of an in-memory model.
         data: precomputed facts for the plan passes, for tests and toolchains that run
             them themselves: ``plan``, ``assignment``, ``ranges``, ``channel_stats``,
@@ -94,11 +98,14 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
             passes, its INT8 layers get Q/DQ (insert-qdq) and its FP16 layers float16
             regions (convert-fp16).
         calib: calibration data for the plan's INT8 layers: a folder or an iterable of input
-            dicts (see rewriter.quant.data); a held-out part of it is used for verification.
+            dicts (see rewriter.quant.data; a generator is read once, into a list); a
+            held-out part of it is used for verification.
         progress: show progress bars (calibration).
-        materialize: return the model with every weight inline; False returns it with
-            big weights as stubs (what the CLI uses: nothing is copied that is not needed).
-        target: "migraphx" runs the static MIGraphX check on the result
+        materialize: return the model with every weight inline (those still in the input's
+            external files too: it loads anywhere); False returns it with big weights as
+            stubs (what the CLI uses: nothing is copied that is not needed).
+        target: None or "none" (no target), or "migraphx", which runs the static MIGraphX
+            check on the result
             (``report.extra["migraphx_check"]``, grouped warnings), and the default
             pipeline includes integer-zero-points (MatMulInteger in forms MIGraphX computes
             right); the CLI's default, the API's only when asked.
@@ -114,7 +121,8 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
             task accuracy against FP32.
 
     Raises:
-        InputError (bad input), PassError (bug in a pass, including a pass that wrote a
+        InputError (bad input or arguments: a wrong type, an unknown key or target, a
+        setting that would be ignored), PassError (bug in a pass, including a pass that wrote a
         model onnx's full check or onnxruntime refuses), VerificationError (outputs drift;
         its ``report`` attribute holds the report).
     """
@@ -129,12 +137,48 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
 ROUNDS = 4
 
 
+MIGRAPHX_KEYS = ("device", "backend", "save_mxr", "require", "samples", "progress")
+
+
+def _check_arguments(target, migraphx, seed, inputs, input_shapes, labels, calib,
+                     options) -> None:
+    """The API's arguments, checked before any work: an integrator's mistake is an
+    InputError, never a TypeError deep inside nor a value silently ignored (the API
+    review: target="MIGraphX" meant no target, a misspelled migraphx key was dropped)."""
+    if target not in (None, "none", "migraphx"):
+        raise InputError(f"target {target!r}: None, 'none' or 'migraphx'")
+    if migraphx is not None:
+        if target != "migraphx":
+            raise InputError("migraphx= settings are for target='migraphx'")
+        if not isinstance(migraphx, dict) or set(migraphx) - set(MIGRAPHX_KEYS):
+            bad = sorted(set(migraphx) - set(MIGRAPHX_KEYS)) if isinstance(migraphx, dict) \
+                else [type(migraphx).__name__]
+            raise InputError(f"migraphx: unknown {bad} ({', '.join(MIGRAPHX_KEYS)})")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise InputError(f"seed {seed!r}: an integer")
+    if inputs is not None and not isinstance(inputs, dict):
+        raise InputError(f"inputs: a dict of input name -> array, got {type(inputs).__name__}")
+    for k, v in (input_shapes or {}).items():
+        if isinstance(v, (str, bytes)) or not all(
+                isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in v):
+            raise InputError(f"input_shapes[{k!r}] = {v!r}: a list of ints, e.g. [1, 3, 224, "
+                             "224]")
+    if labels is not None and calib is None:
+        raise InputError("labels are the calibration samples' labels: give calib too")
+    if not isinstance((options or {}).get("planner", {}) or {}, dict):
+        raise InputError("options['planner']: a dict of planner settings")
+
+
 class _Rewrite:
     """One call of :func:`rewrite`: its inputs, its state, and one method per step."""
 
     def __init__(self, model, passes, output, verify, input_shapes, inputs, seed, options,
                  base_dir, data, plan, calib, progress, target, migraphx, labels=None,
                  fix_shapes=False):
+        _check_arguments(target, migraphx, seed, inputs, input_shapes, labels, calib, options)
+        target = None if target == "none" else target
+        if isinstance(calib, collections.abc.Iterator):
+            calib = list(calib)   # read twice with plan "auto": a generator only once
         self.model_arg, self.output, self.verify = model, output, verify
         self.input_shapes, self.inputs, self.seed = input_shapes, inputs, seed
         self.base_dir, self.plan, self.calib = base_dir, plan, calib
@@ -188,7 +232,8 @@ class _Rewrite:
 
     @property
     def path(self) -> str | None:
-        return None if isinstance(self.model_arg, onnx.ModelProto) else str(self.model_arg)
+        return None if isinstance(self.model_arg, (onnx.ModelProto, bytes, bytearray)) \
+            else str(self.model_arg)
 
     # -- the steps, in order ------------------------------------------------------------------
 
@@ -250,11 +295,30 @@ class _Rewrite:
 
     def load(self) -> None:
         model = self.model_arg
+        if isinstance(model, (bytes, bytearray)):
+            try:
+                model = onnx.load_model_from_string(bytes(model))
+            except Exception as e:  # noqa: BLE001 - not a serialized model
+                raise InputError(f"model bytes: not an ONNX model ({str(e)[:120]})") from None
         if isinstance(model, onnx.ModelProto):
             self.original = onnx.ModelProto()
             self.original.CopyFrom(model)
+            if self.base_dir is None:
+                # Its weights would be read from the current directory: whatever file of
+                # that name is there (zeros, in the API review's decoy), verified "ok".
+                ext = next((t for t in iter_model_tensors(self.original.graph)
+                            if t.data_location == onnx.TensorProto.EXTERNAL), None)
+                if ext is not None:
+                    where = next((e.value for e in ext.external_data if e.key == "location"),
+                                 "?")
+                    raise InputError(f"the model's weights are in external files (e.g. "
+                                     f"'{where}' for {ext.name}): give base_dir, the folder "
+                                     "they are in, or pass the model's path")
             validate_model(self.original)
             return
+        if not isinstance(model, (str, os.PathLike)):
+            raise InputError(f"model: expected a path or an onnx.ModelProto, got "
+                             f"{type(model).__name__}")
         # Big inline weights stay in the file (read memory-mapped, streamed back inline)
         # when external data resolves against the file's own folder.
         here = self.base_dir is None or os.path.realpath(self.base_dir) == os.path.realpath(

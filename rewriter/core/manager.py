@@ -53,8 +53,8 @@ def run_pipeline(graph: gs.Graph, passes: list[Pass], ctx: Context,
     for i, p in enumerate(passes):
         nodes_before = count_nodes(graph)
         t0 = time.perf_counter()
-        p.requires(graph, ctx)
         try:
+            p.requires(graph, ctx)
             result = p.run(graph, ctx)
             if result.changed:
                 cleanup(graph)

@@ -85,12 +85,40 @@ class Options:
         for k, v in (d or {}).items():
             if k in ignore:
                 continue
-            if k not in known:
-                close = difflib.get_close_matches(k, list(known), n=1)
+            if not isinstance(k, str) or k not in known:
+                close = difflib.get_close_matches(k, list(known), n=1) \
+                    if isinstance(k, str) else []
                 hint = f"; did you mean '{close[0]}'?" if close else ""
-                raise InputError(f"unknown option '{k}'{hint}")
-            kw[k] = v
+                raise InputError(f"unknown option {k!r}{hint}")
+            kw[k] = _checked(k, v, getattr(cls, k))
         return cls(**kw)
+
+
+def _checked(name: str, v: Any, default: Any) -> Any:
+    """An option's value in its type (the type of its default), or InputError: a string
+    for a size failed inside fold-constants, blamed on the pass (the API review)."""
+    from rewriter.core.errors import InputError
+
+    if name == "migraphx_version":
+        if v is None:
+            return None
+        from rewriter.migraphx.lowering import parse_version
+        version = parse_version(v) if isinstance(v, str) else (
+            tuple(int(x) for x in v) if isinstance(v, (tuple, list)) and v
+            and all(isinstance(x, int) for x in v) else None)
+        if version is None:
+            raise InputError(f"option 'migraphx_version' {v!r}: 'X.Y' or a tuple like (2, 16)")
+        return version
+    kind = type(default)
+    ok = (isinstance(v, bool) if kind is bool else
+          isinstance(v, (int, float)) and not isinstance(v, bool) if kind is float else
+          isinstance(v, int) and not isinstance(v, bool) if kind is int else
+          isinstance(v, kind))
+    if not ok:
+        raise InputError(f"option {name!r} {v!r}: expected {kind.__name__}")
+    if kind in (int, float) and v < 0:
+        raise InputError(f"option {name!r} {v!r}: 0 or more")
+    return kind(v)
 
 
 @dataclass

@@ -73,22 +73,33 @@ def resolve(spec, target: str | None = None) -> list:
     """Pass instances from a list of names / classes / instances, or a comma string. The
     name "default" stands for :func:`default_pipeline` (``target``'s), e.g.
     "default,pad-channels"."""
+    from rewriter.core.pass_base import Pass
+
     if spec is None:
         spec = DEFAULT_PIPELINE
     if isinstance(spec, str):
         spec = [s.strip() for s in spec.split(",") if s.strip()]
         if not spec:
             raise InputError("--passes is empty")
+    try:
+        spec = list(spec)
+    except TypeError:
+        raise InputError(f"passes: names, Pass classes or instances, got {spec!r}") from None
     out = []
     for item in spec:
         if item == "default":
             out.extend(get(name)() for name in default_pipeline(target))
         elif isinstance(item, str):
             out.append(get(item)())
-        elif isinstance(item, type):
+        elif isinstance(item, type) and issubclass(item, Pass):
             out.append(item())
-        else:
+        elif isinstance(item, Pass):
             out.append(item)
+        else:
+            raise InputError(f"passes: {item!r} is not a pass name, Pass class or instance")
+        if not out[-1].name:
+            raise InputError(f"pass {type(out[-1]).__name__} has no name (its report row and "
+                             "errors need one)")
     return out
 
 

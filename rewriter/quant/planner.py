@@ -637,9 +637,8 @@ def _plan_dict(results: list[LayerResult], s: dict) -> dict:
 
 
 def _progress(total: int, enabled: bool):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc="sensitivity", unit="layer", disable=not enabled, leave=False)
+    from rewriter.quant.ranges import progress_bar
+    return progress_bar(enabled, total=total, desc="sensitivity", unit="layer")
 
 
 def write_plot(rep: PlannerReport, path: str) -> bool:

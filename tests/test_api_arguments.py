@@ -1,0 +1,135 @@
+"""The Python API as another toolchain calls it (the API review, 2026-12-05): in-memory
+models with external weights, what ``materialize`` returns, generators, and every bad
+argument an InputError (a RewriteError), never a raw TypeError nor a value ignored."""
+
+import threading
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from conftest import ROOT
+from onnx.external_data_helper import convert_model_to_external_data
+
+import rewriter
+from rewriter.core.errors import InputError
+from rewriter.core.pass_base import Pass, PassResult, Phase
+
+RESNET = ROOT / "models" / "resnet_mini.onnx"
+MOBILENET = ROOT / "models" / "mobilenet_mini.onnx"
+
+
+@pytest.fixture
+def external(tmp_path):
+    m = onnx.load(RESNET)
+    convert_model_to_external_data(m, all_tensors_to_one_file=True, location="w.bin",
+                                   size_threshold=0)
+    onnx.save(m, tmp_path / "m.onnx")
+    return tmp_path / "m.onnx"
+
+
+def test_in_memory_external_weights_need_base_dir_never_the_cwd(external, tmp_path,
+                                                                monkeypatch):
+    """Without base_dir the weights were read from the current directory: a w.bin of
+    zeros there gave a model of zeros, verified ok."""
+    refs = onnx.load(external, load_external_data=False)
+    decoy = tmp_path / "cwd"
+    decoy.mkdir()
+    (decoy / "w.bin").write_bytes(b"\0" * (external.parent / "w.bin").stat().st_size)
+    monkeypatch.chdir(decoy)
+    with pytest.raises(InputError, match="weights are in external files .* give base_dir"):
+        rewriter.rewrite(refs, verify=True)
+    out, rep = rewriter.rewrite(refs, verify=True, base_dir=external.parent)
+    assert rep.ok and rep.verification
+
+
+def test_materialize_puts_every_weight_inline(external, tmp_path):
+    """Weights no pass touched kept their references to the input's w.bin: the returned
+    model did not load from its bytes nor after saving it elsewhere."""
+    for out_path in (None, tmp_path / "o.onnx"):
+        out, _ = rewriter.rewrite(external, output=out_path)
+        assert not any(t.data_location == onnx.TensorProto.EXTERNAL
+                       for t in out.graph.initializer)
+        x = np.random.default_rng(0).standard_normal((1, 3, 64, 64)).astype(np.float32)
+        want = ort.InferenceSession(str(external)).run(None, {"input": x})[0]
+        got = ort.InferenceSession(out.SerializeToString()).run(None, {"input": x})[0]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_generator_of_calibration_samples_serves_plan_auto():
+    """plan="auto" read the generator for the planner, then found it empty."""
+    rng = np.random.default_rng(1)
+    samples = ({"input": rng.standard_normal((1, 3, 64, 64)).astype(np.float32)}
+               for _ in range(16))
+    out, rep = rewriter.rewrite(MOBILENET, plan="auto", calib=samples,
+                                options={"planner": {"folds": 2}})
+    assert rep.extra["planner"]["summary"]
+
+
+@pytest.mark.parametrize("kwargs,fragment", [
+    ({"options": {"fold_size_limit": "big"}}, "option 'fold_size_limit' 'big': expected int"),
+    ({"options": {"strict": "no"}}, "option 'strict' 'no': expected bool"),
+    ({"options": {"fold_size_limit": -5}}, "0 or more"),
+    ({"options": {"migraphx_version": 2.15}}, "'X.Y' or a tuple"),
+    ({"options": {None: 1}}, "unknown option None"),
+    ({"options": {"planner": "x"}}, "options['planner']: a dict"),
+    ({"passes": 3}, "passes: names, Pass classes or instances"),
+    ({"passes": [None]}, "is not a pass name, Pass class or instance"),
+    ({"inputs": [np.zeros((1, 3, 64, 64), np.float32)]}, "inputs: a dict"),
+    ({"seed": "a"}, "seed 'a': an integer"),
+    ({"input_shapes": {"input": "1x3x64x64"}}, "a list of ints"),
+    ({"target": "MIGraphX"}, "target 'MIGraphX': None, 'none' or 'migraphx'"),
+    ({"target": "migraphx", "migraphx": {"devise": "ref"}}, "migraphx: unknown ['devise']"),
+    ({"migraphx": {"device": "ref"}}, "migraphx= settings are for target='migraphx'"),
+    ({"labels": [0, 1]}, "labels are the calibration samples' labels: give calib"),
+])
+def test_bad_arguments_are_input_errors(kwargs, fragment):
+    passes = kwargs.pop("passes", None)
+    with pytest.raises(InputError) as e:
+        rewriter.rewrite(RESNET, passes, **kwargs)
+    assert fragment in str(e.value)
+
+
+@pytest.mark.parametrize("model", [None, onnx.GraphProto(), b"not a model"])
+def test_a_model_that_is_no_model_is_an_input_error(model):
+    with pytest.raises(InputError):
+        rewriter.rewrite(model)
+
+
+def test_model_bytes_and_the_none_target_work():
+    out, rep = rewriter.rewrite(RESNET.read_bytes(), target="none", verify=True)
+    assert rep.ok and len(out.graph.node) < len(onnx.load(RESNET).graph.node)
+
+
+class _RequiresBug(Pass):
+    name = "requires-bug"
+    phase = Phase.FUSE
+
+    def requires(self, graph, ctx):
+        raise ValueError("a bug in requires")
+
+    def run(self, graph, ctx):
+        return PassResult()
+
+
+class _NoName(_RequiresBug):
+    name = ""
+
+
+def test_a_custom_pass_is_named_in_its_errors_and_needs_a_name():
+    with pytest.raises(rewriter.PassError) as e:
+        rewriter.rewrite(RESNET, ["fold-constants", _RequiresBug()])
+    assert e.value.pass_name == "requires-bug" and e.value.before == ["fold-constants"]
+    with pytest.raises(InputError, match="has no name"):
+        rewriter.rewrite(RESNET, [_NoName])
+
+
+def test_no_thread_is_left_running(tmp_path):
+    """A disabled tqdm bar still started tqdm's monitor thread, left in the caller's
+    process after a calibration."""
+    for i in range(4):
+        np.save(tmp_path / f"{i}.npy",
+                np.random.default_rng(i).standard_normal((1, 3, 64, 64)).astype(np.float32))
+    before = {t.name for t in threading.enumerate()}
+    rewriter.rewrite(MOBILENET, plan="default", calib=tmp_path)
+    assert {t.name for t in threading.enumerate()} <= before
