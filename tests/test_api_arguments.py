@@ -133,3 +133,20 @@ def test_no_thread_is_left_running(tmp_path):
     before = {t.name for t in threading.enumerate()}
     rewriter.rewrite(MOBILENET, plan="default", calib=tmp_path)
     assert {t.name for t in threading.enumerate()} <= before
+
+
+class _ReluToSigmoid(Pass):
+    name = "relu-to-sigmoid"
+    phase = Phase.FUSE
+
+    def run(self, graph, ctx):
+        for n in graph.nodes:
+            if n.op == "Relu":
+                n.op = "Sigmoid"
+        return PassResult(changed=True)
+
+
+def test_a_verification_error_names_the_pass_as_a_pass_error_does():
+    with pytest.raises(rewriter.VerificationError) as e:
+        rewriter.rewrite(RESNET, ["fold-constants", _ReluToSigmoid()], verify=True)
+    assert e.value.pass_name == "relu-to-sigmoid"

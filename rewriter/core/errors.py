@@ -42,6 +42,12 @@ class PassError(RewriteError):
 
 
 class VerificationError(RewriteError):
-    """Rewritten outputs differ from the original beyond tolerance (exit 1)."""
+    """Rewritten outputs differ from the original beyond tolerance (exit 1). ``pass_name``
+    is the pass after which they did (as PassError's), when known."""
 
     exit_code = 1
+
+    @property
+    def pass_name(self) -> str | None:
+        report = getattr(self, "report", None)
+        return getattr(report, "failed_pass", None)
