@@ -165,8 +165,12 @@ def _check_arguments(target, migraphx, seed, inputs, input_shapes, labels, calib
                              "224]")
     if labels is not None and calib is None:
         raise InputError("labels are the calibration samples' labels: give calib too")
-    if not isinstance((options or {}).get("planner", {}) or {}, dict):
+    planner = (options or {}).get("planner", {}) or {}
+    if not isinstance(planner, dict):
         raise InputError("options['planner']: a dict of planner settings")
+    if planner:
+        from rewriter.quant.planner import check_settings
+        check_settings(planner)
 
 
 class _Rewrite:

@@ -73,6 +73,7 @@ def test_a_generator_of_calibration_samples_serves_plan_auto():
     ({"options": {"migraphx_version": 2.15}}, "'X.Y' or a tuple"),
     ({"options": {None: 1}}, "unknown option None"),
     ({"options": {"planner": "x"}}, "options['planner']: a dict"),
+    ({"options": {"planner": {"fold": 2}}}, "unknown planner setting 'fold'; did you mean"),
     ({"passes": 3}, "passes: names, Pass classes or instances"),
     ({"passes": [None]}, "is not a pass name, Pass class or instance"),
     ({"inputs": [np.zeros((1, 3, 64, 64), np.float32)]}, "inputs: a dict"),
