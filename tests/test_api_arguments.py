@@ -151,3 +151,13 @@ def test_a_verification_error_names_the_pass_as_a_pass_error_does():
     with pytest.raises(rewriter.VerificationError) as e:
         rewriter.rewrite(RESNET, ["fold-constants", _ReluToSigmoid()], verify=True)
     assert e.value.pass_name == "relu-to-sigmoid"
+
+
+def test_verified_says_whether_outputs_were_compared():
+    """report.ok is True when nothing was checked, and an integrator gating on it read
+    that as verified (the API review): report.verified is True only after a comparison."""
+    import json
+    _, rep = rewriter.rewrite(RESNET)
+    assert rep.ok and not rep.verified and json.loads(rep.to_json())["verified"] is False
+    _, rep = rewriter.rewrite(RESNET, verify=True)
+    assert rep.ok and rep.verified and json.loads(rep.to_json())["verified"] is True

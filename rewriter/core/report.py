@@ -74,13 +74,21 @@ class Report:
 
     @property
     def ok(self) -> bool:
+        """No check failed (True also when nothing was checked: see ``verified``)."""
         return self.failed_pass is None and all(m["ok"] for m in self.verification or [])
+
+    @property
+    def verified(self) -> bool:
+        """The outputs were compared with the original (verify=True) and every one held:
+        what an integrator gates on (``ok`` alone is True without any comparison)."""
+        return self.verification is not None and self.ok
 
     def to_dict(self) -> dict:
         return {
             "input": self.input,
             "output": self.output,
             "ok": self.ok,
+            "verified": self.verified,
             "ops_before": dict(sorted(self.ops_before.items())),
             "ops_after": dict(sorted(self.ops_after.items())),
             "nodes_before": sum(self.ops_before.values()),
