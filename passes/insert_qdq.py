@@ -180,11 +180,12 @@ class InsertQdq(Pass):
         res.notes.append(f"weight form: {form} ({why})")
         site = _Site(graph, ctx, res, ctx.ranges, form,
                      plan is not None and plan.int8.get("bias") == "int32")
-        layers = [n for n in graph.nodes if assignment.precision.get(node_id(n)) == "int8"]
         from rewriter.quant.ranges import progress_bar
+
+        layers = [n for n in graph.nodes if assignment.precision.get(node_id(n)) == "int8"]
         # GPTQ rounding can take a minute (a 9216-wide conv): a bar when it runs.
         for node in progress_bar(ctx.progress and bool(ctx.hessians), iterable=layers,
-                         desc="int8 weights", unit="layer"):
+                                 desc="int8 weights", unit="layer"):
             nid = node_id(node)
             reason = site.quantize(node)
             if reason:

@@ -242,6 +242,8 @@ class _GraphPadder:
         self.consts: list[tuple[gs.Node, int, np.ndarray]] = []
         self.convs: list[tuple[gs.Node, np.ndarray, np.ndarray | None, int]] = []
         self.attrs: list[tuple[gs.Node, str, object]] = []
+        # (cin, pin, cout, pout, depthwise) the cost guard refused for the conv at hand
+        self.refused: tuple | None = None
 
     # ------------------------------------------------------------------ walk
     def run(self) -> None:
@@ -282,6 +284,7 @@ class _GraphPadder:
     # ------------------------------------------------------------------ convs
     def _conv(self, node) -> None:
         """Decide a conv's input and output layouts, then queue its padded weights."""
+        self.refused = None
         # A padded tensor used as dynamic weights or bias is never carried.
         for i in range(1, len(node.inputs)):
             if id(node.inputs[i]) in self.lay:
@@ -299,7 +302,6 @@ class _GraphPadder:
         w, b, group, cin, cout = info
         depthwise = group > 1 and group == cin and w.shape[1] == 1
         reasons: list[str] = []
-        self.guarded = ""
         in_layout, pad_in = self._input_side(node, x, lx, w, group, cin, depthwise, reasons)
         out_layout = self._output_side(node, in_layout, w, group, cin, cout, depthwise, reasons)
         in_layout, pad_in, out_layout = self._cost_guard(node, in_layout, pad_in, out_layout,
@@ -391,14 +393,20 @@ class _GraphPadder:
         return None, False, out_layout
 
     def _guarded(self, cin, pin, cout, pout, depthwise=False) -> None:
-        """Say what the cost guard refused (both sides, when both were): the note's counts
-        are what was done."""
-        self.refused = pin, pout = ((max(pin, self.refused[0]), max(pout, self.refused[1]))
-                                    if self.guarded else (pin, pout))
+        """Keep what the cost guard refused (both sides, when both were), for the note."""
+        if self.refused is not None:
+            pin, pout = max(pin, self.refused[1]), max(pout, self.refused[3])
+        self.refused = (cin, pin, cout, pout, depthwise)
+
+    def _guard_note(self) -> str:
+        """What the cost guard refused and why: the note's counts are what was done."""
+        if self.refused is None:
+            return ""
+        cin, pin, cout, pout, depthwise = self.refused
         ratio = pin / cin if depthwise else (pin / cin) * (pout / cout)
-        self.guarded = (f"cost guard: padding in {cin}->{pin}, out {cout}->{pout} would add "
-                        f"{ratio - 1:+.0%} FLOPs and weights, over --pad-max-overhead "
-                        f"{self.max_over:g}")
+        return (f"cost guard: padding in {cin}->{pin}, out {cout}->{pout} would add "
+                f"{ratio - 1:+.0%} FLOPs and weights, over --pad-max-overhead "
+                f"{self.max_over:g}")
 
     def _out_layout(self, node, cout, group, rank) -> Layout:
         n = self.n
@@ -456,7 +464,7 @@ class _GraphPadder:
         wbytes_after = itemsize * (pout * (pin // max(new_g, 1)) * kprod + (pout if has_b else 0))
         self.rows.append(ConvRow(node.name or y.name, group, cin, cout, pin, pout, flops,
                                  flops_after, wbytes, wbytes_after, status, per_pixel,
-                                 getattr(self, "guarded", "")))
+                                 self._guard_note()))
 
     # ------------------------------------------------------------------ other ops
     def _transfer(self, node) -> Layout | None:

@@ -96,11 +96,12 @@ def _move(node: gs.Node, site) -> str | None:
         return "weight-zero-point"
     if len(wd.outputs) != 1:
         return "shared-weight"
-    if node.op == "Conv" and len(node.inputs) > 2 and node.inputs[2].name:
-        bias = _constant_bias(node.inputs[2])
+    b = node.inputs[2] if node.op == "Conv" and len(node.inputs) > 2 else None
+    if b is not None and b.name and not isinstance(b, gs.Constant):
+        bias = _dequantized_bias(b)
         if bias is None:
             return "computed-bias"
-        node.inputs[2] = gs.Constant(site.ctx.namer(f"{node.inputs[2].name}_float"), bias)
+        node.inputs[2] = gs.Constant(site.ctx.namer(f"{b.name}_float"), bias)
     one = site.const(f"{q.name}_unit_scale", np.array(1.0, np.float32))
     zero = site.const(f"{q.name}_zero_point", np.array(0, np.int8))
     node.inputs[1] = site.add_node("DequantizeLinear", f"{dq.name or q.name}_unit",
@@ -110,11 +111,9 @@ def _move(node: gs.Node, site) -> str | None:
     return None
 
 
-def _constant_bias(b: gs.Tensor) -> np.ndarray | None:
-    """A conv bias's float values: a constant, or a DequantizeLinear of constants computed
-    as onnxruntime does ((q - zp) * s in float32); None when computed at run time."""
-    if isinstance(b, gs.Constant):
-        return np.asarray(b.values, np.float32)
+def _dequantized_bias(b: gs.Tensor) -> np.ndarray | None:
+    """A conv bias that is a DequantizeLinear of constants, as onnxruntime computes it
+    ((q - zp) * s in float32); None when computed at run time."""
     dq = b.inputs[0] if len(b.inputs) == 1 else None
     if dq is None or dq.op != "DequantizeLinear" or not all(
             isinstance(t, gs.Constant) for t in dq.inputs if t.name):

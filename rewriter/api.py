@@ -30,7 +30,7 @@ from rewriter.core.errors import InputError, PassError, VerificationError
 from rewriter.core.graph import (SMALL_TENSOR, Namer, copy_fields, graph_protos,
                                  iter_model_tensors, node_id, tensor_nbytes, weight_free_copy)
 from rewriter.core.load import first_line, load_model, validate_model
-from rewriter.core.manager import check_order, run_pipeline
+from rewriter.core.manager import check_order, run_pipeline, run_rounds
 from rewriter.core.pass_base import Context, Numerics, Options, pipeline_needs_shapes
 from rewriter.core.report import Report, op_histogram
 from rewriter.core.save import save_model, total_weight_bytes
@@ -133,10 +133,6 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
         return run.run(materialize)
 
 
-# Rounds of the pipeline at most (see _Rewrite.fixed_point); real models need 2, rarely 3.
-ROUNDS = 4
-
-
 MIGRAPHX_KEYS = ("device", "backend", "save_mxr", "require", "samples", "progress")
 
 
@@ -165,12 +161,8 @@ def _check_arguments(target, migraphx, seed, inputs, input_shapes, labels, calib
                              "224]")
     if labels is not None and calib is None:
         raise InputError("labels are the calibration samples' labels: give calib too")
-    planner = (options or {}).get("planner", {}) or {}
-    if not isinstance(planner, dict):
+    if not isinstance((options or {}).get("planner", {}) or {}, dict):
         raise InputError("options['planner']: a dict of planner settings")
-    if planner:
-        from rewriter.quant.planner import check_settings
-        check_settings(planner)
 
 
 class _Rewrite:
@@ -255,8 +247,12 @@ class _Rewrite:
                            progress=bool(self.progress),
                            **{k: v for k, v in self.data.items() if k != "plan"})
         check_order(self.pipeline + self.quantize)
-        records = self.fixed_point(run_pipeline(self.graph, self.pipeline, self.ctx,
-                                                self.after_change))
+        from rewriter.core.convert import refresh_shapes
+        # Rounds to a fixed point (akiki-vad 29 -> 28 on a second run, LORE, DTLN);
+        # shapes inferred again before each, where the first run inferred them.
+        refresh = (lambda k: refresh_shapes(self.graph, f"p{k}_")) if self.graph_inferred \
+            else None
+        records = run_rounds(self.graph, self.pipeline, self.ctx, self.after_change, refresh)
         if self.quantize:
             records = self.run_plan(records)
         self.seconds["passes"] = sum(r.seconds for r in records)
@@ -337,6 +333,10 @@ class _Rewrite:
     def plan_and_data(self) -> None:
         """The plan (``auto``: chosen by the planner now), its passes, and the calibration
         samples with a held-out part."""
+        if self.plan is not None and self.planner_settings:
+            # With a plan only: without one the planner is not imported, nor its settings used.
+            from rewriter.quant.planner import check_settings
+            check_settings(self.planner_settings)
         if isinstance(self.plan, str) and self.plan == "auto":
             if self.calib is None:
                 raise InputError("--plan auto measures layer sensitivities on data: give "
@@ -450,28 +450,6 @@ class _Rewrite:
                                                if k}, share=False)
         self.graph = to_graph(self.original, self.base_dir, infer=infer, fixed=self.fixed)
         self.graph_inferred = infer
-
-    def fixed_point(self, records: list) -> list:
-        """Run the pipeline again while a round changes the graph (at most ROUNDS in all),
-        with shapes inferred again first: what one round made static (an inlined If, a
-        folded Reshape) lets the next remove more, so a rewritten model rewritten again
-        is unchanged (akiki-vad 29 -> 28, LORE, DTLN found it). A later round's passes that
-        changed the graph are added to the report, marked with their round."""
-        from rewriter.core.convert import refresh_shapes
-        last = records
-        for k in range(2, ROUNDS + 1):
-            if not any(r.changed for r in last):
-                break
-            if self.graph_inferred:
-                refresh_shapes(self.graph, f"p{k}_")
-            done = list(records)
-            last = run_pipeline(self.graph, self.pipeline, self.ctx,
-                                lambda p, rec, recs: self.after_change(p, rec, done + recs),
-                                before=[r.name for r in done])
-            for r in last:
-                r.round = k
-            records = done + [r for r in last if r.changed]
-        return records
 
     def make_verifier(self) -> None:
         if not self.verify:
@@ -1031,14 +1009,10 @@ class _Rewrite:
                                        ort_load=True):
                 found.append(p.name)
 
-        try:   # the rounds the first run made (fixed_point), then the plan's passes
+        try:   # the rounds the first run made, then the plan's passes
             from rewriter.core.convert import refresh_shapes
-            for k in range(ROUNDS):
-                if k:
-                    refresh_shapes(graph, f"b{k}_")
-                recs = run_pipeline(graph, self.pipeline, ctx, check)
-                if found or not any(r.changed for r in recs):
-                    break
+            run_rounds(graph, self.pipeline, ctx, check,
+                       lambda k: refresh_shapes(graph, f"b{k}_"))
             if not found and self.quantize:
                 run_pipeline(graph, self.quantize, ctx, check)
         except Exception:  # noqa: BLE001 - the first run got through; name what we can

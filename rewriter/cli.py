@@ -192,8 +192,6 @@ def _run(args) -> int:
     if args.target == "none" and (args.save_mxr or args.require_backend):
         flag = "--save-mxr" if args.save_mxr else "--require-backend"
         raise InputError(f"{flag} is for MIGraphX's compile: drop --target none")
-    if args.fold_size_limit < 0:
-        raise InputError(f"--fold-size-limit {args.fold_size_limit}: bytes, 0 or more")
     from rewriter.core.save import check_distinct, check_output_path
     check_distinct(args.model, [("-o", args.output), ("--report", args.report),
                                 ("--save-mxr", args.save_mxr)])

@@ -204,7 +204,7 @@ def test_no_written_file_may_be_an_input_file_or_another_written_one(ext_model, 
     (["--input-shape", "input:1x3x64x64", "--input-shape", "input:2x3x64x64"],
      "--input-shape gives input twice: 1x3x64x64 and 2x3x64x64"),
     (["--save-mxr", "m.mxr", "--target", "none"], "--save-mxr is for MIGraphX's compile"),
-    (["--fold-size-limit", "-5"], "--fold-size-limit -5: bytes, 0 or more"),
+    (["--fold-size-limit", "-5"], "option 'fold_size_limit' -5: 0 or more"),
     (["--seed", "abc"], "invalid int value: 'abc' (see 'rewrite -h')"),
     (["--input-shape", "nope:1x3x64x64", "--verify"], "not a graph input"),
 ])

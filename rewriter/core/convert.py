@@ -349,18 +349,13 @@ class Exported:
         bytes, and the tensors still in the input's external files (untouched weights
         kept their references, relative to the input's folder: the returned model did
         not load elsewhere, the API review found)."""
-        from rewriter.core.graph import iter_model_tensors
-        from rewriter.core.load import resolve_external
-
         def fill(t):
             t.raw_data = raw_bytes(self.weights[t.name])
         m = self._copy_replacing_stubs(fill)
         for t in iter_model_tensors(m.graph):
             if t.data_location == onnx.TensorProto.EXTERNAL and not is_stub(t):
-                path, offset, length = resolve_external(t, Path(self.source_dir))
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    t.raw_data = f.read(length)
+                values = ExternalValues(t, *resolve_external(t, Path(self.source_dir)))
+                t.raw_data = raw_bytes(values)
                 del t.external_data[:]
                 t.data_location = onnx.TensorProto.DEFAULT
         return m

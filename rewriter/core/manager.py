@@ -69,3 +69,33 @@ def run_pipeline(graph: gs.Graph, passes: list[Pass], ctx: Context,
         if result.changed and after_change is not None:
             after_change(p, rec, records)
     return records
+
+
+# Rounds of a pipeline at most (run_rounds); real models need 2, rarely 3.
+ROUNDS = 4
+
+
+def run_rounds(graph: gs.Graph, passes: list[Pass], ctx: Context,
+               after_change: Callable[[Pass, PassRecord, list[PassRecord]], None] | None = None,
+               refresh: Callable[[int], None] | None = None) -> list[PassRecord]:
+    """:func:`run_pipeline` again while a round changes the graph, at most ROUNDS in all:
+    what one round made static (an inlined If, a folded Reshape) lets the next remove
+    more, so a rewritten model rewritten again is unchanged. ``refresh(k)`` runs before
+    round k > 1 (shape inference again). The records are the first round's and the
+    later rounds' passes that changed the graph, marked with their round;
+    ``after_change`` sees them all."""
+    records = run_pipeline(graph, passes, ctx, after_change)
+    last = records
+    for k in range(2, ROUNDS + 1):
+        if not any(r.changed for r in last):
+            break
+        if refresh is not None:
+            refresh(k)
+        done = list(records)
+        after = None if after_change is None else \
+            (lambda p, rec, recs: after_change(p, rec, done + recs))
+        last = run_pipeline(graph, passes, ctx, after, before=[r.name for r in done])
+        for r in last:
+            r.round = k
+        records = done + [r for r in last if r.changed]
+    return records

@@ -84,8 +84,8 @@ def check_distinct(model: str | os.PathLike, writes: list[tuple[str, str | None]
     """InputError when a file the run will write, (flag, path), is the input model, one
     of its external data files, or another written file: ``--report m.onnx`` replaced the
     model with JSON and exited 0. Only paths that exist can be input files; the model's
-    external data are read from its proto when the model file is small enough to parse
-    for that alone (an inline model of hundreds of MB has none in practice)."""
+    external data are read from its proto when the file is small (EXTERNAL_SCAN_BYTES)."""
+
     def same(a, b) -> bool:
         try:
             return os.path.samefile(a, b)
@@ -100,7 +100,7 @@ def check_distinct(model: str | os.PathLike, writes: list[tuple[str, str | None]
         except Exception:  # noqa: BLE001 - an unreadable model is refused later, with its reason
             m = None
         base = Path(model).parent
-        for t in (m.graph.initializer if m is not None else ()):
+        for t in (iter_model_tensors(m.graph) if m is not None else ()):
             for e in t.external_data:
                 if e.key == "location":
                     inputs.append((str(base / e.value), "the input's external data"))
@@ -114,8 +114,11 @@ def check_distinct(model: str | os.PathLike, writes: list[tuple[str, str | None]
         written.append((path, f"the file of {flag}"))
 
 
-# check_distinct parses a model up to this size to find its external data files.
-EXTERNAL_SCAN_BYTES = 256 << 20
+# check_distinct parses a model up to this size to find its external data files (a model
+# whose weights are external has a small proto; a bigger file holds them inline, and -o is
+# checked against external data again when it is written): a re-run whose output exists
+# costs at most a few ms of parsing, not a second load of an inline model.
+EXTERNAL_SCAN_BYTES = 16 << 20
 
 
 def save_model(exp: Exported, path: str | os.PathLike, external: bool | None = None,

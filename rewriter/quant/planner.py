@@ -437,20 +437,24 @@ def _resolve_budget(s: dict, labelled: bool) -> list[str]:
     return []
 
 
+def _defaults() -> dict:
+    return dict(DEFAULTS, weights="per-channel", weight_form="auto", method="mse",
+                percentile=99.99, num_bins=2048, samples=256, target_speedup=None,
+                preprocess=None, migraphx_version=None)
+
+
 def _settings(settings: dict | None) -> dict:
-    s = dict(DEFAULTS, weights="per-channel", weight_form="auto", method="mse",
-             percentile=99.99, num_bins=2048, samples=256, target_speedup=None,
-             preprocess=None, migraphx_version=None)
-    check_settings(settings, s)
+    check_settings(settings)
+    s = _defaults()
     s.update({k: v for k, v in (settings or {}).items() if v is not None})
     return s
 
 
-def check_settings(settings: dict | None, known: dict | None = None) -> None:
+def check_settings(settings: dict | None) -> None:
     """InputError for a planner setting of no known name (a typo was silently ignored,
     with a named plan too: the API review)."""
     import difflib
-    known = known or _settings(None)
+    known = _defaults()
     for k in settings or {}:
         if k not in known:
             close = difflib.get_close_matches(str(k), list(known), n=1)

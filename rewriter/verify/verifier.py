@@ -53,8 +53,7 @@ class Verifier:
             original, path = renamed, None
             self._source = (original, base_dir, path)
         try:
-            # From the file when there is one: onnxruntime reads it without a protobuf copy.
-            sess = ort.session(path) if path else ort.session(original, base_dir)
+            sess = self._original_session()
         except Exception as e:
             raise InputError(f"onnxruntime cannot load the original model: {_line(e)}") from None
         try:
@@ -103,14 +102,19 @@ class Verifier:
                     m.ok, m.noise = True, n
         return metrics
 
+    def _original_session(self):
+        """The original's onnxruntime session; from the file when there is one: onnxruntime
+        reads it without a protobuf copy."""
+        original, base_dir, path = self._source
+        return ort.session(path) if path else ort.session(original, base_dir)
+
     def rounding_noise(self) -> dict[str, float]:
         """{output: max_rel of the original's outputs when every float input moves by one
         ulp (random direction, seeded)}: how much the model itself amplifies rounding on
         these inputs. SLANet on 8x8 random images: 1.2e-4, the FP32 tolerance; onnxruntime's
         own basic optimiser drifts 0.9-5.5e-4 there. Run once, only when a check needs it."""
         if self._noise is None:
-            original, base_dir, path = self._source
-            sess = ort.session(path) if path else ort.session(original, base_dir)
+            sess = self._original_session()
             rng = np.random.default_rng(0)
             moved = []
             for f in self.feed_sets:

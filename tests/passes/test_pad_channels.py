@@ -109,6 +109,16 @@ def test_cost_guard_skips_one_channel_input():
     note = next(n for n in rep.passes[0].notes if "skip:cost-guard" in n)
     assert "FLOPs" in note and "cost guard: padding in 1->4, out 16->16 would add +300% " \
         "FLOPs and weights, over --pad-max-overhead 0.5" in note, note
+    # The next conv's note does not carry this one's refusal (it did, on a skipped row).
+    two = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 1, 8, 8] x, float[6, 5, 3, 3] wd) => (float[N, 6, 8, 8] y) {
+        a = Conv <pads = [1, 1, 1, 1]> (x, W)
+        y = Conv <pads = [1, 1, 1, 1]> (a, wd)
+    }""", {"W": np.random.default_rng(0).standard_normal((5, 1, 3, 3)).astype(np.float32)})
+    _, rep2, _ = pad(two)
+    notes = {n.split(":")[0]: n for n in rep2.passes[0].notes}
+    assert "cost guard:" in notes["a"] and "cost guard" not in notes["y"], notes
     # A looser guard lets it through.
     out, rep, _ = pad(m, options={"pad_max_overhead": 4.0})
     assert conv_weights(out) == [((16, 4, 3, 3), 1)]
