@@ -175,6 +175,39 @@ def test_first_dims_too_large_for_random_inputs_are_skipped(tmp_path, monkeypatc
                      "sets the sizes"), error
 
 
+def test_console_capture_is_safe_across_threads(tmp_path):
+    """The parse captures the process's stdout and stderr by swapping file descriptors.
+    Two API threads parsing at once used to interleave the swaps, and the last restore
+    could leave fd 1 pointing at a deleted temp file for the rest of the process. The
+    swaps are one at a time now, and each thread keeps its own captured lines. (A stand-in
+    parser here: what is tested is the capture, not MIGraphX.)"""
+    import os
+    import threading
+    import time
+
+    class Parser:
+        def parse_onnx(self, path, map_input_dims=None):
+            os.write(1, f"said by {path}\n".encode())
+            time.sleep(0.05)        # releases the GIL, as a C++ parse may
+            return path
+
+    before = os.fstat(1).st_ino, os.fstat(2).st_ino
+    got = {}
+
+    def run(name):
+        mgx_backend.said().clear()
+        assert mgx_backend._parse(Parser(), name, {}) == name
+        got[name] = list(mgx_backend.said())
+
+    threads = [threading.Thread(target=run, args=(f"m{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert (os.fstat(1).st_ino, os.fstat(2).st_ino) == before
+    assert got == {f"m{i}": [f"said by m{i}"] for i in range(4)}, got
+
+
 @pytest.mark.migraphx
 def test_samples_show_a_bar_on_a_terminal(tmp_path, monkeypatch):
     """The ref target takes 25 s a 320x320 detector image: 8 samples ran 200 s with

@@ -678,9 +678,9 @@ def test_what_migraphx_prints_while_parsing_goes_to_the_report(tmp_path, capfd):
                      [h.make_tensor_value_info("y", T.FLOAT, [2, 3])])
     path = tmp_path / "unsorted.onnx"
     onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
-    backend.SAID.clear()
+    backend.said().clear()
     assert backend.refuses(path, {"x": [2, 3]}) is None
     out, err = capfd.readouterr()
     assert out == "" and err == "", (out, err)
-    assert any("topologically sorted" in s for s in backend.SAID), backend.SAID
-    backend.SAID.clear()
+    assert any("topologically sorted" in s for s in backend.said()), backend.said()
+    backend.said().clear()

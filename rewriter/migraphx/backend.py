@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -188,18 +189,29 @@ def _dims(feeds: Mapping[str, np.ndarray], input_shapes) -> dict[str, list[int]]
     return dims
 
 
-# What MIGraphX's C++ printed while parsing (compile_output puts it in the report).
-SAID: list[str] = []
+# What MIGraphX's C++ printed while parsing, per thread (compile_output puts it in the
+# report). The redirection of the process's stdout and stderr is one at a time: two
+# threads swapping file descriptors at once could leave stdout pointing at a temp file.
+_SAID = threading.local()
+_REDIRECT = threading.Lock()
+
+
+def said() -> list[str]:
+    """This thread's captured MIGraphX console lines (clear it before a compile)."""
+    if not hasattr(_SAID, "lines"):
+        _SAID.lines = []
+    return _SAID.lines
 
 
 def _parse(mgx, model_path, dims):
-    """parse_onnx with the process's stdout and stderr captured into SAID: MIGraphX prints
-    'Warning: onnx model is not topologically sorted' on parsing a model (an original
-    often), past -q and into a caller's pipe."""
+    """parse_onnx with the process's stdout and stderr captured into :func:`said`:
+    MIGraphX prints 'Warning: onnx model is not topologically sorted' on parsing a model
+    (an original often), past -q and into a caller's pipe."""
     import tempfile
-    sys.stdout.flush()
-    sys.stderr.flush()
-    with tempfile.TemporaryFile() as tmp:
+    lines = said()
+    with _REDIRECT, tempfile.TemporaryFile() as tmp:
+        sys.stdout.flush()
+        sys.stderr.flush()
         saved = os.dup(1), os.dup(2)
         try:
             os.dup2(tmp.fileno(), 1)
@@ -215,8 +227,8 @@ def _parse(mgx, model_path, dims):
             os.close(saved[1])
             tmp.seek(0)
             for line in tmp.read().decode(errors="replace").splitlines():
-                if line.strip() and line.strip() not in SAID:
-                    SAID.append(line.strip())
+                if line.strip() and line.strip() not in lines:
+                    lines.append(line.strip())
 
 
 def _compile(mgx, model_path, dims, target: str, fast_math: bool):

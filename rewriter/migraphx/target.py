@@ -437,16 +437,16 @@ def compile_output(report, checked: tuple, exported, original, base_dir, output,
     refused too, the dims are at fault, not the rewrite; with random inputs and symbolic
     dims the user did not set, the larger sizes of feeds.FALLBACK_FILLS are tried next."""
     from rewriter.migraphx import backend as mgx_backend
-    mgx_backend.SAID.clear()
+    mgx_backend.said().clear()
     try:
         _compile_sizes(report, checked, exported, original, base_dir, output, mgx,
                        input_shapes, inputs, seed, held_out, plan, verifier, model_path, fill,
                        ints)
     finally:
-        if mgx_backend.SAID:   # the C++ side's console lines, kept out of stdout and -q
-            report.warnings.append("MIGraphX printed while parsing: "
-                                   + "; ".join(mgx_backend.SAID[:5]))
-            mgx_backend.SAID.clear()
+        said = mgx_backend.said()
+        if said:   # the C++ side's console lines, kept out of stdout and -q
+            report.warnings.append("MIGraphX printed while parsing: " + "; ".join(said[:5]))
+            said.clear()
 
 
 def _compile_sizes(report, checked, exported, original, base_dir, output, mgx, input_shapes,
