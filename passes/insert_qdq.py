@@ -180,7 +180,7 @@ class InsertQdq(Pass):
         res.notes.append(f"weight form: {form} ({why})")
         site = _Site(graph, ctx, res, ctx.ranges, form,
                      plan is not None and plan.int8.get("bias") == "int32")
-        from rewriter.quant.ranges import progress_bar
+        from rewriter.core.progress import progress_bar
 
         layers = [n for n in graph.nodes if assignment.precision.get(node_id(n)) == "int8"]
         # GPTQ rounding can take a minute (a 9216-wide conv): a bar when it runs.

@@ -68,3 +68,36 @@ def _env():
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT)
     return env
+
+
+# docs/architecture.md's layers, top to bottom: a module may import its own layer's
+# package and the ones below it. Two lazy imports go up, each for a reason said there.
+_LAYERS = {"passes": {"rewriter.core", "rewriter.passes"},
+           "rewriter/core": {"rewriter.core"},
+           "rewriter/verify": {"rewriter.core", "rewriter.verify"},
+           "rewriter/advise": {"rewriter.core", "rewriter.advise"},
+           "rewriter/quant": {"rewriter.core", "rewriter.verify", "rewriter.quant"},
+           "rewriter/migraphx": {"rewriter.core", "rewriter.verify", "rewriter.migraphx"}}
+_UPWARD = {("rewriter/core/report.py", "rewriter.verify"),      # certificate text
+           ("rewriter/migraphx/target.py", "rewriter.api")}     # --fix-shapes retry
+
+
+def test_imports_follow_the_documented_layers():
+    """architecture.md says what may import what; insert-qdq imported its progress bar
+    from quant (a pass reaching a service) and Options' check imported migraphx's version
+    parser (core reaching up) before anyone noticed. The rule is checked here."""
+    import ast
+    bad = []
+    for folder, allowed in _LAYERS.items():
+        for path in sorted((ROOT / folder).glob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = ([node.module] if isinstance(node, ast.ImportFrom) and node.level == 0
+                         and node.module else [a.name for a in node.names]
+                         if isinstance(node, ast.Import) else [])
+                for name in names:
+                    top = ".".join(name.split(".")[:2])
+                    if (name.startswith("rewriter") and top not in allowed
+                            and (rel, top) not in _UPWARD):
+                        bad.append(f"{rel}: {name}")
+    assert not bad, bad

@@ -8,6 +8,7 @@ the rest (cleanup, toposort, structural and numeric checks); see docs/writing-a-
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
@@ -94,6 +95,16 @@ class Options:
         return cls(**kw)
 
 
+def parse_version(text: str | None) -> tuple[int, ...] | None:
+    """(2, 16, 0) from '2.16.0.dev+2025...', 'MIGraphX Version: 2.16.0.2025...' or '2.16'."""
+    if not text:
+        return None
+    m = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", str(text))
+    if not m:
+        return None
+    return tuple(int(g) for g in m.groups() if g is not None)
+
+
 def _checked(name: str, v: Any, default: Any) -> Any:
     """An option's value in its type (the type of its default), or InputError: a string
     for a size failed inside fold-constants, blamed on the pass (the API review)."""
@@ -102,7 +113,6 @@ def _checked(name: str, v: Any, default: Any) -> Any:
     if name == "migraphx_version":
         if v is None:
             return None
-        from rewriter.migraphx.lowering import parse_version
         version = parse_version(v) if isinstance(v, str) else (
             tuple(int(x) for x in v) if isinstance(v, (tuple, list)) and v
             and all(isinstance(x, int) for x in v) else None)

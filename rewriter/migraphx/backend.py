@@ -304,7 +304,7 @@ def compile_and_run(model_path: str | os.PathLike, feeds, input_shapes: dict[str
     Failures inside MIGraphX raise :class:`MigraphxError` (one line, MIGraphX's message).
     ``progress``: a bar over the samples on a terminal (the ``ref`` target takes 25 s a
     320x320 detector image)."""
-    from rewriter.quant.ranges import progress_bar
+    from rewriter.core.progress import progress_bar
     mgx = _require()
     feed_sets = feeds if isinstance(feeds, list) else [feeds]
     dims = _dims(feed_sets[0], input_shapes)

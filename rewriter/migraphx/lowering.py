@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from rewriter.core.pass_base import parse_version  # noqa: F401 (in core for Options)
+
 GPU_PASSES = ("normalize_ops", "dead_code_elimination", "eliminate_identity",
               "dead_code_elimination", "simplify_qdq")
 CONV_OPS = ("Conv", "ConvInteger", "QLinearConv")
@@ -62,16 +64,6 @@ KNOWN_FAILURES = (
     (r"Unknown operator", "an operator MIGraphX's ONNX parser does not know", "unsupported-op",
      "see `rewrite check`"),
 )
-
-
-def parse_version(text: str | None) -> tuple[int, ...] | None:
-    """(2, 16, 0) from '2.16.0.dev+2025...', 'MIGraphX Version: 2.16.0.2025...' or '2.16'."""
-    if not text:
-        return None
-    m = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", str(text))
-    if not m:
-        return None
-    return tuple(int(g) for g in m.groups() if g is not None)
 
 
 def show_version(v: tuple[int, ...] | None) -> str:

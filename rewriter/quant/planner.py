@@ -654,7 +654,7 @@ def _plan_dict(results: list[LayerResult], s: dict) -> dict:
 
 
 def _progress(total: int, enabled: bool):
-    from rewriter.quant.ranges import progress_bar
+    from rewriter.core.progress import progress_bar
     return progress_bar(enabled, total=total, desc="sensitivity", unit="layer")
 
 

@@ -45,13 +45,13 @@ from __future__ import annotations
 
 import difflib
 import math
-import sys
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 
 from rewriter.core.errors import InputError
+from rewriter.core.progress import progress_bar
 from rewriter.quant import METHODS
 from rewriter.quant.data import CalibrationData, _describe, _proto, load_calibration
 from rewriter.quant.ort_calibration import Histograms
@@ -198,36 +198,6 @@ class _ChannelReducer:
             if n in self.absmax:
                 self.result[n] = ChannelStats(self.absmax.pop(n),
                                               self.total.pop(n) / max(1, self.count.pop(n)))
-
-
-def progress_bar(progress: bool, **kw):
-    """A tqdm bar on stderr when ``progress`` and stderr is a terminal; else a stand-in
-    that does nothing (a disabled tqdm still starts tqdm's monitor thread, left running
-    in an API caller's process)."""
-    stream = sys.stderr
-    if not (progress and hasattr(stream, "isatty") and stream.isatty()):
-        return _NoBar(kw.get("iterable", ()))
-    from tqdm.auto import tqdm
-    return tqdm(file=stream, leave=False, **kw)
-
-
-class _NoBar:
-    """What the code calls on a bar, doing nothing; iterates its iterable."""
-
-    def __init__(self, iterable=()):
-        self.iterable = iterable
-
-    def __iter__(self):
-        return iter(self.iterable)
-
-    def update(self, n=1):
-        pass
-
-    def set_postfix_str(self, s=""):
-        pass
-
-    def close(self):
-        pass
 
 
 def _classify_tensors(proto: onnx.ModelProto, tensors: list[str]) -> tuple[list[str], list[str]]:
