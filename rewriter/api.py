@@ -78,7 +78,9 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
         model: a path, an in-memory ModelProto (copied, never modified) or its serialized
             bytes. An in-memory model whose weights are in external files needs
             ``base_dir``: they are never looked for in the current directory.
-        passes: pass names (list or "a,b,c"), classes or instances; None = default pipeline.
+        passes: pass names (list or "a,b,c"), classes or instances; None = default pipeline;
+            [] = none (the model is loaded, checked, verified and saved as it is). An empty
+            string is refused, as `--passes ""` is: it is more often a lost value than a wish.
         output: where to save atomically (external data beside it when needed).
         verify: compare with the original in onnxruntime after every changing pass.
         input_shapes: {input name: dims} for symbolic dims (default 1); for random inputs.
