@@ -1121,6 +1121,13 @@ class _Rewrite:
     def verification_error(self, what: str, metrics, exported, lossy: bool):
         """The error (with the report attached); for a lossy failure it names the first
         layer whose activations leave the budget."""
+        why = {m.strict_refused for m in metrics if not m.ok}
+        if why == {"uncertified"}:   # not drift: the data cannot certify the budget
+            what = what.replace("drift beyond tolerance", "are within the budget but not "
+                                "certified at 95% (--strict)")
+        elif why and "" not in why:
+            what = what.replace("drift beyond tolerance", "have a component below the "
+                                "budget, hidden in the output's cosine (--strict)")
         msg = f"{what} ({_worst(metrics, self.verifier)})"
         if lossy and self.fp32_snapshot is not None:
             layer = self.first_divergence(exported)

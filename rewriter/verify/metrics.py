@@ -48,6 +48,8 @@ class OutputMetrics:
     groups: list | None = None   # lossy: components of different scale (scale_groups)
     noise: float | None = None   # the original's own max_rel under 1-ulp input changes,
                                  # when the tolerance was widened to it (Verifier.check)
+    strict_refused: str = ""   # refused by --strict only: "uncertified" (within the budget,
+                               # not certified at 95%) or "component" (a scale group below it)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -150,8 +150,10 @@ class Verifier:
             # Too few samples to certify the budget at all (whether the flip-risk
             # model meets it or not, as long as it is not shown missed): the output is
             # kept with a warning (the caller's), unless strict.
+            lenient = m.ok and (j.met or j.undecided)
             m.ok = m.ok and ((j.met and (j.certifiable or not self.strict))
                              or (j.undecided and not self.strict))
+            m.strict_refused = "uncertified" if lenient and not m.ok else ""
         else:
             m.ok = m.ok and judge(m, numerics, depth, self.lossy, self.model_eps)
         split = self.splits.get(name)
@@ -162,6 +164,8 @@ class Verifier:
                 # The output's cosine is its largest component's: a smaller one below the
                 # budget is said (api) and refused with --strict.
                 if self.strict and min(c for _, _, c in groups) < self.min_cosine():
+                    if m.ok:
+                        m.strict_refused = "component"
                     m.ok = False
         return m
 
