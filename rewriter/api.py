@@ -412,8 +412,8 @@ class _Rewrite:
              if k in ("method", "percentile", "samples", "weights") and v is not None}
         if "samples" in s and int(s["samples"]) < 1:
             raise InputError(f"--samples {s['samples']}: give at least 1")
-        if "percentile" in s and not 0 < float(s["percentile"]) <= 100:
-            raise InputError(f"--percentile {s['percentile']}: give a value in (0, 100]")
+        if "percentile" in s and not 50 < float(s["percentile"]) <= 100:   # as a plan file
+            raise InputError(f"--percentile {s['percentile']}: give a value in (50, 100]")
         cal = self.plan.int8["calibration"]
         for k in ("method", "percentile", "samples"):
             if k in s:

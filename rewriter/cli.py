@@ -6,7 +6,9 @@
     rewrite advise PROFILE [--model M] [--json]
     rewrite --list-passes
 
-Exit codes: 0 ok, 1 verification failed, 2 usage or bad input, 3 internal error in a pass.
+Exit codes: 0 ok; 1 verification failed (onnxruntime: nothing written; the MIGraphX step:
+after the output is written); 2 usage or bad input; 3 internal error in a pass; 130
+interrupted; 141 stdout closed.
 Errors are one line on stderr; ``-v`` adds the traceback.
 """
 
@@ -24,7 +26,20 @@ EXIT_OK, EXIT_VERIFY, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 SUBCOMMANDS = ("check", "plan", "advise")
 
 
+class _Formatter(argparse.HelpFormatter):
+    """Help lines wrapped at spaces only: textwrap's default broke '--max-accuracy-drop'
+    after '--max-' (a flag name split over two lines)."""
+
+    def _split_lines(self, text, width):
+        import textwrap
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *a, **kw):
+        kw.setdefault("formatter_class", _Formatter)
+        super().__init__(*a, **kw)
+
     # argparse exits 2 on usage errors already; keep its message, on one line (its usage
     # block came first: 17 lines for a mistyped --seed).
     def error(self, message):
@@ -309,12 +324,14 @@ def _planner_args(p) -> None:
     g.add_argument("--method", choices=METHODS, default=None,
                    help="activation range method (default mse: the clip minimising the "
                         "quantisation error; overrides a plan file's)")
-    g.add_argument("--percentile", type=float, default=None, help="for percentile (99.99)")
+    g.add_argument("--percentile", type=float, default=None,
+                   help="for percentile, in (50, 100] (default: the plan's, 99.999 in the "
+                        "named plans; the planner's 99.99)")
     g.add_argument("--weights", choices=("per-channel", "per-tensor"), default=None,
                    help="INT8 weight scales (default per-channel; overrides a plan file's)")
     g.add_argument("--samples", type=int, default=None,
-                   help="calibration samples used at most (default 256; overrides a plan "
-                        "file's)")
+                   help="calibration samples used at most (default: the plan's, 200 in the "
+                        "named plans; the planner's 256)")
     g.add_argument("--folds", type=int, default=4,
                    help="k-fold judgement: ranges from k-1 folds, judged on the k-th (4)")
     g.add_argument("--strict", action="store_true",

@@ -1114,3 +1114,32 @@ def test_long_steps_show_progress_on_a_terminal(tmp_path, monkeypatch):
         text = stream.getvalue()
         assert ("int8 weights" in text) == shown and ("weight rounding statistics" in text) \
             == shown, text[-500:]
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["check", "--help"], ["plan", "--help"],
+                                  ["advise", "--help"]])
+def test_help_loads_nothing_heavy(argv):
+    """architecture.md: `cli` keeps imports lazy, so `-h` answers at once. `advise -h`
+    imported onnx-graphsurgeon, onnx and numpy through advise/kernels.py (docs audit)."""
+    import subprocess
+    import sys
+    code = ("import sys, io, contextlib\nfrom rewriter.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    main({argv!r})\n"
+            "print(sorted(m for m in ('onnx', 'numpy', 'onnx_graphsurgeon', 'onnxruntime')"
+            " if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[]", (argv, out)
+
+
+@pytest.mark.parametrize("columns", ["80", "100", "120"])
+def test_help_never_splits_a_flag_name_over_two_lines(capsys, monkeypatch, columns):
+    """argparse's textwrap broke at hyphens: '--max-' at a line's end, 'accuracy-drop' on
+    the next (docs/cli.md at 100 columns, docs audit)."""
+    import re
+    monkeypatch.setenv("COLUMNS", columns)
+    for argv in (["--help"], ["plan", "--help"], ["check", "--help"]):
+        assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert not re.search(r"-\n", out), re.findall(r".*-\n.*", out)

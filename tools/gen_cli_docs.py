@@ -1,10 +1,12 @@
 """Write docs/cli.md from the CLI's own --help (tests/test_docs.py checks it is current).
 
-    python tools/gen_cli_docs.py
+    python tools/gen_cli_docs.py            # write it
+    python tools/gen_cli_docs.py --check    # exit 1 when it is stale, write nothing
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import os
@@ -36,6 +38,12 @@ it is stale.
 {_help(["--help"])}
 ```
 
+## rewrite plan
+
+```
+{_help(["plan", "--help"])}
+```
+
 ## rewrite check
 
 ```
@@ -50,12 +58,26 @@ it is stale.
 
 See also [profiling on ROCm](profiling-rocm.md).
 
-Exit codes: 0 ok, 1 verification failed (or `check` found errors), 2 bad input or usage,
-3 an internal error in a pass.
+Exit codes: 0 ok; 1 verification failed (in onnxruntime: nothing is written; in the
+MIGraphX step, which runs on the written output: the output stays), `check` found errors, or
+`plan --strict` could not certify its budget; 2 bad input or usage; 3 an internal error in a
+pass; 130 interrupted (Ctrl-C); 141 stdout was closed (`| head`).
 """
 
 
-if __name__ == "__main__":
-    DOC.write_text(render())
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--check", action="store_true", help="exit 1 when docs/cli.md is stale")
+    a = p.parse_args()
+    text = render()
+    if a.check:
+        stale = not DOC.exists() or DOC.read_text() != text
+        print(f"{DOC} is {'stale' if stale else 'current'}")
+        return int(stale)
+    DOC.write_text(text)
     print(f"wrote {DOC}")
-    sys.exit(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

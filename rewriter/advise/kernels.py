@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rewriter.advise.profiles import ProfileError, clean_kernel_name
-from rewriter.core.graph import node_id
 
 _ACTIVATION_TOKENS = {"relu": "Relu", "clip": "Clip", "sigmoid": "Sigmoid", "tanh": "Tanh",
                       "leaky": "LeakyRelu", "elu": "Elu", "erf": "Gelu", "gelu": "Gelu",
@@ -71,6 +70,7 @@ def _model_facts(path: str | Path) -> dict:
         import onnx
     except ImportError:
         raise ProfileError("--model needs the onnx package (pip install onnx)") from None
+    from rewriter.core.graph import node_id   # onnx-graphsurgeon: not for `advise -h`
     p = Path(path)
     if not p.is_file():
         raise ProfileError(f"{p}: model not found")
