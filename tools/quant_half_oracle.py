@@ -18,6 +18,11 @@ scales: coordinate descent, two sweeps, each scale times 0.5-1.5, keeping what l
 mean KL divergence from FP32 on the 64 calibration samples (an experiment too).
 ``--ablate`` judges each plan again without its activation Q/DQ (INT8 weights, float
 activations), then without each activation's Q/DQ alone: where the loss comes from.
+``--channel-groups K`` judges each plan again with each 4-D activation's channels split into
+K groups by their calibration max |x| (0: one group per channel), each group with its own
+scale, min(its max, the tensor's clip) / 127: per-tensor int8 as MIGraphX runs it, once per
+group (a conv split over input-channel groups). An upper bound for that rewrite, simulated
+with per-channel Q/DQ in onnxruntime.
 ``--n-eval N --eval-seed S`` judge on N fresh samples drawn with seed S (300 and 1 by
 default, quant_eval's set); ``--bias-correction`` and ``--alpha A`` set those two INT8
 options of the plan (the planner's plans leave bias correction off; alpha 0.5 by default).
@@ -128,6 +133,59 @@ def tune_scales(src: Path, dst: Path, xs, ref) -> tuple[float, float]:
     return start, best
 
 
+def channel_groups(src: Path, dst: Path, xs, k: int) -> bool:
+    """``src`` with each 4-D activation Q/DQ given per-channel scales: channels sorted by
+    their calibration max |x|, cut into ``k`` equal groups (0: one per channel), each
+    group's scale min(its max, the tensor's amax) / 127 (see --channel-groups)."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper as nh
+
+    from rewriter.core import ort
+
+    m = onnx.load(str(src))
+    if next((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), 0) < 13:
+        return False   # per-axis Q/DQ on activations needs opset 13
+    g = m.graph
+    consts = {i.name: nh.to_array(i) for i in g.initializer}
+    consts.update({n.output[0]: nh.to_array(a.t) for n in g.node if n.op_type == "Constant"
+                   for a in n.attribute if a.name == "value"})
+    qs = activation_qs(g)
+    names = sorted({q.input[0] for q in qs})
+    probe = onnx.ModelProto()
+    probe.CopyFrom(m)
+    probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(t) for t in names)
+    sess = ort.session(probe)
+    feed = sess.get_inputs()[0].name
+    cmax: dict = {}
+    for i in range(len(xs)):
+        for t, a in zip(names, ort.run(sess, {feed: xs[i:i + 1]}, names)):
+            if a.ndim == 4:
+                v = np.abs(a).max(axis=(0, 2, 3))
+                cmax[t] = np.maximum(cmax.get(t, v), v)
+    for q in qs:
+        t = q.input[0]
+        if t not in cmax:
+            continue
+        amax = 127 * float(consts[q.input[1]])
+        c = cmax[t]
+        order = np.argsort(c)
+        parts = np.array_split(order, len(c) if k <= 0 else min(k, len(c)))
+        per = np.empty_like(c)
+        for part in parts:
+            per[part] = min(float(c[part].max()), amax)
+        scale = np.maximum(per, 1e-12).astype(np.float32) / 127
+        qparams = (q.output[0] + "_grp_scale", q.output[0] + "_grp_zero_point")
+        g.initializer.extend([nh.from_array(scale, qparams[0]),
+                              nh.from_array(np.zeros(len(c), np.int8), qparams[1])])
+        for n in g.node:
+            if n is q or (n.op_type == "DequantizeLinear" and n.input[0] == q.output[0]):
+                n.input[1], n.input[2] = qparams
+                n.attribute.append(onnx.helper.make_attribute("axis", 1))
+    onnx.save(m, str(dst))
+    return True
+
+
 def without_activation_qdq(src: Path, dst: Path, tensors: set | None = None) -> list[str]:
     """``src`` with the Q -> DQ pairs on computed tensors (all, or those in ``tensors``)
     removed: the DQ's readers read the tensor itself. Returns the activation tensors."""
@@ -173,7 +231,8 @@ def show(row: dict) -> None:
 
 def run(task: str, fracs: list[float], work: Path, pointwise: bool = False,
         asym: bool = False, tune: bool = False, n_eval: int = 300, eval_seed: int = 1,
-        int8: dict | None = None, ablate: bool = False) -> list[dict]:
+        int8: dict | None = None, ablate: bool = False,
+        groups: list[int] | None = None) -> list[dict]:
     import onnx
 
     import rewriter
@@ -216,6 +275,14 @@ def run(task: str, fracs: list[float], work: Path, pointwise: bool = False,
                 rows.append({**row, "plan": label + " asym",
                              **judge(ref, qe.outputs(str(out.with_suffix(".asym.onnx")), xe), ye)})
                 show(rows[-1])
+            for k in groups or []:
+                grp = out.with_suffix(f".g{k}.onnx")
+                if not channel_groups(out, grp, xc, k):
+                    print(f"  {task}: channel groups need opset 13 (per-axis Q/DQ)")
+                    break
+                rows.append({**row, "plan": label + f" {k or 'per-channel'} groups",
+                             **judge(ref, qe.outputs(str(grp), xe), ye)})
+                show(rows[-1])
             if ablate:
                 bare = out.with_suffix(".bare.onnx")
                 acts = without_activation_qdq(out, bare)
@@ -249,6 +316,9 @@ def main() -> int:
                    help="judge each plan again after an end-to-end activation-scale search")
     p.add_argument("--ablate", action="store_true",
                    help="judge each plan again without activation Q/DQ, all and one by one")
+    p.add_argument("--channel-groups", default="",
+                   help="judge each plan again with activations in K channel groups, each "
+                   "its own scale (comma list; 0 = per channel)")
     p.add_argument("--n-eval", type=int, default=300, help="fresh samples to judge on")
     p.add_argument("--eval-seed", type=int, default=1)
     p.add_argument("--bias-correction", action="store_true",
@@ -266,7 +336,8 @@ def main() -> int:
             **(json.loads(a.int8) if a.int8 else {})}
     rows = [r for t in a.task for r in run(t, [float(f) for f in a.frac.split(",")], work,
                                            a.ungrouped_only, a.asymmetric, a.tune_scales,
-                                           a.n_eval, a.eval_seed, int8, a.ablate)]
+                                           a.n_eval, a.eval_seed, int8, a.ablate,
+                                           [int(k) for k in a.channel_groups.split(",") if k])]
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1, default=float))
     return 0
