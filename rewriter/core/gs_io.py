@@ -31,8 +31,35 @@ from onnx_graphsurgeon.ir.tensor import LazyValues, SparseValues
 from onnx_graphsurgeon.util.misc import SynchronizedList
 
 A = onnx.AttributeProto
+# Kept as their AttributeProto (RawAttribute): graphsurgeon's importer drops TYPE_PROTO
+# attributes with a warning ("currently unsupported. Skipping attribute"), which left an
+# Optional node without its type (tenth round). No pass reads them.
+_RAW_KINDS = frozenset({A.TYPE_PROTO, A.TYPE_PROTOS, A.SPARSE_TENSOR, A.SPARSE_TENSORS,
+                        A.TENSORS})
 _KINDS = frozenset({A.FLOAT, A.INT, A.STRING, A.TENSOR, A.GRAPH, A.FLOATS, A.INTS,
-                    A.STRINGS})
+                    A.STRINGS}) | _RAW_KINDS
+
+
+class RawAttribute:
+    """An attribute of a kind no pass reads, carried through as its AttributeProto;
+    equal (and hashed) by its serialized bytes, so merge-duplicates can compare it."""
+
+    __slots__ = ("proto", "_bytes")
+
+    def __init__(self, proto: onnx.AttributeProto):
+        self.proto = onnx.AttributeProto()
+        self.proto.CopyFrom(proto)
+        self.proto.name = ""
+        self._bytes = self.proto.SerializeToString(deterministic=True)
+
+    def __eq__(self, other):
+        return isinstance(other, RawAttribute) and other._bytes == self._bytes
+
+    def __hash__(self):
+        return hash(self._bytes)
+
+    def __repr__(self):
+        return f"RawAttribute({A.AttributeType.Name(self.proto.type)})"
 
 
 def supported(model: onnx.ModelProto) -> bool:
@@ -215,6 +242,8 @@ class _Importer:
                 v = [_text(s) for s in a.strings]
             elif k == A.TENSOR:
                 v = self.constant(a.t)
+            elif k in _RAW_KINDS:
+                v = RawAttribute(a)
             else:  # GRAPH (supported() let nothing else through)
                 scope = OrderedDict(outer)
                 scope.update(local)
@@ -294,7 +323,7 @@ def export_model(graph: gs.Graph, value_info: Callable[[str], bool] | None = Non
 def _export_graph(graph: gs.Graph, gp: onnx.GraphProto,
                   value_info: Callable[[str], bool] | None = None) -> None:
     tensor_proto = OnnxExporter.export_tensor_proto
-    info = OnnxExporter.export_value_info_proto
+    info = _value_info
     tensor_map: dict = {}
     for t in graph.inputs:
         if t.name:
@@ -340,6 +369,21 @@ def _export_graph(graph: gs.Graph, gp: onnx.GraphProto,
         gp.doc_string = graph.doc_string
 
 
+def _value_info(t, do_type_check: bool) -> onnx.ValueInfoProto:
+    """graphsurgeon's value info, and an optional's: its exporter knows tensors, sequences
+    and sparse tensors and failed on an optional graph input with an UnboundLocalError
+    (tenth round). Its importer keeps an optional's element type as a TypeProto in
+    ``dtype``; other non-tensor types are written untyped here and restored from the
+    original at the top level (convert.to_model)."""
+    if (isinstance(t, gs.Variable) and getattr(t, "type", "tensor_type") not in
+            ("tensor_type", "sequence_type", "sparse_tensor_type")):
+        vi = onnx.ValueInfoProto(name=t.name)
+        if t.type == "optional_type" and isinstance(t.dtype, onnx.TypeProto):
+            vi.type.optional_type.elem_type.CopyFrom(t.dtype)
+        return vi
+    return OnnxExporter.export_value_info_proto(t, do_type_check)
+
+
 def _export_attribute(np_: onnx.NodeProto, key: str, val) -> None:
     """One attribute as onnx.helper.make_attribute writes it, for the plain kinds."""
     kind = type(val)
@@ -363,6 +407,17 @@ def _export_attribute(np_: onnx.NodeProto, key: str, val) -> None:
         _export_graph(val, a.g)
     elif kind is gs.Constant:
         a = np_.attribute.add(name=key, type=A.TENSOR)
-        a.t.CopyFrom(OnnxExporter.export_tensor_proto(val))
+        if isinstance(val._values, LazyValues):   # as read: strings included (LabelEncoder)
+            a.t.CopyFrom(val._values.tensor)
+            a.t.name = val.name
+        elif np.asarray(val.values).dtype.kind in "OSU":   # raw_data cannot hold strings
+            a.t.CopyFrom(onnx.numpy_helper.from_array(np.asarray(val.values, object),
+                                                      val.name))
+        else:
+            a.t.CopyFrom(OnnxExporter.export_tensor_proto(val))
+    elif kind is RawAttribute:
+        a = np_.attribute.add()
+        a.CopyFrom(val.proto)
+        a.name = key
     else:   # numpy scalars, strings lists, references ...: graphsurgeon's own way
         np_.attribute.extend(OnnxExporter.export_attributes({key: val}))
