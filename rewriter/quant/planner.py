@@ -3,7 +3,8 @@ how sure the choice is.
 
     rewrite plan model.onnx --calib DIR -o plan.yaml      (or --plan auto inline)
 
-1. The model goes through the FP32 passes (BatchNorm folded first); the inputs of every
+1. fold-constants and fuse-conv-bn run on the original model (BatchNorm folded; not the
+   rest of the FP32 pipeline, which the plan is then applied after); the inputs of every
    conv are equalised (equalize-channels, scope "all"): exact in float, and what lets
    depthwise MobileNets keep their accuracy in INT8.
 2. **k-fold**: the calibration samples are split into ``folds`` (4) interleaved folds; for
