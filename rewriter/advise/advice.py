@@ -214,13 +214,14 @@ def _steps(kernels: list[KernelRow], verdict: str, model: dict | None,
             f"Layout copies take {share['layout']:.1f}% of kernel time "
             f"({_names(by_kind['layout'])}): look for Transpose/Reshape chains around "
             "convolutions; MIGraphX runs NCHW unless MIGRAPHX_ENABLE_NHWC=1 (worth a test).")))
+    pad = f"`rewrite {model_arg} -o OUT --passes default,pad-channels --pad-multiple 4`"
     unaligned = [c for c in convs if c["unaligned"]]
     if unaligned:
         sample = ", ".join(f"{c['node']} ({c['in_channels']}->{c['out_channels']})"
                            for c in unaligned[:3])
         steps.append(Step("memory", (
             f"{len(unaligned)} Conv have channel counts that are not a multiple of 4 "
-            f"({sample}): try `pad-channels --pad-multiple 4` and measure; MIGraphX no longer "
+            f"({sample}): try {pad} and measure; MIGraphX no longer "
             "pads channels itself (removed in ROCm 6.1), and padding costs FLOPs.")))
 
     # quantize: conv / GEMM time still in floating point
@@ -243,7 +244,7 @@ def _steps(kernels: list[KernelRow], verdict: str, model: dict | None,
                       "names; run `fold-constants` and `fuse-conv-bn`, and rerun advise with "
                       "--model to match kernels to nodes.",
             "memory": "Waves wait on memory: check layouts (Transpose chains) and channel "
-                      "alignment (`pad-channels --pad-multiple 4`, measured); rerun advise "
+                      f"alignment ({pad}, measured); rerun advise "
                       "with --model to find unaligned convolutions.",
             "quantize": f"The kernels are busy and not memory-bound: quantise. {plan}.",
         }[wanted]
