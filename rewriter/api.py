@@ -83,26 +83,43 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
             string is refused, as `--passes ""` is: it is more often a lost value than a wish.
         output: where to save atomically (external data beside it when needed).
         verify: compare with the original in onnxruntime after every changing pass.
-        input_shapes: {input name: dims} for symbolic dims (default 1); for random inputs.
+        input_shapes: {input name: dims} for symbolic dims; for random inputs. A symbolic
+            dim not given gets the size a weight fixes, else 1 in the batch (the first
+            dim) and 8 past it; where the original does not run with 8, 32, then 1, then
+            224 and 1024 are tried (rewriter.verify.feeds; docs/robustness.md, "Random
+            inputs for --verify").
         fix_shapes: write ``input_shapes`` into the output's graph inputs and fold what
             becomes static (like onnxsim's --overwrite-input-shape). MIGraphX turns
             symbolic dims into 1 on its own; fixing them here is the explicit way.
         inputs: user inputs for verification instead of random ones.
-        options: pass options (rewriter.core.pass_base.Options: fold_size_limit,
-            pad_multiple, pad_sides, pad_max_overhead, migraphx_version as "2.16" or
-            (2, 16) ...; each checked against its default's type) and ``planner`` (a dict
-            of settings of the planner for ``plan="auto"``).
+        options: pass options, each checked against its default's type
+            (rewriter.core.pass_base.Options): ``fold_size_limit`` (1 MiB) and
+            ``fold_growth`` (2.0): fold-constants keeps a result over the limit and this
+            many times its inputs' size as a node, unless it is a weight;
+            ``fold_max_bytes`` (1 GiB): never evaluated above it; ``strict`` (False):
+            fold-constants raises where an evaluation fails instead of skipping it;
+            ``pad_multiple`` (4), ``pad_sides`` ("both"), ``pad_max_overhead`` (0.5):
+            pad-channels; ``migraphx_version`` ("2.16" or (2, 16)). And ``planner``, a
+            dict of settings: ``method``, ``percentile``, ``samples``, ``weights`` and
+            ``preprocess`` (a mapping of docs/calibration.md's keys) apply to any plan,
+            ``strict`` (refuse an uncertified result, as --strict) to ``verify`` of any
+            plan; the rest only to ``plan="auto"``: ``min_top1``, ``min_cosine``,
+            ``max_accuracy_drop``, ``alpha``, ``beta``, ``int8_speed``, ``fp16_speed``,
+            ``target_speedup``, ``folds`` (4), ``refine`` (16), ``selection_correction``,
+            ``equalize`` (True), ``bias_correction`` (False), ``rounding`` ("gptq"),
+            ``weight_form``, ``num_bins`` (docs/plans.md); its target MIGraphX is
+            ``migraphx_version`` above. An unknown setting is an InputError.
         base_dir: folder that resolves external data of an in-memory model.
         data: precomputed facts for the plan passes, for tests and toolchains that run
             them themselves: ``plan``, ``assignment``, ``ranges``, ``channel_stats``,
-            ``bias_shift`` (the Context fields of the same names).
+            ``bias_shift``, ``hessians`` (the Context fields of the same names).
         plan: a mixed-precision plan (built-in name, file, dict or Plan): after the FP32
             passes, its INT8 layers get Q/DQ (insert-qdq) and its FP16 layers float16
             regions (convert-fp16).
         calib: calibration data for the plan's INT8 layers: a folder or an iterable of input
             dicts (see rewriter.quant.data; a generator is read once, into a list); a
             held-out part of it is used for verification.
-        progress: show progress bars (calibration).
+        progress: show progress bars on a terminal (calibration, the planner, MIGraphX).
         materialize: return the model with every weight inline (those still in the input's
             external files too: it loads anywhere); False returns it with big weights as
             stubs (what the CLI uses: nothing is copied that is not needed).
@@ -115,7 +132,8 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
             installed and check the INT8 lowering (``report.extra["compile"]``); keys:
             ``device`` ("auto" = gpu when the install has it, "gpu", "ref"), ``backend``
             ("migraphx", "ort-migraphx"), ``save_mxr``, ``require``, ``samples`` (plan
-            models are judged on up to this many samples, default 8). The target MIGraphX
+            models are judged on up to this many samples, default 8), ``progress``
+            (accepted, but the bar over the samples follows ``progress=``). The target MIGraphX
             version for the plan's weight form and the check is ``options["migraphx_version"]``
             (default: the installed one).
         labels: class labels of the calibration samples (an iterable ``calib``; a folder
