@@ -210,9 +210,21 @@ class _Site:
         self.act_cache: dict[str, tuple] = {}
         self.w_cache: dict[tuple, tuple] = {}
         self.current: str | None = None     # the layer being quantised (its Hessian)
+        self.shared_cache: dict[tuple, gs.Constant] = {}
 
     def const(self, base: str, values) -> gs.Constant:
         return gs.Constant(self.ctx.namer(base), np.asarray(values))
+
+    def shared(self, base: str, values) -> gs.Constant:
+        """A zero point or a unit scale: one constant per value, type and shape for the
+        whole pass. One per tensor left equal constants that a second run's
+        merge-duplicates merged, so a plan's output was not a fixed point (83 -> 54
+        initializers on resnet_mini, docs audit)."""
+        values = np.asarray(values)
+        key = (values.dtype.str, values.shape, values.tobytes())
+        if key not in self.shared_cache:
+            self.shared_cache[key] = self.const(base, values)
+        return self.shared_cache[key]
 
     def add_node(self, op: str, base: str, inputs, out_base: str, dtype, shape, attrs=None):
         out = gs.Variable(self.ctx.namer(out_base), dtype=dtype, shape=shape)
@@ -264,7 +276,7 @@ class _Site:
         """One Q->DQ pair per tensor, shared by all its INT8 consumers."""
         if x.name not in self.act_cache:
             s = self.const(f"{x.name}_scale", safe_scale(amax).reshape(()))
-            zp = self.const(f"{x.name}_zero_point", np.array(0, dtype=np.int8))
+            zp = self.shared("zero_point", np.array(0, dtype=np.int8))
             xq = self.add_node("QuantizeLinear", f"{x.name}_QuantizeLinear", [x, s, zp],
                                f"{x.name}_quantized", np.int8, x.shape)
             xd = self.add_node("DequantizeLinear", f"{x.name}_DequantizeLinear", [xq, s, zp],
@@ -297,8 +309,9 @@ class _Site:
                 self.res.count("weights-gptq-rounded")
             dq_scale = np.array(1.0, np.float32) if unit_scale else s_w
             wq = self.const(f"{w.name}_quantized", q)
-            ws = self.const(f"{w.name}_scale", dq_scale)
-            wz = self.const(f"{w.name}_zero_point", np.zeros(dq_scale.shape, np.int8))
+            ws = (self.shared("unit_scale", dq_scale) if unit_scale
+                  else self.const(f"{w.name}_scale", dq_scale))
+            wz = self.shared("zero_point", np.zeros(dq_scale.shape, np.int8))
             attrs = {"axis": axis} if axis is not None and not unit_scale else {}
             wd = self.add_node("DequantizeLinear", f"{w.name}_DequantizeLinear", [wq, ws, wz],
                                f"{w.name}_dequantized", np.float32, list(w.shape), attrs)
@@ -374,7 +387,7 @@ class _Site:
             return
         bqc = self.const(f"{b.name}_quantized", bq.astype(np.int32))
         bsc = self.const(f"{b.name}_scale", sb)
-        bzp = self.const(f"{b.name}_zero_point", np.zeros(sb.shape, np.int32))
+        bzp = self.shared("bias_zero_point", np.zeros(sb.shape, np.int32))
         node.inputs[2] = self.add_node("DequantizeLinear", f"{b.name}_DequantizeLinear",
                                        [bqc, bsc, bzp], f"{b.name}_dequantized", np.float32,
                                        list(b.shape), {"axis": 0} if axis is not None else {})
