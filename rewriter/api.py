@@ -132,8 +132,8 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
             installed and check the INT8 lowering (``report.extra["compile"]``); keys:
             ``device`` ("auto" = gpu when the install has it, "gpu", "ref"), ``backend``
             ("migraphx", "ort-migraphx"), ``save_mxr``, ``require``, ``samples`` (plan
-            models are judged on up to this many samples, default 8), ``progress``
-            (accepted, but the bar over the samples follows ``progress=``). The target MIGraphX
+            models are judged on up to this many samples, default 8), ``progress`` (the bar
+            over the samples; default: ``progress=``). The target MIGraphX
             version for the plan's weight form and the check is ``options["migraphx_version"]``
             (default: the installed one).
         labels: class labels of the calibration samples (an iterable ``calib``; a folder
@@ -1128,7 +1128,7 @@ class _Rewrite:
         t = time.perf_counter()
         from rewriter.migraphx.target import compile_output
         compile_output(self.report, self.migraphx_checked, exported, self.original,
-                       self.base_dir, self.output, {**self.migraphx, "progress": self.progress},
+                       self.base_dir, self.output, {"progress": self.progress, **self.migraphx},
                        {**(self.input_shapes or {}), **self.random_shapes},
                        self.inputs, self.seed, self.held_out, self.plan, self.verifier,
                        self.path, fill=self.fill, ints=self.ints)

@@ -131,7 +131,11 @@ def main(argv: list[str] | None = None, *, freeze_graph: bool = False) -> int:
     and would stay frozen, unfreed, through the rewrite that follows."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SUBCOMMANDS:
-        return _subcommand(argv[0], argv[1:])
+        try:
+            return _subcommand(argv[0], argv[1:])
+        except KeyboardInterrupt:   # as the main command: one line, 130
+            print("rewrite: interrupted", file=sys.stderr)
+            return 130
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

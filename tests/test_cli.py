@@ -1143,3 +1143,22 @@ def test_help_never_splits_a_flag_name_over_two_lines(capsys, monkeypatch, colum
         assert main(argv) == 0
     out = capsys.readouterr().out
     assert not re.search(r"-\n", out), re.findall(r".*-\n.*", out)
+
+
+@pytest.mark.parametrize("argv", [["m.onnx", "-o", "o.onnx"], ["check", "m.onnx"],
+                                  ["plan", "m.onnx", "-o", "p.yaml"], ["advise", "p.csv"]])
+def test_ctrl_c_is_one_line_and_130_in_every_command(argv, monkeypatch, capfd):
+    """Ctrl-C in the subcommands ended in a traceback; the main command's handler did
+    not cover them (docs audit)."""
+    import rewriter.advise
+    import rewriter.cli as cli
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    for name in ("_run", "_check_main", "_plan_main"):
+        monkeypatch.setattr(cli, name, interrupted)
+    monkeypatch.setattr(rewriter.advise, "main", interrupted)
+    assert main(argv) == 130
+    err = capfd.readouterr().err
+    assert err == "rewrite: interrupted\n", err
