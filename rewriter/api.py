@@ -365,10 +365,14 @@ class _Rewrite:
             t = time.perf_counter()
             settings = dict(self.planner_settings or {},
                             migraphx_version=self.options.migraphx_version)
+            fixed = check_fixed_shapes(self.original, self.input_shapes) \
+                if self.fix_shapes else None
+            fp32 = {"passes": [p for p in self.pipeline if p.name not in _QUANTIZE],
+                    "options": self.options, "fixed": fixed}
             self.plan, self.planner_report = plan_auto(
                 self.original, self.calib, base_dir=self.base_dir,
                 input_shapes=self.input_shapes, settings=settings, progress=self.progress,
-                labels=self.labels)
+                labels=self.labels, fp32=fp32)
             self.seconds["plan"] = time.perf_counter() - t
         if self.plan is None:
             self.plan = self.data.get("plan")

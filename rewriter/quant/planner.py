@@ -3,8 +3,8 @@ how sure the choice is.
 
     rewrite plan model.onnx --calib DIR -o plan.yaml      (or --plan auto inline)
 
-1. fold-constants and fuse-conv-bn run on the original model (BatchNorm folded; not the
-   rest of the FP32 pipeline, which the plan is then applied after); the inputs of every
+1. The FP32 pipeline runs on the original model, as the rewrite the plan is for runs it
+   (so the layers it names are that rewrite's layers); the inputs of every
    conv are equalised (equalize-channels, scope "all"): exact in float, and what lets
    depthwise MobileNets keep their accuracy in INT8.
 2. **k-fold**: the calibration samples are split into ``folds`` (4) interleaved folds; for
@@ -383,12 +383,15 @@ def _harm(m: dict) -> float:
 
 
 def plan_auto(model, calib, *, input_shapes=None, settings: dict | None = None,
-              base_dir=None, progress: bool = False, labels=None
+              base_dir=None, progress: bool = False, labels=None, fp32: dict | None = None
               ) -> tuple[Plan, PlannerReport]:
-    """Measure sensitivities and choose a plan under the accuracy budget (see module doc)."""
+    """Measure sensitivities and choose a plan under the accuracy budget (see module doc).
+    ``fp32``: {"passes", "options", "fixed"} of the rewrite the plan is for (default: the
+    CLI's FP32 pipeline for MIGraphX)."""
     t0 = time.perf_counter()
     s = _settings(settings)
-    graph, original, base_dir, data = _prepare(model, calib, base_dir, s, labels, progress)
+    graph, original, base_dir, data = _prepare(model, calib, base_dir, s, labels, progress,
+                                               fp32)
     notes = _resolve_budget(s, data.labels is not None)
     layers = [n for n in graph.nodes if n.op in LAYER_OPS]
     ev = _CrossValidator(graph, original, base_dir, data, s, progress)
@@ -463,11 +466,18 @@ def check_settings(settings: dict | None) -> None:
                              + (f"; did you mean '{close[0]}'?" if close else ""))
 
 
-def _prepare(model, calib, base_dir, s, labels, progress):
-    """The FP32-rewritten, equalised graph and the calibration data."""
-    from rewriter.core.manager import run_pipeline
-    from rewriter.core.pass_base import Context
-    from rewriter.core.registry import resolve
+def _prepare(model, calib, base_dir, s, labels, progress, fp32=None):
+    """The FP32-rewritten, equalised graph and the calibration data.
+
+    The FP32 pipeline is the one the plan is applied after (``fp32``: the rewrite's
+    passes, options and fixed shapes; by default the CLI's, target MIGraphX), run as the
+    rewrite runs it, so that the layers the plan names are the rewrite's layers: with
+    fold-constants and fuse-conv-bn alone, a MatMul+Add the rewrite fuses into a Gemm was
+    planned by the MatMul's name, and --plan auto failed ("node 'mm' does not exist")."""
+    from rewriter.core.convert import refresh_shapes
+    from rewriter.core.manager import run_rounds
+    from rewriter.core.pass_base import Context, Options
+    from rewriter.core.registry import default_pipeline, resolve
     from rewriter.quant.data import load_calibration
 
     if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
@@ -476,8 +486,13 @@ def _prepare(model, calib, base_dir, s, labels, progress):
         base_dir = Path(model).parent
     else:
         original = model
-    graph = to_graph(original, base_dir)
-    run_pipeline(graph, resolve(["fold-constants", "fuse-conv-bn"]), Context(namer=Namer(graph)))
+    fp32 = fp32 or {}
+    passes = fp32.get("passes")
+    if passes is None:
+        passes = resolve(default_pipeline("migraphx"), "migraphx")
+    graph = to_graph(original, base_dir, infer=True, fixed=fp32.get("fixed"))
+    run_rounds(graph, passes, Context(fp32.get("options") or Options(), Namer(graph)), None,
+               lambda k: refresh_shapes(graph, f"p{k}_"))
     data = load_calibration(calib, original, preprocess=s["preprocess"], limit=int(s["samples"]),
                             labels=labels)
     if len(data) < 8:

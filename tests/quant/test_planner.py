@@ -353,3 +353,27 @@ def test_preprocess_file_sets_how_images_become_inputs(tmp_path, capfd):
                      str(imgs), "-q", "--target", "none", "--preprocess", str(path)])
         err = [ln for ln in capfd.readouterr().err.splitlines() if ln.strip()]
         assert code == 2 and len(err) == 1 and said in err[0], err
+
+
+def test_auto_plans_the_layers_the_rewrite_has(tmp_path):
+    """The planner ran fold-constants and fuse-conv-bn only, the rewrite the whole FP32
+    pipeline: a MatMul+Add head, fused into one Gemm by the rewrite, was planned by the
+    MatMul's name and --plan auto failed with "node 'mm' does not exist". The planner now
+    runs the rewrite's own FP32 pipeline; the plan names the Gemm."""
+    from conftest import make_model
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 3, 8, 8] x) => (float[N, 10] y) {
+        c = Conv <pads = [1, 1, 1, 1]> (x, W, B)
+        r = Relu (c)
+        p = GlobalAveragePool (r)
+        f = Flatten (p)
+        mm = MatMul (f, FW)
+        y = Add (mm, FB)
+    }""", {"W": (8, 3, 3, 3), "B": (8,), "FW": (8, 10), "FB": (10,)})
+    rng = np.random.default_rng(3)
+    calib = [{"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(16)]
+    out, rep = rewriter.rewrite(m, plan="auto", calib=calib, target="none")
+    assert [n.op_type for n in out.graph.node if n.op_type in ("MatMul", "Gemm")] == ["Gemm"]
+    layers = rep.to_dict()["plan"]["layers"]
+    assert sorted(v["op"] for v in layers.values()) == ["Conv", "Gemm"], layers
