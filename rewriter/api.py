@@ -170,8 +170,9 @@ def _check_arguments(target, migraphx, seed, inputs, input_shapes, labels, calib
             bad = sorted(set(migraphx) - set(MIGRAPHX_KEYS)) if isinstance(migraphx, dict) \
                 else [type(migraphx).__name__]
             raise InputError(f"migraphx: unknown {bad} ({', '.join(MIGRAPHX_KEYS)})")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise InputError(f"seed {seed!r}: an integer")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        # numpy's generators take no negative seed (a raw ValueError, exit 3: tenth round)
+        raise InputError(f"seed {seed!r}: an integer >= 0")
     if inputs is not None and not isinstance(inputs, dict):
         raise InputError(f"inputs: a dict of input name -> array, got {type(inputs).__name__}")
     for k, v in (input_shapes or {}).items():
@@ -458,20 +459,25 @@ class _Rewrite:
     def import_graph(self) -> None:
         # Shape inference only when a pass needs it: on long graphs it is the memory peak.
         infer = bool(self.quantize) or pipeline_needs_shapes(self.pipeline, self.original)
-        if self.fix_shapes:
-            self.fixed = check_fixed_shapes(self.original, self.input_shapes)
-            more = {k: v for k, v in self.fixed.items() if k not in self.input_shapes}
-            if more:   # inputs that share a dim name with a given one: fixed too, said
+        given = {k: v for k, v in (self.input_shapes or {}).items() if k}
+        if self.fix_shapes or given:
+            # Checked as --fix-shapes checks them (a dim the model fixes at 3 given as 4
+            # ran on, and --verify's error lost the dims to onnxruntime's first line), and
+            # a dim name is one size: the inputs that share it take it too, fixed with
+            # --fix-shapes and sized for random inputs and MIGraphX without (they got 1,
+            # and the error blamed the original: tashkeel's diac_inputs, tenth round).
+            shared = check_fixed_shapes(self.original, self.input_shapes if self.fix_shapes
+                                        else given)
+            if self.fix_shapes:
+                self.fixed = shared
+            more = {k: v for k, v in shared.items() if k not in self.input_shapes}
+            if more:
                 self.input_shapes = {**self.input_shapes, **more}
                 self.report.warnings.append(
-                    "--fix-shapes also fixed " + ", ".join(
+                    ("--fix-shapes also fixed " if self.fix_shapes else
+                     "--input-shape also sized ") + ", ".join(
                         f"{k}:{'x'.join(map(str, v))}" for k, v in more.items())
                     + " (their dims share names with the inputs given)")
-        elif self.input_shapes and any(self.input_shapes):
-            # The same checks without --fix-shapes: a dim the model fixes at 3 given as 4
-            # ran on, and --verify's error lost the dims to onnxruntime's first line.
-            check_fixed_shapes(self.original, {k: v for k, v in self.input_shapes.items()
-                                               if k}, share=False)
         self.graph = to_graph(self.original, self.base_dir, infer=infer, fixed=self.fixed)
         self.graph_inferred = infer
 

@@ -823,6 +823,14 @@ def test_fix_shapes_fixes_every_input_that_shares_a_dim_name(tmp_path, capfd):
                        "--input-shape", "b:5x3")
     assert code == 2
     assert_one_line(err, "--input-shape gives dim 'num_atoms' 8 in 'a' and 5 in 'b'")
+    # Without --fix-shapes, the shared name sizes the random inputs: b got 1 (not 8), and
+    # the error said onnxruntime could not run the original (tashkeel, tenth round).
+    code, stdout, err = run(capfd, src, "-o", out, "--verify", "--target", "none",
+                            "--input-shape", "a:8x3")
+    assert code == 0 and err == [], err
+    assert "--input-shape also sized b:8x3" in stdout
+    assert [[d.dim_param for d in i.type.tensor_type.shape.dim][0]
+            for i in onnx.load(out).graph.input] == ["num_atoms", "num_atoms"]
 
 
 def _two_rate_model(path: Path) -> Path:
