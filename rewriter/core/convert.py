@@ -267,9 +267,11 @@ def refresh_shapes(graph: gs.Graph, tag: str) -> int:
 
 
 def check_fixed_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]] | None,
-                       share: bool = True) -> dict[str, list[int]]:
+                       share: bool = True, lenient: bool = False) -> dict[str, list[int]]:
     """--fix-shapes: every named input exists, has that rank, and its static dims agree;
-    with ``share``, a dim name gets one size, and the inputs that share it are fixed too."""
+    with ``share``, a dim name gets one size, and the inputs that share it are fixed too.
+    ``lenient`` (sizes for random inputs, nothing fixed): a name given two sizes is not an
+    error, it only sizes no other input."""
     from rewriter.core.errors import InputError
 
     if not shapes:
@@ -297,13 +299,18 @@ def check_fixed_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]] | No
     # A dim name is one size throughout: the inputs that share it take it too (PaiNN's
     # num_atoms in 19 inputs stayed symbolic in all but the one given, ninth round).
     sizes: dict[str, tuple[int, str]] = {}
+    torn = set()
     for name, dims in fixed.items():
         for d, v in zip(inputs[name].type.tensor_type.shape.dim, dims):
             if d.dim_param:
                 seen = sizes.setdefault(d.dim_param, (v, name))
-                if seen[0] != v:
+                if seen[0] != v and lenient:
+                    torn.add(d.dim_param)
+                elif seen[0] != v:
                     raise InputError(f"--input-shape gives dim '{d.dim_param}' {seen[0]} in "
                                      f"'{seen[1]}' and {v} in '{name}'")
+    for n in torn:
+        del sizes[n]
     for name, vi in inputs.items():
         dims = vi.type.tensor_type.shape.dim if vi.type.HasField("tensor_type") else []
         if name in fixed or not dims or not any(d.dim_param for d in dims):

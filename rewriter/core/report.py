@@ -162,7 +162,10 @@ class Report:
                 if m.get("certificate"):
                     from rewriter.verify.certify import Judgement
                     lines.append("  " + Judgement(**m["certificate"]).line())
-        if self.failed_pass:
+        if self.failed_pass and self.extra.get("failed_after"):
+            lines.append("verification failed after the plan's passes ("
+                         + ", ".join(self.extra["failed_after"]) + ", judged together)")
+        elif self.failed_pass:
             lines.append(f"verification failed after pass '{self.failed_pass}'")
         for w_ in self.warnings:
             lines.append(f"warning: {w_}")

@@ -377,3 +377,20 @@ def test_auto_plans_the_layers_the_rewrite_has(tmp_path):
     assert [n.op_type for n in out.graph.node if n.op_type in ("MatMul", "Gemm")] == ["Gemm"]
     layers = rep.to_dict()["plan"]["layers"]
     assert sorted(v["op"] for v in layers.values()) == ["Conv", "Gemm"], layers
+
+
+def test_a_failing_plan_names_all_its_passes_and_lists_them(tmp_path):
+    """A plan is judged as a whole after its last pass. The error blamed convert-fp16 for
+    what the INT8 part lost, and the failure's pass table left out insert-qdq (tenth
+    round, an age classifier)."""
+    plan = {"rules": [{"match": {"op": ["Conv"]}, "precision": "int8"},
+                      {"match": {"op": ["Gemm", "MatMul"]}, "precision": "fp16"}],
+            "verify": {"min_cosine": 0.9999999, "min_top1": 0.0}}
+    with pytest.raises(rewriter.VerificationError) as e:
+        rewriter.rewrite(MODEL, output=tmp_path / "q.onnx", plan=plan, calib=samples(24),
+                         verify=True)
+    msg, rep = str(e.value), e.value.report
+    assert "after the plan's passes (" in msg and "judged together" in msg, msg
+    names = [p.name for p in rep.passes]
+    assert "insert-qdq" in names and "convert-fp16" in names, names
+    assert "insert-qdq" in msg and "verification failed after the plan's passes" in rep.render()
