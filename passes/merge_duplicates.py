@@ -110,6 +110,8 @@ def _attr_key(v):
     if isinstance(v, gs.Constant):
         a = v.values
         return ("tensor", str(a.dtype), a.shape, hashlib.sha1(a.tobytes()).digest())
+    if isinstance(v, list) and v and all(type(x) is float for x in v):
+        return ("floats", np.asarray(v, np.float32).tobytes())   # one key, not one per item
     if isinstance(v, (list, tuple)):
         return tuple(_attr_key(x) for x in v)
     if isinstance(v, np.ndarray):
@@ -119,8 +121,21 @@ def _attr_key(v):
     return v
 
 
+def _attrs_key(node) -> tuple | None:
+    """A node's attributes as one hashable key; None when one cannot be keyed."""
+    try:
+        attrs = tuple(sorted((k, _attr_key(v)) for k, v in node.attrs.items()))
+        hash(attrs)
+    except TypeError:
+        return None
+    return attrs
+
+
 def _merge_nodes(g: gs.Graph, outs: set[int]) -> int:
-    seen: dict[tuple, gs.Node] = {}
+    # Nodes are grouped by op and inputs first; attributes are keyed only when a second
+    # node joins a group (a 194 MB TreeEnsemble's attributes took 17 s to key, tenth
+    # round, with no other node to compare them with).
+    seen: dict[tuple, list[list]] = {}
     merged = 0
     for node in list(g.nodes):
         if node.op in RANDOM or not node.outputs or any(
@@ -128,22 +143,32 @@ def _merge_nodes(g: gs.Graph, outs: set[int]) -> int:
                                             isinstance(v[0], gs.Graph))
                 for v in node.attrs.values()):
             continue
-        try:
-            attrs = tuple(sorted((k, _attr_key(v)) for k, v in node.attrs.items()))
-            hash(attrs)
-        except TypeError:
-            continue
-        key = (node.op, node.domain or "", attrs, tuple(id(t) for t in node.inputs),
+        key = (node.op, node.domain or "", tuple(id(t) for t in node.inputs),
                len(node.outputs))
-        rep = seen.get(key)
-        if rep is None:
-            seen[key] = node
+        group = seen.get(key)
+        if group is None:
+            seen[key] = [[node, None]]
             continue
+        attrs = _attrs_key(node)
+        if attrs is None:
+            continue
+        entry = None
+        for e in group:
+            if e[1] is None:
+                k = _attrs_key(e[0])
+                e[1] = object() if k is None else k   # unhashable: equal to nothing
+            if e[1] == attrs:
+                entry = e
+                break
+        if entry is None:
+            group.append([node, attrs])
+            continue
+        rep = entry[0]
         if any(id(t) in outs for t in node.outputs):
             if any(id(t) in outs for t in rep.outputs):
                 continue   # both are the interface's
             # The graph output's node stays, and the earlier one's readers read it.
-            seen[key], node, rep = node, rep, node
+            entry[0], node, rep = node, rep, node
         for old, new in zip(node.outputs, rep.outputs):
             _rewire(old, new)
         node.inputs.clear()

@@ -239,3 +239,31 @@ def test_the_console_script_freezes_only_fp32_runs(tmp_path, monkeypatch):
     cli.main([str(model), "-o", str(tmp_path / "c.onnx"), "-q", "--target", "none",
               "--plan", "fp16"], freeze_graph=True)
     assert asked == [True]
+
+
+def test_long_lists_and_unread_kinds_are_carried_as_they_came():
+    """A tree ensemble's attributes (tens of millions of entries) became Python lists and
+    back, 25 s and gigabytes (tenth round); graphsurgeon's importer dropped Optional's
+    TYPE_PROTO attribute. Both are kept as their AttributeProto, and written back byte for
+    byte; a Constant's long list is a value fold-constants reads, and stays a list."""
+    from rewriter.core.gs_io import LONG_LIST, RawAttribute
+    n = LONG_LIST + 1
+    tree = helper.make_node("TreeLike", ["x"], ["y"], domain="ai.onnx.ml",
+                            nodes_values=[0.5] * n, nodes_ids=list(range(n)))
+    const = helper.make_node("Constant", [], ["c"], value_floats=[1.0] * n)
+    opt = helper.make_node("Optional", [], ["o"], type=helper.make_tensor_type_proto(
+        onnx.TensorProto.FLOAT, [2]))
+    g = helper.make_graph([tree, const, opt], "g",
+                          [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2]),
+                           helper.make_tensor_value_info("c", onnx.TensorProto.FLOAT, [n])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18),
+                                            helper.make_opsetid("ai.onnx.ml", 3)])
+    graph = import_model(m)
+    kinds = {node.op: {k: type(v) for k, v in node.attrs.items()} for node in graph.nodes}
+    assert kinds["TreeLike"] == {"nodes_values": RawAttribute, "nodes_ids": RawAttribute}
+    assert kinds["Constant"] == {"value_floats": list}
+    assert kinds["Optional"] == {"type": RawAttribute}
+    back = export_model(graph)
+    for a, b in zip(m.graph.node, back.graph.node):
+        assert a.SerializeToString() == b.SerializeToString()

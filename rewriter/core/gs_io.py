@@ -40,6 +40,14 @@ _KINDS = frozenset({A.FLOAT, A.INT, A.STRING, A.TENSOR, A.GRAPH, A.FLOATS, A.INT
                     A.STRINGS}) | _RAW_KINDS
 
 
+# Lists longer than this stay one AttributeProto (RawAttribute) on ops no pass reads them
+# from: a TreeEnsemble's tens of millions of entries became Python lists and back (load
+# and export 25 s and gigabytes, tenth round). Constant's lists are values fold-constants
+# reads; Scaler's, expand-ml's.
+LONG_LIST = 4096
+_READ_LISTS = {("", "Constant"), ("ai.onnx", "Constant"), ("ai.onnx.ml", "Scaler")}
+
+
 class RawAttribute:
     """An attribute of a kind no pass reads, carried through as its AttributeProto;
     equal (and hashed) by its serialized bytes, so merge-duplicates can compare it."""
@@ -226,8 +234,13 @@ class _Importer:
     def node(self, n: onnx.NodeProto, outer: dict, local: dict) -> gs.Node:
         # Attributes first: a body sees the names known before this node, as in gs.
         attrs = OrderedDict()
+        keep_long = (n.domain, n.op_type) in _READ_LISTS
         for a in n.attribute:
             k = a.type
+            if k in (A.INTS, A.FLOATS, A.STRINGS) and not keep_long and max(
+                    len(a.ints), len(a.floats), len(a.strings)) > LONG_LIST:
+                attrs[a.name] = RawAttribute(a)
+                continue
             if k == A.INT:
                 v = a.i
             elif k == A.INTS:
