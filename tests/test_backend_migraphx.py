@@ -359,3 +359,12 @@ def test_sizes_tried_when_migraphx_refuses_the_original(tmp_path, monkeypatch, r
                           {}, None, None, 0, [], None, object(), None, fill=8)
     assert calls == tried
     assert report.extra["compile"]["error"].startswith(error), report.extra["compile"]
+
+
+def test_an_integer_output_s_migraphx_line_says_how_many_are_equal():
+    """tashkeel's uint8 predictions: onnxruntime's table gave the share of equal values,
+    MIGraphX's line a cosine (tenth round). Both say the same kind of thing now."""
+    from rewriter.migraphx.target import _metric_line
+    line = _metric_line({"name": "p", "integer": True, "mismatch": 0.25, "ok": False,
+                         "cosine": 0.9, "max_rel": 1.0}, None)
+    assert line == "p: integers, 75.00% equal NOT OK", line

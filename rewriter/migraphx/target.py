@@ -385,8 +385,12 @@ def _metric_line(m: dict, ort: dict | None) -> str:
         s += f"top-1 vs FP32 {m['top1']:.4f}" + (
             f" (onnxruntime {ort['top1']:.4f})" if ort and ort.get("top1") is not None else "")
         s += ", "
-    s += f"cosine {m['cosine']:.6f}" + (f" (onnxruntime {ort['cosine']:.6f})" if ort else "")
-    s += f", max_rel {m['max_rel']:.2e} {'ok' if m['ok'] else 'NOT OK'}"
+    if m.get("integer"):   # compared value by value, as onnxruntime's table says
+        s += f"integers, {1 - m['mismatch']:.2%} equal {'ok' if m['ok'] else 'NOT OK'}"
+    else:
+        s += f"cosine {m['cosine']:.6f}" + (f" (onnxruntime {ort['cosine']:.6f})"
+                                            if ort else "")
+        s += f", max_rel {m['max_rel']:.2e} {'ok' if m['ok'] else 'NOT OK'}"
     c = m.get("certificate")
     if m.get("tied_order"):
         s += f" (not comparable element by element: {m['tied_order']})"
