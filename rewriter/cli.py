@@ -70,8 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--verify", action="store_true",
                    help="compare outputs with the original in onnxruntime after every pass "
                         "that changed the graph; exit 1 if a tolerance is exceeded")
-    g.add_argument("--inputs", metavar="FILE", help="inputs for --verify: .npz (keys = input "
-                   "names) or .npy (single-input models); default: seeded random inputs")
+    g.add_argument("--inputs", metavar="FILE", help="inputs for --verify (implies it): .npz "
+                   "(keys = input names) or .npy (single-input models); default: seeded "
+                   "random inputs")
     g.add_argument("--input-shape", action="append", metavar="NAME:DIMS",
                    help="shape for an input with symbolic dims, e.g. input:1x3x224x224 "
                         "(repeatable; random inputs put the size a weight fixes, else 1 in a "

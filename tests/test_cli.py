@@ -727,6 +727,15 @@ def test_input_shape_and_inputs_files(tmp_path, capfd):
     assert_one_line(err, "cannot read inputs")
     code, _, err = run(capfd, RESNET, "-o", out, "-q", "--inputs", tmp_path / "none.npz")
     assert code == 2 and len(err) == 1
+    # Tenth round: a misspelt extra key was ignored, and a text file's error was numpy's
+    # guess ("pickled (object) data").
+    np.savez(tmp_path / "extra.npz", input=x, inptu=x)
+    (tmp_path / "text.npz").write_text("input: 1 2 3\n")
+    for f, fragment in (("extra.npz", "key(s) ['inptu'] name no input of the model"),
+                        ("text.npz", "not an .npz file")):
+        code, _, err = run(capfd, RESNET, "-o", out, "-q", "--inputs", tmp_path / f)
+        assert code == 2
+        assert_one_line(err, fragment)
 
 
 def test_duplicate_node_names_rewrite_and_verify(tmp_path, capfd):

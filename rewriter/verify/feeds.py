@@ -429,6 +429,17 @@ def load_inputs(path: str | os.PathLike, model: onnx.ModelProto) -> dict[str, np
     """Inputs from an .npz (keys = input names) or an .npy (single-input models)."""
     names = [i.name for i in real_inputs(model)]
     try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except OSError as e:
+        raise InputError(f"{path}: cannot read inputs ({e.strerror})") from None
+    if str(path).endswith(".npy") and head != b"\x93NUMPY":
+        raise InputError(f"{path}: not an .npy file (numpy.save writes one)")
+    if not str(path).endswith(".npy") and not head.startswith(b"PK"):
+        # numpy's own message guessed "pickled (object) data" for a text file (tenth round)
+        raise InputError(f"{path}: not an .npz file (numpy.savez writes one, keys = input "
+                         "names)")
+    try:
         if str(path).endswith(".npy"):
             if len(names) != 1:
                 raise InputError(f"{path}: an .npy file needs a single-input model; inputs: {names}")
@@ -442,6 +453,10 @@ def load_inputs(path: str | os.PathLike, model: onnx.ModelProto) -> dict[str, np
     missing = [n for n in names if n not in feeds]
     if missing:
         raise InputError(f"{path}: missing input(s) {missing}; has {sorted(feeds)}")
+    extra = sorted(set(feeds) - set(names))
+    if extra:   # a misspelt name was ignored where the right one was there too
+        raise InputError(f"{path}: key(s) {extra} name no input of the model; inputs: "
+                         f"{names}")
     return {n: feeds[n] for n in names}
 
 
