@@ -219,6 +219,8 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
         return _merge_unsqueezes(prev, node, namer)
     if op == "Slice" and prev.op == "Slice" and opset >= 10:
         return _merge_slices(prev, node, namer)
+    if op == "Slice" and prev.op == "Slice":
+        return _merge_slices_v1(prev, node)
     return None
 
 
@@ -497,6 +499,29 @@ def _slice_noop(node, opset) -> bool:
         if int(s) not in (0, -n if n else 0) or int(e) < n:
             return False
     return True
+
+
+def _merge_slices_v1(prev, node) -> str | None:
+    """Two attribute-form Slices (opset 1-9) on different axes as one (waifu2x's CUNet at
+    opset 9 crops H then W four times: 79 nodes, 75 at opset 21, tenth round)."""
+    def params(n):
+        starts, ends = n.attrs.get("starts"), n.attrs.get("ends")
+        if starts is None or ends is None or len(starts) != len(ends):
+            return None
+        axes = list(n.attrs.get("axes", range(len(starts))))
+        r = len(n.inputs[0].shape) if n.inputs[0].shape is not None else None
+        if any(a < 0 for a in axes):
+            if r is None:
+                return None
+            axes = [a % r for a in axes]
+        return list(starts), list(ends), [int(a) for a in axes]
+    a, b = params(prev), params(node)
+    if a is None or b is None or set(a[2]) & set(b[2]):
+        return None
+    node.inputs[0] = prev.inputs[0]
+    node.attrs["starts"], node.attrs["ends"] = a[0] + b[0], a[1] + b[1]
+    node.attrs["axes"] = a[2] + b[2]
+    return "merged-slice"
 
 
 def _merge_slices(prev, node, namer) -> str | None:

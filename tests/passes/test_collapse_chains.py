@@ -82,6 +82,27 @@ def test_transpose_round_trip_and_slices_on_two_axes_merge(rng):
     same(m, out, {"x": rng.standard_normal((3, 6, 8)).astype(np.float32)})
 
 
+def test_attribute_form_slices_on_two_axes_merge(rng):
+    """Opset 9 Slices (starts/ends/axes attributes): waifu2x's CUNet crops H, then W, four
+    times (tenth round). Two on different axes become one; the same axis twice, and a
+    first Slice read elsewhere too, stay."""
+    m = make_model("""
+    <ir_version: 4, opset_import: ["" : 9]>
+    g (float[N, 2, 12, 12] x) => (float[N, 2, 4, 4] y, float[N, 2, 6, 12] z) {
+        a = Slice <axes = [2], starts = [4], ends = [-4]> (x)
+        b = Slice <axes = [3], starts = [4], ends = [-4]> (a)
+        y = Relu (b)
+        c = Slice <axes = [2], starts = [2], ends = [10]> (x)
+        d = Slice <axes = [2], starts = [1], ends = [-1]> (c)
+        z = Identity (d)
+    }""")
+    out, rep = cc(m, input_shapes={"x": [1, 2, 12, 12]})
+    assert rep.passes[0].counts.get("merged-slice") == 1, rep.passes[0].counts
+    assert ops(out).count("Slice") == 3
+    for n in (1, 3):
+        same(m, out, {"x": rng.standard_normal((n, 2, 12, 12)).astype(np.float32)})
+
+
 def test_a_shared_first_node_is_not_collapsed(rng):
     m = make_model("""
     <ir_version: 8, opset_import: ["" : 17]>
