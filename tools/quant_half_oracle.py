@@ -48,29 +48,42 @@ def activation_qs(g) -> list:
     return [n for n in g.node if n.op_type == "QuantizeLinear" and n.input[0] not in consts]
 
 
-def asymmetric(src: Path, dst: Path, xs) -> None:
-    """``src`` with one-sided activation tensors quantised over [lo, amax] (see above)."""
-    import numpy as np
+def probe(m, xs):
+    """(constants by name, the activation QuantizeLinear nodes, and per calibration sample
+    a dict of their input tensors' values) of model ``m``."""
     import onnx
     from onnx import numpy_helper as nh
 
     from rewriter.core import ort
 
-    m = onnx.load(str(src))
     g = m.graph
     consts = {i.name: nh.to_array(i) for i in g.initializer}
     consts.update({n.output[0]: nh.to_array(a.t) for n in g.node if n.op_type == "Constant"
                    for a in n.attribute if a.name == "value"})
     qs = activation_qs(g)
     names = sorted({q.input[0] for q in qs})
-    probe = onnx.ModelProto()
-    probe.CopyFrom(m)
-    probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(t) for t in names)
-    sess = ort.session(probe)
+    probed = onnx.ModelProto()
+    probed.CopyFrom(m)
+    probed.graph.output.extend(onnx.helper.make_empty_tensor_value_info(t) for t in names)
+    sess = ort.session(probed)
     feed = sess.get_inputs()[0].name
-    lo = {t: 0.0 for t in names}
-    for i in range(len(xs)):
-        for t, a in zip(names, ort.run(sess, {feed: xs[i:i + 1]}, names)):
+    samples = (dict(zip(names, ort.run(sess, {feed: xs[i:i + 1]}, names)))
+               for i in range(len(xs)))
+    return consts, qs, samples
+
+
+def asymmetric(src: Path, dst: Path, xs) -> None:
+    """``src`` with one-sided activation tensors quantised over [lo, amax] (see above)."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper as nh
+
+    m = onnx.load(str(src))
+    g = m.graph
+    consts, qs, samples = probe(m, xs)
+    lo = {q.input[0]: 0.0 for q in qs}
+    for values in samples:
+        for t, a in values.items():
             lo[t] = min(lo[t], float(a.min()))
     for q in qs:
         amax = 127 * float(consts[q.input[1]])
@@ -141,25 +154,14 @@ def channel_groups(src: Path, dst: Path, xs, k: int) -> bool:
     import onnx
     from onnx import numpy_helper as nh
 
-    from rewriter.core import ort
-
     m = onnx.load(str(src))
     if next((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), 0) < 13:
         return False   # per-axis Q/DQ on activations needs opset 13
     g = m.graph
-    consts = {i.name: nh.to_array(i) for i in g.initializer}
-    consts.update({n.output[0]: nh.to_array(a.t) for n in g.node if n.op_type == "Constant"
-                   for a in n.attribute if a.name == "value"})
-    qs = activation_qs(g)
-    names = sorted({q.input[0] for q in qs})
-    probe = onnx.ModelProto()
-    probe.CopyFrom(m)
-    probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(t) for t in names)
-    sess = ort.session(probe)
-    feed = sess.get_inputs()[0].name
+    consts, qs, samples = probe(m, xs)
     cmax: dict = {}
-    for i in range(len(xs)):
-        for t, a in zip(names, ort.run(sess, {feed: xs[i:i + 1]}, names)):
+    for values in samples:
+        for t, a in values.items():
             if a.ndim == 4:
                 v = np.abs(a).max(axis=(0, 2, 3))
                 cmax[t] = np.maximum(cmax.get(t, v), v)
