@@ -45,7 +45,7 @@ def migraphx_step(output_path: str | os.PathLike, verifier, feed_sets: list[dict
                   save_mxr: str | None = None, require: bool = False,
                   findings=None, what: str = "planned INT8 layers",
                   original: str | os.PathLike | None = None,
-                  progress: bool = False) -> dict[str, Any]:
+                  progress: bool = False, unknown: tuple = ((), None)) -> dict[str, Any]:
     """Compile ``output_path`` on MIGraphX, compare with ``verifier``'s reference (the
     original in onnxruntime on ``feed_sets``) and check the INT8 lowering.
 
@@ -55,6 +55,8 @@ def migraphx_step(output_path: str | os.PathLike, verifier, feed_sets: list[dict
     or the default lossy one for a model quantized elsewhere, named by ``budget`` (None: an
     FP32 rewrite). ``original``: the original model's file, run on MIGraphX too when the
     outputs miss (``original_differs`` says when MIGraphX computes it as far off).
+    ``unknown``: (ops the installed parser lacks that the original has, where that list
+    came from): the compile is then not tried, the answer is known.
     Returns a JSON-able dict (status compiled | skipped | failed, metrics, lowering, ok).
     """
     be = _backend(backend)
@@ -81,7 +83,7 @@ def migraphx_step(output_path: str | os.PathLike, verifier, feed_sets: list[dict
     run = None
     if backend == "migraphx":
         run = _compile_migraphx(be, info, output_path, verifier, feed_sets, shapes, numerics,
-                                lossy, device, save_mxr, require, progress)
+                                lossy, device, save_mxr, require, progress, unknown)
     else:
         outputs = be.run(output_path, feed_sets[0])
         info.update(status="compiled", device="gpu")
@@ -112,7 +114,7 @@ def _backend(name: str):
 
 
 def _compile_migraphx(be, info, output_path, verifier, feed_sets, shapes, numerics, lossy,
-                      device, save_mxr, require, progress=False):
+                      device, save_mxr, require, progress=False, unknown=((), None)):
     """Compile and run on MIGraphX into ``info``; returns the run (None if it failed)."""
     if device == "auto":
         device = "gpu" if be.has_target("gpu") else None
@@ -124,6 +126,17 @@ def _compile_migraphx(be, info, output_path, verifier, feed_sets, shapes, numeri
                 raise BackendUnavailable(f"MIGraphX GPU target required: {info['reason']}")
             return None
     info["device"] = device
+    ops, source = unknown
+    if ops:
+        # The installed parser does not know these ops and the original has them: parsing
+        # either model throws 'Unknown operator'. Said now, without parsing a 194 MB tree
+        # ensemble twice (97 s each, tenth round).
+        info.update(status="failed", stage="parse",
+                    original_refused=f"parse failed: Unknown operator: {ops[0]}",
+                    error=f"MIGraphX cannot parse the original model either: its ONNX parser "
+                          f"({source}) does not know {', '.join(ops)} (not caused by the "
+                          "rewrite; nothing was compiled)")
+        return None
     try:
         run = be.compile_and_run(output_path, feed_sets, input_shapes=shapes or None,
                                  target=device, save_mxr=save_mxr, progress=progress)
@@ -534,19 +547,6 @@ def _compile_output(report, checked, exported, original, base_dir, output, mgx, 
             output, None, [], input_shapes, planned_int8=int8, backend=backend,
             require=bool(mgx.get("require")), what=what)
         return
-    unknown = _unknown_in_original(result, original)
-    if unknown and backend == "migraphx":
-        # The installed parser does not know these ops and the original has them: parsing
-        # either model throws 'Unknown operator'. Said now, without parsing a 194 MB tree
-        # ensemble twice (97 s each, tenth round).
-        ops = ", ".join(unknown)
-        report.extra["compile"] = {
-            "backend": backend, "status": "failed", "ok": False, "stage": "parse",
-            "original_refused": f"parse failed: Unknown operator: {unknown[0]}",
-            "error": f"MIGraphX cannot parse the original model either: its ONNX parser "
-                     f"({result.profile.get('ops_source')}) does not know {ops} (not caused "
-                     "by the rewrite; nothing was compiled)"}
-        return
     feed_sets = _feed_sets(original, input_shapes, inputs, seed, held_out, plan,
                            int(mgx.get("samples", 8)), fill, ints, fill_batch)
     lossy = plan.verify if plan is not None else None
@@ -584,10 +584,12 @@ def _compile_output(report, checked, exported, original, base_dir, output, mgx, 
             device=mgx.get("device", "auto"), save_mxr=mgx.get("save_mxr"),
             require=bool(mgx.get("require")), findings=result.findings, what=what,
             original=model_path if backend == "migraphx" else None,
-            progress=bool(mgx.get("progress")))
+            progress=bool(mgx.get("progress")),
+            unknown=(_unknown_in_original(result, original), result.profile.get("ops_source")))
         info = report.extra["compile"]
         if info.get("status") == "failed" and info.get("stage") in ("parse", "compile") \
-                and model_path is not None and backend == "migraphx":
+                and model_path is not None and backend == "migraphx" \
+                and not info.get("original_refused"):
             from rewriter.migraphx.backend import _dims
             dims = _dims(feed_sets[0], {k: v for k, v in (input_shapes or {}).items() if k})
             err = _backend(backend).refuses(model_path, dims, None if info["stage"] == "parse"
