@@ -52,19 +52,24 @@ class RawAttribute:
     """An attribute of a kind no pass reads, carried through as its AttributeProto;
     equal (and hashed) by its serialized bytes, so merge-duplicates can compare it."""
 
-    __slots__ = ("proto", "_bytes")
+    __slots__ = ("proto", "_key")
 
     def __init__(self, proto: onnx.AttributeProto):
         self.proto = onnx.AttributeProto()
         self.proto.CopyFrom(proto)
         self.proto.name = ""
-        self._bytes = self.proto.SerializeToString(deterministic=True)
+        self._key = None   # serialized only when compared (a 194 MB list, once more)
+
+    def key(self) -> bytes:
+        if self._key is None:
+            self._key = self.proto.SerializeToString(deterministic=True)
+        return self._key
 
     def __eq__(self, other):
-        return isinstance(other, RawAttribute) and other._bytes == self._bytes
+        return isinstance(other, RawAttribute) and other.key() == self.key()
 
     def __hash__(self):
-        return hash(self._bytes)
+        return hash(self.key())
 
     def __repr__(self):
         return f"RawAttribute({A.AttributeType.Name(self.proto.type)})"
