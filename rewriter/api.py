@@ -30,7 +30,7 @@ from rewriter.core.errors import InputError, PassError, VerificationError
 from rewriter.core.graph import (SMALL_TENSOR, Namer, copy_fields, graph_protos,
                                  iter_model_tensors, node_id, tensor_nbytes, weight_free_copy)
 from rewriter.core.load import first_line, load_model, validate_model
-from rewriter.core.manager import check_order, run_pipeline, run_rounds
+from rewriter.core.manager import ROUNDS, check_order, run_pipeline, run_rounds
 from rewriter.core.pass_base import Context, Numerics, Options, pipeline_needs_shapes
 from rewriter.core.report import Report, op_histogram
 from rewriter.core.save import save_model, total_weight_bytes
@@ -275,6 +275,10 @@ class _Rewrite:
         refresh = (lambda k: refresh_shapes(self.graph, f"p{k}_")) if self.graph_inferred \
             else None
         records = run_rounds(self.graph, self.pipeline, self.ctx, self.after_change, refresh)
+        if any(r.round == ROUNDS and r.changed for r in records):
+            self.report.warnings.append(
+                f"the pipeline still changed the graph in its last round ({ROUNDS}): "
+                "rewriting the output again may shrink it further")
         if self.quantize:
             records = self.run_plan(records)
         self.seconds["passes"] = sum(r.seconds for r in records)

@@ -163,3 +163,41 @@ def test_verified_says_whether_outputs_were_compared():
     assert rep.ok and not rep.verified and json.loads(rep.to_json())["verified"] is False
     _, rep = rewriter.rewrite(RESNET, verify=True)
     assert rep.ok and rep.verified and json.loads(rep.to_json())["verified"] is True
+
+
+class _OneIdentityARound(Pass):
+    """Removes one Identity per run: a chain of k needs k rounds (a stand-in for Swin,
+    where each round let fold-shapes fold the next stage)."""
+    name = "one-identity-a-round"
+    phase = Phase.CLEANUP
+
+    def run(self, graph, ctx):
+        for n in graph.nodes:
+            if n.op == "Identity" and n.outputs[0] not in graph.outputs:
+                for reader in list(n.outputs[0].outputs):
+                    reader.inputs[reader.inputs.index(n.outputs[0])] = n.inputs[0]
+                n.inputs.clear()
+                n.outputs.clear()
+                graph.cleanup()
+                return PassResult(changed=True)
+        return PassResult()
+
+
+@pytest.mark.parametrize("k, warned", [(6, False), (20, True)])
+def test_the_pipeline_runs_rounds_until_nothing_changes(k, warned):
+    """Swin (eleventh round) needed 5 rounds and the cap was 4: 630 nodes in one run, 588
+    in a second. The cap is 16 now; a run that still changes in its last round says so."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    from rewriter.core.manager import ROUNDS
+    names = ["x"] + [f"i{j}" for j in range(k)]
+    g = h.make_graph([h.make_node("Identity", [a], [b]) for a, b in zip(names, names[1:])]
+                     + [h.make_node("Relu", [names[-1]], ["y"])], "g",
+                     [h.make_tensor_value_info("x", T.FLOAT, [2])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [2])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    out, rep = rewriter.rewrite(m, [_OneIdentityARound()], verify=True)
+    left = [n.op_type for n in out.graph.node].count("Identity")
+    assert left == max(0, k - ROUNDS), left
+    assert any("still changed the graph in its last round" in w for w in rep.warnings) == warned
