@@ -20,7 +20,9 @@ ends up directly after the conv, where MIGraphX (rocMLIR/MIOpen) fuses conv+bias
 
 A Mul by a constant per input channel (or a scalar) whose result only convs read as their
 data goes into their weights (``scale-into-next-conv``): Conv(x * c, W) = Conv(x, W * c), zero
-padding included. GELU's trailing Mul by 0.5 before a conv is the common case.
+padding included. GELU's trailing Mul by 0.5 before a conv is the common case. The same
+before MatMul/Gemm with a constant weight, c over x's last axis (``scale-into-next-matmul``):
+MatMul(x * c, W) = MatMul(x, W * c[:, None]), a transformer MLP's fc2.
 
 A BatchNormalization that does not follow a conv (DenseNet's BN after Concat) but is
 followed by per-channel Mul/Add becomes one Mul and one Add with per-channel constants, the
@@ -89,6 +91,8 @@ class FuseConvBn(Pass):
             for node in list(g.nodes):
                 if node.op == "Mul" and node.outputs:
                     self._scale_into_next_convs(node, outs, ctx, res)
+                if node.op == "Mul" and node.outputs:
+                    self._scale_into_next_matmuls(node, outs, ctx, res)
             res.counts["conv+activation pairs"] = (res.counts.get("conv+activation pairs", 0)
                                                    + _count_pairs(g))
         return res
@@ -245,6 +249,68 @@ class FuseConvBn(Pass):
         mul.outputs.clear()
         mul.inputs.clear()
         res.count("scale-into-next-conv")
+        res.changed = True
+
+    def _scale_into_next_matmuls(self, mul, outs, ctx, res):
+        """x -> Mul(c) -> MatMul(., W) (or Gemm without transA) with c a constant over x's
+        last axis (or a scalar) and the Mul read only by such layers as their data:
+        MatMul(x, W * c[:, None]). A transformer MLP's GELU ends in a Mul by 0.5 before
+        fc2 (ViT, DeiT, Swin: 12 each, eleventh round)."""
+        if len(mul.inputs) != 2:
+            return
+        x, c = mul.inputs
+        if isinstance(x, gs.Constant):
+            x, c = c, x
+        y = mul.outputs[0]
+        if (not isinstance(c, gs.Constant) or isinstance(x, gs.Constant) or id(y) in outs
+                or not y.outputs or c.values.dtype.kind != "f"):
+            return
+        layers = list({id(n): n for n in y.outputs}.values())
+
+        def weight_axis(n):   # W's K axis (the one x's last axis meets), or None
+            if (len(n.inputs) < 2 or n.inputs[0] is not y or y in n.inputs[1:]
+                    or not isinstance(n.inputs[1], gs.Constant)
+                    or n.inputs[1].values.ndim != 2
+                    or n.inputs[1].values.dtype != c.values.dtype):
+                return None
+            if n.op == "MatMul":
+                return 0
+            if n.op == "Gemm" and not int(n.attrs.get("transA", 0)):
+                return 1 if int(n.attrs.get("transB", 0)) else 0
+            return None
+
+        axes = [weight_axis(n) for n in layers]
+        if any(a is None for a in axes):
+            return
+        v = c.values
+        ks = {int(n.inputs[1].values.shape[a]) for n, a in zip(layers, axes)}
+        if len(ks) != 1:
+            return
+        k = ks.pop()
+        rank = len(x.shape) if x.shape is not None else None
+        if v.ndim >= 2 and (rank is None or v.ndim > rank):
+            return   # the Mul might add dims to x
+        if v.size > 1 and (any(d != 1 for d in v.shape[:-1]) or v.shape[-1] != k
+                           or rank is None or x.shape[-1] != k):
+            return   # not per K, or x may broadcast up to K
+        if any(n.op == "Gemm" for n in layers) and (rank != 2 or v.ndim > 2):
+            return
+        vec = np.broadcast_to(v.astype(np.float64).reshape(-1), (k,))
+        new = []
+        for n, a in zip(layers, axes):
+            w = n.inputs[1].values
+            wv = w.astype(np.float64) * (vec[:, None] if a == 0 else vec[None, :])
+            limit = float(np.finfo(w.dtype).max) ** 0.5
+            if not np.isfinite(wv).all() or float(np.abs(wv).max(initial=0)) > limit:
+                res.skip("weights-near-overflow")
+                return
+            new.append(wv.astype(w.dtype))
+        for n, wv in zip(layers, new):
+            own_constant(n, 1, wv, ctx.namer, "scaled")
+            n.inputs[0] = x
+        mul.outputs.clear()
+        mul.inputs.clear()
+        res.count("scale-into-next-matmul")
         res.changed = True
 
     def _note_blocked(self, conv, res, reason):

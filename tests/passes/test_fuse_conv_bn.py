@@ -303,3 +303,54 @@ def test_scale_before_convs_left_alone(why, model):
     out, rep = rewriter.rewrite(m, ["fuse-conv-bn"])
     assert "Mul" in ops(out), why
     assert "scale-into-next-conv" not in rep.passes[0].counts
+
+
+@pytest.mark.parametrize("scale, layer, wshape", [
+    ((), "MatMul (s, W)", (8, 5)),
+    ((8,), "MatMul (s, W)", (8, 5)),
+    ((1, 8), "Gemm <transB = 1> (s, W, B)", (5, 8)),
+    ((8,), "Gemm (s, W, B)", (8, 5)),
+])
+def test_scale_before_matmuls_goes_into_their_weights(scale, layer, wshape):
+    """A transformer MLP's GELU ends in Mul(0.5) before fc2, a MatMul with a constant
+    weight (ViT, DeiT, Swin: 12 each, eleventh round): MatMul(x, W * c[:, None]). The
+    unscaled reader of the same weight keeps it as it was."""
+    m = make_model(f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 8] x) => (float a, float b) {{
+        s = Mul (x, S)
+        a = {layer}
+        b = {layer.replace("(s,", "(x,")}
+    }}""", {"S": scale, "W": wshape, "B": (5,)})
+    out, rep = rewriter.rewrite(m, ["fuse-conv-bn"], verify=True)
+    assert "Mul" not in ops(out)
+    assert rep.passes[0].counts["scale-into-next-matmul"] == 1
+    w = {t.name: onnx.numpy_helper.to_array(t) for t in m.graph.initializer}["W"]
+    after = {t.name: onnx.numpy_helper.to_array(t) for t in out.graph.initializer}
+    np.testing.assert_array_equal(after["W"], w)
+    check_all(m, out, feeds((3, 8), seed=4))
+
+
+@pytest.mark.parametrize("why,text,inits", [
+    ("a scale over the rows, not K", """
+    g (float[N, 8] x) => (float a) { s = Mul (x, S)
+        a = MatMul (s, W) }""", {"S": (3, 1), "W": (8, 5)}),
+    ("an x whose last axis the Mul broadcasts to K", """
+    g (float[N, 1] x) => (float a) { s = Mul (x, S)
+        a = MatMul (s, W) }""", {"S": (8,), "W": (8, 5)}),
+    ("the Mul's result also read by a Relu", """
+    g (float[N, 8] x) => (float a, float r) { s = Mul (x, S)
+        a = MatMul (s, W)
+        r = Relu (s) }""", {"S": (), "W": (8, 5)}),
+    ("a Mul that adds a dim", """
+    g (float[N, 8] x) => (float a) { s = Mul (x, S)
+        a = MatMul (s, W) }""", {"S": (1, 1, 8), "W": (8, 5)}),
+    ("the weight on the left", """
+    g (float[8, N] x) => (float a) { s = Mul (x, S)
+        a = MatMul (W, s) }""", {"S": (), "W": (5, 8)}),
+])
+def test_scale_before_matmuls_left_alone(why, text, inits):
+    m = make_model('<ir_version: 8, opset_import: ["" : 17]>' + text, inits)
+    out, rep = rewriter.rewrite(m, ["fuse-conv-bn"])
+    assert "Mul" in ops(out), why
+    assert "scale-into-next-matmul" not in rep.passes[0].counts
