@@ -24,6 +24,10 @@ padding included. GELU's trailing Mul by 0.5 before a conv is the common case. T
 before MatMul/Gemm with a constant weight, c over x's last axis (``scale-into-next-matmul``):
 MatMul(x * c, W) = MatMul(x, W * c[:, None]), a transformer MLP's fc2.
 
+A BatchNormalization over the last axis of a MatMul with a constant weight (directly on a
+2-D MatMul, or through a Flatten that keeps the last axis: timm's LinearNorm) goes into the
+weight's columns and one Add after the MatMul (``fused-bn-after-matmul``).
+
 A BatchNormalization that does not follow a conv (DenseNet's BN after Concat) but is
 followed by per-channel Mul/Add becomes one Mul and one Add with per-channel constants, the
 chain merged into them (fewer nodes); a BN followed by nothing it can merge with stays as it
@@ -85,6 +89,9 @@ class FuseConvBn(Pass):
             for node in list(g.nodes):
                 if node.op in CONVS and node.outputs:
                     self._absorb_into_conv(node, g, outs, local, ctx, res)
+            for node in list(g.nodes):
+                if node.op == "BatchNormalization" and node.outputs:
+                    self._bn_after_matmul(node, g, outs, ctx, res)
             for node in list(g.nodes):
                 if node.op == "BatchNormalization" and node.outputs:
                     self._standalone_bn(node, g, outs, local, ctx, res)
@@ -311,6 +318,68 @@ class FuseConvBn(Pass):
         mul.outputs.clear()
         mul.inputs.clear()
         res.count("scale-into-next-matmul")
+        res.changed = True
+
+    def _bn_after_matmul(self, bn, g, outs, ctx, res):
+        """MatMul(x, W[K, C]) -> [Flatten to [M, C] ->] BatchNormalization over C: the BN's
+        scale goes into W's columns and its shift becomes an Add right after the MatMul
+        (MatMul(x, W * s) + t). timm's LinearNorm (LeViT: 46 of them, eleventh round)."""
+        z = bn.inputs[0]
+        c = _channels(bn)
+        if c is None or len(z.inputs) != 1 or len(z.outputs) != 1:
+            return
+        p = z.inputs[0]
+        flat = None
+        if p.op == "Flatten":
+            if id(bn.outputs[0]) in outs:
+                return
+            flat, y = p, p.inputs[0]
+            rank = len(y.shape) if y.shape is not None else None
+            # y may also be read by Shape nodes (reshape_as(y) after the BN): its shape
+            # is the same once the Add writes it; any other reader would see the shift.
+            if rank is None or int(p.attrs.get("axis", 1)) % max(rank, 1) != rank - 1 \
+                    or len(y.inputs) != 1 or id(y) in outs \
+                    or any(r is not flat and r.op != "Shape" for r in y.outputs):
+                return
+            p = y.inputs[0]
+        else:
+            y = z
+            if z.shape is None or len(z.shape) != 2:
+                return   # BN's channel axis is 1: the MatMul's last axis only when 2-D
+        if (p.op != "MatMul" or len(p.inputs) != 2 or p.inputs[0] is y
+                or not isinstance(p.inputs[1], gs.Constant) or p.inputs[1].values.ndim != 2
+                or int(p.inputs[1].values.shape[1]) != c or isinstance(p.inputs[0], gs.Constant)):
+            return
+        st, reason = _bn_affine(bn, c, 0)
+        w = p.inputs[1].values
+        if reason or w.dtype.kind != "f" or bn.inputs[1].values.dtype != w.dtype:
+            return
+        scale, shift = st
+        wv = w.astype(np.float64) * scale[None, :]
+        limit = float(np.finfo(w.dtype).max) ** 0.5
+        if not np.isfinite(wv).all() or float(np.abs(wv).max(initial=0)) > limit:
+            res.skip("weights-near-overflow")
+            return
+        own_constant(p, 1, wv.astype(w.dtype), ctx.namer, "fused")
+        t = gs.Constant(ctx.namer(f"{bn.name or y.name}_shift"), shift.astype(w.dtype))
+        out = bn.outputs[0]
+        if flat is None:   # MatMul -> Add, which writes the BN's output (its name stays)
+            bn.inputs.clear()
+            bn.outputs.clear()
+            g.nodes.append(gs.Node("Add", ctx.namer(f"{out.name}_add"), inputs=[z, t],
+                                   outputs=[out]))
+        else:   # MatMul -> Add -> Flatten (-> the BN's readers): the shift broadcasts on C
+            raw = gs.Variable(ctx.namer(f"{y.name}_raw"), dtype=y.dtype, shape=y.shape)
+            p.outputs[0] = raw
+            g.nodes.append(gs.Node("Add", ctx.namer(f"{bn.name or y.name}_add"),
+                                   inputs=[raw, t], outputs=[y]))
+            for reader in list(out.outputs):
+                for i, t_in in enumerate(reader.inputs):
+                    if t_in is out:
+                        reader.inputs[i] = z
+            bn.inputs.clear()
+            bn.outputs.clear()
+        res.count("fused-bn-after-matmul")
         res.changed = True
 
     def _note_blocked(self, conv, res, reason):

@@ -354,3 +354,60 @@ def test_scale_before_matmuls_left_alone(why, text, inits):
     out, rep = rewriter.rewrite(m, ["fuse-conv-bn"])
     assert "Mul" in ops(out), why
     assert "scale-into-next-matmul" not in rep.passes[0].counts
+
+
+def _bn_params(c, seed):
+    rng = np.random.default_rng(seed)
+    return {"g": rng.uniform(0.5, 1.5, c).astype(np.float32),
+            "be": rng.standard_normal(c).astype(np.float32),
+            "mu": rng.standard_normal(c).astype(np.float32),
+            "va": rng.uniform(0.5, 2.0, c).astype(np.float32)}
+
+
+@pytest.mark.parametrize("body, xshape", [
+    # timm's LinearNorm: bn(linear(x).flatten(0, 1)).reshape_as(x) (LeViT, eleventh round)
+    ("""m = MatMul (x, W)
+        f = Flatten <axis = 2> (m)
+        b = BatchNormalization <epsilon = 1e-3> (f, g, be, mu, va)
+        sh = Shape (m)
+        y = Reshape (b, sh)""", (2, 5, 8)),
+    ("""m = MatMul (x, W)
+        y = BatchNormalization (m, g, be, mu, va)""", (3, 8)),
+])
+def test_a_bn_after_a_matmul_goes_into_its_weight_and_one_add(body, xshape):
+    rank = len(xshape)
+    dims = ", ".join(["N"] + [str(d) for d in xshape[1:]])
+    ydims = ", ".join(["N"] + [str(d) for d in xshape[1:-1]] + ["6"])
+    m = make_model(f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[{dims}] x) => (float[{ydims}] y) {{
+        {body}
+    }}""", {"W": (8, 6), **_bn_params(6, 7)})
+    out, rep = rewriter.rewrite(m, ["fuse-conv-bn"], verify=True)
+    assert "BatchNormalization" not in ops(out)
+    assert rep.passes[0].counts["fused-bn-after-matmul"] == 1
+    assert ops(out)[:2] == ["MatMul", "Add"], ops(out)
+    check_all(m, out, {"x": np.random.default_rng(5).standard_normal(
+        (4,) + xshape[1:]).astype(np.float32)})
+    assert rank in (2, 3)
+
+
+@pytest.mark.parametrize("why, body", [
+    ("a BN over a middle axis of a 3-D MatMul", """m = MatMul (x, W)
+        y = BatchNormalization (m, g, be, mu, va)"""),
+    ("a Flatten that does not keep the last axis", """m = MatMul (x, W)
+        f = Flatten <axis = 1> (m)
+        y = BatchNormalization (f, g, be, mu, va)"""),
+    ("the MatMul's output read by another op too", """m = MatMul (x, W)
+        f = Flatten <axis = 2> (m)
+        y = BatchNormalization (f, g, be, mu, va)
+        z = Relu (m)"""),
+])
+def test_a_bn_after_a_matmul_left_alone(why, body):
+    m = make_model(f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2, 6, 8] x) => (float y) {{
+        {body}
+    }}""", {"W": (8, 6), **_bn_params(6, 3)})
+    out, rep = rewriter.rewrite(m, ["fuse-conv-bn"])
+    assert "fused-bn-after-matmul" not in rep.passes[0].counts, why
