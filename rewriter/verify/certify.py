@@ -49,6 +49,8 @@ Outputs without classes (detection, masks, regression heads: see
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import asdict, dataclass, field
 from statistics import NormalDist
 
@@ -266,22 +268,24 @@ class Judgement:
     def line(self) -> str:
         s = f"{self.output}: n={self.n}"
         if self.top1 is not None:
-            s += (f", top-1 agreement {self.top1:.3f} [{self.top1_ci[0]:.3f}, "
-                  f"{self.top1_ci[1]:.3f}], flip-risk bound >= {1 - self.flip_risk_upper:.3f}")
+            s += (f", top-1 agreement {self.top1:.3f} [{_down(self.top1_ci[0], 3)}, "
+                  f"{_up(self.top1_ci[1], 3)}], flip-risk bound >= "
+                  f"{_down(1 - self.flip_risk_upper, 3)}")
             if self.every_position is not None:
                 s += f", every position agrees on {self.every_position:.3f} of samples"
         # Per sample, the mean with its interval: the table's cosine is over all samples'
         # values at once, which one large sample can dominate (a detector's map that is
         # empty on most samples: 0.9994 there, 0.51 here).
         s += (", cosine" + ("" if self.pooled else " per sample, mean")
-              + f" {self.cosine:.4f} [{self.cosine_ci[0]:.4f}, {self.cosine_ci[1]:.4f}]"
+              + f" {self.cosine:.4f} [{_down(self.cosine_ci[0], 4)}, "
+              f"{_up(self.cosine_ci[1], 4)}]"
               + (" (over the samples: one value each)" if self.pooled
                  else f" (worst {self.cosine_worst:.4f})"))
         if self.accuracy is not None:
             lo, hi = self.accuracy_drop_ci
             s += (f", accuracy {self.accuracy_fp32:.3f} -> {self.accuracy:.3f} (loss "
                   f"{self.accuracy_drop:+.1f} [{lo:+.1f}, {hi:+.1f}] points, bound "
-                  f"{self.accuracy_drop_upper:.1f})")
+                  f"{_up(self.accuracy_drop_upper, 1)})")
         verdict = ("met" if self.met and self.certifiable
                    else "met by the flip-risk model only, not certified" if self.met
                    else "not certified, nor shown missed" if self.undecided else "NOT met")
@@ -377,6 +381,17 @@ def judge_lossy(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
     return j
 
 
+def _down(x: float, digits: int) -> str:
+    """A lower bound as printed: rounded down, so that 0.98996 is not shown as 0.990 beside
+    "< 0.99" (eleventh round)."""
+    return f"{math.floor(x * 10 ** digits + 1e-9) / 10 ** digits:.{digits}f}"   # 0.29: 28.99..
+
+
+def _up(x: float, digits: int) -> str:
+    """An upper bound as printed: rounded up."""
+    return f"{math.ceil(x * 10 ** digits - 1e-9) / 10 ** digits:.{digits}f}"
+
+
 def _decide(j: Judgement, budget: dict) -> None:
     """met: every budget holds at its conservative end; certifiable: counting could show
     it at all with this many samples (:func:`counting_shortfalls`)."""
@@ -384,18 +399,19 @@ def _decide(j: Judgement, budget: dict) -> None:
     ok = True
     if "min_cosine" in budget and j.cosine_ci[0] < budget["min_cosine"]:
         ok = False
-        reasons.append(f"cosine lower bound {j.cosine_ci[0]:.4f} < {budget['min_cosine']}")
+        reasons.append(f"cosine lower bound {_down(j.cosine_ci[0], 4)} < "
+                       f"{budget['min_cosine']}")
     if "min_top1" in budget and j.top1 is not None:
         need = float(budget["min_top1"])
         if j.top1_lower < need:
             ok = False
-            reasons.append(f"top-1 lower bound {j.top1_lower:.3f} < {need}")
+            reasons.append(f"top-1 lower bound {_down(j.top1_lower, 3)} < {need}")
     if "max_accuracy_drop" in budget and j.accuracy_drop is not None:
         cap = float(budget["max_accuracy_drop"])
         if j.accuracy_drop_upper > cap:
             ok = False
-            reasons.append(f"accuracy loss upper bound {j.accuracy_drop_upper:.1f} > {cap} "
-                           "points")
+            reasons.append(f"accuracy loss upper bound {_up(j.accuracy_drop_upper, 1)} > "
+                           f"{cap} points")
     short = counting_shortfalls(j.n, budget, top1=j.top1 is not None,
                                 accuracy=j.accuracy_drop is not None)
     if short:

@@ -278,3 +278,23 @@ def test_one_value_per_sample_is_judged_over_the_samples():
     assert "over the samples: one value each" in j.line()
     scalar = judge_lossy("mos", ref[:, 0], bad[:, 0], BUDGET)   # 0-d outputs, stacked
     assert scalar.cosine == j.cosine and not scalar.met
+
+
+# How bounds are printed: a lower bound rounded down, an upper bound up, so the printed
+# comparison is the one made (eleventh round: "top-1 lower bound 0.990 < 0.99" for 0.98996).
+
+
+def test_bounds_round_away_from_the_estimate():
+    from rewriter.verify.certify import _down, _up
+    assert (_down(0.98996, 3), _up(0.98996, 3)) == ("0.989", "0.990")
+    assert (_down(0.29, 2), _up(0.29, 2)) == ("0.29", "0.29")   # exact values stay
+
+
+def test_a_bound_just_under_the_budget_is_not_printed_as_the_budget():
+    from rewriter.verify.certify import Judgement, _decide
+    j = Judgement(output="y", n=300, classes=True, top1=0.997, top1_ci=(0.98996, 0.9999),
+                  flip_risk_upper=1 - 0.98996, top1_lower=0.98996, cosine=0.9999,
+                  cosine_ci=(0.99989, 0.99995), cosine_worst=0.999)
+    _decide(j, {"min_top1": 0.99})
+    assert "top-1 lower bound 0.989 < 0.99" in j.why, j.why
+    assert "[0.989, 1.000]" in j.line() and "flip-risk bound >= 0.989" in j.line()
