@@ -24,6 +24,12 @@ padding included. GELU's trailing Mul by 0.5 before a conv is the common case. T
 before MatMul/Gemm with a constant weight, c over x's last axis (``scale-into-next-matmul``):
 MatMul(x * c, W) = MatMul(x, W * c[:, None]), a transformer MLP's fc2.
 
+Parallel branches of one input added together, as RepVGG/MobileOne blocks are exported
+before re-parameterisation, become one conv (``merged-branches``): Add(Conv_a(x), Conv_b(x))
+with one kernel centred in the other (same stride, dilation, group) is a Conv with
+Wa + pad(Wb), and Add(Conv(x), BN(x)) puts the BN's scale on each channel's centre tap
+(stride 1, as many outputs as inputs per group).
+
 A BatchNormalization over the last axis of a MatMul with a constant weight (directly on a
 2-D MatMul, or through a Flatten that keeps the last axis: timm's LinearNorm) goes into the
 weight's columns and one Add after the MatMul (``fused-bn-after-matmul``).
@@ -92,6 +98,9 @@ class FuseConvBn(Pass):
             for node in list(g.nodes):
                 if node.op == "BatchNormalization" and node.outputs:
                     self._bn_after_matmul(node, g, outs, ctx, res)
+            for node in list(g.nodes):
+                if node.op == "Add" and node.outputs:
+                    self._merge_branches(node, outs, ctx, res)
             for node in list(g.nodes):
                 if node.op == "BatchNormalization" and node.outputs:
                     self._standalone_bn(node, g, outs, local, ctx, res)
@@ -382,6 +391,78 @@ class FuseConvBn(Pass):
         res.count("fused-bn-after-matmul")
         res.changed = True
 
+    def _merge_branches(self, add, outs, ctx, res):
+        """Add(Conv_a(x), Conv_b(x)) over the same x, one kernel centred in the other (same
+        stride, dilation and group; pads differing by half the kernel difference): one
+        Conv with Wa + pad(Wb) and ba + bb. Add(Conv(x), BN(x)) likewise, the BN's scale
+        on the centre tap of each channel's own input (stride 1, as many outputs as
+        inputs per group). RepVGG/MobileOne blocks not re-parameterised (22 and 17 in
+        RepVGG-A0, eleventh round)."""
+        if len(add.inputs) != 2:
+            return   # (the merged conv takes over the Add's output, a graph output too)
+        a, b = (t.inputs[0] if len(t.inputs) == 1 and len(t.outputs) == 1
+                and id(t) not in outs else None for t in add.inputs)
+        if a is None or b is None or a is b:
+            return
+        if a.op != "Conv" and b.op == "Conv":
+            a, b = b, a
+        if a.op != "Conv" or not _plain_conv(a):
+            return
+        x, w = a.inputs[0], a.inputs[1].values
+        rank = w.ndim - 2
+        if b.op == "Conv" and _plain_conv(b) and b.inputs[0] is x \
+                and w.dtype == b.inputs[1].values.dtype:
+            merged = _embed(a, b)
+            if merged is None:
+                merged = _embed(b, a)
+                if merged is None:
+                    return
+                a, b = b, a
+            wv, pads = merged
+        elif b.op == "BatchNormalization" and b.inputs[0] is x:
+            st, reason = _bn_affine(b, w.shape[0], 0)
+            group = int(a.attrs.get("group", 1))
+            k, per = w.shape[0], w.shape[1]
+            if (reason or k != per * group or any(int(v) != 1 for v in _ints(a, "strides",
+                                                                              rank))
+                    or any(d % 2 == 0 for d in w.shape[2:]) or not _centred(a, rank)):
+                return
+            wv = w.astype(np.float64)
+            centre = tuple(d // 2 for d in w.shape[2:])
+            o = np.arange(k)
+            wv[(o, o % per) + centre] += st[0]
+            pads = None
+        else:
+            return
+        bias = (a.inputs[2].values.astype(np.float64) if len(a.inputs) > 2
+                else np.zeros(w.shape[0]))
+        if b.op == "Conv":
+            bias = bias + (b.inputs[2].values.astype(np.float64) if len(b.inputs) > 2
+                           else 0.0)
+        else:
+            bias = bias + st[1]
+        limit = float(np.finfo(w.dtype).max) ** 0.5
+        if not (np.isfinite(wv).all() and np.isfinite(bias).all()) or max(
+                float(np.abs(wv).max(initial=0)), float(np.abs(bias).max(initial=0))) > limit:
+            res.skip("weights-near-overflow")
+            return
+        own_constant(a, 1, wv.astype(w.dtype), ctx.namer, "merged")
+        if len(a.inputs) > 2:
+            own_constant(a, 2, bias.astype(w.dtype), ctx.namer, "merged")
+        else:
+            a.inputs.append(gs.Constant(ctx.namer(f"{a.inputs[1].name}_bias"),
+                                        bias.astype(w.dtype)))
+        if pads is not None:
+            a.attrs["pads"] = pads
+            a.attrs["kernel_shape"] = list(wv.shape[2:])
+        out = add.outputs[0]
+        for n in (add, b):
+            n.inputs.clear()
+            n.outputs.clear()
+        a.outputs[0] = out
+        res.count("merged-branches")
+        res.changed = True
+
     def _note_blocked(self, conv, res, reason):
         y = conv.outputs[0]
         if len(y.outputs) == 1 and y.outputs[0].op == "BatchNormalization":
@@ -496,6 +577,59 @@ def _channel_affine(node, y, k, rank):
     if node.op == "Add":
         return (np.ones(k), vec), None
     return (np.ones(k), -vec), None
+
+
+def _ints(conv, name, rank, default=1):
+    return [int(v) for v in conv.attrs.get(name, [default] * rank)]
+
+
+def _plain_conv(conv) -> bool:
+    """A Conv whose weight (and bias) are float constants and whose pads are explicit."""
+    return (len(conv.inputs) >= 2 and isinstance(conv.inputs[1], gs.Constant)
+            and conv.inputs[1].values.dtype.kind == "f"
+            and (len(conv.inputs) < 3 or isinstance(conv.inputs[2], gs.Constant))
+            and conv.attrs.get("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET")
+            and not isinstance(conv.inputs[0], gs.Constant))
+
+
+def _centred(conv, rank) -> bool:
+    """Pads that keep the output the input's size with stride 1: (k - 1) / 2 each side."""
+    w = conv.inputs[1].values
+    pads = _ints(conv, "pads", 2 * rank, 0)
+    dil = _ints(conv, "dilations", rank)
+    return all(pads[i] == pads[i + rank] == dil[i] * (w.shape[2 + i] - 1) // 2
+               for i in range(rank))
+
+
+def _embed(big, small):
+    """(big's weight plus small's zero-padded to big's kernel, big's pads) when small's
+    kernel sits centred in big's with the same stride, dilation and group; else None."""
+    wb, ws = big.inputs[1].values, small.inputs[1].values
+    rank = wb.ndim - 2
+    if ws.shape[:2] != wb.shape[:2] or ws.ndim != wb.ndim:
+        return None
+    for attr, default in (("strides", 1), ("dilations", 1), ("group", None)):
+        if attr == "group":
+            if int(big.attrs.get("group", 1)) != int(small.attrs.get("group", 1)):
+                return None
+        elif _ints(big, attr, rank, default) != _ints(small, attr, rank, default):
+            return None
+    pb, ps = _ints(big, "pads", 2 * rank, 0), _ints(small, "pads", 2 * rank, 0)
+    dil = _ints(big, "dilations", rank)
+    lead = []
+    for i in range(rank):
+        diff = wb.shape[2 + i] - ws.shape[2 + i]
+        if diff < 0 or diff % 2:
+            return None
+        half = diff // 2
+        if pb[i] - ps[i] != dil[i] * half or pb[i + rank] - ps[i + rank] != dil[i] * half:
+            return None
+        lead.append(half)
+    wv = wb.astype(np.float64)
+    idx = (slice(None), slice(None)) + tuple(slice(h, h + ws.shape[2 + i])
+                                             for i, h in enumerate(lead))
+    wv[idx] += ws.astype(np.float64)
+    return wv, pb
 
 
 def _count_pairs(g) -> int:

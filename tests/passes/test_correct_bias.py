@@ -134,13 +134,14 @@ g (float[N, 4, 8, 8] x) => (float[N, 8, 8, 8] y) {
     a = Conv <pads = [1, 1, 1, 1]> (x, W1, B1)
     r = Relu (a)
     b = Conv <pads = [1, 1, 1, 1]> (r, W2, B2)
-    c = Conv (r, W3, B3)
+    c = Conv <pads = [2, 2, 2, 2], dilations = [2, 2]> (r, W3, B3)
     s = Add (b, c)
     h = Relu (s)
     y = Conv <pads = [1, 1, 1, 1]> (h, W4, B4)
 }"""
 BRANCH_INITS = {"W1": (8, 4, 3, 3), "B1": (8,), "W2": (8, 8, 3, 3), "B2": (8,),
-                "W3": (8, 8, 1, 1), "B3": (8,), "W4": (8, 8, 3, 3), "B4": (8,)}
+                "W3": (8, 8, 3, 3), "B3": (8,), "W4": (8, 8, 3, 3), "B4": (8,)}
+# (c is dilated, ASPP-like: a 1x1 c would be merged into b by fuse-conv-bn, as RepVGG's are)
 
 
 def test_layers_side_by_side_are_measured_together_as_one_by_one(rng, monkeypatch):
