@@ -318,17 +318,36 @@ def resolve(plan: Plan, nodes: list) -> Assignment:
                 break
         else:
             prec[i], why[i] = plan.default, "default"
-    notes = []
+    no_kernel, no_weight = [], []
     for i in ids:
         if prec[i] == "int8" and ops[i] not in INT8_OPS:
-            notes.append(f"{i}: {ops[i]} has no int8 kernel in MIGraphX; kept fp32")
+            no_kernel.append(i)
             prec[i], why[i] = "fp32", why[i] + " (no int8 kernel)"
         elif prec[i] == "int8" and i in computed:
             # insert-qdq quantises a layer's constant weight; attention's Q x K^T has none
-            notes.append(f"{i}: its second input is computed, not a weight (INT8 needs a "
-                         "constant one); kept fp32")
+            no_weight.append(i)
             prec[i], why[i] = "fp32", why[i] + " (computed weight)"
+    # One line per kind, not per layer: a 12-block ViT gave 24 lines of its attention
+    # MatMuls, which the user cannot act on (eleventh round).
+    notes = []
+    if no_kernel:
+        kinds = ", ".join(sorted({ops[i] for i in no_kernel}))
+        notes.append(f"{_count(no_kernel)} planned int8 ({kinds}) have no int8 kernel in "
+                     f"MIGraphX; kept fp32: {_names(no_kernel)}")
+    if no_weight:
+        notes.append(f"{_count(no_weight)} planned int8 have a computed second input, not "
+                     "a weight (attention's Q x K^T and attn x V; INT8 needs a constant "
+                     f"one); kept fp32: {_names(no_weight)}")
     return Assignment(prec, why, ids, ops, notes)
+
+
+def _count(names: list) -> str:
+    return f"{len(names)} layer{'s' if len(names) != 1 else ''}"
+
+
+def _names(names: list, shown: int = 3) -> str:
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more"
+                                      if len(names) > shown else "")
 
 
 def _computed_weight(node) -> bool:
