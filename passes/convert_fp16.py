@@ -14,7 +14,10 @@ tensor name (graph outputs and plans stay valid), the float16 side gets ``<name>
 
 Constants inside a region become float16 (a constant also used outside gets a float16
 copy); values beyond the float16 range (|x| > 65504) are clamped and counted, because
-they would otherwise become inf. Q/DQ nodes are never in a region: next to INT8 layers the
+they would otherwise become inf. An FP16 layer whose input or output exceeds a quarter of
+the float16 range on the calibration data (``Context.fp16_ranges``, max |x|) stays
+float32 (``range-beyond-fp16``): onnxruntime's CPU computes a float16 region in float32, so
+--verify would not see the overflow. Q/DQ nodes are never in a region: next to INT8 layers the
 Q/DQ and their scales stay float32, with the Casts around them (MIGraphX PR #3053 pattern;
 from opset 19 a float16 input with a float32 scale does not even parse). So run it after
 insert-qdq. Subgraphs (If/Loop bodies) are left in float32.
@@ -31,6 +34,10 @@ from rewriter.core.graph import node_id, set_values
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 FP16_MAX = float(np.finfo(np.float16).max)
+# An FP16 layer whose input or output reached more than this on the calibration data
+# stays float32: a quarter of float16's range, for the samples not seen and for the
+# followers (a residual Add doubles).
+FP16_SAFE = FP16_MAX / 4
 # Ops whose float inputs and outputs may all be float16 (same-type semantics).
 SAFE = {
     "Relu", "Clip", "LeakyRelu", "HardSigmoid", "HardSwish", "Sigmoid", "Tanh", "Elu", "PRelu",
@@ -55,6 +62,7 @@ class ConvertFp16(Pass):
         assignment, plan = ctx.assignment, ctx.plan
         clamp = plan.fp16.get("clamp", True) if plan is not None else True
         region: set[int] = set()
+        too_big: list[str] = []
         producer = {id(t): n for n in graph.nodes for t in n.outputs}
         for node in graph.nodes:  # topological: one forward sweep grows every region
             fp = _float_inputs(node)
@@ -68,6 +76,12 @@ class ConvertFp16(Pass):
                 if isinstance(w, gs.Constant) and w.values.dtype != np.float32:
                     res.skip("not-fp32")
                     continue
+                big = max((ctx.fp16_ranges.get(t.name, 0.0)
+                           for t in node.inputs[:1] + node.outputs[:1]), default=0.0)
+                if big > FP16_SAFE:
+                    res.skip("range-beyond-fp16")
+                    too_big.append(f"{node_id(node)} ({big:.3g})")
+                    continue
                 region.add(id(node))
                 res.count(f"fp16-{node.op.lower()}")
             elif node.op in SAFE and typed and fp and all(
@@ -75,6 +89,14 @@ class ConvertFp16(Pass):
             ) and any(not isinstance(t, gs.Constant) for t in fp):
                 region.add(id(node))
                 res.count("fp16-follower")
+        if too_big:
+            one = len(too_big) == 1
+            res.notes.append(
+                f"{len(too_big)} FP16 layer{'' if one else 's'} stay{'s' if one else ''} "
+                f"float32: {'its' if one else 'their'} activations reach more "
+                f"than {FP16_SAFE:.0f} (a quarter of float16's range) on the calibration "
+                "data: " + ", ".join(too_big[:3]) + (f" and {len(too_big) - 3} more"
+                                                     if len(too_big) > 3 else ""))
         if not region:
             return res
         members = [n for n in graph.nodes if id(n) in region]

@@ -813,6 +813,7 @@ class _Rewrite:
             self.report.warnings.append(
                 f"the plan puts no layer in INT8 or FP16 (of {len(a.order)} Conv/MatMul/Gemm "
                 "layers): nothing is quantized")
+        self.fp16_ranges(a)
         int8 = [n for n in self.graph.nodes if a.precision.get(node_id(n)) == "int8"]
         if not int8:
             return None
@@ -837,6 +838,31 @@ class _Rewrite:
                                             "samples": len(self.calib_data),
                                             "tensors": len(tensors)}
         return exported
+
+    def fp16_ranges(self, a) -> None:
+        """max |x| over the calibration data of the FP16 layers' inputs and outputs, for
+        convert-fp16 to keep in float32 what float16 cannot hold. onnxruntime's CPU run
+        of a float16 region computes in float32 (its Cast pairs cancel), so --verify does
+        not see an overflow there: a MobileOne with activations of 1e16 passed it while
+        MIGraphX gave NaN logits (eleventh round)."""
+        fp16 = [n for n in self.graph.nodes if a.precision.get(node_id(n)) == "fp16"]
+        if not fp16:
+            return
+        if self.calib_data is None:
+            self.report.warnings.append(
+                f"{len(fp16)} FP16 layers: their activations' range is unknown without "
+                "calibration data (--calib), so a float16 overflow is not ruled out; "
+                "--verify in onnxruntime does not see one")
+            return
+        from rewriter.quant.ranges import collect_ranges
+        tensors = sorted({t.name for n in fp16 for t in (n.inputs[:1] + n.outputs[:1])
+                          if t.name and not hasattr(t, "values")   # not a constant
+                          and t.dtype is not None and np.dtype(t.dtype) == np.float32})
+        exported = export(self.graph, self.original, self.base_dir)
+        self.ctx.fp16_ranges = collect_ranges(
+            exported.model, tensors, self.calib_data, method="minmax",
+            base_dir=exported.source_dir, initializers=exported.ort_initializers(),
+            progress=self.progress)
 
     def equalize(self, int8: list) -> None:
         """Per-channel statistics of the INT8 convs' inputs, then equalize-channels (its

@@ -144,6 +144,7 @@ class Context:
     plan: Any = None                   # rewriter.quant.plan.Plan, for insert-qdq/convert-fp16
     assignment: Any = None             # rewriter.quant.plan.Assignment: a precision per layer
     ranges: dict[str, float] = field(default_factory=dict)   # activation amax per tensor
+    fp16_ranges: dict[str, float] = field(default_factory=dict)  # max |x| at FP16 layers
     channel_stats: dict[str, Any] = field(default_factory=dict)  # tensor -> ChannelStats
     bias_shift: dict[str, Any] = field(default_factory=dict)     # layer -> per-channel shift
     hessians: dict[str, Any] = field(default_factory=dict)       # conv -> E[x x^T] per group

@@ -161,3 +161,56 @@ def test_a_scalar_constant_in_a_region_becomes_float16():
     assert len(s16) == 1, [(t.name, t.dims, t.data_type) for t in out.graph.initializer]
     a, b = run_ort(m, x_feed())[0], run_ort(out, x_feed())[0]
     assert cos(a, b) > 0.9999
+
+
+BIG = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 4, 6, 6] x) => (float[N, 4, 6, 6] y) {
+    a = Conv <pads = [1, 1, 1, 1]> (x, W1)
+    r = Relu (a)
+    b = Mul (r, k)
+    c = Conv <pads = [1, 1, 1, 1]> (b, W2)
+    y = Relu (c)
+}"""
+
+
+def _big_model():
+    return make_model(BIG, {"W1": (4, 4, 3, 3), "W2": (4, 4, 3, 3),
+                            "k": np.array(3e4, np.float32)})
+
+
+def test_float16_regions_run_as_float16_in_onnxruntime():
+    """onnxruntime's CPU has no float16 Conv: it casts around it and drops the float32 ->
+    float16 -> float32 pairs it made, so a float16 region ran in float32 and an overflow
+    never showed (MobileOne: --verify ok, MIGraphX NaN; eleventh round). Sessions made by
+    core.ort keep every float16 tensor of a region as float16."""
+    from rewriter.core import ort
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 4, 6, 6] x) => (float[1, 4, 6, 6] y) {
+        h = Cast <to = 10> (x)
+        c = Conv <pads = [1, 1, 1, 1]> (h, W)
+        y = Cast <to = 1> (c)
+    }""", {"W": np.full((4, 4, 3, 3), 100.0, np.float16)})
+    x = np.full((1, 4, 6, 6), 100.0, np.float32)   # 36 * 100 * 100 = 360000 > 65504
+    y = ort.run(ort.session(m), {"x": x})
+    assert len(y) == 1 and np.isinf(y[0]).any(), y[0].max()
+
+
+def test_fp16_layers_whose_activations_float16_cannot_hold_stay_float32(rng):
+    """The calibration data's max |x| at each FP16 layer's input and output: beyond a
+    quarter of float16's range the layer stays float32 and the note names it. The first
+    conv (small values) still goes to float16."""
+    m = _big_model()
+    calib = [{"x": rng.standard_normal((1, 4, 6, 6)).astype(np.float32)} for _ in range(10)]
+    out, rep = rewriter.rewrite(m, plan="fp16", calib=calib, verify=True, target="none")
+    rec = [p for p in rep.passes if p.name == "convert-fp16"][0]
+    assert rec.counts.get("skip:range-beyond-fp16") == 1, rec.counts
+    assert any(n.startswith("1 FP16 layer stays float32: its activations") for n in rec.notes), rec.notes
+    convs = [n for n in out.graph.node if n.op_type == "Conv"]
+    inits = {t.name: t for t in out.graph.initializer}
+    kinds = [inits[c.input[1]].data_type for c in convs]
+    assert kinds == [onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT], kinds
+    # Without calibration data the range is unknown: said, not guessed.
+    _, rep = rewriter.rewrite(m, plan="fp16", target="none")
+    assert any("float16 overflow is not ruled out" in w for w in rep.warnings)
