@@ -62,7 +62,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rewriter.core.graph import iter_graphs, own_constant
+from rewriter.core.graph import bypass, iter_graphs, own_constant
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 CONVS = ("Conv", "ConvTranspose")
@@ -220,15 +220,10 @@ class FuseConvBn(Pass):
         the Mul read only by convs as their data: Conv(x, W * c) for each (zero padding
         stays zero, so it is exact up to rounding). GELU's trailing Mul by 0.5 before a
         conv is the common case."""
-        if len(mul.inputs) != 2:
+        found = _constant_mul(mul, outs)
+        if found is None:
             return
-        x, c = mul.inputs
-        if isinstance(x, gs.Constant):
-            x, c = c, x
-        y = mul.outputs[0]
-        if (not isinstance(c, gs.Constant) or isinstance(x, gs.Constant) or id(y) in outs
-                or not y.outputs or c.values.dtype.kind != "f"):
-            return
+        x, c, y = found
         convs = list({id(n): n for n in y.outputs}.values())
         if any(n.op != "Conv" or n.inputs[0] is not y or y in n.inputs[1:]
                or not isinstance(n.inputs[1], gs.Constant)
@@ -254,33 +249,21 @@ class FuseConvBn(Pass):
             # output channel o reads input channels (o // (k / group)) * per + j
             f = vec.reshape(group, per)[np.arange(k) // (k // group)]
             wv = w.values.astype(np.float64) * f.reshape((k, per) + (1,) * (rank - 2))
-            limit = float(np.finfo(w.values.dtype).max) ** 0.5
-            if not np.isfinite(wv).all() or float(np.abs(wv).max(initial=0)) > limit:
+            if _near_overflow(wv, w.values.dtype):
                 res.skip("weights-near-overflow")
                 return
             new.append(wv.astype(w.values.dtype))
-        for conv, wv in zip(convs, new):
-            own_constant(conv, 1, wv, ctx.namer, "scaled")
-            conv.inputs[0] = x
-        mul.outputs.clear()
-        mul.inputs.clear()
-        res.count("scale-into-next-conv")
-        res.changed = True
+        _read_x_scaled(mul, x, convs, new, ctx, res, "scale-into-next-conv")
 
     def _scale_into_next_matmuls(self, mul, outs, ctx, res):
         """x -> Mul(c) -> MatMul(., W) (or Gemm without transA) with c a constant over x's
         last axis (or a scalar) and the Mul read only by such layers as their data:
         MatMul(x, W * c[:, None]). A transformer MLP's GELU ends in a Mul by 0.5 before
         fc2 (ViT, DeiT, Swin: 12 each, eleventh round)."""
-        if len(mul.inputs) != 2:
+        found = _constant_mul(mul, outs)
+        if found is None:
             return
-        x, c = mul.inputs
-        if isinstance(x, gs.Constant):
-            x, c = c, x
-        y = mul.outputs[0]
-        if (not isinstance(c, gs.Constant) or isinstance(x, gs.Constant) or id(y) in outs
-                or not y.outputs or c.values.dtype.kind != "f"):
-            return
+        x, c, y = found
         layers = list({id(n): n for n in y.outputs}.values())
 
         def weight_axis(n):   # W's K axis (the one x's last axis meets), or None
@@ -316,18 +299,11 @@ class FuseConvBn(Pass):
         for n, a in zip(layers, axes):
             w = n.inputs[1].values
             wv = w.astype(np.float64) * (vec[:, None] if a == 0 else vec[None, :])
-            limit = float(np.finfo(w.dtype).max) ** 0.5
-            if not np.isfinite(wv).all() or float(np.abs(wv).max(initial=0)) > limit:
+            if _near_overflow(wv, w.dtype):
                 res.skip("weights-near-overflow")
                 return
             new.append(wv.astype(w.dtype))
-        for n, wv in zip(layers, new):
-            own_constant(n, 1, wv, ctx.namer, "scaled")
-            n.inputs[0] = x
-        mul.outputs.clear()
-        mul.inputs.clear()
-        res.count("scale-into-next-matmul")
-        res.changed = True
+        _read_x_scaled(mul, x, layers, new, ctx, res, "scale-into-next-matmul")
 
     def _bn_after_matmul(self, bn, g, outs, ctx, res):
         """MatMul(x, W[K, C]) -> [Flatten to [M, C] ->] BatchNormalization over C: the BN's
@@ -365,8 +341,7 @@ class FuseConvBn(Pass):
             return
         scale, shift = st
         wv = w.astype(np.float64) * scale[None, :]
-        limit = float(np.finfo(w.dtype).max) ** 0.5
-        if not np.isfinite(wv).all() or float(np.abs(wv).max(initial=0)) > limit:
+        if _near_overflow(wv, w.dtype):
             res.skip("weights-near-overflow")
             return
         own_constant(p, 1, wv.astype(w.dtype), ctx.namer, "fused")
@@ -382,12 +357,7 @@ class FuseConvBn(Pass):
             p.outputs[0] = raw
             g.nodes.append(gs.Node("Add", ctx.namer(f"{bn.name or y.name}_add"),
                                    inputs=[raw, t], outputs=[y]))
-            for reader in list(out.outputs):
-                for i, t_in in enumerate(reader.inputs):
-                    if t_in is out:
-                        reader.inputs[i] = z
-            bn.inputs.clear()
-            bn.outputs.clear()
+            bypass(bn, g, outs)   # the BN is an identity now: its readers read z
         res.count("fused-bn-after-matmul")
         res.changed = True
 
@@ -441,9 +411,7 @@ class FuseConvBn(Pass):
                            else 0.0)
         else:
             bias = bias + st[1]
-        limit = float(np.finfo(w.dtype).max) ** 0.5
-        if not (np.isfinite(wv).all() and np.isfinite(bias).all()) or max(
-                float(np.abs(wv).max(initial=0)), float(np.abs(bias).max(initial=0))) > limit:
+        if _near_overflow(wv, w.dtype) or _near_overflow(bias, w.dtype):
             res.skip("weights-near-overflow")
             return
         own_constant(a, 1, wv.astype(w.dtype), ctx.namer, "merged")
@@ -577,6 +545,38 @@ def _channel_affine(node, y, k, rank):
     if node.op == "Add":
         return (np.ones(k), vec), None
     return (np.ones(k), -vec), None
+
+
+def _constant_mul(mul, outs):
+    """(x, c, y) of y = Mul(x, c) with c a float constant, x computed, y read and not a
+    graph output; else None."""
+    if len(mul.inputs) != 2:
+        return None
+    x, c = mul.inputs
+    if isinstance(x, gs.Constant):
+        x, c = c, x
+    y = mul.outputs[0]
+    if (not isinstance(c, gs.Constant) or isinstance(x, gs.Constant) or id(y) in outs
+            or not y.outputs or c.values.dtype.kind != "f"):
+        return None
+    return x, c, y
+
+
+def _near_overflow(values: np.ndarray, dtype) -> bool:
+    """New weights not finite, or beyond the square root of the type's range."""
+    limit = float(np.finfo(dtype).max) ** 0.5
+    return not np.isfinite(values).all() or float(np.abs(values).max(initial=0)) > limit
+
+
+def _read_x_scaled(mul, x, layers, weights, ctx, res, count: str) -> None:
+    """Each layer reads x with its weight scaled (a copy where shared); the Mul goes."""
+    for n, wv in zip(layers, weights):
+        own_constant(n, 1, wv, ctx.namer, "scaled")
+        n.inputs[0] = x
+    mul.outputs.clear()
+    mul.inputs.clear()
+    res.count(count)
+    res.changed = True
 
 
 def _ints(conv, name, rank, default=1):

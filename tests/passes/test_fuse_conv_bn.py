@@ -454,7 +454,8 @@ def test_repvgg_branches_become_one_conv(group, c):
         n = Neg (x)
         b = Conv (n, W1)
         y = Add (a, b)"""),
-    ("an identity branch beside a strided conv", """a = Conv <pads = [1, 1, 1, 1], strides = [2, 2]> (x, W3)
+    ("an identity branch beside a strided conv",
+     """a = Conv <pads = [1, 1, 1, 1], strides = [2, 2]> (x, W3)
         i = BatchNormalization (x, g, be, mu, va)
         y = Add (a, i)"""),
 ])
