@@ -81,7 +81,8 @@ def _float16_honoured(model):
     extra = sorted(fp16 - set(own))
     m = onnx.ModelProto()
     m.CopyFrom(model)
-    m.graph.output.extend(onnx.helper.make_tensor_value_info(t, half, None) for t in extra)
+    # Untyped: a region's op may have a non-float output too (MaxPool's indices).
+    m.graph.output.extend(onnx.helper.make_empty_tensor_value_info(t) for t in extra)
     return m, own
 
 
