@@ -215,3 +215,36 @@ def test_fp16_layers_whose_activations_float16_cannot_hold_stay_float32(rng):
     # Without calibration data the range is unknown: said, not guessed.
     _, rep = rewriter.rewrite(m, plan="fp16", target="none")
     assert any("float16 overflow is ruled out only on the inputs" in w for w in rep.warnings)
+
+
+def test_fp16_ranges_are_measured_after_equalization():
+    """equalize-channels divides an FP16 producer's output channels by scales <= 1 (here
+    0.1 on the channel of 1e4, whose INT8 consumer's weights are large next to the other
+    channel's): its output grows to 1e5, beyond float16. Ranges measured before
+    equalization (1e4, within a quarter of float16's range) kept the layer FP16 and its
+    output overflowed; measured after, the layer stays float32."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 2, 4, 4] x) => (float[1, 3, 4, 4] y) {
+        a = Conv <pads = [0, 0, 0, 0]> (x, WA)
+        r = Relu (a)
+        y = Conv <pads = [0, 0, 0, 0]> (r, WB)
+    }""", {"WA": np.array([[[[1e4]], [[0.0]]], [[[0.0]], [[1.0]]]], np.float32),
+           "WB": np.stack([np.array([[[1.0]], [[1e-6]]], np.float32) * (1 + k)
+                           for k in range(3)])})
+    names = [n.name or n.output[0] for n in m.graph.node if n.op_type == "Conv"]
+    plan = {"version": 1, "overrides": {names[0]: "fp16", names[1]: "int8"},
+            "int8": {"equalize": True, "bias_correction": False}}
+    rng = np.random.default_rng(3)
+    calib = [{"x": np.abs(rng.standard_normal((1, 2, 4, 4))).astype(np.float32) / 4}
+             for _ in range(16)]
+    calib[0]["x"][0, 0, 0, 0] = 1.0      # channel 0 of a reaches 1e4 exactly
+    out, rep = rewriter.rewrite(m, plan=plan, calib=calib, target="none")
+    eq = [p for p in rep.passes if p.name == "equalize-channels"][0]
+    assert eq.counts.get("equalized-tensors") == 1, eq.counts
+    rec = [p for p in rep.passes if p.name == "convert-fp16"][0]
+    assert rec.counts.get("skip:range-beyond-fp16") == 1, rec.counts
+    got = run_ort(out, calib[0])[0]
+    assert np.isfinite(got).all()
+    want = run_ort(m, calib[0])[0]
+    assert cos(got, want) > 0.99
