@@ -263,3 +263,23 @@ def test_writer_falls_back_to_read_and_write(tmp_path, monkeypatch, after):
     rewriter.rewrite(p, output=tmp_path / "left.onnx")
     assert calls
     assert (tmp_path / "left.onnx").read_bytes() == (tmp_path / "plain.onnx").read_bytes()
+
+
+def test_a_view_of_the_file_kept_alive_elsewhere_does_not_fail_the_load(tmp_path, leave_all,
+                                                                          monkeypatch):
+    """A view into the memory map still alive when the load ends (a profiler sampling the
+    scan's frame kept its slices: "not a readable ONNX model (BufferError: cannot close
+    exported pointers exist)" for a valid model). The model loads; the map closes later."""
+    p = tmp_path / "m.onnx"
+    onnx.save(_model(), p)
+    kept = []
+    scan = load_mod._weights_left_in_file
+
+    def keeping(buf, path):
+        kept.append(buf[:16])
+        return scan(buf, path)
+
+    monkeypatch.setattr(load_mod, "_weights_left_in_file", keeping)
+    m = load_mod.load_model(p, weights_in_file=True)
+    assert len(m.graph.initializer) == len(_model().graph.initializer)
+    assert bytes(kept[0]) == p.read_bytes()[:16]

@@ -10,6 +10,7 @@ tensor memory-mapped.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 from pathlib import Path
@@ -185,12 +186,21 @@ def _read_model(p: Path, weights_in_file: bool = False) -> onnx.ModelProto:
         if os.fstat(f.fileno()).st_size == 0:
             model.ParseFromString(b"")
             return model
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm, memoryview(mm) as mv:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            mv = memoryview(mm)
             if weights_in_file and len(mv) >= LEAVE_MIN_FILE:
                 left = _weights_left_in_file(mv, p)
                 if left is not None:
                     return left
             model.ParseFromString(mv)   # protobuf copies what it keeps: the map can close
+        finally:
+            # A view of the map still alive elsewhere (a profiler holding the scan's frame
+            # made this "not a readable ONNX model (BufferError ...)"): the map then closes
+            # when the last view goes.
+            with contextlib.suppress(BufferError):
+                mv.release()
+                mm.close()
     return model
 
 
