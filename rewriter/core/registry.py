@@ -15,6 +15,7 @@ from rewriter.core.errors import InputError
 _PASSES = [
     ("expand-contrib", "rewriter.passes.expand_contrib:ExpandContrib"),
     ("expand-ml", "rewriter.passes.expand_ml:ExpandMl"),
+    ("default-attributes", "rewriter.passes.default_attributes:DefaultAttributes"),
     ("integer-zero-points", "rewriter.passes.integer_zero_points:IntegerZeroPoints"),
     ("weight-scales-after", "rewriter.passes.weight_scales_after:WeightScalesAfter"),
     ("fold-shapes", "rewriter.passes.fold_shapes:FoldShapes"),
@@ -39,14 +40,17 @@ _PASSES = [
 # fuse-conv-bn (the per-channel Mul/Add then sit right after the conv), fusions on the
 # folded graph, CSE last (fusions make new duplicates). integer-zero-points
 # makes onnxruntime's dynamic quantization compute right on MIGraphX (exact in int32);
-# expand-ml writes ai.onnx.ml's Scaler, which MIGraphX does not parse, as Sub and Mul.
-DEFAULT_PIPELINE = ["expand-contrib", "expand-ml", "integer-zero-points", "weight-scales-after",
-                    "fold-shapes",
+# expand-ml writes ai.onnx.ml's Scaler, which MIGraphX does not parse, as Sub and Mul;
+# default-attributes drops a Resize's keep_aspect_ratio_policy=stretch, which MIGraphX 2.15
+# refuses to parse.
+DEFAULT_PIPELINE = ["expand-contrib", "expand-ml", "default-attributes", "integer-zero-points",
+                    "weight-scales-after", "fold-shapes",
                     "fold-constants", "sink-transposes", "collapse-chains", "fuse-conv-bn",
                     "fuse-pad", "fuse-space-to-depth", "fuse-matmul-add", "merge-duplicates"]
 # Fixes for what MIGraphX gets wrong or lacks, not optimisations: in the default pipeline
 # only when MIGraphX is the target.
-MIGRAPHX_ONLY = {"integer-zero-points", "expand-ml", "weight-scales-after"}
+MIGRAPHX_ONLY = {"integer-zero-points", "expand-ml", "default-attributes",
+                 "weight-scales-after"}
 
 
 def default_pipeline(target: str | None) -> list[str]:

@@ -1,0 +1,52 @@
+"""default-attributes: a Resize's keep_aspect_ratio_policy="stretch" (torch's dynamo exporter
+writes it on every Resize) is dropped, exactly; MIGraphX 2.15 refuses to parse it."""
+
+import numpy as np
+import onnx
+import pytest
+from conftest import make_model, run_ort
+
+import rewriter
+from rewriter.core.registry import default_pipeline
+
+
+def resize_model(policy: str):
+    return make_model(f"""
+    <ir_version: 8, opset_import: ["" : 18]>
+    g (float[1, 2, 4, 4] x) => (float[1, 2, 8, 8] y) {{
+        sizes = Constant <value = int64[4] {{1, 2, 8, 8}}> ()
+        y = Resize <mode = "linear", keep_aspect_ratio_policy = "{policy}"> (x, , , sizes)
+    }}""")
+
+
+def _policies(model):
+    return [a.s.decode() for n in model.graph.node if n.op_type == "Resize"
+            for a in n.attribute if a.name == "keep_aspect_ratio_policy"]
+
+
+@pytest.mark.parametrize("domain_field", ["set", "unset"])
+def test_stretch_is_dropped_exactly(rng, domain_field):
+    m = resize_model("stretch")
+    if domain_field == "unset":   # torch's dynamo exporter leaves NodeProto.domain unset
+        for n in m.graph.node:
+            n.ClearField("domain")
+    out, rep = rewriter.rewrite(m, ["default-attributes"], verify=True)
+    assert _policies(out) == []
+    assert rep.passes[0].counts.get("dropped-keep-aspect-ratio-policy") == 1
+    onnx.checker.check_model(out)
+    x = rng.standard_normal((1, 2, 4, 4)).astype(np.float32)
+    np.testing.assert_array_equal(run_ort(m, {"x": x})[0], run_ort(out, {"x": x})[0])
+
+
+def test_other_policies_stay():
+    m = resize_model("not_larger")
+    out, rep = rewriter.rewrite(m, ["default-attributes"])
+    assert _policies(out) == ["not_larger"]
+    assert rep.passes[0].counts.get("skip:keep-aspect-ratio-policy-not_larger") == 1
+
+
+def test_in_the_default_pipeline_for_migraphx_only():
+    assert "default-attributes" in default_pipeline("migraphx")
+    assert "default-attributes" not in default_pipeline(None)
+    out, _ = rewriter.rewrite(resize_model("stretch"), target="migraphx")
+    assert _policies(out) == []
