@@ -224,15 +224,24 @@ def layer_flops(node, shapes: dict | None = None) -> float:
     (``shapes``: real inferred shapes by tensor name, preferred over the graph's own)."""
     w = node.inputs[1] if len(node.inputs) > 1 else None
     y = node.outputs[0]
-    wshape = getattr(w, "shape", None)
+    # A computed second input (attention's Q x K^T) has no static shape of its own: the
+    # inferred one, whose dims may be symbolic (a dynamic batch) and then count as 1.
+    wshape = ((shapes or {}).get(w.name) if w is not None else None) or getattr(w, "shape", None)
     yshape = (shapes or {}).get(y.name) or y.shape
-    if wshape is None or yshape is None:
+    if wshape is None or yshape is None or not len(wshape):
         return 0.0
-    out = [d if isinstance(d, (int, np.integer)) and d > 0 else 1 for d in yshape]
+
+    def known(dims):
+        return [d if isinstance(d, (int, np.integer)) and d > 0 else 1 for d in dims]
+
+    out, wshape = known(yshape), known(wshape)
     if node.op in ("Conv", "ConvTranspose"):
         k = float(np.prod(wshape[1:])) if node.op == "Conv" else float(np.prod(wshape[2:])) * wshape[0] / max(1, wshape[1])
         return 2.0 * float(np.prod(out)) * k
-    kdim = wshape[0] if node.op == "MatMul" or not int(node.attrs.get("transB", 0)) else wshape[1]
+    if node.op == "MatMul":   # B is [..., K, N], or [K]
+        kdim = wshape[-2] if len(wshape) >= 2 else wshape[0]
+    else:
+        kdim = wshape[1] if int(node.attrs.get("transB", 0)) else wshape[0]
     return 2.0 * float(np.prod(out)) * float(kdim)
 
 

@@ -394,3 +394,25 @@ def test_a_failing_plan_names_all_its_passes_and_lists_them(tmp_path):
     names = [p.name for p in rep.passes]
     assert "insert-qdq" in names and "convert-fp16" in names, names
     assert "insert-qdq" in msg and "verification failed after the plan's passes" in rep.render()
+
+
+def test_layer_flops_of_a_computed_second_input_with_symbolic_dims():
+    """Attention's Q x K^T in a torch export with a dynamic batch: B is computed, its
+    first dim symbolic ('r0_unk__0'): --plan auto ended in an internal error (exit 3) on
+    every such BERT/GPT-2/ViT export. K is B's second-last dim, not its first."""
+    import onnx_graphsurgeon as gs
+
+    from rewriter.quant.planner import layer_flops
+
+    q = gs.Variable("q", np.float32, ["batch", 4, 16, 8])
+    kt = gs.Variable("kt", np.float32, ["r0_unk__0", 4, 8, 16])
+    y = gs.Variable("y", np.float32, ["batch", 4, 16, 16])
+    node = gs.Node("MatMul", "qk", inputs=[q, kt], outputs=[y])
+    assert layer_flops(node) == 2.0 * (4 * 16 * 16) * 8
+    # real shapes inferred at the calibration sample's size win over the graph's own
+    shapes = {"kt": [2, 4, 8, 16], "y": [2, 4, 16, 16]}
+    assert layer_flops(node, shapes) == 2.0 * (2 * 4 * 16 * 16) * 8
+    # a weight [K, N] as before
+    w = gs.Constant("w", np.zeros((8, 32), np.float32))
+    y2 = gs.Variable("y2", np.float32, ["batch", 16, 32])
+    assert layer_flops(gs.Node("MatMul", "fc", inputs=[q, w], outputs=[y2])) == 2.0 * 16 * 32 * 8
