@@ -526,10 +526,20 @@ class _Checker:
                      f"without it (e.g. save from onnxruntime at the basic level)", g.path)
             return
         for rule in self.attribute_rules.get(op, ()):
+            # optional keys: "if_input" (the rule holds only when that input is given),
+            # "versions" (by_version entries, any of which must match) and "refused" "*"
+            # (any value given explicitly is refused, its default included)
+            at = rule.get("if_input")
+            if at is not None and not (len(node.input) > at and node.input[at]):
+                continue
+            if "versions" in rule and not any(_version_matches(e, self.version)
+                                              for e in rule["versions"]):
+                continue
+            given = any(a.name == rule["attribute"] for a in node.attribute)
             value = _attr(node, rule["attribute"], rule.get("default"))
             if isinstance(value, bytes):
                 value = value.decode()
-            if value in rule["refused"]:
+            if (given if rule["refused"] == "*" else value in rule["refused"]):
                 self.add(rule["severity"], rule["code"], label, op,
                          f"{rule['attribute']}={value!r}: {rule['reason']}", g.path)
         for rule in self.constant_rules.get(op, ()):
