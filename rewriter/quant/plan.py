@@ -293,7 +293,7 @@ def resolve(plan: Plan, nodes: list) -> Assignment:
     all_names = [node_id(n) for n in nodes]
     convs = [i for i in ids if ops[i] in ("Conv", "ConvTranspose")]
     mats = [i for i in ids if ops[i] in ("MatMul", "Gemm")]
-    computed = {node_id(n) for n in layers if _computed_weight(n)}
+    computed = {node_id(n) for n in layers if computed_weight(n)}
     # The classifier is the last MatMul/Gemm with a weight: an attention's activation x
     # activation MatMul is no classifier (a YOLOv8-seg's backbone one was taken, eighth
     # round). Nodes that cannot say (NodeProto) count as weighted.
@@ -350,7 +350,7 @@ def _names(names: list, shown: int = 3) -> str:
                                       if len(names) > shown else "")
 
 
-def _computed_weight(node) -> bool:
+def computed_weight(node) -> bool:
     """A graph layer (onnx-graphsurgeon) whose second input is not a constant."""
     inputs = getattr(node, "inputs", None)
     return (inputs is not None and len(inputs) > 1 and not isinstance(inputs[1], gs.Constant)

@@ -416,3 +416,31 @@ def test_layer_flops_of_a_computed_second_input_with_symbolic_dims():
     w = gs.Constant("w", np.zeros((8, 32), np.float32))
     y2 = gs.Variable("y2", np.float32, ["batch", 16, 32])
     assert layer_flops(gs.Node("MatMul", "fc", inputs=[q, w], outputs=[y2])) == 2.0 * 16 * 32 * 8
+
+
+def test_layers_with_a_computed_second_input_are_not_planned_int8():
+    """Attention's Q x K^T has no constant weight, so a plan's INT8 keeps it FP32; the
+    planner counted it as INT8 anyway (BERT: 'plan auto: 16 int8' for 12 INT8 layers, and
+    its speed model credited them; twelfth round). It is not INT8-capable now, and the
+    summary's count is what insert-qdq quantizes."""
+    from conftest import make_model
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 6, 8] x) => (float[N, 6, 8] y) {
+        q = MatMul (x, WQ)
+        k = MatMul (x, WK)
+        kt = Transpose <perm = [0, 2, 1]> (k)
+        s = MatMul (q, kt)
+        a = Softmax <axis = -1> (s)
+        y = MatMul (a, x)
+    }""", {"WQ": (8, 8), "WK": (8, 8)})
+    rng = np.random.default_rng(5)
+    calib = [{"x": rng.standard_normal((1, 6, 8)).astype(np.float32)} for _ in range(16)]
+    from rewriter.quant.planner import plan_auto
+    _, rep = plan_auto(m, calib, settings={"min_top1": 0.0, "min_cosine": 0.0})
+    capable = sorted(r.id for r in rep.layers if r.int8_loss is not None)
+    assert len(rep.layers) == 4 and len(capable) == 2, [(r.id, r.int8_loss) for r in rep.layers]
+    assert all(r.choice != "int8" for r in rep.layers if r.id not in capable)
+    _, rr = rewriter.rewrite(m, plan="auto", calib=calib, target="none")
+    counts = rr.to_dict()["plan"]["counts"]
+    assert counts.get("int8", 0) <= 2, counts
