@@ -23,6 +23,12 @@ K groups by their calibration max |x| (0: one group per channel), each group wit
 scale, min(its max, the tensor's clip) / 127: per-tensor int8 as MIGraphX runs it, once per
 group (a conv split over input-channel groups). An upper bound for that rewrite, simulated
 with per-channel Q/DQ in onnxruntime.
+``--greedy`` adds a third ranking: layers chosen one at a time, end to end, each step
+the capable conv whose activation Q/DQ raises the planner's harm (flip risk plus 1 - cosine,
+on the 64 calibration samples) least, given the ones already chosen: interactions between
+layers count, which the one-layer-at-a-time ranking ignores. The search runs on one
+all-INT8 model whose activation Q/DQ are switched on and off by inputs (weights INT8
+throughout); the chosen half is then built and judged as the others.
 ``--n-eval N --eval-seed S`` judge on N fresh samples drawn with seed S (300 and 1 by
 default, quant_eval's set); ``--bias-correction`` and ``--alpha A`` set those two INT8
 options of the plan (the planner's plans leave bias correction off; alpha 0.5 by default).
@@ -209,6 +215,68 @@ def without_activation_qdq(src: Path, dst: Path, tensors: set | None = None) -> 
     return acts
 
 
+def greedy_order(model: str, rep, capable: list, calib: list, xc, n_pick: int,
+                 work: Path) -> list:
+    """The first ``n_pick`` of ``capable`` (planner layer rows) in greedy end-to-end order
+    (see --greedy)."""
+    import numpy as np
+    import onnx
+
+    import rewriter
+    from rewriter.core import ort
+    from rewriter.core.graph import node_id
+    from rewriter.verify.certify import _log_probs, flip_risk, margins_and_leads
+
+    ids = {r.id for r in capable}
+    every = work / "greedy.all.onnx"
+    over = {r.id: "int8" if r.id in ids else "fp32" for r in rep.layers}
+    rewriter.rewrite(model, output=every, plan=dict(rep.plan, overrides=over), calib=calib,
+                     materialize=False)
+    m = onnx.load(str(every))
+    g = m.graph
+    made = {o: n for n in g.node for o in n.output}
+    flags, extra = {}, []
+    for n in g.node:
+        if n.op_type != "Conv" or node_id(n) not in ids:
+            continue
+        dq = made.get(n.input[0])
+        q = made.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+        if q is None or q.op_type != "QuantizeLinear":
+            continue
+        flag = f"greedy_flag_{len(flags)}"
+        flags[node_id(n)] = flag
+        sw = n.input[0] + f"_{flag}"
+        extra.append(onnx.helper.make_node("Where", [flag, n.input[0], q.input[0]], [sw]))
+        n.input[0] = sw
+    g.input.extend(onnx.helper.make_tensor_value_info(f, onnx.TensorProto.BOOL, [])
+                   for f in flags.values())
+    g.node.extend(extra)
+    onnx.save(m, str(work / "greedy.switched.onnx"))
+    sess = ort.session(str(work / "greedy.switched.onnx"))
+    feed = sess.get_inputs()[0].name
+    ref = _log_probs(qe.outputs(model, xc))
+
+    def harm(on: set) -> float:
+        fl = {f: np.array(i in on) for i, f in flags.items()}
+        out = np.concatenate([ort.run(sess, {feed: xc[i:i + 1], **fl})[0]
+                              for i in range(len(xc))])
+        lp = _log_probs(out)
+        margins, drops = margins_and_leads(ref, lp)
+        p, q = np.exp(ref), np.exp(lp)
+        cos = (p * q).sum(1) / (np.linalg.norm(p, axis=1) * np.linalg.norm(q, axis=1))
+        return flip_risk(margins, drops) + float(1 - cos.mean())
+
+    chosen: list = []
+    left = [r for r in capable if r.id in flags]
+    while len(chosen) < n_pick and left:
+        scores = [(harm({c.id for c in chosen} | {r.id}), r) for r in left]
+        best, r = min(scores, key=lambda t: t[0])
+        chosen.append(r)
+        left.remove(r)
+        print(f"  greedy {len(chosen):2d}: {r.id} (harm {best:.4f})", flush=True)
+    return chosen
+
+
 def judge(ref, out, labels) -> dict:
     """quant_eval's judgement plus, between log-probabilities, how close to a tie the flipped
     samples were: the largest FP32 margin among them, the share of all samples with a margin
@@ -234,7 +302,7 @@ def show(row: dict) -> None:
 def run(task: str, fracs: list[float], work: Path, pointwise: bool = False,
         asym: bool = False, tune: bool = False, n_eval: int = 300, eval_seed: int = 1,
         int8: dict | None = None, ablate: bool = False,
-        groups: list[int] | None = None) -> list[dict]:
+        groups: list[int] | None = None, greedy: bool = False) -> list[dict]:
     import onnx
 
     import rewriter
@@ -255,9 +323,14 @@ def run(task: str, fracs: list[float], work: Path, pointwise: bool = False,
                                                   for a in n.attribute)}
         capable = [r for r in capable if r.id not in grouped]
     rows = []
-    for key in ("loss",) if pointwise else ("loss", "loss-per-flop"):
-        order = sorted(capable, key=lambda r: r.int8_loss if key == "loss"
-                       else r.int8_loss / max(r.flops, 1.0))
+    keys = ("loss",) if pointwise else ("loss", "loss-per-flop")
+    for key in keys + (("greedy",) if greedy else ()):
+        if key == "greedy":
+            order = greedy_order(model, rep, capable, calib, xc,
+                                 math.ceil(max(fracs) * n_convs), work)
+        else:
+            order = sorted(capable, key=lambda r: r.int8_loss if key == "loss"
+                           else r.int8_loss / max(r.flops, 1.0))
         for frac in fracs:
             pick = {r.id for r in order[:math.ceil(frac * n_convs)]}
             over = {r.id: "int8" if r.id in pick else (r.choice if r.choice != "int8" else "fp16")
@@ -321,6 +394,8 @@ def main() -> int:
     p.add_argument("--channel-groups", default="",
                    help="judge each plan again with activations in K channel groups, each "
                    "its own scale (comma list; 0 = per channel)")
+    p.add_argument("--greedy", action="store_true",
+                   help="also choose the layers greedily, end to end (see above)")
     p.add_argument("--n-eval", type=int, default=300, help="fresh samples to judge on")
     p.add_argument("--eval-seed", type=int, default=1)
     p.add_argument("--bias-correction", action="store_true",
@@ -339,7 +414,8 @@ def main() -> int:
     rows = [r for t in a.task for r in run(t, [float(f) for f in a.frac.split(",")], work,
                                            a.ungrouped_only, a.asymmetric, a.tune_scales,
                                            a.n_eval, a.eval_seed, int8, a.ablate,
-                                           [int(k) for k in a.channel_groups.split(",") if k])]
+                                           [int(k) for k in a.channel_groups.split(",") if k],
+                                           a.greedy)]
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1, default=float))
     return 0
