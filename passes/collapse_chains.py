@@ -14,6 +14,7 @@ Before -> after::
     x -> Reshape(s) -> Transpose(p moving only dims of size 1 of s)  =>  x -> Reshape(s[p])
     x -> Concat(x) -> y (one input, after inputs of size 0 on the axis)  =>  x
     x -> Add(0) / Sub(0) / Mul(1) / Div(1) -> y (x's shape unchanged) =>  x
+    x -> And(True) / Or(False) / Xor(False) -> y (x's shape unchanged) =>  x
     ... and the first Transpose also read by a Shape, p∘q the identity
                                         =>  y is x; Shape(x) -> Gather(p)
     x -> Transpose(p) -> Shape (its only reader)  =>  Shape(x) -> Gather(p)  (no data moved;
@@ -62,7 +63,7 @@ class CollapseChains(Pass):
     summary = "drop no-op Cast/Reshape/Slice/Expand/Transpose; collapse layout chains"
 
     shape_ops = ("Cast", "Reshape", "Expand", "Slice", "Squeeze", "Unsqueeze", "Transpose",
-                 "Add", "Sub", "Mul", "Div")
+                 "Add", "Sub", "Mul", "Div", "And", "Or", "Xor")
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()
@@ -309,8 +310,12 @@ def _shape_before_transpose(node: gs.Node | None, prev: gs.Node, x: gs.Tensor, g
     return True
 
 
-# x + 0, 0 + x, x - 0, x * 1, 1 * x, x / 1 are x (a -0.0 input comes out of Add as +0.0).
-_NEUTRAL = {"Add": (0.0, True), "Sub": (0.0, False), "Mul": (1.0, True), "Div": (1.0, False)}
+# x + 0, 0 + x, x - 0, x * 1, 1 * x, x / 1 are x (a -0.0 input comes out of Add as +0.0);
+# so are x and True, x or False, x xor False (booleans: an attention mask's And with a
+# folded all-True causal part, electra exported by torch's dynamo, twelfth round).
+_NEUTRAL = {"Add": (0.0, True), "Sub": (0.0, False), "Mul": (1.0, True), "Div": (1.0, False),
+            "And": (True, True), "Or": (False, True), "Xor": (False, True)}
+_LOGICAL = ("And", "Or", "Xor")
 
 
 def _neutral_operand(node: gs.Node) -> bool:
@@ -323,7 +328,7 @@ def _neutral_operand(node: gs.Node) -> bool:
         v = c.values if isinstance(c, gs.Constant) else None
         if v is None or isinstance(x, gs.Constant) or x.shape is None or v.ndim > len(x.shape):
             continue
-        if v.dtype.kind not in "fiu" or not np.all(v == value):
+        if v.dtype.kind not in ("b" if node.op in _LOGICAL else "fiu") or not np.all(v == value):
             continue
         tail = list(x.shape)[len(x.shape) - v.ndim:]
         if all(d == 1 or d == e for d, e in zip(v.shape, tail)):

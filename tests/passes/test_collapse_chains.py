@@ -417,6 +417,26 @@ def test_neutral_adds_and_muls_go(rng):
         same(m, out, {"x": rng.standard_normal((n, 3, 4)).astype(np.float32)})
 
 
+def test_neutral_boolean_operands_go(rng):
+    """m and True, m or False, m xor False are m (an attention mask And-ed with a folded
+    all-True causal part: electra exported by torch's dynamo, twelfth round); a True that
+    broadcasts m larger, and an And with a False entry, stay."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (bool[N, 4] x) => (bool[N, 4] y, bool[2, N, 4] u, bool[N, 4] v) {
+        a = And (yes, x)
+        b = Or (a, no)
+        y = Xor (b, no)
+        u = And (x, yesbig)
+        v = And (x, mixed)
+    }""", {"yes": np.ones((1, 4), bool), "no": np.zeros(4, bool),
+           "yesbig": np.ones((2, 1, 1), bool), "mixed": np.array([1, 1, 0, 1], bool)})
+    out, rep = cc(m)
+    assert sorted(ops(out)) == ["And", "And", "Identity"], ops(out)
+    for n in (1, 3):
+        same(m, out, {"x": rng.integers(0, 2, (n, 4)).astype(bool)})
+
+
 def test_two_unsqueezes_become_one(rng):
     """An attention mask's mask[:, None, None, :] as exported (two Unsqueezes; MiniLM int8):
     one Unsqueeze with both axes, in the attribute form too (opset 11), negative axes where
