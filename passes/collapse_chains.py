@@ -15,6 +15,8 @@ Before -> after::
     x -> Concat(x) -> y (one input, after inputs of size 0 on the axis)  =>  x
     x -> Add(0) / Sub(0) / Mul(1) / Div(1) -> y (x's shape unchanged) =>  x
     x -> And(True) / Or(False) / Xor(False) -> y (x's shape unchanged) =>  x
+    x -> Reshape(s) -> elementwise ops (other inputs size-1 constants) -> Reshape back to
+    x's static shape                                         =>  x -> the same ops
     ... and the first Transpose also read by a Shape, p∘q the identity
                                         =>  y is x; Shape(x) -> Gather(p)
     x -> Transpose(p) -> Shape (its only reader)  =>  Shape(x) -> Gather(p)  (no data moved;
@@ -139,6 +141,8 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
         return _bypassed(node, g, outs, f"removed-{op.lower()}")
     if op == "Reshape" and _reshape_noop(node):
         return _bypassed(node, g, outs, "removed-reshape")
+    if op == "Reshape" and _round_trip(node, g, outs):
+        return "removed-reshape-round-trip"
     if op == "Slice" and _slice_noop(node, opset):
         return _bypassed(node, g, outs, "removed-slice")
     if op == "Pad" and _pad_noop(node):
@@ -223,6 +227,66 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
     if op == "Slice" and prev.op == "Slice":
         return _merge_slices_v1(prev, node)
     return None
+
+
+# Ops that compute each element from the same element of their inputs (and size-1
+# constants): they run the same on any shape of their input.
+ELEMENTWISE = frozenset({
+    "Abs", "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Tanh", "Sigmoid", "Relu", "Erf",
+    "Softplus", "Softsign", "HardSigmoid", "HardSwish", "LeakyRelu", "Elu", "Selu", "Celu",
+    "Gelu", "Sin", "Cos", "Floor", "Ceil", "Round", "Sign", "Not", "Identity", "Cast",
+    "Clip", "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Where", "Equal", "Less",
+    "Greater", "And", "Or"})
+
+
+def _round_trip(node: gs.Node, g: gs.Graph, outs: set[int]) -> bool:
+    """x -> Reshape(s) -> ops of ELEMENTWISE (their other inputs size-1 constants) ->
+    Reshape back to x's static shape: the ops read x and the two Reshapes go (GELU between
+    a Gemm's [B*T, 4C] and its [B, T, 4C] view in a dynamo export of GPT-2). Every tensor
+    of the region must be read only in it or by a Reshape back; none is a graph output."""
+    x, r = node.inputs[0], node.outputs[0]
+    if not (static_shape(x) and static_shape(r)) or id(r) in outs or isinstance(x, gs.Constant):
+        return False
+    s0, rank = list(x.shape), min(len(x.shape), len(r.shape))
+    region, ends, tensors, todo = {}, {}, {id(r)}, [r]
+    while todo:
+        for c in todo.pop().outputs:
+            if id(c) in region or id(c) in ends:
+                continue
+            if c.op == "Reshape" and static_shape(c.outputs[0]) and list(
+                    c.outputs[0].shape) == s0 and id(c.inputs[0]) in tensors:
+                ends[id(c)] = c
+                continue
+            if c.op not in ELEMENTWISE or c.domain not in (None, "", "ai.onnx") or len(
+                    c.outputs) != 1 or len(region) >= 64:
+                return False
+            region[id(c)] = c
+            tensors.add(id(c.outputs[0]))
+            todo.append(c.outputs[0])
+    if not ends or not region:
+        return False
+    for c in region.values():
+        y = c.outputs[0]
+        if id(y) in outs or any(id(t) not in region and id(t) not in ends for t in y.outputs):
+            return False
+        for t in c.inputs:
+            if id(t) in tensors or not t.name:
+                continue
+            v = t.values if isinstance(t, gs.Constant) else None
+            if v is None or v.size != 1 or v.ndim > rank:
+                return False
+    if any(id(e.outputs[0]) in outs for e in ends.values()):
+        return False
+    for c in region.values():
+        for i, t in enumerate(c.inputs):
+            if t is r:
+                c.inputs[i] = x
+        c.outputs[0].shape = list(s0)
+    for e in ends.values():
+        if e.inputs[0] is r:   # a Reshape back right after the first: it is x
+            e.inputs[0] = x
+        bypass(e, g, outs)
+    return True
 
 
 def _merge_concats(node: gs.Node, outs: set[int], members: set[int]) -> bool:

@@ -437,6 +437,55 @@ def test_neutral_boolean_operands_go(rng):
         same(m, out, {"x": rng.integers(0, 2, (n, 4)).astype(bool)})
 
 
+def test_elementwise_ops_between_a_reshape_and_its_inverse_read_the_input(rng):
+    """GELU between a Gemm's [B*T, 4C] and its [B, T, 4C] view, as torch's dynamo exports
+    GPT-2 (twelfth round, 82 nodes against onnxsim's 78): the ops read the Gemm's output
+    and both Reshapes go, at two sites; a direct Reshape back is x too. A region that
+    leaks its [B, T, 4C] view (a graph output), or has a constant that is not size 1, or a
+    non-elementwise op, stays."""
+    gelu = """
+        {v} = Reshape ({x}, s3)
+        {v}h = Mul ({v}, half)
+        {v}p = Pow ({v}, three)
+        {v}t = Tanh ({v}p)
+        {v}a = Add ({v}t, one)
+        {v}m = Mul ({v}h, {v}a)
+        {y} = Reshape ({v}m, s2)"""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[6, 8] x) => (float[6, 8] y, float[6, 8] z, float[2, 3, 8] w, float[6, 8] k,
+                          float[6, 8] d) {""" + gelu.format(v="a", x="x", y="y1") + """
+        y = Relu (y1)""" + gelu.format(v="b", x="y", y="z1") + """
+        z = Relu (z1)
+        c = Reshape (x, s3)
+        w = Sigmoid (c)
+        k = Reshape (w, s2)
+        e = Reshape (x, s3)
+        f = Mul (e, vec)
+        d = Reshape (f, s2)
+    }""", {"s3": np.array([2, 3, 8], np.int64), "s2": np.array([-1, 8], np.int64),
+           "half": np.array(0.5, np.float32), "three": np.array([3.0], np.float32),
+           "one": np.ones((1, 1), np.float32), "vec": np.arange(8, dtype=np.float32)})
+    out, rep = cc(m)
+    assert rep.passes[0].counts.get("removed-reshape-round-trip") == 2, rep.passes[0].counts
+    assert ops(out).count("Reshape") == 4, ops(out)   # c, k (w leaks), e, d (vec)
+    same(m, out, {"x": rng.standard_normal((6, 8)).astype(np.float32)})
+    # a Reshape straight back, next to ops
+    m2 = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[6, 8] x) => (float[6, 8] y, float[6, 8] z) {
+        r = Reshape (x, s3)
+        y1 = Reshape (r, s2)
+        y = Relu (y1)
+        t = Tanh (r)
+        z1 = Reshape (t, s2)
+        z = Relu (z1)
+    }""", {"s3": np.array([2, 3, 8], np.int64), "s2": np.array([6, 8], np.int64)})
+    out2, _ = cc(m2)
+    assert sorted(ops(out2)) == ["Relu", "Relu", "Tanh"], ops(out2)
+    same(m2, out2, {"x": rng.standard_normal((6, 8)).astype(np.float32)})
+
+
 def test_two_unsqueezes_become_one(rng):
     """An attention mask's mask[:, None, None, :] as exported (two Unsqueezes; MiniLM int8):
     one Unsqueeze with both axes, in the attribute form too (opset 11), negative axes where
