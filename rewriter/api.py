@@ -26,7 +26,8 @@ import onnx
 from rewriter.core import registry
 from rewriter.core.convert import (check_fixed_shapes, export, to_graph, upgrade_opset,
                                    write_input_dims, wrong_stfts)
-from rewriter.core.errors import InputError, PassError, VerificationError
+from rewriter.core.errors import (CALLER, InputError, PassError, RewriteError, VerificationError,
+                                   api_words, in_api_words)
 from rewriter.core.graph import (SMALL_TENSOR, Namer, copy_fields, graph_protos,
                                  iter_model_tensors, node_id, tensor_nbytes, weight_free_copy)
 from rewriter.core.load import first_line, load_model, validate_model
@@ -140,17 +141,27 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
             has its own labels file): lossy verification and the planner then also judge
             task accuracy against FP32.
 
-    Raises:
+    Raises (a message or report warning that names a CLI flag ends with the argument it
+    stands for here, e.g. "[Python API: --calib is calib=]"):
         InputError (bad input or arguments: a wrong type, an unknown key or target, a
         setting that would be ignored), PassError (bug in a pass, including a pass that wrote a
         model onnx's full check or onnxruntime refuses), VerificationError (outputs drift;
         its ``report`` attribute holds the report).
     """
-    with _no_gc():
-        run = _Rewrite(model, passes, output, verify, input_shapes, inputs, seed,
-                       dict(options or {}), base_dir, dict(data or {}), plan, calib, progress,
-                       target, migraphx, labels, fix_shapes)
-        return run.run(materialize)
+    api = CALLER.get() == "api"
+    try:
+        with _no_gc():
+            run = _Rewrite(model, passes, output, verify, input_shapes, inputs, seed,
+                           dict(options or {}), base_dir, dict(data or {}), plan, calib,
+                           progress, target, migraphx, labels, fix_shapes)
+            out, report = run.run(materialize)
+    except RewriteError as e:
+        if api:
+            in_api_words(e)
+        raise
+    if api:
+        report.warnings = [api_words(w) for w in report.warnings]
+    return out, report
 
 
 MIGRAPHX_KEYS = ("device", "backend", "save_mxr", "require", "samples", "progress")

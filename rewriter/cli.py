@@ -130,7 +130,16 @@ def main(argv: list[str] | None = None, *, freeze_graph: bool = False) -> int:
     rewrite, so its imported graph is frozen out of the cycle collector's scans
     (core.gs_io.freeze_next_import). Not with --plan: the planner's graph is imported first
     and would stay frozen, unfreed, through the rewrite that follows."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    from rewriter.core.errors import CALLER
+
+    token = CALLER.set("cli")   # messages in the CLI's flags, not the API's names
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv), freeze_graph)
+    finally:
+        CALLER.reset(token)
+
+
+def _main(argv: list[str], freeze_graph: bool) -> int:
     if argv and argv[0] in SUBCOMMANDS:
         try:
             return _subcommand(argv[0], argv[1:])

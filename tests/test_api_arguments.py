@@ -201,3 +201,21 @@ def test_the_pipeline_runs_rounds_until_nothing_changes(k, warned):
     left = [n.op_type for n in out.graph.node].count("Identity")
     assert left == max(0, k - ROUNDS), left
     assert any("still changed the graph in its last round" in w for w in rep.warnings) == warned
+
+
+def test_api_messages_name_the_api_arguments_and_the_cli_keeps_its_flags(tmp_path, capsys):
+    """A toolchain has no --calib to give: an error or warning of rewriter.rewrite that
+    names a CLI flag also names the argument it stands for. The CLI's stay as they were."""
+    with pytest.raises(InputError) as e:
+        rewriter.rewrite(RESNET, plan="default")
+    assert "(--calib DIR)" in str(e.value) and "[Python API: --calib is calib=]" in str(e.value)
+    _, rep = rewriter.rewrite(RESNET, plan="fp16")   # no calibration data: a warning
+    said = [w for w in rep.warnings if "--calib" in w]
+    assert said and all("--calib is calib=" in w for w in said), rep.warnings
+    from rewriter.cli import main
+    assert main([str(RESNET), "-o", str(tmp_path / "o.onnx"), "--plan", "default"]) == 2
+    err = capsys.readouterr().err
+    assert "(--calib DIR)" in err and "Python API" not in err, err
+    # and the API's words are back after the CLI ran in this thread
+    with pytest.raises(InputError, match="calib="):
+        rewriter.rewrite(RESNET, plan="default")

@@ -9,6 +9,9 @@ before it (exit 3). A rewritten model whose outputs drift past the tolerance rai
 
 from __future__ import annotations
 
+import contextvars
+import re
+
 
 class RewriteError(Exception):
     """Base class; ``exit_code`` is what the CLI returns for it."""
@@ -51,3 +54,44 @@ class VerificationError(RewriteError):
     def pass_name(self) -> str | None:
         report = getattr(self, "report", None)
         return getattr(report, "failed_pass", None)
+
+
+# Who is calling: the CLI words messages in its flags; rewriter.rewrite called from Python
+# adds the argument each flag stands for (a toolchain has no --calib to give).
+CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("rewrite_caller", default="api")
+
+API_NAMES = {
+    "--calib": "calib=", "--plan": "plan=", "--verify": "verify=True", "--inputs": "inputs=",
+    "--input-shape": "input_shapes=", "--fix-shapes": "fix_shapes=True", "--seed": "seed=",
+    "--passes": "passes=", "--target": "target=", "--labels": "labels=",
+    "--migraphx-target": 'migraphx={"device": ...}',
+    "--save-mxr": 'migraphx={"save_mxr": ...}',
+    "--migraphx-samples": 'migraphx={"samples": ...}',
+    "--require-backend": 'migraphx={"require": ...}',
+    "--migraphx-version": 'options={"migraphx_version": ...}',
+    "--pad-multiple": 'options={"pad_multiple": ...}',
+    "--pad-sides": 'options={"pad_sides": ...}',
+    "--pad-max-overhead": 'options={"pad_max_overhead": ...}',
+    **{f"--{k.replace('_', '-')}": f'options={{"planner": {{"{k}": ...}}}}' for k in (
+        "strict", "preprocess", "samples", "percentile", "method", "weights", "min_top1",
+        "min_cosine", "max_accuracy_drop", "target_speedup", "int8_speed", "fp16_speed",
+        "selection_correction", "folds", "alpha", "beta")},
+}
+_FLAG = re.compile(r"--[a-z][a-z0-9-]*")
+
+
+def api_words(message: str) -> str:
+    """``message``, followed by the Python API's name for each CLI flag it names."""
+    flags = [f for f in dict.fromkeys(_FLAG.findall(message)) if f in API_NAMES]
+    if not flags:
+        return message
+    return message + " [Python API: " + "; ".join(f"{f} is {API_NAMES[f]}" for f in flags) + "]"
+
+
+def in_api_words(e: RewriteError) -> None:
+    """``e``'s message and its report's warnings, for a caller of the Python API."""
+    if e.args and isinstance(e.args[0], str):
+        e.args = (api_words(e.args[0]),) + e.args[1:]
+    report = getattr(e, "report", None)
+    if report is not None and getattr(report, "warnings", None):
+        report.warnings = [api_words(w) for w in report.warnings]
