@@ -24,6 +24,8 @@ Before -> after::
     x -> Unsqueeze(a) -> Squeeze(a) -> y (and the reverse)  =>  x (the middle may have
                                                                   other readers)
     x -> Unsqueeze(a) -> Unsqueeze(b) -> y                  =>  x -> Unsqueeze(a merged into b)
+    x -> Reshape(s) -> Unsqueeze(a) / Squeeze(a) -> y        =>  x -> Reshape(s with the 1s
+                                                                at a put in / taken out)
     Concat(a, Concat(b, c)) on one axis, the inner one read only there  =>  Concat(a, b, c)
     x -> Slice(axes A) -> Slice(axes B), A and B disjoint  =>  x -> Slice(A ∪ B)
     GRU/LSTM/RNN(..., initial_h = ConstantOfShape(0) -> Slice ...)  =>  GRU(..., no initial_h)
@@ -185,6 +187,8 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
             return None
         node.inputs[0] = prev.inputs[0]
         return "merged-reshape"
+    if op in ("Squeeze", "Unsqueeze") and prev.op == "Reshape" and len(prev.inputs) > 1:
+        return _reshape_then_axes(prev, node, namer)
     if op == "Reshape" and prev.op == "Transpose" and _moves_unit_dims(prev):
         shape = _const(node.inputs[1]) if len(node.inputs) > 1 else None
         if shape is not None and 0 in shape.tolist() and not int(node.attrs.get("allowzero", 0)):
@@ -287,6 +291,40 @@ def _round_trip(node: gs.Node, g: gs.Graph, outs: set[int]) -> bool:
             e.inputs[0] = x
         bypass(e, g, outs)
     return True
+
+
+def _reshape_then_axes(prev: gs.Node, node: gs.Node, namer) -> str | None:
+    """Reshape(s) -> Unsqueeze(a) / Squeeze(a) as one Reshape: s with 1s put in at the
+    axes a / the 1s at a taken out (tf2onnx's attention: Reshape to [-1, 64, 4, 16] then
+    Unsqueeze, and Reshape to [1, 4, 64, 64, 1] then Squeeze). A -1 still stands for the
+    same dim (the other dims' product is unchanged); a 0 copies the input's dim at its
+    position, which the new axes shift, so only with allowzero=1; a squeezed axis must be
+    a constant 1 (not a -1 that happens to be 1)."""
+    shape = _const(prev.inputs[1])
+    axes = const_ints(node, 1, "axes")
+    allowzero = int(prev.attrs.get("allowzero", 0))
+    if shape is None or axes is None or shape.ndim != 1 or (0 in shape.tolist() and not allowzero):
+        return None
+    s = [int(v) for v in shape.tolist()]
+    rank = len(s) + len(axes) if node.op == "Unsqueeze" else len(s)
+    norm = sorted(a + rank if a < 0 else a for a in axes)
+    if len(set(norm)) != len(norm) or any(a < 0 or a >= rank for a in norm):
+        return None
+    if node.op == "Unsqueeze":
+        for a in norm:
+            s.insert(a, 1)
+    else:
+        if not norm or any(s[a] != 1 for a in norm):
+            return None
+        s = [v for i, v in enumerate(s) if i not in norm]
+    node.op, node.attrs = "Reshape", {"allowzero": allowzero} if allowzero else {}
+    target = gs.Constant(namer(f"{node.name or node.outputs[0].name}_shape"), np.array(s, np.int64))
+    node.inputs[0] = prev.inputs[0]
+    if len(node.inputs) > 1:
+        node.inputs[1] = target
+    else:                          # axes as an attribute (opset < 13)
+        node.inputs.append(target)
+    return "merged-reshape"
 
 
 def _merge_concats(node: gs.Node, outs: set[int], members: set[int]) -> bool:

@@ -635,3 +635,38 @@ def test_a_reshape_with_allowzero_merges_whatever_its_computed_shape(rng):
     out, rep = cc(m)
     assert ops(out).count("Reshape") == 2
     same(m, out, feeds)
+
+
+def test_a_squeeze_or_unsqueeze_after_a_reshape_merges_into_it(rng):
+    """tf2onnx's attention (a Keras MultiHeadAttention, fourteenth round): Reshape to
+    [-1, 64, 4, 16] then Unsqueeze(2), and Reshape to [1, 4, 64, 16, 1] then Squeeze(4),
+    are one Reshape each (tf ViT 165 -> 155 nodes). Axes as attributes (opset 11) too. A
+    squeezed axis that is not a constant 1, or a target with a 0, stays."""
+    def model(opset, shape, op, axes):
+        ax = f"<axes = {axes}>" if opset < 13 else ""
+        arg = "" if opset < 13 else ", ax"
+        return make_model(f"""
+        <ir_version: 8, opset_import: ["" : {opset}]>
+        g (float[N, 64, 64] x) => (float[A, B, C, D, E] y) {{
+            r = Reshape (x, s)
+            y = {op} {ax} (r{arg})
+        }}""", {"s": np.array(shape, np.int64), "ax": np.array(axes, np.int64)})
+
+    cases = [(17, [-1, 64, 4, 16], "Unsqueeze", [2], [-1, 64, 1, 4, 16]),
+             (17, [-1, 64, 4, 16], "Unsqueeze", [-1, 0], [1, -1, 64, 4, 16, 1]),
+             (11, [-1, 64, 4, 16], "Unsqueeze", [3], [-1, 64, 4, 1, 16]),
+             (17, [1, 4, 16, 64, 1], "Squeeze", [4], [1, 4, 16, 64]),
+             (17, [1, 4, 16, 64, 1], "Squeeze", [-1, 0], [4, 16, 64]),
+             (11, [1, 4, 16, 64, 1], "Squeeze", [4], [1, 4, 16, 64])]
+    for opset, shape, op, axes, want in cases:
+        m = model(opset, shape, op, axes)
+        out, rep = cc(m, input_shapes={"x": [1, 64, 64]})
+        assert ops(out) == ["Reshape"], (opset, shape, op, axes, ops(out))
+        assert rep.passes[0].counts["merged-reshape"] == 1
+        got = [onnx.numpy_helper.to_array(i).tolist() for i in out.graph.initializer]
+        assert want in got, (want, got)
+        same(m, out, {"x": rng.standard_normal((1, 64, 64)).astype(np.float32)})
+    for shape, op, axes in (([-1, 4, 16, 64, 1], "Squeeze", [0]),     # a -1, not a 1
+                            ([0, 64, 4, 16], "Unsqueeze", [0])):       # a 0 copies a dim
+        out, _ = cc(model(17, shape, op, axes), input_shapes={"x": [1, 64, 64]})
+        assert ops(out) == ["Reshape", op], (shape, op, ops(out))
