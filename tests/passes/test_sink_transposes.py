@@ -258,6 +258,8 @@ def hswish_se(c=4, reduce_axes="axes = [1, 2]", keepdims=1):
     x * relu6(x + 3) / 6 (the Transpose read twice), then squeeze-excite (ReduceMean over
     H, W -> NCHW conv -> HardSigmoid -> back to NHWC, Mul with the block's tensor: read
     twice again), at two sites with different weights; symbolic N."""
+    gate = f"Transpose <perm = {TO_NHWC}>" if keepdims else "Unsqueeze"
+
     def site(k, x):
         return f"""
         c{k} = Conv <pads = [1, 1, 1, 1]> ({x}, W{k})
@@ -270,7 +272,7 @@ def hswish_se(c=4, reduce_axes="axes = [1, 2]", keepdims=1):
         mt{k} = Transpose <perm = {TO_NCHW if keepdims else "[0, 1]"}> (m{k})
         f{k} = {"Conv" if keepdims else "Gemm <transB = 1>"} (mt{k}, S{k})
         gt{k} = HardSigmoid (f{k})
-        gn{k} = {"Transpose <perm = " + TO_NHWC + ">" if keepdims else "Unsqueeze"} (gt{k}{"" if keepdims else ", hw"})
+        gn{k} = {gate} (gt{k}{"" if keepdims else ", hw"})
         o{k} = Mul (h{k}, gn{k})
         u{k} = Transpose <perm = {TO_NCHW}> (o{k})"""
     return make_model(f"""
