@@ -31,6 +31,7 @@ import numpy as np
 
 from rewriter.core.errors import InputError
 from rewriter.core.pass_base import Numerics
+from rewriter.verify.metrics import MIN_COSINE
 
 
 class BackendUnavailable(InputError):
@@ -219,12 +220,38 @@ def _original_too(be, info, original, run, verifier, feed_sets, shapes, numerics
                     f"{tied[m['name']]}; the rewritten model matches the original on MIGraphX, "
                     f"max_rel {apart:.2e}")
         return
+    if _backends_apart(info, bad, numerics, apart):
+        return
     worst = min(bad, key=lambda m: m["cosine"])
     info["original_differs"] = f"{worst['name']}: cosine {worst['cosine']:.6f}"
     info["error"] = (f"MIGraphX computes the original model differently from onnxruntime too "
                      f"({worst['name']}: cosine {worst['cosine']:.6f}, max_rel "
                      f"{worst['max_rel']:.2e}), and the rewritten model as the original "
                      f"(max_rel {apart:.2e} between them): not caused by the rewrite")
+
+
+def _backends_apart(info, bad: list[dict], numerics, apart: float) -> bool:
+    """The rewritten model misses FP32 tolerances on MIGraphX only where the original does
+    too, MIGraphX computes the rewritten model as the original, and every such output
+    keeps FP32's cosine and top-1: MIGraphX and onnxruntime differ by their own rounding
+    (tf2onnx's ResNet50V2: max_rel 3.0e-4 at cosine 1.000000 on the original, thirteenth
+    round), and the rewrite changed nothing there. Those outputs pass, with the figures
+    said; a larger difference (cosine below the floor, a top-1 flip) stays an error."""
+    floor = MIN_COSINE.get(numerics)
+    orig = {m["name"]: m for m in bad}
+    mine = [m for m in info["metrics"] if not m["ok"]]
+    if floor is None or not mine or any(
+            m["name"] not in orig or m.get("integer") or m["cosine"] < floor
+            or m.get("top1") not in (None, 1.0) or orig[m["name"]]["cosine"] < floor
+            for m in mine):
+        return False
+    for m in mine:
+        o = orig[m["name"]]
+        m["ok"], m["backends_apart"] = True, (
+            f"the original on MIGraphX is as far from onnxruntime, cosine {o['cosine']:.6f}, "
+            f"max_rel {o['max_rel']:.2e}: the backends differ, and MIGraphX computes the "
+            f"rewritten model as the original, max_rel {apart:.2e}")
+    return True
 
 
 def _tied_order(be, original, feed_sets, shapes, device, names: list[str]) -> dict[str, str]:
@@ -407,6 +434,8 @@ def _metric_line(m: dict, ort: dict | None) -> str:
     c = m.get("certificate")
     if m.get("tied_order"):
         s += f" (not comparable element by element: {m['tied_order']})"
+    elif m.get("backends_apart"):
+        s += f" ({m['backends_apart']})"
     elif m.get("as_onnxruntime"):
         s += (f" (misses on these {c['n'] if c else ''} samples as onnxruntime does on the "
               "same samples: --verify judges the budget on all held-out samples)")
