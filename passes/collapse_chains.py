@@ -143,7 +143,7 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
         return _bypassed(node, g, outs, f"removed-{op.lower()}")
     if op == "Reshape" and _reshape_noop(node):
         return _bypassed(node, g, outs, "removed-reshape")
-    if op == "Reshape" and _round_trip(node, g, outs):
+    if op == "Reshape" and _round_trip(node, g, outs, members):
         return "removed-reshape-round-trip"
     if op == "Slice" and _slice_noop(node, opset):
         return _bypassed(node, g, outs, "removed-slice")
@@ -243,11 +243,14 @@ ELEMENTWISE = frozenset({
     "Greater", "And", "Or"})
 
 
-def _round_trip(node: gs.Node, g: gs.Graph, outs: set[int]) -> bool:
+def _round_trip(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int]) -> bool:
     """x -> Reshape(s) -> ops of ELEMENTWISE (their other inputs size-1 constants) ->
     Reshape back to x's static shape: the ops read x and the two Reshapes go (GELU between
     a Gemm's [B*T, 4C] and its [B, T, 4C] view in a dynamo export of GPT-2). Every tensor
-    of the region must be read only in it or by a Reshape back; none is a graph output."""
+    of the region must be read only in it or by a Reshape back; none is a graph output.
+    Every node of the region and every Reshape back is in ``g`` itself: one in an If or
+    Loop body (an outer-scope read) may write that body's output, whose shape would change
+    or which would lose its producer, and ``outs`` are only ``g``'s outputs."""
     x, r = node.inputs[0], node.outputs[0]
     if not (static_shape(x) and static_shape(r)) or id(r) in outs or isinstance(x, gs.Constant):
         return False
@@ -257,6 +260,8 @@ def _round_trip(node: gs.Node, g: gs.Graph, outs: set[int]) -> bool:
         for c in todo.pop().outputs:
             if id(c) in region or id(c) in ends:
                 continue
+            if id(c) not in members:
+                return False
             if c.op == "Reshape" and static_shape(c.outputs[0]) and list(
                     c.outputs[0].shape) == s0 and id(c.inputs[0]) in tensors:
                 ends[id(c)] = c

@@ -486,6 +486,33 @@ def test_elementwise_ops_between_a_reshape_and_its_inverse_read_the_input(rng):
     same(m2, out2, {"x": rng.standard_normal((6, 8)).astype(np.float32)})
 
 
+def test_a_round_trip_read_in_an_if_body_stays(rng):
+    """An If branch that reads the region (an outer-scope read) writes its output from it:
+    a Neg of the [2, 3, 8] view there would become [6, 8] (the If's output changes shape),
+    and a Reshape back writing the branch's output would leave it without a producer (the
+    model no longer loads). Both stay; the graph outside the body is unchanged."""
+    inits = {"s3": np.array([2, 3, 8], np.int64), "s2": np.array([6, 8], np.int64)}
+    body = {"region": ("float[2, 3, 8]", "o = Neg (a)"),
+            "end": ("float[6, 8]", "o = Reshape (a, s2)")}
+    for kind, (otype, then) in body.items():
+        m = make_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[6, 8] x, bool c) => (float[6, 8] y, """ + otype + """ z) {
+            r = Reshape (x, s3)
+            a = Relu (r)
+            y1 = Reshape (a, s2)
+            y = Tanh (y1)
+            z = If (c) <then_branch = t () => (""" + otype + """ o) {""" + then + """},
+                        else_branch = e () => (""" + otype + """ o2) {"""
+            + then.replace("o =", "o2 =") + """}>
+        }""", inits)
+        out, _ = cc(m)
+        onnx.checker.check_model(out)
+        for flag in (True, False):
+            same(m, out, {"x": rng.standard_normal((6, 8)).astype(np.float32),
+                          "c": np.array(flag)})
+
+
 def test_two_unsqueezes_become_one(rng):
     """An attention mask's mask[:, None, None, :] as exported (two Unsqueezes; MiniLM int8):
     one Unsqueeze with both axes, in the attribute form too (opset 11), negative axes where
