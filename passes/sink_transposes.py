@@ -337,5 +337,12 @@ def _sink_layout(t: gs.Node, e: gs.Node, p: list[int], g: gs.Graph, ctx: Context
         else:
             new_in, new_attrs["axes"] = [t.inputs[0]], new_axes
     e.attrs = new_attrs
+    if not after:
+        # A reduction over every axis without keepdims (a scalar): nothing is left to
+        # permute, and a perm of [] is no attribute at all: the op reads the input.
+        while e.inputs:
+            e.inputs.pop()
+        e.inputs.extend(new_in)
+        return None
     _place(t, e, new_in, after, g, ctx)
     return None

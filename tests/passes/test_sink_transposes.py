@@ -338,3 +338,18 @@ def test_a_reader_that_reads_the_transpose_twice_is_one_reader():
     out, rep = st(m)
     assert "Transpose" not in ops(out), ops(out)
     same(m, out, [(1, 4, 3, 3), (2, 4, 3, 3)])
+
+
+def test_a_reduction_over_every_axis_takes_the_transpose_without_one_after():
+    """ReduceMax over every axis without keepdims (a global max, a scalar): the Transpose
+    left after it would have perm [], no attribute at all (the pass crashed writing it, an
+    internal error). The reduction reads the input; no Transpose is left."""
+    m = make_model(f"""
+    {HEAD}
+    g (float[N, 4, 3, 5] x) => (float y) {{
+        t = Transpose <perm = {TO_NHWC}> (x)
+        y = ReduceMax <axes = [0, 1, 2, 3], keepdims = 0> (t)
+    }}""")
+    out, rep = st(m)
+    assert ops(out) == ["ReduceMax"], ops(out)
+    same(m, out, [(1, 4, 3, 5), (2, 4, 3, 5)])
