@@ -112,7 +112,14 @@ def _sweep(graph: gs.Graph, ctx: Context, res: PassResult, split: bool) -> None:
         while moved and budget > 0:
             moved, skips = False, []
             members = {id(n) for n in g.nodes}   # a body's reader of ours is not ours
-            for node in list(g.nodes):
+            # The Transposes a move or split appends are taken in the same round (one that
+            # sinks through n nodes would otherwise take n rounds over the whole graph).
+            i, known = 0, len(g.nodes)
+            while i < len(g.nodes) and budget > 0:
+                node, i = g.nodes[i], i + 1
+                if known < len(g.nodes):
+                    members.update(id(n) for n in g.nodes[known:])
+                    known = len(g.nodes)
                 if not _is_transpose(node):
                     continue
                 n = _cancel(node, g, outs, members)
@@ -125,7 +132,8 @@ def _sweep(graph: gs.Graph, ctx: Context, res: PassResult, split: bool) -> None:
                     res.count("split")
                     res.changed = moved = True
                     budget -= 1
-                    members = {id(n) for n in g.nodes}
+                    members.update(id(n) for n in g.nodes[known:])
+                    known = len(g.nodes)
                 reason = _sink(node, g, outs, ctx, members)
                 if reason is None:
                     res.count("moved")
