@@ -219,3 +219,22 @@ def test_api_messages_name_the_api_arguments_and_the_cli_keeps_its_flags(tmp_pat
     # and the API's words are back after the CLI ran in this thread
     with pytest.raises(InputError, match="calib="):
         rewriter.rewrite(RESNET, plan="default")
+
+
+class _CallsTheApi(Pass):
+    """A custom pass that calls rewriter.rewrite itself, which raises."""
+    name = "calls-the-api"
+    phase = Phase.CLEANUP
+    shape_ops = ()
+
+    def run(self, graph, ctx):
+        rewriter.rewrite(RESNET, plan="default")   # no calib: an InputError
+        return PassResult()
+
+
+def test_a_message_from_a_nested_rewrite_names_the_api_arguments_once():
+    """An error of a rewriter.rewrite called inside another (a custom pass's) went through
+    both: "[Python API: --calib is calib=]" twice."""
+    with pytest.raises(InputError) as e:
+        rewriter.rewrite(RESNET, [_CallsTheApi()])
+    assert str(e.value).count("[Python API: ") == 1, str(e.value)

@@ -81,7 +81,10 @@ _FLAG = re.compile(r"--[a-z][a-z0-9-]*")
 
 
 def api_words(message: str) -> str:
-    """``message``, followed by the Python API's name for each CLI flag it names."""
+    """``message``, followed by the Python API's name for each CLI flag it names; once (a
+    message already worded so, from a rewriter.rewrite called inside another, stays)."""
+    if "[Python API: " in message:
+        return message
     flags = [f for f in dict.fromkeys(_FLAG.findall(message)) if f in API_NAMES]
     if not flags:
         return message
