@@ -525,7 +525,10 @@ class _Checker:
                      f"it as the standard {op}, whose semantics differ; rewrite the model "
                      f"without it (e.g. save from onnxruntime at the basic level)", g.path)
             return
+        said = set()   # one finding per attribute (2.15 refuses not_larger by two rules)
         for rule in self.attribute_rules.get(op, ()):
+            if rule["attribute"] in said:
+                continue
             # optional keys: "if_input" (the rule holds only when that input is given),
             # "versions" (by_version entries, any of which must match) and "refused" "*"
             # (any value given explicitly is refused, its default included)
@@ -540,6 +543,7 @@ class _Checker:
             if isinstance(value, bytes):
                 value = value.decode()
             if (given if rule["refused"] == "*" else value in rule["refused"]):
+                said.add(rule["attribute"])
                 self.add(rule["severity"], rule["code"], label, op,
                          f"{rule['attribute']}={value!r}: {rule['reason']}", g.path)
         for rule in self.constant_rules.get(op, ()):
