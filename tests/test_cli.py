@@ -1179,3 +1179,14 @@ def test_ctrl_c_is_one_line_and_130_in_every_command(argv, monkeypatch, capfd):
     assert main(argv) == 130
     err = capfd.readouterr().err
     assert err == "rewrite: interrupted\n", err
+
+
+def test_input_shapes_comma_separated_as_trtexec_takes_them():
+    """`--input-shape input_ids:2x16,attention_mask:2x16` (trtexec's --shapes form) was
+    one input named 'input_ids:2x16,attention_mask' (twelfth round). Each NAME:DIMS part is
+    an input now; a name with a comma in it stays whole."""
+    from rewriter.verify import parse_shape_args
+    assert parse_shape_args(["ids:2x16, mask:2x16", "pos:1x16"]) == {
+        "ids": [2, 16], "mask": [2, 16], "pos": [1, 16]}
+    assert parse_shape_args(["a,b:1x3"]) == {"a,b": [1, 3]}
+    assert parse_shape_args(["x:0:1x2"]) == {"x:0": [1, 2]}

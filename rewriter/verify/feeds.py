@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import onnx
@@ -11,10 +12,18 @@ from rewriter.core.errors import InputError
 
 
 def parse_shape_args(items: list[str] | None) -> dict[str, list[int]]:
-    """``name:1x3x224x224`` (repeatable) -> {name: [1, 3, 224, 224]}; bare ``1x3x..`` means
-    the first input, stored under the key ``''``."""
+    """``name:1x3x224x224`` (repeatable, or several in one, comma-separated, as trtexec's
+    --shapes) -> {name: [1, 3, 224, 224]}; bare ``1x3x..`` means the first input, stored
+    under the key ``''``."""
     out: dict[str, list[int]] = {}
+    pieces = []
     for item in items or []:
+        parts = item.split(",")
+        # an input whose name has a comma keeps it: split only where every part is NAME:DIMS
+        each = len(parts) > 1 and all(re.fullmatch(r".+:\d+(x\d+)*", p.strip().lower())
+                                      for p in parts)
+        pieces += [p.strip() for p in parts] if each else [item]
+    for item in pieces:
         name, _, dims = item.rpartition(":")
         try:
             shape = [int(d) for d in dims.lower().split("x")]
