@@ -53,7 +53,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rewriter.core.graph import bypass, const_ints, iter_graphs, static_shape
+from rewriter.core.graph import (BROADCAST_OPS, SAME_SHAPE_OPS, bypass, const_ints, iter_graphs,
+                                 static_shape)
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
@@ -233,20 +234,11 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
     return None
 
 
-# Ops that compute each element from the same element of their inputs (and size-1
-# constants): they run the same on any shape of their input.
-ELEMENTWISE = frozenset({
-    "Abs", "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Tanh", "Sigmoid", "Relu", "Erf",
-    "Softplus", "Softsign", "HardSigmoid", "HardSwish", "LeakyRelu", "Elu", "Selu", "Celu",
-    "Gelu", "Sin", "Cos", "Floor", "Ceil", "Round", "Sign", "Not", "Identity", "Cast",
-    "Clip", "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Where", "Equal", "Less",
-    "Greater", "And", "Or"})
-
-
 def _round_trip(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int]) -> bool:
-    """x -> Reshape(s) -> ops of ELEMENTWISE (their other inputs size-1 constants) ->
-    Reshape back to x's static shape: the ops read x and the two Reshapes go (GELU between
-    a Gemm's [B*T, 4C] and its [B, T, 4C] view in a dynamo export of GPT-2). Every tensor
+    """x -> Reshape(s) -> elementwise ops (core.graph's SAME_SHAPE_OPS and BROADCAST_OPS,
+    their other inputs size-1 constants) -> Reshape back to x's static shape: the ops read
+    x and the two Reshapes go (GELU between a Gemm's [B*T, 4C] and its [B, T, 4C] view in
+    a dynamo export of GPT-2). Every tensor
     of the region must be read only in it or by a Reshape back; none is a graph output.
     Every node of the region and every Reshape back is in ``g`` itself: one in an If or
     Loop body (an outer-scope read) may write that body's output, whose shape would change
@@ -266,7 +258,8 @@ def _round_trip(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int]) -
                     c.outputs[0].shape) == s0 and id(c.inputs[0]) in tensors:
                 ends[id(c)] = c
                 continue
-            if c.op not in ELEMENTWISE or c.domain not in (None, "", "ai.onnx") or len(
+            elementwise = c.op in SAME_SHAPE_OPS or c.op in BROADCAST_OPS
+            if not elementwise or c.domain not in (None, "", "ai.onnx") or len(
                     c.outputs) != 1 or len(region) >= 64:
                 return False
             region[id(c)] = c

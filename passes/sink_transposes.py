@@ -34,8 +34,8 @@ renumbered and the perm changed with the rank, as onnxruntime's transpose optimi
 (madmom's Conv -> Transpose -> Squeeze -> Mul/Add/Elu -> Pad -> Unsqueeze -> Transpose then
 cancels; skipped without constant axes or pads: axes-not-constant, pad-not-constant).
 
-Elementwise here: unary activations and math (SAME_SHAPE) and the broadcasting binary and
-variadic ops (BROADCAST), whose other inputs are constants of rank at most the Transpose's
+Elementwise here: unary activations and math (SAME_SHAPE_OPS) and the broadcasting binary and
+variadic ops (BROADCAST_OPS), whose other inputs are constants of rank at most the Transpose's
 (laid out anew: c' = reshape(c, rank r) transposed by the inverse perm, a copy of at most
 65,536 elements) or outputs of Transposes with the same perm. Skipped with a reason: another
 input that is neither (other-input-not-transposed), a constant of higher rank
@@ -49,17 +49,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rewriter.core.graph import bypass, const_ints, iter_graphs
+from rewriter.core.graph import BROADCAST_OPS, SAME_SHAPE_OPS, bypass, const_ints, iter_graphs
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
-SAME_SHAPE = {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Elu", "Selu", "Celu", "HardSigmoid",
-              "HardSwish", "Softplus", "Softsign", "Mish", "Abs", "Neg", "Exp", "Log", "Sqrt",
-              "Reciprocal", "Erf", "Floor", "Ceil", "Round", "Sign", "Not", "Cast", "Identity",
-              "Clip", "Sin", "Cos", "IsNaN", "Gelu"}
-# Clip's min/max are scalars: they broadcast like any other input, so it is BROADCAST-safe.
-BROADCAST = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "PRelu", "Clip",
-             "Where", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or",
-             "Xor", "BitShift", "Mod"}
 # Ops that move axes around without reading them as channels: a Transpose passes them
 # with the axes (or pads) renumbered, and its perm changes with the rank (_sink_layout).
 LAYOUT = {"Squeeze", "Unsqueeze", "Pad"}
@@ -150,7 +142,7 @@ def _takes_transpose(e: gs.Node) -> bool:
     """Could a Transpose move past (or cancel at) reader ``e``?"""
     return e.domain in (None, "", "ai.onnx") and (
         _is_transpose(e) or (len(e.outputs) == 1 and (
-            e.op in SAME_SHAPE or e.op in BROADCAST or e.op in LAYOUT or e.op in REDUCE)))
+            e.op in SAME_SHAPE_OPS or e.op in BROADCAST_OPS or e.op in LAYOUT or e.op in REDUCE)))
 
 
 def _readers(y: gs.Tensor) -> list:
@@ -235,7 +227,7 @@ def _sink(t: gs.Node, g: gs.Graph, outs: set[int], ctx: Context, members: set[in
         return ""
     e = y.outputs[0]
     if e.domain not in (None, "", "ai.onnx") or len(e.outputs) != 1 or (
-            e.op not in SAME_SHAPE and e.op not in BROADCAST and e.op not in LAYOUT
+            e.op not in SAME_SHAPE_OPS and e.op not in BROADCAST_OPS and e.op not in LAYOUT
             and e.op not in REDUCE):
         return ""
     r = len(p)
@@ -320,17 +312,16 @@ def _sink_layout(t: gs.Node, e: gs.Node, p: list[int], g: gs.Graph, ctx: Context
             new_in, new_attrs["pads"] = [t.inputs[0]], laid
     else:
         axes = const_ints(e, 1, "axes")
-        if e.op in REDUCE and axes is None and not (len(e.inputs) > 1 and e.inputs[1].name):
-            return "reduce-over-all-axes"
+        computed = axes is None and len(e.inputs) > 1 and e.inputs[1].name
+        if e.op in REDUCE and not axes and not computed:
+            return "reduce-over-all-axes"   # no axes: all of them, or none (noop_with_empty_axes)
         rank = r + len(axes or []) if e.op == "Unsqueeze" else r
         if axes is None or any(not -rank <= a < rank for a in axes):
-            return "axes-not-constant"
-        if e.op in REDUCE and not axes:   # no axes: all of them, or none (noop_with_empty_axes)
             return "axes-not-constant"
         axes = sorted({a % rank for a in axes})
         if e.op in REDUCE and int(e.attrs.get("keepdims", 1)):
             after, new_axes = p, sorted(p[a] for a in axes)
-        elif e.op in ("Squeeze",) or e.op in REDUCE:
+        elif e.op == "Squeeze" or e.op in REDUCE:
             gone = {p[a] for a in axes}
             keep = sorted(set(range(r)) - gone)
             after = [keep.index(p[j]) for j in range(r) if j not in axes]

@@ -75,8 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "random inputs")
     g.add_argument("--input-shape", action="append", metavar="NAME:DIMS",
                    help="shape for an input with symbolic dims, e.g. input:1x3x224x224 "
-                        "(repeatable, or comma-separated: a:1x16,b:1x16; random inputs put the size a weight fixes, else 1 in a "
-                        "symbolic batch, 8 in other symbolic dims)")
+                        "(repeatable, or comma-separated: a:1x16,b:1x16; random inputs put "
+                        "the size a weight fixes, else 1 in a symbolic batch, 8 in other "
+                        "symbolic dims)")
     g.add_argument("--fix-shapes", action="store_true",
                    help="write the --input-shape dims into the output model's inputs and "
                         "fold the shape arithmetic that becomes static (MIGraphX turns "

@@ -66,6 +66,20 @@ SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 # The default-domain ops with a tensor or graph attribute in any opset (onnx.defs).
 TENSOR_ATTR_OPS = SUBGRAPH_OPS | {"Constant", "ConstantOfShape"}
 
+# Elementwise ops: each output element from the same element of the inputs, so they run the
+# same on a transposed or reshaped input (sink-transposes moves Transposes past them,
+# collapse-chains lets them read the input of a Reshape round trip). Unary ones, and those
+# that broadcast their other inputs (Clip's min/max are scalars: it broadcasts too).
+SAME_SHAPE_OPS = frozenset({
+    "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Elu", "Selu", "Celu", "HardSigmoid", "HardSwish",
+    "Softplus", "Softsign", "Mish", "Abs", "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Erf",
+    "Floor", "Ceil", "Round", "Sign", "Not", "Cast", "Identity", "Clip", "Sin", "Cos", "IsNaN",
+    "Gelu"})
+BROADCAST_OPS = frozenset({
+    "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "PRelu", "Clip", "Where",
+    "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "BitShift",
+    "Mod"})
+
 
 def iter_graphs(graph: gs.Graph) -> Iterator[gs.Graph]:
     """The graph and every subgraph (If/Loop/Scan bodies), outermost first."""

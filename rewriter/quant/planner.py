@@ -57,7 +57,7 @@ from rewriter.core.convert import export, shape_info, to_graph, upgrade_opset
 from rewriter.core.errors import InputError
 from rewriter.core.graph import Namer, node_id, weight_free_copy
 from rewriter.core.load import load_model
-from rewriter.quant.plan import INT8_OPS, LAYER_OPS, Assignment, Plan, computed_weight
+from rewriter.quant.plan import LAYER_OPS, Assignment, Plan, int8_capable
 
 DEFAULTS = {"alpha": 0.7, "beta": 0.3, "int8_speed": 2176 / 1248, "fp16_speed": 1.5,
             "min_top1": None, "min_cosine": 0.995, "max_accuracy_drop": None,
@@ -538,13 +538,6 @@ def _equalize_all(graph, original, base_dir, data, progress) -> None:
     plan = Plan(int8={"equalize": "all"})
     run_pipeline(graph, resolve(["equalize-channels"]),
                  Context(namer=Namer(graph), plan=plan, assignment=a, channel_stats=stats))
-
-
-def int8_capable(node) -> bool:
-    """A layer insert-qdq can put in INT8: a Conv/MatMul/Gemm with a constant weight (not
-    attention's Q x K^T or attn x V, which a plan's INT8 keeps FP32: counting them as INT8
-    credited BERT's plan with 16 INT8 layers for the 12 it had, twelfth round)."""
-    return node.op in INT8_OPS and not computed_weight(node)
 
 
 def _sensitivity(ev, layers, shapes, progress) -> list[LayerResult]:
