@@ -1124,7 +1124,11 @@ class _Rewrite:
         self.seconds["verify"] = self.verify_seconds + time.perf_counter() - t
         from rewriter.verify.metrics import TINY_OUTPUT
         for m in metrics:
-            if m.shape_ok and not m.integer and m.certificate is None \
+            if m.empty:   # a declared 0 dim (an empty input) or an empty selection
+                self.report.warnings.append(
+                    f"output '{m.name}' is empty on these inputs: nothing compared; "
+                    "real inputs (--inputs) exercise it")
+            elif m.shape_ok and not m.integer and m.certificate is None \
                     and m.ref_max < TINY_OUTPUT:
                 # Judged by absolute error: a saturated sigmoid on random inputs (a text
                 # detector's probability map is ~0 everywhere) says little about the rest.

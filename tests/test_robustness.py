@@ -433,6 +433,29 @@ def test_absurd_input_dims_refused_for_random_inputs():
     rewriter.rewrite(model)  # without verification nothing needs the dims
 
 
+def test_declared_zero_dim_verified_empty_and_said():
+    """A static 0 dim is what onnxruntime runs (it refuses 1 there): random inputs keep it,
+    the empty output is said to be uncompared, the non-empty one is still compared, and the
+    check says MIGraphX would set the 0 to 1 (measured on 2.16: it compiles x as 1x3 and
+    refuses a 0x3 argument)."""
+    w = numpy_helper.from_array(np.array([1.0, -2.0, 3.0], np.float32), "w")
+    g = helper.make_graph(
+        [helper.make_node("Mul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"]),
+         helper.make_node("Relu", ["u"], ["v"])], "g",
+        [fuzz._vi("x", [0, 3]), fuzz._vi("u", [2, 3])],
+        [fuzz._vi("y", [0, 3]), fuzz._vi("v", [2, 3])], [w])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    _, report = rewriter.rewrite(model, verify=True)
+    by_name = {m["name"]: m for m in report.verification}
+    assert by_name["y"]["empty"] and not by_name["v"]["empty"]
+    assert any("output 'y' is empty on these inputs" in w for w in report.warnings)
+    assert not any("output 'v' is empty" in w for w in report.warnings)
+    from rewriter.migraphx.check import check_model
+    (f,) = check_model(model).findings
+    assert f.code == "dynamic-input-dim" and "declared 0 (an empty input)" in f.message
+    assert "--input-shape" not in f.message   # it refuses a 0, and MIGraphX cannot run one
+
+
 def test_big_declared_batch_refused_for_random_inputs(tmp_path):
     """Batch 10^6 (400 MB of input): minutes and gigabytes to verify; refused up front."""
     model = fuzz.conv_bn_model(17, seed=10)

@@ -884,8 +884,14 @@ class _Checker:
                          "graph input", f"rank unknown: {dd.get('note', '')}; pass --input-shape")
                 continue
             bad = [i for i, d in enumerate(dims) if not isinstance(d, int) or d <= 0]
-            if bad:
-                shown = "x".join(str(d) for d in dims)
+            shown = "x".join(str(d) for d in dims)
+            if bad and all(dims[i] == 0 for i in bad):
+                self.add(dd.get("severity", "warning"), "dynamic-input-dim", vi.name,
+                         "graph input",
+                         f"dims {shown}: position(s) {bad} are declared 0 (an empty input), "
+                         f"which MIGraphX reads as symbolic and silently sets to "
+                         f"{dd.get('silent_value', 1)}: it cannot run this input empty")
+            elif bad:
                 self.add(dd.get("severity", "warning"), "dynamic-input-dim", vi.name,
                          "graph input",
                          f"dims {shown}: position(s) {bad} are symbolic and MIGraphX silently "

@@ -48,6 +48,7 @@ class OutputMetrics:
     groups: list | None = None   # lossy: components of different scale (scale_groups)
     noise: float | None = None   # the original's own max_rel under 1-ulp input changes,
                                  # when the tolerance was widened to it (Verifier.check)
+    empty: bool = False        # no elements on these inputs: nothing was compared
     strict_refused: str = ""   # refused by --strict only: "uncertified" (within the budget,
                                # not certified at 95%) or "component" (a scale group below it)
 
@@ -250,7 +251,7 @@ def compare(name: str, ref: np.ndarray, out: np.ndarray, classes: bool | None = 
     if ref.shape != out.shape or ref.dtype != out.dtype:
         return OutputMetrics(name, False, float("inf"), float("inf"), 0.0, 1.0, ok=False)
     if ref.size == 0:
-        return OutputMetrics(name, True, 0.0, 0.0, 1.0, 0.0)
+        return OutputMetrics(name, True, 0.0, 0.0, 1.0, 0.0, empty=True)
     if not np.issubdtype(ref.dtype, np.floating):
         mism = float(np.mean(ref != out))
         return OutputMetrics(name, True, float(mism > 0), float(mism > 0), 1.0 - mism, mism,
