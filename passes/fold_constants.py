@@ -43,7 +43,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from rewriter.core.graph import SUBGRAPH_OPS, bypass, iter_graphs, static_shape, toposort
+from rewriter.core.graph import (SUBGRAPH_OPS, bypass, iter_graphs, np_dtype, static_shape,
+                                 toposort)
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 NEVER = {
@@ -117,8 +118,8 @@ class FoldConstants(Pass):
                     res.skip("size-guard")
                     continue
                 for t, v in zip(node.outputs, values):
-                    if t.dtype is not None and np.dtype(t.dtype) != v.dtype:
-                        v = v.astype(t.dtype)
+                    if t.dtype is not None and np_dtype(t.dtype) != v.dtype:
+                        v = v.astype(np_dtype(t.dtype))
                     t.to_constant(np.array(v, order="C", copy=None))  # ascontiguousarray makes 0-d 1-d
                 node.outputs.clear()
                 node.inputs.clear()
@@ -155,7 +156,7 @@ def _dequantizes_weight(node: gs.Node) -> bool:
     x, to = node.inputs[0], node.attrs.get("to")
     if not isinstance(x, gs.Constant) or to is None:
         return False
-    dtype = np.dtype(x.dtype)   # from the tensor's header: a lazy weight stays on disk
+    dtype = np_dtype(x.dtype)   # from the tensor's header: a lazy weight stays on disk
     try:
         target = onnx.helper.tensor_dtype_to_np_dtype(int(to))
     except (KeyError, TypeError, ValueError):
@@ -205,7 +206,7 @@ def _estimate_bytes(node: gs.Node) -> int | None:
     for t in node.outputs:
         if t.dtype is None or not static_shape(t):
             return None
-        total += _prod(t.shape) * np.dtype(t.dtype).itemsize
+        total += _prod(t.shape) * np_dtype(t.dtype).itemsize
     return int(min(total, 2.0**62))
 
 

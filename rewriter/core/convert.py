@@ -20,8 +20,8 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from .errors import InputError
 from .gs_io import export_model, import_model
-from .graph import (constant_tensors, graph_protos, iter_graphs, node_bodies, iter_model_tensors,
-                     unique_node_names, weight_free_copy)
+from .graph import (PACKED, constant_tensors, graph_protos, iter_graphs, node_bodies,
+                    iter_model_tensors, onnx_bytes, packed, unique_node_names, weight_free_copy)
 from .load import ExternalValues, first_line, resolve_external
 
 # Tensors above this many bytes go to the external data file when we write one.
@@ -385,11 +385,11 @@ def is_stub(t: onnx.TensorProto) -> bool:
 
 def raw_bytes(w) -> bytes:
     if isinstance(w, np.ndarray):
-        return np.ascontiguousarray(w).tobytes()
+        return onnx_bytes(w)
     if isinstance(w, ExternalValues):
         return b"".join(w.raw_chunks())
     t = w.tensor
-    return t.raw_data if t.HasField("raw_data") else onnx.numpy_helper.to_array(t).tobytes()
+    return t.raw_data if t.HasField("raw_data") else onnx_bytes(onnx.numpy_helper.to_array(t))
 
 
 def _stub(name: str, dtype: int, dims) -> onnx.TensorProto:
@@ -428,12 +428,14 @@ def export(graph: gs.Graph, original: onnx.ModelProto, source_dir=None) -> Expor
             # it is written back inline and the output never points into the input
             src, dtype, dims = v, v.tensor.data_type, v.shape
         elif isinstance(v, LazyValues):
-            if v.tensor.data_type == onnx.TensorProto.STRING or v.nbytes <= EXTERNAL_THRESHOLD:
+            # onnxruntime takes no packed (int4 ...) OrtValue from Python: those stay inline
+            if (v.tensor.data_type in (onnx.TensorProto.STRING, *PACKED)
+                    or v.nbytes <= EXTERNAL_THRESHOLD):
                 continue
             src, dtype, dims = v, v.tensor.data_type, v.shape
         else:
             arr = t.values
-            if arr.dtype.kind in "OSU" or arr.nbytes <= EXTERNAL_THRESHOLD:
+            if arr.dtype.kind in "OSU" or packed(arr.dtype) or arr.nbytes <= EXTERNAL_THRESHOLD:
                 continue
             src, dtype, dims = arr, onnx.helper.np_dtype_to_tensor_dtype(arr.dtype), arr.shape
         weights[t.name] = src

@@ -152,6 +152,32 @@ def tensor_nbytes(t: onnx.TensorProto) -> int:
 
 _ITEMSIZE: dict[int, int] = {}
 
+# Packed types: several elements to a byte in ONNX raw data, one to a byte in numpy (ml_dtypes).
+SUB_BYTE = {"INT4": 4, "UINT4": 4, "FLOAT4E2M1": 4, "INT2": 2, "UINT2": 2}
+PACKED = {getattr(onnx.TensorProto, k) for k in SUB_BYTE if hasattr(onnx.TensorProto, k)}
+
+
+def np_dtype(dtype) -> np.dtype:
+    """A graphsurgeon dtype as a numpy one: graphsurgeon keeps the ONNX type number where
+    numpy has no type (a bfloat16 or float8 constant's dtype is 16 or 17); onnx maps those
+    to ml_dtypes' types, as it does for the int4 ones."""
+    if isinstance(dtype, (int, np.integer)):
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(dtype)))
+    return np.dtype(dtype)
+
+
+def packed(dtype: np.dtype) -> bool:
+    """int4, uint4, float4e2m1, int2, uint2: stored packed in ONNX raw data."""
+    return dtype.kind == "V" and onnx.helper.np_dtype_to_tensor_dtype(dtype) in PACKED
+
+
+def onnx_bytes(a: np.ndarray) -> bytes:
+    """``a`` as ONNX raw data holds it: a packed type two or four elements to a byte
+    (``tobytes`` gives one a byte, a tensor twice its declared size)."""
+    if packed(a.dtype):
+        return onnx.numpy_helper.from_array(np.asarray(a)).raw_data
+    return np.ascontiguousarray(a).tobytes()
+
 
 def constant_tensors(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
     """The graph's constants by name: its initializers and its Constant nodes' ``value``

@@ -340,7 +340,7 @@ def export_model(graph: gs.Graph, value_info: Callable[[str], bool] | None = Non
 
 def _export_graph(graph: gs.Graph, gp: onnx.GraphProto,
                   value_info: Callable[[str], bool] | None = None) -> None:
-    tensor_proto = OnnxExporter.export_tensor_proto
+    tensor_proto = _constant_proto
     info = _value_info
     tensor_map: dict = {}
     for t in graph.inputs:
@@ -385,6 +385,20 @@ def _export_graph(graph: gs.Graph, gp: onnx.GraphProto,
                           and (value_info is None or value_info(t.name))])
     if graph.doc_string:
         gp.doc_string = graph.doc_string
+
+
+def _constant_proto(t: gs.Constant) -> onnx.TensorProto:
+    """graphsurgeon's tensor proto, but values of the types numpy lacks (ml_dtypes:
+    bfloat16, float8, int4 ...) written by onnx's from_array: graphsurgeon writes an int4
+    array one element a byte (twice the declared size: the model does not load) and
+    float8e4m3fnuz as float8e4m3fn."""
+    v = t._values
+    if isinstance(v, np.ndarray) and v.dtype.kind == "V":
+        p = onnx.numpy_helper.from_array(v, t.name)
+        if t.data_location is not None:
+            p.data_location = t.data_location
+        return p
+    return OnnxExporter.export_tensor_proto(t)
 
 
 def _value_info(t, do_type_check: bool) -> onnx.ValueInfoProto:
@@ -432,7 +446,7 @@ def _export_attribute(np_: onnx.NodeProto, key: str, val) -> None:
             a.t.CopyFrom(onnx.numpy_helper.from_array(np.asarray(val.values, object),
                                                       val.name))
         else:
-            a.t.CopyFrom(OnnxExporter.export_tensor_proto(val))
+            a.t.CopyFrom(_constant_proto(val))
     elif kind is RawAttribute:
         a = np_.attribute.add()
         a.CopyFrom(val.proto)

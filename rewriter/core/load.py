@@ -21,8 +21,8 @@ import onnx
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from .errors import InputError
-from .graph import (SMALL_TENSOR, graph_protos, iter_model_tensors, node_bodies, stable_order,
-                    varint, weight_free_copy)
+from .graph import (PACKED, SMALL_TENSOR, SUB_BYTE, graph_protos, iter_model_tensors,
+                    node_bodies, stable_order, varint, weight_free_copy)
 
 
 class ExternalValues(LazyValues):
@@ -43,13 +43,18 @@ class ExternalValues(LazyValues):
     def load(self) -> np.ndarray:
         dtype = onnx.helper.tensor_dtype_to_np_dtype(self.tensor.data_type)
         count = int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
-        if count * dtype.itemsize != self.length:
+        need = (count * _element_bits(self.tensor.data_type) + 7) // 8
+        if need != self.length:
             raise InputError(
                 f"external data for '{self.tensor.name}' has {self.length} bytes, "
-                f"its shape needs {count * dtype.itemsize}"
+                f"its shape needs {need}"
             )
         if count == 0:
             return np.zeros(self.shape, dtype=dtype)
+        if self.tensor.data_type in PACKED:   # int4 ...: two to a byte, unpacked by onnx
+            t = onnx.TensorProto(data_type=self.tensor.data_type, dims=self.tensor.dims)
+            t.raw_data = b"".join(self.raw_chunks())
+            return onnx.numpy_helper.to_array(t)
         arr = np.memmap(self.path, dtype=dtype, mode="r", offset=self.offset, shape=(count,))
         return arr.reshape(self.shape)
 
@@ -135,9 +140,6 @@ def _element_bits(data_type: int) -> int:
               if hasattr(onnx.TensorProto, k)}
     return packed.get(data_type, 8 * dtype.itemsize)
 
-
-# Packed types: several elements per byte in raw data (numpy holds one per byte).
-SUB_BYTE = {"INT4": 4, "UINT4": 4, "FLOAT4E2M1": 4, "INT2": 2, "UINT2": 2}
 
 
 def load_model(path: str | os.PathLike, check: bool = True,

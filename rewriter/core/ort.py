@@ -39,7 +39,7 @@ def session(model, base_dir: str | os.PathLike | None = None, optimize: bool = F
                                     str(base_dir))
     keep = None
     if initializers is not None and initializers[0]:
-        keep = [ort.OrtValue.ortvalue_from_numpy(a) for a in initializers[1]]
+        keep = [_ort_value(ort, a) for a in initializers[1]]
         so.add_external_initializers(list(initializers[0]), keep)
     _custom_ops(so)
     outputs = None
@@ -52,6 +52,17 @@ def session(model, base_dir: str | os.PathLike | None = None, optimize: bool = F
     sess._rewrite_keepalive = keep  # the OrtValues must outlive the session
     sess._rewrite_outputs = outputs  # the model's own outputs (run asks for these)
     return sess
+
+
+def _ort_value(ort, a: np.ndarray):
+    """An OrtValue of ``a``; ml_dtypes' bfloat16 and float8 arrays (numpy dtype kind V,
+    which ortvalue_from_numpy refuses) as their bits with the ONNX type."""
+    if a.dtype.kind != "V":
+        return ort.OrtValue.ortvalue_from_numpy(a)
+    import onnx
+
+    return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+        a.view(f"u{a.dtype.itemsize}"), onnx.helper.np_dtype_to_tensor_dtype(a.dtype))
 
 
 def _float16_honoured(model):

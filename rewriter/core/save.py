@@ -19,7 +19,7 @@ import onnx
 
 from .convert import EXTERNAL_THRESHOLD, MEMORY, Exported, is_stub, raw_bytes
 from .errors import InputError
-from .graph import copy_fields, iter_model_tensors, tensor_nbytes, varint
+from .graph import copy_fields, iter_model_tensors, onnx_bytes, tensor_nbytes, varint
 from .load import ExternalValues, _external_info, resolve_external
 
 # Write external data whenever the weights get close to protobuf's 2 GB hard limit.
@@ -44,7 +44,7 @@ def _source_chunks(t: onnx.TensorProto, exp: Exported) -> tuple[int, object]:
     """(byte length, chunk iterator) of a big tensor's data, wherever it lives."""
     if is_stub(t):
         w = exp.weights[t.name]
-        if isinstance(w, np.ndarray):
+        if isinstance(w, np.ndarray) and w.dtype.kind != "V":
             arr = np.ascontiguousarray(w)
             return arr.nbytes, iter([memoryview(arr).cast("B")])
         if isinstance(w, ExternalValues):   # an inline weight left in the input file
@@ -55,7 +55,7 @@ def _source_chunks(t: onnx.TensorProto, exp: Exported) -> tuple[int, object]:
         p, off, length = resolve_external(t, Path(exp.source_dir))
         return length, ExternalValues(t, p, off, length).raw_chunks()
     if not t.HasField("raw_data"):
-        b = onnx.numpy_helper.to_array(t).tobytes()
+        b = onnx_bytes(onnx.numpy_helper.to_array(t))
     else:
         b = t.raw_data
     return len(b), iter([b])
