@@ -16,10 +16,11 @@ What is never folded, and why:
 * QuantizeLinear / DequantizeLinear (and DynamicQuantizeLinear): MIGraphX turns a conv into
   an int8 kernel only when its weight is ``int8 initializer -> DequantizeLinear``; a folded
   DQ silently leaves the conv in float (shared/migraphx/PROFILE.md, rule 4).
-* a weight dequantised by hand: ``Cast`` of an 8- or 16-bit integer weight (1024 elements
-  or more) to a float type, as weight-only int8 exports write ``Cast -> Mul(scale)``
-  (skip:weight-dequantization). Folded, the weight is stored 2-4 times larger and the
-  model file grows (an int8 MiniLM: 22.9 MB -> 34.1 MB); a backend dequantises it on load.
+* a weight dequantised by hand: ``Cast`` of an 8- or 16-bit integer weight, or an int4,
+  uint4, float4 or float8 one (1024 elements or more) to a float type, as weight-only int8
+  exports write ``Cast -> Mul(scale)`` (skip:weight-dequantization). Folded, the weight is
+  stored 2-8 times larger and the model file grows (an int8 MiniLM: 22.9 MB -> 34.1 MB);
+  a backend dequantises it on load.
 * random ops (each run must draw anew), control flow (If/Loop/Scan: their bodies are folded
   in place instead), sequence/optional ops, custom domains (we cannot run them).
 * outputs that are graph outputs (an initializer as a graph output is not portable), and
@@ -151,18 +152,21 @@ def _check(node: gs.Node, graph_outputs: set[int]) -> str | None:
 
 
 def _dequantizes_weight(node: gs.Node) -> bool:
-    """A Cast of a low-precision integer weight to a float type: stored compressed on
-    purpose, so folding it would undo the compression."""
+    """A Cast of a low-precision weight to a float type: an 8- or 16-bit integer, or one of
+    ml_dtypes' types of a byte or less (int4, uint4, float4, float8), stored compressed on
+    purpose, so folding it would undo the compression (an int4 weight: 8x)."""
     x, to = node.inputs[0], node.attrs.get("to")
     if not isinstance(x, gs.Constant) or to is None:
         return False
     dtype = np_dtype(x.dtype)   # from the tensor's header: a lazy weight stays on disk
     try:
-        target = onnx.helper.tensor_dtype_to_np_dtype(int(to))
+        target = np_dtype(int(to))
     except (KeyError, TypeError, ValueError):
         return False
-    return (np.issubdtype(dtype, np.integer) and dtype.itemsize <= 2
-            and np.issubdtype(target, np.floating) and _prod(x.shape) >= 1024)
+    low = (np.issubdtype(dtype, np.integer) and dtype.itemsize <= 2) or (
+        dtype.kind == "V" and dtype.itemsize == 1)
+    floating = np.issubdtype(target, np.floating) or target.kind == "V"
+    return low and floating and _prod(x.shape) >= 1024
 
 
 def _estimate_bytes(node: gs.Node) -> int | None:

@@ -229,3 +229,32 @@ def test_opsets(opset):
     m = make_model(text, {"A": (2, 3)})
     out, rep = rw(m, verify=True)
     assert ops(out) == ["Add"] and rep.passes[0].counts["folded"] == 2
+
+
+@pytest.mark.parametrize("kind", ["int4", "uint4", "float8_e4m3fn"])
+def test_an_int4_or_float8_weight_dequantized_by_cast_stays(kind):
+    """Cast(int4 W) -> Mul(scale) -> MatMul: int4 is not a numpy integer (ml_dtypes), so the
+    weight was folded into float32, 8x its size (fourteenth round); a small one still folds."""
+    import ml_dtypes
+
+    r = np.random.default_rng(4)
+    np_type = getattr(ml_dtypes, kind)
+    text = """
+    <ir_version: 10, opset_import: ["" : 21]>
+    g (float[N, 64] x) => (float[N, 32] y) {
+        wf = Cast <to = 1> (Wq)
+        w = Mul (wf, s)
+        a = MatMul (x, w)
+        cf = Cast <to = 1> (small)
+        y = Add (a, cf)
+    }"""
+    m = make_model(text, {"Wq": r.integers(0, 8, (64, 32)).astype(np_type),
+                          "s": (r.random((1, 32)) * 0.01 + 0.001).astype(np.float32),
+                          "small": r.integers(0, 5, (32,)).astype(np_type)})
+    out, rep = rw(m, verify=True)
+    c = rep.passes[0].counts
+    assert c["skip:weight-dequantization"] == 1 and c["folded"] == 1, c
+    kinds = {t.name: t.data_type for t in out.graph.initializer}
+    assert kinds["Wq"] == onnx.helper.np_dtype_to_tensor_dtype(np.dtype(np_type))
+    f = {"x": r.standard_normal((3, 64)).astype(np.float32)}
+    np.testing.assert_array_equal(run_ort(m, f)[0], run_ort(out, f)[0])
