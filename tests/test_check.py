@@ -558,3 +558,40 @@ def test_rewrite_checks_with_the_gates_inferred_copy_as_on_its_own(tmp_path):
         assert report.extra["migraphx_check"] == alone, name
         found = {f["code"] for f in alone["findings"]}
         assert ("qdq-weight-folded" in found) == (name in ("folded", "big-weight")), name
+
+
+def _int4_model(shape: tuple, zp_shape: tuple | None = None, in_constant: bool = False):
+    """x + DequantizeLinear(int4 q, scale, int4 zero point): int4 tensors of given shapes."""
+    import ml_dtypes
+
+    q = numpy_helper.from_array(np.zeros(shape, ml_dtypes.int4), "q")
+    inits = [q, numpy_helper.from_array(np.ones(zp_shape or (), np.float32), "s")]
+    nodes = []
+    if zp_shape is not None:
+        inits.append(numpy_helper.from_array(np.zeros(zp_shape, ml_dtypes.int4), "z"))
+    if in_constant:
+        nodes.append(helper.make_node("Constant", [], ["q"], name="qc", value=inits.pop(0)))
+    nodes += [helper.make_node("DequantizeLinear", ["q", "s"] + ["z"] * (zp_shape is not None),
+                               ["d"], name="dq", axis=0),
+              helper.make_node("Add", ["x", "d"], ["y"], name="add")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, list(shape))],
+                          [helper.make_tensor_value_info("y", 1, list(shape))], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def test_int4_tensors_migraphx_refuses_or_crashes_on_are_errors():
+    """MIGraphX's parser throws on an int4 tensor with an odd last dim and segfaults on a
+    0-d one (onnxruntime's quantize_static writes one as a per-tensor zero point;
+    fourteenth round): both measured on 2.15 and 2.16 (test_migraphx_rules.py)."""
+    odd = check_model(_int4_model((4, 3)))
+    (f,) = [f for f in odd.findings if f.code == "int4-tensor-shape"]
+    assert (f.node, f.severity) == ("q", "error") and "odd" in f.message
+    scalar = check_model(_int4_model((8,), zp_shape=()))
+    (f,) = [f for f in scalar.findings if f.code == "int4-tensor-shape"]
+    assert f.node == "z" and "segfault" in f.message
+    assert named(check_model(_int4_model((4, 3), in_constant=True)),
+                 "int4-tensor-shape") == ["qc"]
+    assert "int4-tensor-shape" not in codes(check_model(_int4_model((3, 4))))
+    assert "int4-tensor-shape" not in codes(check_model(_int4_model((4, 4), zp_shape=(4,))))

@@ -295,3 +295,48 @@ def test_integer_op_zero_points_match_what_migraphx_computes(op, tmp_path, migra
                     fixed = on_migraphx(out, a)
                     assert fixed is not None and same(fixed.reshape(ref.shape), ref), form
     assert seen["right"] and seen["wrong"], seen
+
+
+def test_int4_shapes_migraphx_refuses_and_the_one_it_dies_on_is_never_parsed(tmp_path):
+    """An int4 tensor with an odd last dim: MIGraphX's parser throws, as the static check
+    says. A 0-d one: the parser segfaults (a child process dies), so the backend refuses to
+    parse it and `rewrite` exits 2 with one line instead of dying (exit 139 before)."""
+    import subprocess
+    import sys
+
+    import ml_dtypes
+    from onnx import helper
+
+    from rewriter.migraphx import backend
+
+    def model(q_shape, z_shape):
+        inits = [numpy_helper.from_array(np.zeros(q_shape, ml_dtypes.int4), "q"),
+                 numpy_helper.from_array(np.ones((), np.float32), "s"),
+                 numpy_helper.from_array(np.zeros(z_shape, ml_dtypes.int4), "z")]
+        g = helper.make_graph(
+            [helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+             helper.make_node("Add", ["x", "d"], ["y"])], "g",
+            [helper.make_tensor_value_info("x", 1, list(q_shape))],
+            [helper.make_tensor_value_info("y", 1, list(q_shape))], inits)
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+
+    for shape, refused in (((4, 3), True), ((3, 4), False)):
+        m = model(shape, ())
+        del m.graph.initializer[2:]          # no 0-d zero point: only the shape of q
+        m.graph.node[0].input.pop()
+        onnx.save(m, tmp_path / "q.onnx")
+        err = backend.refuses(tmp_path / "q.onnx", {"x": list(shape)})
+        assert (err is not None and "even-sized packed" in err.message) == refused, shape
+        assert ("int4-tensor-shape" in check_model(m).codes("error")) == refused, shape
+
+    scalar = tmp_path / "scalar.onnx"
+    onnx.save(model((8,), ()), scalar)
+    child = subprocess.run([sys.executable, "-c", "import sys, migraphx; "
+                            "migraphx.parse_onnx(sys.argv[1], map_input_dims={'x': [8]})",
+                            str(scalar)], capture_output=True)
+    assert child.returncode < 0              # killed by a signal: the segfault
+    err = backend.refuses(scalar, {"x": [8]})
+    assert err is not None and "crashes MIGraphX's parser" in err.message
+    from rewriter.cli import main
+    assert main([str(scalar), "-o", str(tmp_path / "out.onnx"), "--migraphx-target", "ref",
+                 "-q"]) == 2

@@ -203,6 +203,23 @@ def said() -> list[str]:
     return _SAID.lines
 
 
+def _refuse_crash(model_path) -> None:
+    """MigraphxError where MIGraphX's parser would kill this process on ``model_path``: a
+    0-d int4/uint4 tensor (onnxruntime's quantize_static writes one as a per-tensor zero
+    point) is a segfault in parse_tensor_shape on 2.15 and 2.16, measured."""
+    import onnx
+
+    from rewriter.core.graph import iter_model_tensors
+
+    model = onnx.load(os.fspath(model_path), load_external_data=False)
+    packed = {onnx.TensorProto.INT4, onnx.TensorProto.UINT4}
+    for t in iter_model_tensors(model.graph):
+        if t.data_type in packed and not t.dims:
+            kind = onnx.TensorProto.DataType.Name(t.data_type)
+            raise MigraphxError("parse", f"the 0-d {kind} tensor '{t.name}' crashes MIGraphX's "
+                                "parser (a segfault on 2.15 and 2.16): not parsed")
+
+
 def _parse(mgx, model_path, dims):
     """parse_onnx with the process's stdout and stderr captured into :func:`said`:
     MIGraphX prints 'Warning: onnx model is not topologically sorted' on parsing a model
@@ -233,6 +250,7 @@ def _parse(mgx, model_path, dims):
 
 def _compile(mgx, model_path, dims, target: str, fast_math: bool):
     t0 = time.perf_counter()
+    _refuse_crash(model_path)
     prog = _parse(mgx, model_path, dims)
     try:
         prog.compile(mgx.get_target(target), offload_copy=True, fast_math=fast_math)
@@ -285,6 +303,7 @@ def refuses(model_path: str | os.PathLike, dims: dict[str, list[int]], target: s
     mgx = _require()
     try:
         if target is None:
+            _refuse_crash(model_path)
             _parse(mgx, model_path, dims)
         else:
             _compile(mgx, model_path, dims, target, True)

@@ -482,6 +482,7 @@ class _Checker:
             if t.data_type in codes:
                 self.add(bad_dtypes["severity"], "unsupported-dtype", t.name, "initializer",
                          f"{codes[t.data_type]} tensor: {bad_dtypes['reason']}", g.path)
+            self.check_packed_shape(g, t, t.name, "initializer")
         inputs = {i.name for i in g.graph.input} - set(g.inits)
         outputs = {o.name for o in g.graph.output}
         for name, tp in g.types.items():
@@ -587,9 +588,20 @@ class _Checker:
                 dtype = a.i
             elif a.type == onnx.AttributeProto.TENSOR:
                 dtype = a.t.data_type
+                self.check_packed_shape(g, a.t, node_id(node), node.op_type)
             if dtype in codes:
                 self.add(bad["severity"], "unsupported-dtype", node_id(node), node.op_type,
                          f"attribute {a.name} is {codes[dtype]}: {bad['reason']}", g.path)
+
+    def check_packed_shape(self, g: _Graph, t: TensorProto, label: str, op: str) -> None:
+        """int4/uint4 tensors MIGraphX's parser refuses (an odd last dim) or dies on (0-d)."""
+        r = self.profile.get("packed_int4", {})
+        kind = r.get("codes", {}).get(str(t.data_type))
+        if kind is None or (t.dims and t.dims[-1] % 2 == 0):
+            return
+        why = (f"0-d {kind} tensor '{t.name}': {r['scalar_reason']}" if not t.dims else
+               f"{kind} tensor '{t.name}' of shape {list(t.dims)}: {r['odd_reason']}")
+        self.add(r["severity"], "int4-tensor-shape", label, op, why, g.path)
 
     # -- QDQ ----------------------------------------------------------------------------------
 

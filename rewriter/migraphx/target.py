@@ -466,7 +466,7 @@ def static_check(report, exported, version: tuple[int, ...] | None, input_shapes
 
 # Refusals of the original that no size changes (lowering.KNOWN_FAILURES' codes): the
 # other sizes are not tried.
-SIZE_INDEPENDENT = ("unsupported-op",)
+SIZE_INDEPENDENT = ("unsupported-op", "int4-tensor-shape", "unsupported-dtype")
 
 
 def compile_output(report, checked: tuple, exported, original, base_dir, output, mgx: dict,
