@@ -595,3 +595,37 @@ def test_int4_tensors_migraphx_refuses_or_crashes_on_are_errors():
                  "int4-tensor-shape") == ["qc"]
     assert "int4-tensor-shape" not in codes(check_model(_int4_model((3, 4))))
     assert "int4-tensor-shape" not in codes(check_model(_int4_model((4, 4), zp_shape=(4,))))
+
+
+def test_scale_of_shape_1_beside_a_0d_zero_point_off_kernels_is_no_error():
+    """onnxruntime's quantize_static (QInt16) writes bias DQs with scale [1] and a 0-d zero
+    point; MIGraphX 2.15 and 2.16 parse and compile them (fourteenth round): no error."""
+    model = build("""
+    g (float[2,16] x) => (float[2,16] y) {
+        bd = DequantizeLinear(b, s, z)
+        y = Add(x, bd)
+    }""", b=RNG.integers(-9, 9, 16).astype(np.int16), s=np.array([0.1], np.float32),
+        z=np.int16(0))
+    assert not codes(check_model(model), "error")
+
+
+def _opset23_op(op: str) -> onnx.ModelProto:
+    cs = np.ones((16, 4), np.float32)
+    if op == "RotaryEmbedding":
+        return build("""
+        g (float[1,8,32] x, int64[1,8] p) => (float[1,8,32] y) {
+            y = RotaryEmbedding <num_heads=4, rotary_embedding_dim=8> (x, c, s, p)
+        }""", head='<ir_version: 10, opset_import: ["" : 23]>', c=cs, s=cs)
+    return build("""
+    g (float[1,8,32] q, float[1,8,32] k, float[1,8,32] v) => (float[1,8,32] y) {
+        y = Attention <q_num_heads=4, kv_num_heads=4> (q, k, v)
+    }""", head='<ir_version: 10, opset_import: ["" : 23]>')
+
+
+@pytest.mark.parametrize("op", ["Attention", "RotaryEmbedding"])
+def test_opset_23_attention_and_rotary_embedding_are_read_as_contrib_ops(op):
+    """MIGraphX parses them by name as com.microsoft's, whose inputs and attributes differ:
+    refused on 2.15 and 2.16 (test_migraphx_rules.py), unpredicted before."""
+    (f,) = [f for f in check_model(_opset23_op(op)).findings
+            if f.code == "standard-op-read-as-contrib"]
+    assert (f.node, f.severity) == ("y_node", "error")

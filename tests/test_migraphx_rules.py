@@ -128,6 +128,20 @@ CASES = {
         {"2.15": "throws", "2.16": "throws"}, "qdq-scale-type"),
     "dq-zero-point-type": (conv(), dict(BASE, w=W, wz=np.uint8(0)), 17,
                            {"2.15": "throws", "2.16": "throws"}, "qdq-zero-point-type"),
+    # Fourteenth round: onnxruntime's 4-bit quantizer writes blockwise weight DQs (one block
+    # where K <= block_size), and weight-only layers leave the activation float.
+    "blockwise-weight": (gemm(op="MatMul", dq_attrs="<axis=0, block_size=8>"),
+                         dict(GW, ws=R.uniform(0.005, 0.02, (2, 8)).astype(np.float32),
+                              wz=np.zeros((2, 8), np.int8)), 21,
+                         {"2.15": "float", "2.16": "float"}, "qdq-blockwise-weight"),
+    "blockwise-one-block": (gemm(op="MatMul", dq_attrs="<axis=0, block_size=16>"),
+                            dict(GW, ws=R.uniform(0.005, 0.02, (1, 8)).astype(np.float32),
+                                 wz=np.zeros((1, 8), np.int8)), 21,
+                            {"2.15": "throws", "2.16": "throws"}, "qdq-blockwise-one-block"),
+    "weight-only-per-column": (gemm(op="MatMul", dq_attrs="<axis=1>").replace(
+        "xq = QuantizeLinear(x, xs, xz)\n        xd = DequantizeLinear(xq, xs, xz)",
+        "xd = Identity(x)"), dict(GW, **PER_K), 17, {"2.15": "float", "2.16": "float"},
+        "qdq-half-quantized"),
 }
 
 
@@ -340,3 +354,19 @@ def test_int4_shapes_migraphx_refuses_and_the_one_it_dies_on_is_never_parsed(tmp
     from rewriter.cli import main
     assert main([str(scalar), "-o", str(tmp_path / "out.onnx"), "--migraphx-target", "ref",
                  "-q"]) == 2
+
+
+@pytest.mark.parametrize("op", ["Attention", "RotaryEmbedding"])
+def test_opset_23_attention_and_rotary_embedding_are_refused(op, tmp_path, migraphx_version):
+    """The ONNX opset-23 forms: MIGraphX reads them as onnxruntime's contrib ops (num_heads;
+    position_ids as input 1) and refuses them, as the static check says."""
+    from test_check import _opset23_op
+
+    from rewriter.migraphx import backend
+
+    model = _opset23_op(op)
+    onnx.save(model, tmp_path / "m.onnx")
+    dims = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim]
+            for i in model.graph.input}
+    assert backend.refuses(tmp_path / "m.onnx", dims) is not None
+    assert "standard-op-read-as-contrib" in check_model(model).codes("error")

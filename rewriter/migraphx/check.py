@@ -518,6 +518,11 @@ class _Checker:
                      f"registers: parsing throws 'Unknown operator'"
                      + (f"; {hint}" if hint else ""), g.path)
             return
+        cn = self.profile.get("contrib_named_ops", {})
+        if op in cn.get("ops", ()) and node.domain in ("", "ai.onnx") and self.opset >= 23:
+            self.add(cn["severity"], "standard-op-read-as-contrib", label, op,
+                     f"{op} (ONNX opset {self.opset}): {cn['reason']}", g.path)
+            return
         if node.domain not in ("", "ai.onnx", "com.microsoft"):
             # The parser looks ops up by name only (src/onnx/onnx_parser.cpp:620): an
             # onnxruntime NCHWc Conv (blocked weights) would be read as a plain Conv.
@@ -694,7 +699,9 @@ class _Checker:
                              f"alpha={_attr(node, 'alpha', 1.0):g}: {r['reason']}", g.path)
                     self.kernel_blockers.setdefault(label, []).append(
                         f"Gemm alpha={_attr(node, 'alpha', 1.0):g} puts a mul between DQ and dot")
-            if b is not None and g.is_const(b.input[0]):
+            # Only a layer both of whose inputs are dequantized is matched by simplify_qdq:
+            # a per-axis weight DQ beside a float activation does not throw on 2.16.
+            if a is not None and b is not None and g.is_const(b.input[0]):
                 self.check_weight_scale(g, node, b)
 
     def _hidden_dq(self, g: _Graph, name: str, depth: int = 4) -> list[str]:
@@ -816,9 +823,18 @@ class _Checker:
                              f"per-tensor {what} '{value_name}' has shape [1], not 0-d: "
                              f"{r['reason_elsewhere']}", g.path)
         sd, zd = (g.dims(scale) if scale else None), (g.dims(zp) if zp else None)
-        if sd is not None and zd is not None and sd != zd:
+        # [1] beside 0-d parses and compiles on 2.15 and 2.16 (onnxruntime's quantize_static
+        # writes it for int16 biases); a [1] on a conv/dot input is qdq-scale-shape-1's.
+        if sd is not None and zd is not None and sd != zd and not (
+                int(np.prod(sd)) == int(np.prod(zd)) == 1):
             flag(q["scale_zero_point_shape"], "qdq-scale-zero-point-shape",
                  f"scale '{scale}' has shape {sd}, zero point '{zp}' {zd}")
+        block = _attr(node, "block_size", 0)
+        if block and sd:
+            axis = _attr(node, "axis", 1) % len(sd)
+            if sd[axis] == 1:
+                flag(q["blockwise_one_block"], "qdq-blockwise-one-block",
+                     f"scale '{scale}' of shape {sd} has one block of {block} on axis {axis}")
         st, xt = (g.elem_type(scale) if scale else None), g.elem_type(x)
         r = q["scale_type"]
         if (op == "QuantizeLinear" and self.opset >= r["min_opset"] and st and xt
@@ -836,6 +852,14 @@ class _Checker:
         spec = q["weight_axis"].get(node.op_type)
         scale = dq.input[1] if len(dq.input) > 1 else ""
         sd = g.dims(scale) if scale else None
+        if _attr(dq, "block_size", 0):
+            r = q["blockwise_weight"]
+            self.add(r["severity"], "qdq-blockwise-weight", label, node.op_type,
+                     f"weight '{dq.input[0]}' is blockwise (block_size "
+                     f"{_attr(dq, 'block_size', 0)}): {r['reason']}", g.path)
+            self.kernel_blockers.setdefault(label, []).append(
+                f"{node_id(dq)}: blockwise weight scales")
+            return
         wd = g.dims(dq.input[0])
         if spec is None or sd is None or int(np.prod(sd)) <= 1:
             return
