@@ -23,6 +23,8 @@ Before -> after::
                                             =>  Cast(MatMulInteger(A, B, az, bz)) * (as * bs) + bias
     SkipSimplifiedLayerNormalization, and onnxruntime's own default-domain schemas
     LayerNormalization (opset < 17) and SimplifiedLayerNormalization  =>  the decomposition
+    MatMulNBits(A, B, scales, zp[N, n])     =>  MatMulNBits(A, B, scales, zp[N * n]): kept
+                                                (MIGraphX parses it), zero points 1-D as specified
 
 The semantics are onnxruntime's CPU kernels' (contrib_ops/cpu: fused_activation.cc,
 fused_gemm.cc, the core MatMul's trans_batch, bert/bias_gelu.cc with B = sqrt(2/pi) and
@@ -59,7 +61,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 from onnx import helper
 
-from rewriter.core.graph import graph_protos, iter_graphs
+from rewriter.core.graph import graph_protos, iter_graphs, own_constant, peek_values
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 MS = "com.microsoft"
@@ -168,6 +170,9 @@ class ExpandContrib(Pass):
                 if not node.outputs or not _contrib(node.domain, node.op, graph.opset):
                     continue
                 known = (node.domain or "") in (MS, "", "ai.onnx")
+                if node.op == "MatMulNBits" and node.domain == MS:
+                    res.outcome(_flat_zero_points(node, ctx), "flattened-zero-points:MatMulNBits")
+                    continue
                 if _migraphx_parses(node, ctx.options.migraphx_version):
                     res.skip(f"parsed-by-migraphx:{node.op}")
                     continue
@@ -185,6 +190,21 @@ class ExpandContrib(Pass):
                 res.count(f"expanded:{node.op}")
                 res.changed = True
         return res
+
+
+def _flat_zero_points(node: gs.Node, ctx: Context) -> str | None:
+    """MatMulNBits' packed uint8 zero points in the contrib spec's 1-D form,
+    [N * ceil(n_blocks * bits / 8)]: onnxruntime's 4-bit quantizer writes them
+    [N, ceil(n_blocks * bits / 8)], which onnxruntime reads alike and MIGraphX 2.15 and 2.16
+    refuse ("zero_points does not match expected dims"). The same bytes: exact."""
+    zp = node.inputs[3] if len(node.inputs) > 3 else None
+    if zp is None or not zp.name or not isinstance(zp, gs.Constant):
+        return ""
+    v = peek_values(zp)
+    if v.dtype != np.uint8 or v.ndim != 2:
+        return ""
+    own_constant(node, 3, v.reshape(-1), ctx.namer, "flat")
+    return None
 
 
 class _Emit:

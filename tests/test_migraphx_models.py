@@ -732,3 +732,14 @@ def test_what_migraphx_prints_while_parsing_goes_to_the_report(tmp_path, capfd):
     assert out == "" and err == "", (out, err)
     assert any("topologically sorted" in s for s in backend.said()), backend.said()
     backend.said().clear()
+
+
+def test_onnxruntime_4bit_matmulnbits_with_zero_points_compiles(tmp_path, rng):
+    """onnxruntime's 4-bit quantizer, asymmetric: its [N, n] zero points were refused by
+    MIGraphX ('zero_points does not match expected dims', exit 2); expand-contrib writes
+    them 1-D as the contrib spec does and MIGraphX computes the model within FP32's."""
+    from conftest import load_script
+
+    m = load_script("tests/passes/test_expand_contrib.py")._nbits_model(rng, symmetric=False)
+    report, info = rewrite_on_migraphx(m, tmp_path, verify=True)
+    assert_fp32_ok(info)

@@ -545,3 +545,38 @@ def test_dynamic_quantize_matmul_and_matmul_integer_to_float(rng):
              "a": rng.integers(0, 256, (n, 16)).astype(np.uint8)}
         for r, o in zip(run_ort(m, f), run_ort(out, f)):
             np.testing.assert_array_equal(r, o)
+
+
+def _nbits_model(rng, symmetric: bool) -> onnx.ModelProto:
+    """A two-MatMul MLP through onnxruntime's own 4-bit quantizer (MatMulNBits, block 16)."""
+    from onnxruntime.quantization import matmul_nbits_quantizer as mnq
+
+    m = make_model("""
+    <ir_version: 10, opset_import: ["" : 21]>
+    g (float[N, 64] x) => (float[N, 16] y) {
+        h = MatMul (x, w1)
+        r = Relu (h)
+        y = MatMul (r, w2)
+    }""", {"w1": (64, 32), "w2": (32, 16)})
+    cfg = mnq.DefaultWeightOnlyQuantConfig(block_size=16, is_symmetric=symmetric,
+                                           quant_format=mnq.QuantFormat.QOperator)
+    q = mnq.MatMulNBitsQuantizer(m, algo_config=cfg)
+    q.process()
+    return q.model.model
+
+
+def test_matmulnbits_zero_points_flattened_to_the_spec_form(rng):
+    """onnxruntime's quantizer writes asymmetric MatMulNBits zero points [N, n]; MIGraphX
+    refuses all but the spec's 1-D form (test_migraphx_models.py). Same bytes, exact."""
+    m = _nbits_model(rng, symmetric=False)
+    assert ops(m) == ["MatMulNBits", "Relu", "MatMulNBits"]
+    out, rep = rewriter.rewrite(m, ["expand-contrib"], verify=True)
+    assert rep.passes[0].counts["flattened-zero-points:MatMulNBits"] == 2
+    zps = {n.input[3] for n in out.graph.node if n.op_type == "MatMulNBits"}
+    assert sorted(len(t.dims) for t in out.graph.initializer if t.name in zps) == [1, 1]
+    x = {"x": rng.standard_normal((3, 64)).astype(np.float32)}
+    np.testing.assert_array_equal(run_ort(out, x)[0], run_ort(m, x)[0])
+    again, rep2 = rewriter.rewrite(out, ["expand-contrib"])
+    assert not rep2.passes[0].changed
+    sym, rep3 = rewriter.rewrite(_nbits_model(rng, symmetric=True), ["expand-contrib"])
+    assert not rep3.passes[0].changed      # no zero points: nothing to do
