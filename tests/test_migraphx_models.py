@@ -743,3 +743,39 @@ def test_onnxruntime_4bit_matmulnbits_with_zero_points_compiles(tmp_path, rng):
     m = load_script("tests/passes/test_expand_contrib.py")._nbits_model(rng, symmetric=False)
     report, info = rewrite_on_migraphx(m, tmp_path, verify=True)
     assert_fp32_ok(info)
+
+
+@pytest.mark.parametrize("opset", [23, 24])
+def test_newest_opset_ops_compile_once_expanded(opset, tmp_path):
+    """RMSNormalization, Swish and Mish MIGraphX does not parse, and the opset-23 Attention it
+    reads as onnxruntime's (fourteenth round: torch's dynamo exporter writes the first and
+    the last for a Llama block from opset 23): the original is refused at parse, the
+    rewrite (expand-functions) compiles and matches onnxruntime on the original."""
+    import onnx.parser
+    from onnx import numpy_helper
+
+    from rewriter.migraphx.backend import refuses
+    swish = "Swish <alpha = 1.5>" if opset >= 24 else "Sigmoid"
+    model = onnx.parser.parse_model(f"""
+    <ir_version: 10, opset_import: ["" : {opset}]>
+    g (float[1, 6, 32] x) => (float[1, 6, 32] y) {{
+        n = RMSNormalization <epsilon = 1e-5> (x, s)
+        q = MatMul (n, wq)
+        k = MatMul (n, wk)
+        v = MatMul (n, wk)
+        a = Attention <q_num_heads = 4, kv_num_heads = 2, is_causal = 1> (q, k, v)
+        m = Mish (a)
+        y = {swish} (m)
+    }}""")
+    rng = np.random.default_rng(23)
+    for name, shape in (("s", [32]), ("wq", [32, 32]), ("wk", [32, 16])):
+        model.graph.initializer.append(numpy_helper.from_array(
+            (rng.standard_normal(shape) * 0.3 + (name == "s")).astype(np.float32), name))
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    err = refuses(path, {})
+    assert err is not None and err.stage == "parse", err
+    report, info = rewrite_on_migraphx(path, tmp_path)
+    assert_fp32_ok(info)
+    counts = {p.name: p.counts for p in report.passes}["expand-functions"]
+    assert counts["expanded-RMSNormalization"] == counts["expanded-Attention"] == 1

@@ -255,6 +255,17 @@ def node_bodies(n: onnx.NodeProto) -> list[onnx.GraphProto]:
         g for a in n.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs]
 
 
+def has_function_body(op: str, opset: int) -> bool:
+    """Whether the standard op ``op`` is defined at ``opset`` by an ONNX function body
+    (plain, or built for the node's attributes and types): passes/expand_functions."""
+    try:
+        schema = onnx.defs.get_schema(op, opset, "")
+    except onnx.defs.SchemaError:
+        return False
+    return any(v <= opset for v in list(schema.function_opset_versions)
+               + list(schema.context_dependent_function_opset_versions))
+
+
 def graph_protos(g: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
     """The graph and every body (If/Loop/Scan/SequenceMap, and custom ops' graph
     attributes), outermost first; like :func:`iter_graphs`, default-domain ops that cannot

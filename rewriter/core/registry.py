@@ -16,6 +16,7 @@ _PASSES = [
     ("expand-contrib", "rewriter.passes.expand_contrib:ExpandContrib"),
     ("expand-ml", "rewriter.passes.expand_ml:ExpandMl"),
     ("default-attributes", "rewriter.passes.default_attributes:DefaultAttributes"),
+    ("expand-functions", "rewriter.passes.expand_functions:ExpandFunctions"),
     ("integer-zero-points", "rewriter.passes.integer_zero_points:IntegerZeroPoints"),
     ("weight-scales-after", "rewriter.passes.weight_scales_after:WeightScalesAfter"),
     ("fold-shapes", "rewriter.passes.fold_shapes:FoldShapes"),
@@ -42,14 +43,16 @@ _PASSES = [
 # makes onnxruntime's dynamic quantization compute right on MIGraphX (exact in int32);
 # expand-ml writes ai.onnx.ml's Scaler, which MIGraphX does not parse, as Sub and Mul;
 # default-attributes drops a Resize's keep_aspect_ratio_policy=stretch, which MIGraphX 2.15
-# refuses to parse.
-DEFAULT_PIPELINE = ["expand-contrib", "expand-ml", "default-attributes", "integer-zero-points",
+# refuses to parse; expand-functions writes standard ops it does not parse (RMSNormalization,
+# opset-23 Attention ...) as their ONNX function bodies, before fold-shapes folds their shapes.
+DEFAULT_PIPELINE = ["expand-contrib", "expand-ml", "default-attributes", "expand-functions",
+                    "integer-zero-points",
                     "weight-scales-after", "fold-shapes",
                     "fold-constants", "sink-transposes", "collapse-chains", "fuse-conv-bn",
                     "fuse-pad", "fuse-space-to-depth", "fuse-matmul-add", "merge-duplicates"]
 # Fixes for what MIGraphX gets wrong or lacks, not optimisations: in the default pipeline
 # only when MIGraphX is the target.
-MIGRAPHX_ONLY = {"integer-zero-points", "expand-ml", "default-attributes",
+MIGRAPHX_ONLY = {"integer-zero-points", "expand-ml", "default-attributes", "expand-functions",
                  "weight-scales-after"}
 
 

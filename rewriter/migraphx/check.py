@@ -49,7 +49,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from rewriter.core.graph import SMALL_TENSOR, node_id, tensor_nbytes, weight_free_copy
+from rewriter.core.graph import (SMALL_TENSOR, has_function_body, node_id, tensor_nbytes,
+                                 weight_free_copy)
 from rewriter.core.integer_ops import COMPUTED, INTEGER_OPS, integer_op_wrong
 
 PROFILE_PATH = Path(__file__).resolve().parent / "data" / "migraphx_profile.json"
@@ -510,8 +511,12 @@ class _Checker:
 
     def check_node(self, g: _Graph, node: onnx.NodeProto) -> None:
         label, op = node_id(node), node.op_type
+        body = (" (it has an ONNX function body: the pass expand-functions, in the "
+                "MIGraphX target's pipeline, writes it out)"
+                if node.domain in ("", "ai.onnx") and has_function_body(op, self.opset) else "")
         if op not in self.ops:
             hint = self.profile.get("op_hints", {}).get(op)
+            hint = hint + body if hint else body[2:-1] if body else None
             dom = f" (domain '{node.domain}')" if node.domain not in ("", "ai.onnx") else ""
             self.add("error", "unsupported-op", label, op,
                      f"{op}{dom} is not among the {len(self.ops)} ops MIGraphX's ONNX parser "
@@ -521,7 +526,7 @@ class _Checker:
         cn = self.profile.get("contrib_named_ops", {})
         if op in cn.get("ops", ()) and node.domain in ("", "ai.onnx") and self.opset >= 23:
             self.add(cn["severity"], "standard-op-read-as-contrib", label, op,
-                     f"{op} (ONNX opset {self.opset}): {cn['reason']}", g.path)
+                     f"{op} (ONNX opset {self.opset}): {cn['reason']}{body}", g.path)
             return
         if node.domain not in ("", "ai.onnx", "com.microsoft"):
             # The parser looks ops up by name only (src/onnx/onnx_parser.cpp:620): an
