@@ -22,9 +22,10 @@ A plan says, per layer (Conv, ConvTranspose, MatMul, Gemm), ``fp32``, ``fp16`` o
     preprocess: {...}                    # for image calibration folders (rewriter.calibrate)
 
 Matchers (all given keys must hold): ``name`` (exact node name), ``regex`` (re.search on
-the name), ``op`` (op type or list), ``position`` (first_conv, last_conv, classifier = the
-last Gemm/MatMul). A ``name`` or override that matches no node is an error listing the
-closest names, so a typo never silently leaves a layer in the wrong precision.
+the name), ``op`` (op type or list), ``position`` (first_conv; last_conv = the last conv of
+each output head, no conv after it; classifier = the last Gemm/MatMul with a weight). A
+``name`` or override that matches no node is an error listing the closest names, so a typo
+never silently leaves a layer in the wrong precision.
 
 Nodes are identified by name, or by their first output's name when the name is empty.
 """
@@ -62,7 +63,8 @@ _DEFAULT_INT8 = {"calibration": {"method": "mse", "percentile": 99.999, "num_bin
 PER_AXIS_BREAKS_FROM = (2, 16)
 
 BUILTIN = {
-    # The classic recipe: first and last conv FP16, middle convs/matmuls INT8, classifier FP16.
+    # The classic recipe: first and last conv FP16, middle convs/matmuls INT8, classifier FP16
+    # ("last" per output head: a detector's box and class convs at every level).
     "default": {"version": 1, "default": "fp32", "rules": [
         {"match": {"position": "first_conv"}, "precision": "fp16"},
         {"match": {"position": "last_conv"}, "precision": "fp16"},
@@ -298,7 +300,7 @@ def resolve(plan: Plan, nodes: list) -> Assignment:
     # activation MatMul is no classifier (a YOLOv8-seg's backbone one was taken, eighth
     # round). Nodes that cannot say (NodeProto) count as weighted.
     weighted = [i for i in mats if i not in computed]
-    positions = {"first_conv": convs[:1], "last_conv": convs[-1:],
+    positions = {"first_conv": convs[:1], "last_conv": _head_convs(nodes, set(convs)),
                  "classifier": (weighted or mats)[-1:]}
     for r in plan.rules:
         name = r["match"].get("name")
@@ -356,6 +358,25 @@ def int8_capable(node) -> bool:
     them as INT8 and credited BERT's plan with 16 INT8 layers for the 12 it had, twelfth
     round)."""
     return _op(node) in INT8_OPS and not computed_weight(node)
+
+
+def _head_convs(nodes: list, convs: set[str]) -> list[str]:
+    """The convs no other conv reads, directly or through other nodes, in graph order: the
+    last conv of each output head. Only the last conv in graph order was taken, so a
+    RetinaNet's or SSD's box convs at every level but one ran INT8 (fifteenth round).
+    ``nodes`` are in topological order, onnx-graphsurgeon or protobuf nodes."""
+    def names(ts):
+        return [getattr(t, "name", t) for t in ts]
+    readers: dict[str, list[int]] = {}
+    for k, n in enumerate(nodes):
+        for t in names(getattr(n, "inputs", None) or getattr(n, "input", [])):
+            readers.setdefault(t, []).append(k)
+    feeds_conv = [False] * len(nodes)     # a conv is downstream of node k
+    for k in range(len(nodes) - 1, -1, -1):
+        outs = names(getattr(nodes[k], "outputs", None) or getattr(nodes[k], "output", []))
+        feeds_conv[k] = any(node_id(nodes[r]) in convs or feeds_conv[r]
+                            for t in outs if t for r in readers.get(t, ()))
+    return [node_id(n) for n, f in zip(nodes, feeds_conv) if not f and node_id(n) in convs]
 
 
 def computed_weight(node) -> bool:

@@ -380,6 +380,40 @@ def test_the_classifier_is_the_last_matmul_with_a_weight(rng):
     assert a.precision["z"] == "fp16" and a.precision["h"] == "int8", a.precision
 
 
+def test_the_last_conv_of_every_output_head_is_fp16():
+    """The default recipe's last conv is per output head: only the last conv in graph
+    order was FP16, so a RetinaNet's or SSD's box convs at every level but one ran INT8
+    (fifteenth round). Graph-order NodeProtos and onnx-graphsurgeon nodes agree."""
+    from rewriter.core.convert import to_graph
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 3, 16, 16] x) => (float[1, 16, 4] box, float[1, 16, 2] cls) {
+        s = Conv <pads = [1, 1, 1, 1]> (x, W0)
+        f1 = Conv <pads = [1, 1, 1, 1]> (s, W1)
+        p = MaxPool <kernel_shape = [2, 2], strides = [2, 2]> (f1)
+        f2 = Conv <pads = [1, 1, 1, 1]> (p, W2)
+        b1 = Conv (f1, B1)
+        b2 = Conv (f2, B2)
+        c1 = Conv (f1, C1)
+        c2 = Conv (f2, C2)
+        b1r = Reshape (b1, sh4)
+        b2r = Reshape (b2, sh4)
+        bs = Concat <axis = 2> (b1r, b2r)
+        box = Transpose <perm = [0, 2, 1]> (bs)
+        c1r = Reshape (c1, sh2)
+        c2r = Reshape (c2, sh2)
+        cs = Concat <axis = 2> (c1r, c2r)
+        cls = Transpose <perm = [0, 2, 1]> (cs)
+    }""", {"W0": (4, 3, 3, 3), "W1": (4, 4, 3, 3), "W2": (4, 4, 3, 3), "B1": (4, 4, 1, 1),
+         "B2": (4, 4, 1, 1), "C1": (2, 4, 1, 1), "C2": (2, 4, 1, 1),
+         "sh4": np.array([1, 4, -1], np.int64), "sh2": np.array([1, 2, -1], np.int64)})
+    for nodes in (list(m.graph.node), list(to_graph(m).nodes)):
+        a = plan_mod.resolve(plan_mod.load("default"), nodes)
+        fp16 = sorted(k for k, v in a.precision.items() if v == "fp16")
+        assert fp16 == ["b1", "b2", "c1", "c2", "s"], a.precision
+        assert a.precision["f1"] == a.precision["f2"] == "int8"
+
+
 def test_a_plan_naming_an_unknown_node_says_what_layers_are_called():
     """A name close to none of the layers gave no hint at all (eighth round)."""
     from rewriter.core.errors import InputError
