@@ -370,3 +370,44 @@ def test_opset_23_attention_and_rotary_embedding_are_refused(op, tmp_path, migra
             for i in model.graph.input}
     assert backend.refuses(tmp_path / "m.onnx", dims) is not None
     assert "standard-op-read-as-contrib" in check_model(model).codes("error")
+# -- outputs whose size depends on the data ---------------------------------------------------
+
+def test_nonzero_and_nms_outputs_are_padded_as_the_check_says(tmp_path, migraphx_version):
+    """MIGraphX (Python parse_onnx, no dynamic output) gives NonZero a [rank, elements] output
+    and NonMaxSuppression a fixed number of rows: the true result, then zeros that read as
+    index 0 (found on a YOLO + NMS and a U-Net + NonZero export, fifteenth round). The static
+    check says ``output-padded`` for both; a constant NonZero is folded to its real size."""
+    import migraphx
+    from conftest import run_ort
+
+    model = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2, 3] x, float[1, 6, 4] b, float[1, 2, 6] s) => (int64[2, N] nz, int64[M, 3] sel,
+                                                               int64[2, K] cz) {
+        m = Greater (x, t)
+        nz = NonZero (m)
+        sel = NonMaxSuppression (b, s, mo, iou, thr)
+        cz = NonZero (c)
+    }""")
+    for name, v in dict(t=np.float32(0.5), mo=np.array([3], np.int64),
+                        iou=np.array([0.5], np.float32), thr=np.array([0.3], np.float32),
+                        c=np.array([[1, 0, 2], [0, 3, 0]], np.float32)).items():
+        model.graph.initializer.append(numpy_helper.from_array(np.asarray(v), name))
+    feeds = {"x": np.array([[0.1, 0.9, 0.7], [0.2, 0.3, 0.8]], np.float32),
+             "b": np.array([[[0, 0, 10, 10], [1, 1, 11, 11], [20, 20, 30, 30], [0, 0, 5, 5],
+                             [50, 50, 60, 60], [21, 21, 31, 31]]], np.float32),
+             "s": np.array([[[.9, .8, .7, .2, .6, .1], [.1, .2, .95, .4, .05, .5]]], np.float32)}
+    ref = run_ort(model, feeds)
+    path = str(tmp_path / "m.onnx")
+    onnx.save(model, path)
+    prog = migraphx.parse_onnx(path)
+    prog.compile(migraphx.get_target("ref"))
+    got = [np.array(o) for o in prog.run({k: migraphx.argument(v) for k, v in feeds.items()})]
+    for r, g, axis in zip(ref[:2], got[:2], (1, 0)):
+        n = r.shape[axis]
+        assert g.shape[axis] > n and np.array_equal(np.take(g, range(n), axis), r)
+        assert not np.take(g, range(n, g.shape[axis]), axis).any()   # zeros: index 0
+    assert np.array_equal(got[2], ref[2])
+    flagged = [f.node for f in check_model(model, version=migraphx_version).findings
+               if f.code == "output-padded" and f.severity == "error"]
+    assert sorted(flagged) == ["nz", "sel"]

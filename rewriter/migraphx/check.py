@@ -27,6 +27,8 @@ What it finds, each naming the node (or its first output when the node has no na
 * ``integer-zero-point``: a MatMulInteger/ConvInteger zero-point form MIGraphX computes
   wrongly without an error, or refuses (:func:`integer_op_wrong`; onnxruntime's dynamic
   quantization is one): the pass integer-zero-points rewrites most of them.
+* ``output-padded``: a NonZero or NonMaxSuppression on computed inputs, whose output MIGraphX
+  pads to a fixed size with zeros that read as valid indices (wrong numbers, no error).
 * ``dynamic-input-dim``: a symbolic graph-input dim MIGraphX would silently set to 1.
 * ``conv-channels-not-multiple`` (info): C_in per group or C_out off the profile's multiple.
 * ``plan-int8-stays-float``: a node a plan put in INT8 that will not become
@@ -564,6 +566,11 @@ class _Checker:
                     self.add(rule["severity"], "input-not-constant", label, op,
                              f"input {i} ({what}, '{node.input[i]}') is computed at run time: "
                              f"{rule['reason']}", g.path)
+        padded = self.profile.get("padded_outputs", {})
+        rule = padded.get("ops", {}).get(op)
+        if rule and not all(g.is_const(n) for n in node.input[:rule["inputs"]] if n):
+            # a constant input is evaluated at parse time, to the exact size
+            self.add(padded["severity"], "output-padded", label, op, rule["reason"], g.path)
         self.check_dtype_attrs(g, node)
         if op in INTEGER_OPS and "integer_ops" in self.profile:
             self.check_integer_op(g, node)
