@@ -1123,12 +1123,15 @@ class _Rewrite:
         self.report.verification = [m.to_dict() for m in metrics]
         self.seconds["verify"] = self.verify_seconds + time.perf_counter() - t
         from rewriter.verify.metrics import TINY_OUTPUT
+        empty = [m.name for m in metrics if m.empty]
+        if empty:   # an NMS or NonZero that found nothing on these inputs
+            self.report.warnings.append(
+                f"output{'s' if len(empty) > 1 else ''} {', '.join(map(repr, empty))} "
+                f"{'are' if len(empty) > 1 else 'is'} empty on these inputs (no element): "
+                "nothing compared; real inputs (--inputs) exercise "
+                f"{'them' if len(empty) > 1 else 'it'}")
         for m in metrics:
-            if m.empty:   # a declared 0 dim (an empty input) or an empty selection
-                self.report.warnings.append(
-                    f"output '{m.name}' is empty on these inputs: nothing compared; "
-                    "real inputs (--inputs) exercise it")
-            elif m.shape_ok and not m.integer and m.certificate is None \
+            if m.shape_ok and not m.integer and not m.empty and m.certificate is None \
                     and m.ref_max < TINY_OUTPUT:
                 # Judged by absolute error: a saturated sigmoid on random inputs (a text
                 # detector's probability map is ~0 everywhere) says little about the rest.

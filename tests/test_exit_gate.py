@@ -409,6 +409,36 @@ def test_an_output_tiny_everywhere_is_said_to_be_a_weak_check(tmp_path):
     assert len(said) == 1 and said[0].startswith("output 'p' is below 0.001"), report.warnings
 
 
+def test_an_empty_output_is_said_to_be_compared_on_nothing(capfd, tmp_path):
+    """An NMS that selects nothing on random inputs gives a [0, 3] output: it was shown as
+    "cosine 1.0000000 yes", an int64 one as a float, with "below 0.001 everywhere (max
+    0.0e+00): judged by absolute error" (nothing was judged), and numpy's "Mean of empty
+    slice" reached stderr through the API (a YOLO + NMS export, fifteenth round)."""
+    import warnings
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 6, 4] b, float[1, 2, 6] s) => (int64[N, 3] sel, float[1, 2] best) {
+        t = Sigmoid(s)
+        sel = NonMaxSuppression (b, t, mo, iou, thr)
+        best = ReduceMax <axes = [2], keepdims = 0> (t)
+    }""", {"mo": np.array([3], np.int64), "iou": np.array([0.5], np.float32),
+           "thr": np.array([2.0], np.float32)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, report = rewriter.rewrite(m, verify=True)
+    sel = next(v for v in report.verification if v["name"] == "sel")
+    assert sel["empty"] and sel["integer"] and not any("weak check" in w
+                                                       for w in report.warnings)
+    said = [w for w in report.warnings if "empty" in w]
+    assert len(said) == 1 and said[0].startswith("output 'sel' is empty on these inputs"), said
+    onnx.save(m, tmp_path / "m.onnx")
+    code, out, err = run(capfd, str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"),
+                         "--verify", "--target", "none")
+    row = next(line for line in out.splitlines() if line.strip().startswith("sel "))
+    assert code == 0 and row.endswith("yes   (empty: nothing compared)"), row
+    assert set(row.split()[1:-4]) == {"-"}, row
+
+
 def test_a_lossy_plan_on_an_output_tiny_everywhere_is_judged_by_absolute_error():
     """PP-OCRv4 det with an FP16 plan on data with nothing to detect: its probability map is
     ~1e-6 everywhere, FP16 rounds that to a few subnormal steps, the cosine drops below the

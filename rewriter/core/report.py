@@ -146,6 +146,11 @@ class Report:
                          "  ok")
             for m in self.verification:
                 more = ""
+                if m.get("empty"):     # shapes agree, no element to compare
+                    more = f"  {'-':>8}  {'-':>6}" if lossy else ""
+                    lines.append(f"  {m['name']:<{ow}}  {'-':>9}  {'-':>9}  {'-':>10}{more}  "
+                                 f"{'yes' if m['ok'] else 'NO'}   (empty: nothing compared)")
+                    continue
                 if m.get("integer"):   # compared value by value: the share that is equal
                     if lossy:
                         more = f"  {'-':>8}  {1 - m['mismatch']:6.4f}"

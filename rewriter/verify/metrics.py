@@ -48,9 +48,10 @@ class OutputMetrics:
     groups: list | None = None   # lossy: components of different scale (scale_groups)
     noise: float | None = None   # the original's own max_rel under 1-ulp input changes,
                                  # when the tolerance was widened to it (Verifier.check)
-    empty: bool = False        # no elements on these inputs: nothing was compared
     strict_refused: str = ""   # refused by --strict only: "uncertified" (within the budget,
                                # not certified at 95%) or "component" (a scale group below it)
+    empty: bool = False        # no elements on these inputs (NMS that found nothing): the
+                               # shapes agree, nothing was compared
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -78,7 +79,7 @@ def scale_split(ref: np.ndarray, gap_decades: float = 2.0, max_size: int = 256
     (NudeNet's INT8 plan: 0.9995 overall, 0.96 on the score rows). A continuum of channel
     scales (a feature map) has no such gap and is left alone."""
     ref = np.asarray(ref, np.float64)
-    if ref.ndim < 2 or not np.isfinite(ref).all():
+    if ref.ndim < 2 or not ref.size or not np.isfinite(ref).all():
         return None
     best = None
     for ax in range(1, ref.ndim):
@@ -251,7 +252,8 @@ def compare(name: str, ref: np.ndarray, out: np.ndarray, classes: bool | None = 
     if ref.shape != out.shape or ref.dtype != out.dtype:
         return OutputMetrics(name, False, float("inf"), float("inf"), 0.0, 1.0, ok=False)
     if ref.size == 0:
-        return OutputMetrics(name, True, 0.0, 0.0, 1.0, 0.0, empty=True)
+        return OutputMetrics(name, True, 0.0, 0.0, 1.0, 0.0, empty=True, dtype=str(ref.dtype),
+                             integer=not np.issubdtype(ref.dtype, np.floating))
     if not np.issubdtype(ref.dtype, np.floating):
         mism = float(np.mean(ref != out))
         return OutputMetrics(name, True, float(mism > 0), float(mism > 0), 1.0 - mism, mism,
