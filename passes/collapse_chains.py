@@ -33,11 +33,12 @@ Before -> after::
 Preconditions (else the chain stays; all exact rewrites, no values change):
 
 * the first node of a pair has no other reader and is not a graph output (else it would
-  stay and the pair would cost a node more, not less); two exceptions: a Squeeze /
+  stay and the pair would cost a node more, not less); three exceptions: a Squeeze /
   Unsqueeze pair that is the identity (its end goes, its start stays for the other
-  readers: one node less), and a Transpose pair that is the identity, whose first
+  readers: one node less), a Transpose pair that is the identity, whose first
   Transpose is also read by one Shape (that Shape then reads the pair's input through a
-  Gather of the perm);
+  Gather of the perm), and a Slice read only by Slices that each merge with it (a Focus
+  stem's x[..., ::2, ::2] and x[..., ::2, 1::2] share their H slice: each reads x);
 * shapes, perms, axes and slice bounds are constants (attributes or initializers);
 * a Reshape after the chain has a constant shape without a 0 (a 0 copies the dim of its
   *input*, which the chain changes), or ``allowzero=1``, with any shape, computed ones
@@ -172,6 +173,13 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
             return None
         node.inputs[0] = prev.inputs[0]
         return _drop_pair(node, g, outs, "removed-squeeze-pair")
+    if (op == "Slice" and prev is not None and prev.op == "Slice" and opset >= 10
+            and len(x.outputs) > 1 and id(x) not in outs and id(prev) in members
+            and prev.domain in (None, "", "ai.onnx")
+            and all(c.op == "Slice" and c.inputs[0] is x and x not in c.inputs[1:]
+                    and _slices_disjoint(prev, c) for c in x.outputs)):
+        # Every reader merges, so the shared Slice goes (TorchScript's Focus stem: 6 -> 4)
+        return _merge_slices(prev, node, namer)
     if prev is None or len(x.outputs) != 1 or id(x) in outs or prev.domain not in (
             None, "", "ai.onnx") or id(prev) not in members:
         return None
@@ -629,7 +637,9 @@ def _merge_slices_v1(prev, node) -> str | None:
     return "merged-slice"
 
 
-def _merge_slices(prev, node, namer) -> str | None:
+def _slices_disjoint(prev, node) -> tuple | None:
+    """(params of prev, of node, their axes) where two constant Slices of a known rank
+    cut disjoint axes, else None."""
     a, b = _slice_params(prev), _slice_params(node)
     x = prev.inputs[0]
     if a is None or b is None or x.shape is None:
@@ -637,8 +647,15 @@ def _merge_slices(prev, node, namer) -> str | None:
     r = len(x.shape)
     axes_a = [int(i) % r for i in a[2]]
     axes_b = [int(i) % r for i in b[2]]
-    if set(axes_a) & set(axes_b):
+    return None if set(axes_a) & set(axes_b) else (a, b, axes_a, axes_b)
+
+
+def _merge_slices(prev, node, namer) -> str | None:
+    found = _slices_disjoint(prev, node)
+    if found is None:
         return None
+    a, b, axes_a, axes_b = found
+    x = prev.inputs[0]
     dt = np.int64
     merged = [np.concatenate([np.asarray(a[k], dt), np.asarray(b[k], dt)]) for k in (0, 1)]
     merged += [np.array(axes_a + axes_b, dt),

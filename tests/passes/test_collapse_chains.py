@@ -82,6 +82,38 @@ def test_transpose_round_trip_and_slices_on_two_axes_merge(rng):
     same(m, out, {"x": rng.standard_normal((3, 6, 8)).astype(np.float32)})
 
 
+FOCUS_CHAINS = """
+<ir_version: 8, opset_import: ["" : 13]>
+g (float[N, 3, 8, 8] x) => (float[N, 12, 4, 4] y, float[N, 3, 4, 8] r) {
+    h0 = Slice (x, z, big, ax2, two)
+    a = Slice (h0, z, big, ax3, two)
+    b = Slice (h0, one, big, ax3, two)
+    h1 = Slice (x, one, big, ax2, two)
+    c = Slice (h1, z, big, ax3, two)
+    d = Slice (h1, one, big, ax3, two)
+    y = Concat <axis = 1> (a, c, b, d)
+    r = Relu (h1)
+}"""
+
+
+def test_a_slice_read_only_by_slices_on_other_axes_goes(rng):
+    """TorchScript exports YOLOv5's Focus x[..., ::2, ::2] as Slice(H) -> Slice(W), each H
+    slice shared by two W slices: the H slice was kept for its two readers (yolov5 93
+    nodes, onnxslim 91, and fuse-space-to-depth saw no stem; fifteenth round). Each reader
+    now reads x with both axes; an H slice with another reader (the Relu) stays whole."""
+    consts = {"z": np.array([0], np.int64), "one": np.array([1], np.int64),
+              "big": np.array([2 ** 63 - 1], np.int64), "ax2": np.array([2], np.int64),
+              "ax3": np.array([3], np.int64), "two": np.array([2], np.int64)}
+    m = make_model(FOCUS_CHAINS, consts)
+    out, rep = cc(m, input_shapes={"x": [1, 3, 8, 8]})
+    assert rep.passes[0].counts.get("merged-slice") == 2, rep.passes[0].counts
+    assert ops(out).count("Slice") == 5
+    x0 = next(n.input[0] for n in out.graph.node if n.output[0] == "a")
+    assert x0 == "x"
+    for n in (1, 2):
+        same(m, out, {"x": rng.standard_normal((n, 3, 8, 8)).astype(np.float32)})
+
+
 def test_attribute_form_slices_on_two_axes_merge(rng):
     """Opset 9 Slices (starts/ends/axes attributes): waifu2x's CUNet crops H, then W, four
     times (tenth round). Two on different axes become one; the same axis twice, and a

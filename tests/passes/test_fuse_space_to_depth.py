@@ -58,3 +58,25 @@ def test_missing_or_repeated_blocks_stay(rng):
     m = focus([(0, 0), (1, 0), (0, 1), (0, 1)], "y = Conv <pads = [1, 1, 1, 1]> (c, W)")
     out, rep = rewriter.rewrite(m, ["fuse-space-to-depth"])
     assert "SpaceToDepth" not in ops(out) and ops(out).count("Slice") == 4
+
+
+def test_torchscripts_chained_focus_becomes_space_to_depth_in_the_default_pipeline(rng):
+    """TorchScript writes x[..., ::2, ::2] as Slice(H) -> Slice(W), the H slices shared:
+    collapse-chains makes them four Slices of x, which this pass then fuses (a YOLOv5
+    export kept all six, fifteenth round)."""
+    lines = []
+    for i in range(2):
+        lines.append(f"h{i} = Slice (x, i{i}, en, ax2, sp)")
+        lines += [f"s{i}{j} = Slice (h{i}, i{j}, en, ax3, sp)" for j in range(2)]
+    m = make_model(f"""
+    <ir_version: 8, opset_import: ["" : 13]>
+    g (float[N, 3, H, W] x) => (float[N, 8, H2, W2] y) {{
+        {chr(10).join(lines)}
+        c = Concat <axis = 1> (s00, s10, s01, s11)
+        y = Conv <pads = [1, 1, 1, 1]> (c, W)
+    }}""", {"i0": np.array([0], np.int64), "i1": np.array([1], np.int64),
+            "en": np.array([BIG], np.int64), "ax2": np.array([2], np.int64),
+            "ax3": np.array([3], np.int64), "sp": np.array([2], np.int64), "W": (8, 12, 3, 3)})
+    out, rep = rewriter.rewrite(m, verify=True, target="none")
+    assert ops(out) == ["SpaceToDepth", "Conv"], ops(out)
+    check(m, out, rng)
