@@ -149,6 +149,7 @@ def make_feeds(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = Non
     batches = batch_names(model) if fill is not None else frozenset()
     total = 0.0
     bounds = index_bounds(model)
+    boxes = box_inputs(model)
     derived = weight_dims(model)
     for vi in real_inputs(model):
         if not vi.type.HasField("tensor_type"):
@@ -162,7 +163,13 @@ def make_feeds(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = Non
             raise InputError(f"input '{vi.name}' of shape {shape} is too large for random "
                              f"inputs (all inputs over {MAX_FEED_BYTES >> 20} MB); set smaller "
                              "dims with --input-shape or pass --inputs")
-        if np.issubdtype(dtype, np.floating) and vi.name in bounds:
+        if np.issubdtype(dtype, np.floating) and vi.name in boxes and shape and shape[-1] == 4:
+            # RoiAlign's rois: N(0,1) corners are inverted boxes of under a pixel, on
+            # which onnxruntime and MIGraphX differ (half_pixel); valid boxes instead
+            x1y1 = rng.uniform(0, 16, size=shape[:-1] + [2])
+            x = np.concatenate([x1y1, x1y1 + rng.uniform(2, 16, size=shape[:-1] + [2])], -1)
+            x = x.astype(dtype)
+        elif np.issubdtype(dtype, np.floating) and vi.name in bounds:
             # Floats cast to indices (tf2onnx's embeddings read float ids)
             x = rng.integers(ints[0], max(ints[0] + 1, min(ints[1], bounds[vi.name])),
                              size=shape).astype(dtype)
@@ -221,9 +228,24 @@ def index_bounds(model: onnx.ModelProto) -> dict[str, int]:
                 axis = next((a.i for a in n.attribute if a.name == "axis"), 0)
                 if dims and -len(dims) <= axis < len(dims) and dims[axis] > 0:
                     bound = min(bound or dims[axis], dims[axis])
+            elif n.op_type == "RoiAlign" and i == 2:
+                bound = 1   # an image of X's batch, which random inputs make 1
         if bound is not None:
             out[vi.name] = bound
     return out
+
+
+def box_inputs(model: onnx.ModelProto) -> set[str]:
+    """Inputs whose values reach a RoiAlign's rois (input 1) through value-preserving
+    ops: they get boxes with x1 < x2 and y1 < y2 (a Mask R-CNN-style head, fifteenth
+    round), not N(0,1) corners."""
+    consumers = {}
+    for n in model.graph.node:
+        for i, x in enumerate(n.input):
+            consumers.setdefault(x, []).append((n, i))
+    return {vi.name for vi in real_inputs(model)
+            if any(n.op_type == "RoiAlign" and i == 1
+                   for n, i in _value_reads(vi.name, consumers))}
 
 
 def _value_reads(name: str, consumers: dict):
