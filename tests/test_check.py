@@ -187,6 +187,23 @@ def test_resize_modes_refused():
     assert sorted(named(result, "resize-mode-refused")) == ["a_node", "b_node", "c_node"]
 
 
+def test_cubic_grid_sample_refused_linear_and_nearest_accepted():
+    """MIGraphX's cubic GridSample throws for more than one channel and computes border and
+    reflection padding wrongly (tests/test_migraphx_rules.py, both builds)."""
+    text = """
+    g (float[1,3,8,8] x, float[1,4,4,2] gr) => (float[1,3,4,4] a, float[1,3,4,4] b,
+                                               float[1,3,4,4] c) {
+        a = GridSample <mode="cubic"> (x, gr)
+        b = GridSample <mode="linear", padding_mode="reflection"> (x, gr)
+        c = GridSample <mode="nearest", padding_mode="border", align_corners=1> (x, gr)
+    }"""
+    result = check_model(build(text))
+    assert named(result, "gridsample-mode-refused") == ["a_node"]
+    old = build(text.replace('"cubic"', '"bicubic"').replace('"linear"', '"bilinear"'),
+                head='<ir_version: 8, opset_import: ["" : 16]>')
+    assert named(check_model(old), "gridsample-mode-refused") == ["a_node"]
+
+
 def test_shape_inputs_constant_through_chains_and_computed_ones_found():
     text = """
     g (float[2,3,4] x, int64[2] shp, int64[3] reps) => (float[2,12] a, float[2,12] b,

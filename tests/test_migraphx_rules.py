@@ -411,3 +411,44 @@ def test_nonzero_and_nms_outputs_are_padded_as_the_check_says(tmp_path, migraphx
     flagged = [f.node for f in check_model(model, version=migraphx_version).findings
                if f.code == "output-padded" and f.severity == "error"]
     assert sorted(flagged) == ["nz", "sel"]
+
+
+@pytest.mark.parametrize("mode", ["linear", "nearest", "cubic"])
+def test_grid_sample_modes_as_the_check_says(mode, migraphx_version):
+    """GridSample on MIGraphX against onnxruntime, every padding mode and align_corners:
+    linear and nearest agree; cubic throws for more than one channel ("Reshape: Wrong
+    number of elements") and, on one channel, gets border and reflection padding wrong
+    (measured on 2.15 and 2.16, fifteenth round). The check refuses cubic only."""
+    import migraphx
+    import tempfile
+    from conftest import run_ort
+
+    r = np.random.default_rng(0)
+    seen = set()
+    for c in (1, 3):
+        for pad in ("zeros", "border", "reflection"):
+            for ac in (0, 1):
+                model = onnx.parser.parse_model(f"""
+                <ir_version: 9, opset_import: ["" : 20]>
+                g (float[1,{c},6,7] x, float[1,5,4,2] gr) => (float[1,{c},5,4] y) {{
+                    y = GridSample <mode="{mode}", padding_mode="{pad}", align_corners={ac}>
+                                   (x, gr)
+                }}""")
+                feeds = {"x": r.standard_normal((1, c, 6, 7)).astype(np.float32),
+                         "gr": r.uniform(-1.2, 1.2, (1, 5, 4, 2)).astype(np.float32)}
+                with tempfile.TemporaryDirectory() as tmp:
+                    path = f"{tmp}/gs.onnx"
+                    onnx.save(model, path)
+                    try:
+                        prog = migraphx.parse_onnx(path)
+                        prog.compile(migraphx.get_target("ref"))
+                        got = np.array(prog.run(feeds)[0])
+                    except Exception:   # noqa: BLE001 - what MIGraphX throws is measured
+                        seen.add("throws")
+                        continue
+                right = np.allclose(got, run_ort(model, feeds)[0], atol=1e-5)
+                seen.add("right" if right else "wrong")
+    flagged = any(f.code == "gridsample-mode-refused" and f.severity == "error"
+                  for f in check_model(model, version=migraphx_version).findings)
+    assert seen == ({"right", "wrong", "throws"} if mode == "cubic" else {"right"}), seen
+    assert flagged == (mode == "cubic")
