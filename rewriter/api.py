@@ -1128,8 +1128,9 @@ class _Rewrite:
             self.report.warnings.append(
                 f"output{'s' if len(empty) > 1 else ''} {', '.join(map(repr, empty))} "
                 f"{'are' if len(empty) > 1 else 'is'} empty on these inputs (no element): "
-                "nothing compared; real inputs (--inputs) exercise "
-                f"{'them' if len(empty) > 1 else 'it'}")
+                "nothing compared; inputs on which the model finds something"
+                + (" (--inputs)" if self.inputs is None else "")
+                + f" exercise {'them' if len(empty) > 1 else 'it'}")
         for m in metrics:
             if m.shape_ok and not m.integer and not m.empty and m.certificate is None \
                     and m.ref_max < TINY_OUTPUT:

@@ -431,6 +431,10 @@ def test_an_empty_output_is_said_to_be_compared_on_nothing(capfd, tmp_path):
                                                        for w in report.warnings)
     said = [w for w in report.warnings if "empty" in w]
     assert len(said) == 1 and said[0].startswith("output 'sel' is empty on these inputs"), said
+    assert "(--inputs)" in said[0]   # given inputs: no hint to give inputs
+    feeds = {"b": np.zeros((1, 6, 4), np.float32), "s": np.zeros((1, 2, 6), np.float32)}
+    _, given = rewriter.rewrite(m, verify=True, inputs=feeds)
+    assert [w for w in given.warnings if "empty" in w and "--inputs" not in w], given.warnings
     onnx.save(m, tmp_path / "m.onnx")
     code, out, err = run(capfd, str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"),
                          "--verify", "--target", "none")
