@@ -4,7 +4,7 @@ function bodies.
 Newer opsets define many ops as functions of older ones, and onnxruntime runs them, but
 MIGraphX's parser does not register them ("Unknown operator"): RMSNormalization (opset 23,
 what torch's dynamo exporter writes for a Llama RMSNorm from opset 23), Swish (24), Mish,
-the window functions, CenterCropPad, AffineGrid. Attention and RotaryEmbedding of opset 23
+the window functions, CenterCropPad, SwiGLU. Attention and RotaryEmbedding of opset 23
 are worse: MIGraphX reads them by name as onnxruntime's com.microsoft ops, whose inputs and
 attributes differ, and refuses them. Each such node becomes the body the ONNX schema gives
 for it at the model's opset (``onnx.defs``: the plain function, or the one built for the
@@ -18,8 +18,7 @@ The body is the op's definition, so the outputs are the same up to float roundin
 (onnxruntime's fused kernels sum in another order): Numerics.CLOSE. Skipped with a reason:
 an op without a body (no-function-body), inputs whose type is unknown where the body
 depends on it (unknown-type), a body written for an older opset that onnx's version
-converter cannot bring to the model's (body-op-version), a body with a subgraph
-(body-has-subgraph). Ops a body
+converter cannot bring to the model's (body-op-version). Ops a body
 writes that MIGraphX does not parse either are expanded in turn. Which ops: NOT_PARSED and,
 from opset 23, READ_AS_CONTRIB, as measured on the shared builds (a newer MIGraphX that
 parses one natively still gets the same math). In the default pipeline
@@ -40,9 +39,10 @@ from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 MAX_ROUNDS = 3
 # The standard ops with an ONNX function body that MIGraphX 2.15/2.16 do not parse: the
 # packaged profile's onnx_standard_ops_not_parsed that have one (tests/passes check the two
-# agree), but Bernoulli (random: nothing to verify) and SequenceMap (sequences).
+# agree), but Bernoulli (random: nothing to verify), SequenceMap (sequences) and AffineGrid,
+# whose body (onnx 1.23) Squeezes theta without axes and so fails for a batch of 1.
 NOT_PARSED = frozenset({
-    "AffineGrid", "BlackmanWindow", "CausalConvWithState", "CenterCropPad", "HammingWindow",
+    "BlackmanWindow", "CausalConvWithState", "CenterCropPad", "HammingWindow",
     "HannWindow", "LinearAttention", "Mish", "RMSNormalization", "SwiGLU", "Swish"})
 # Opset-23 ops MIGraphX parses by name as onnxruntime's com.microsoft ones (the profile's
 # contrib_named_ops): refused, as their inputs and attributes differ.
@@ -179,12 +179,8 @@ def _expand(node: gs.Node, g: gs.Graph, opset: int, ctx: Context) -> str | None:
         return f
     body_opset = next((o.version for o in f.opset_import if o.domain in ("", "ai.onnx")),
                       opset)
-    for n in f.node:
-        if n.domain not in ("", "ai.onnx"):
-            return "body-op-version"
-        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-               for a in n.attribute):
-            return "body-has-subgraph"
+    if any(n.domain not in ("", "ai.onnx") for n in f.node):
+        return "body-op-version"
     typed = {id(t) for t in node.inputs if t.name and t.dtype is not None}
     body = onnx.helper.make_model(
         onnx.helper.make_graph(
@@ -212,15 +208,22 @@ def _expand(node: gs.Node, g: gs.Graph, opset: int, ctx: Context) -> str | None:
     node.inputs.clear()
     node.outputs.clear()
     g.nodes.remove(node)
+    renamed: set[int] = set()
     for n in sub.nodes:
-        for i, t in enumerate(n.inputs):
-            if id(t) in actual:
-                n.inputs[i] = actual[id(t)]
-        for i, t in enumerate(n.outputs):
-            if id(t) in actual:
-                n.outputs[i] = actual[id(t)]
-            else:
-                t.name = ctx.namer(f"{base}_{t.name}")
-        n.name = ctx.namer(f"{base}_{n.op.lower()}")
+        bodies = [v for v in n.attrs.values() if isinstance(v, gs.Graph)]
+        for inner in [n] + [m for b in bodies for sg in iter_graphs(b) for m in sg.nodes]:
+            # an If in the body (AffineGrid's, on the rank) reads the formals from outside;
+            # the body's own names (Zero, One ...) are made unique, or a branch's would
+            # shadow a tensor of the model's
+            for i, t in enumerate(inner.inputs):
+                if id(t) in actual:
+                    inner.inputs[i] = actual[id(t)]
+            for i, t in enumerate(inner.outputs):
+                if id(t) in actual:
+                    inner.outputs[i] = actual[id(t)]
+                elif id(t) not in renamed:
+                    renamed.add(id(t))
+                    t.name = ctx.namer(f"{base}_{t.name}")
+            inner.name = ctx.namer(f"{base}_{inner.op.lower()}")
         g.nodes.append(n)
     return None
