@@ -1219,11 +1219,14 @@ class _Rewrite:
             what = what.replace("drift beyond tolerance", "have a component below the "
                                 "budget, hidden in the output's cosine (--strict)")
         msg = f"{what} ({_worst(metrics, self.verifier)})"
+        layer = None
         if lossy and self.fp32_snapshot is not None:
             layer = self.first_divergence(exported)
             if layer:
                 self.report.extra["first_divergent_layer"] = layer
                 msg += f"; first layer beyond budget: {layer}"
+        if lossy and self.fp32_snapshot is not None and not layer:
+            msg += _selected(metrics, exported.model.graph)
         err = VerificationError(msg)
         err.report = self.report
         return err
@@ -1361,6 +1364,21 @@ def _sizes_tried(fix_shapes: bool) -> str:
     order = [1, *FALLBACK_FILLS] if fix_shapes else [FIRST_FILL, FALLBACK_FILLS[0], 1,
                                                       *FALLBACK_FILLS[1:]]
     return ", ".join(map(str, order[:-1])) + f" or {order[-1]}"
+
+
+def _selected(metrics, graph) -> str:
+    """Where every failing output is picked by a TopK, NMS or NonZero (fifteenth round: an
+    end-to-end YOLO's boxes gathered by TopK, cosine 0.84 while the scores it ranks keep
+    1.0000): why, and what to do, or ""."""
+    from rewriter.core.graph import selection_dependent
+    roots, dependent, _ = selection_dependent(graph)
+    bad = [m.name for m in metrics if not m.ok]
+    if not roots or not bad or not all(b in dependent for b in bad):
+        return ""
+    first = dependent[bad[0]]
+    return (f"; '{bad[0]}' is selected by {first.op_type} '{first.name or first.output[0]}', "
+            "whose choice follows near-equal values that quantization reorders, and no layer "
+            "before it leaves the budget: quantize the model without its post-processing")
 
 
 def _worst(metrics, verifier=None) -> str:

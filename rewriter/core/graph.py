@@ -255,6 +255,36 @@ def node_bodies(n: onnx.NodeProto) -> list[onnx.GraphProto]:
         g for a in n.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs]
 
 
+# Ops whose outputs select or order elements by value: what follows them changes wholesale
+# when near-equal values swap (TopK's order, which boxes NMS keeps, where NonZero is true).
+SELECTION_OPS = ("TopK", "NonMaxSuppression", "NonZero")
+
+
+def selection_dependent(g: onnx.GraphProto, ops=SELECTION_OPS) -> tuple[list, dict, set]:
+    """(the first nodes of ``ops`` on each path, {tensor computed from their outputs: that
+    first node}, the frontier: tensors the dependent part reads from the rest, weights and
+    graph inputs aside). A TopK counts only with a constant k. None as the first item when
+    control flow reads a dependent tensor. The nodes are in topological order."""
+    consts = constant_tensors(g)
+    inputs = {i.name for i in g.input}
+    roots, dependent, frontier = [], {}, set()
+    for n in g.node:
+        root = next((dependent[t] for t in n.input if t in dependent), None)
+        if root is not None:
+            if node_bodies(n):
+                return None, {}, set()
+        elif n.op_type in ops and n.domain in ("", "ai.onnx") and (
+                n.op_type != "TopK" or (len(n.input) > 1 and n.input[1] in consts)):
+            roots.append(n)
+            root = n
+        else:
+            continue
+        dependent.update(dict.fromkeys(n.output, root))
+        frontier.update(t for t in n.input if t and t not in dependent and t not in consts
+                        and t not in inputs)
+    return roots, dependent, frontier
+
+
 def has_function_body(op: str, opset: int) -> bool:
     """Whether the standard op ``op`` is defined at ``opset`` by an ONNX function body
     (plain, or built for the node's attributes and types): passes/expand_functions."""

@@ -276,7 +276,8 @@ def _tied_order(be, original, feed_sets, shapes, device, names: list[str]) -> di
 
     from rewriter.core import ort
     from rewriter.core.errors import RewriteError
-    from rewriter.core.graph import constant_tensors, iter_model_tensors, tensor_nbytes
+    from rewriter.core.graph import (constant_tensors, iter_model_tensors, selection_dependent,
+                                     tensor_nbytes)
     from rewriter.verify.feeds import stack_runs
     from rewriter.verify.metrics import ABS_FLOOR, compare
 
@@ -289,22 +290,9 @@ def _tied_order(be, original, feed_sets, shapes, device, names: list[str]) -> di
         return {}
     g = model.graph
     consts = constant_tensors(g)
-    inputs = {i.name for i in g.input}
-    # Tensors that depend on a TopK's order: its outputs and everything computed from them
-    # (the graph's nodes are in topological order); the first TopK on each path is a root.
-    roots, dependent, frontier = [], set(), set()
-    for n in g.node:
-        if any(t in dependent for t in n.input):
-            if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-                   for a in n.attribute):
-                return {}
-        elif n.op_type == "TopK" and len(n.input) > 1 and n.input[1] in consts:
-            roots.append(n)
-        else:
-            continue
-        dependent.update(n.output)
-        frontier.update(t for t in n.input if t and t not in dependent and t not in consts
-                        and t not in inputs)
+    # Tensors that depend on a TopK's order: its outputs and everything computed from them;
+    # the first TopK on each path is a root.
+    roots, dependent, frontier = selection_dependent(g, ("TopK",))
     if not roots or not all(name in dependent for name in names):
         return {}
     data = sorted(frontier)
