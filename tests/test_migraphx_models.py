@@ -779,3 +779,41 @@ def test_newest_opset_ops_compile_once_expanded(opset, tmp_path):
     assert_fp32_ok(info)
     counts = {p.name: p.counts for p in report.passes}["expand-functions"]
     assert counts["expanded-RMSNormalization"] == counts["expanded-Attention"] == 1
+
+
+@pytest.mark.parametrize("form", ["one-block", "zero-d-int4", "odd-int4"])
+def test_qdq_forms_migraphx_refuses_compile_once_rewritten(form, tmp_path):
+    """Forms onnxruntime's quantizers write (fourteenth round): a blockwise DQ with one block
+    along its axis (refused at parse), a 0-d int4 zero point (MIGraphX's parser segfaults:
+    rewrite refuses to hand it over) and an odd-sized int4 weight (refused). qdq-forms
+    writes them per axis or in int8: compiled, judged as a Q/DQ model is (the lossy
+    budget against onnxruntime on the original), cosine above 0.99999."""
+    import ml_dtypes
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from rewriter.migraphx.backend import refuses
+    rng = np.random.default_rng(21)
+    n = 5 if form == "odd-int4" else 6
+    w = rng.integers(-8, 8, (16, n)).astype(ml_dtypes.int4)
+    if form == "one-block":
+        s, z, attrs = rng.uniform(0.01, 0.1, (1, n)).astype(np.float32), None, \
+            {"axis": 0, "block_size": 32}
+    else:
+        s, attrs = np.array(0.05, np.float32), {"axis": 1}
+        z = np.array(-1, ml_dtypes.int4) if form == "zero-d-int4" else None
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(s, "s")] + (
+        [numpy_helper.from_array(z, "z")] if z is not None else [])
+    g = helper.make_graph(
+        [helper.make_node("DequantizeLinear", [i.name for i in inits], ["wf"], **attrs),
+         helper.make_node("MatMul", ["x", "wf"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 16])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, n])], inits)
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), path)
+    err = refuses(path, {})
+    assert err is not None and err.stage == "parse", err
+    report, info = rewrite_on_migraphx(path, tmp_path)
+    assert info["status"] == "compiled" and info["ok"], info.get("error") or info["metrics"]
+    assert all(m["cosine"] > 0.99999 for m in info["metrics"]), info["metrics"]
+    assert {p.name: p.changed for p in report.passes}["qdq-forms"]

@@ -18,6 +18,7 @@ _PASSES = [
     ("default-attributes", "rewriter.passes.default_attributes:DefaultAttributes"),
     ("expand-functions", "rewriter.passes.expand_functions:ExpandFunctions"),
     ("integer-zero-points", "rewriter.passes.integer_zero_points:IntegerZeroPoints"),
+    ("qdq-forms", "rewriter.passes.qdq_forms:QdqForms"),
     ("weight-scales-after", "rewriter.passes.weight_scales_after:WeightScalesAfter"),
     ("fold-shapes", "rewriter.passes.fold_shapes:FoldShapes"),
     ("fold-constants", "rewriter.passes.fold_constants:FoldConstants"),
@@ -44,16 +45,16 @@ _PASSES = [
 # expand-ml writes ai.onnx.ml's Scaler, which MIGraphX does not parse, as Sub and Mul;
 # default-attributes drops a Resize's keep_aspect_ratio_policy=stretch, which MIGraphX 2.15
 # refuses to parse; expand-functions writes standard ops it does not parse (RMSNormalization,
-# opset-23 Attention ...) as their ONNX function bodies, before fold-shapes folds their shapes.
+# opset-23 Attention ...) as their ONNX function bodies, before fold-shapes folds their shapes;
+# qdq-forms writes one-block blockwise scales per axis and 0-d or odd-sized int4 as int8.
 DEFAULT_PIPELINE = ["expand-contrib", "expand-ml", "default-attributes", "expand-functions",
-                    "integer-zero-points",
-                    "weight-scales-after", "fold-shapes",
+                    "integer-zero-points", "qdq-forms", "weight-scales-after", "fold-shapes",
                     "fold-constants", "sink-transposes", "collapse-chains", "fuse-conv-bn",
                     "fuse-pad", "fuse-space-to-depth", "fuse-matmul-add", "merge-duplicates"]
 # Fixes for what MIGraphX gets wrong or lacks, not optimisations: in the default pipeline
 # only when MIGraphX is the target.
 MIGRAPHX_ONLY = {"integer-zero-points", "expand-ml", "default-attributes", "expand-functions",
-                 "weight-scales-after"}
+                 "qdq-forms", "weight-scales-after"}
 
 
 def default_pipeline(target: str | None) -> list[str]:

@@ -1,0 +1,107 @@
+"""qdq-forms: a one-block blockwise DQ as per-axis (or per-tensor), 0-d and odd-sized int4
+constants as int8: the forms MIGraphX refuses or dies on, rewritten bit-exactly."""
+
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+from conftest import run_ort
+from onnx import helper, numpy_helper
+
+import rewriter
+from rewriter.core.registry import default_pipeline
+
+
+def _mlp(w, s, z=None, axis=0, block=0, opset=21):
+    """x[2, K] @ DequantizeLinear(w, s, z) and a second reader of the same weight."""
+    k, n = w.shape
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(s, "s")]
+    ins = ["w", "s"]
+    if z is not None:
+        inits.append(numpy_helper.from_array(z, "z"))
+        ins.append("z")
+    attrs = {"axis": axis} | ({"block_size": block} if block else {})
+    g = helper.make_graph(
+        [helper.make_node("DequantizeLinear", ins, ["wf"], **attrs),
+         helper.make_node("MatMul", ["x", "wf"], ["y"]),
+         helper.make_node("Relu", ["wf"], ["r"])], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, k])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, n]),
+         helper.make_tensor_value_info("r", onnx.TensorProto.FLOAT, [k, n])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _same_outputs(a, b, k, rng):
+    x = rng.standard_normal((2, k)).astype(np.float32)
+    for u, v in zip(run_ort(a, {"x": x}), run_ort(b, {"x": x})):
+        np.testing.assert_array_equal(u, v)
+
+
+def _dq(model):
+    return next(n for n in model.graph.node if n.op_type == "DequantizeLinear")
+
+
+def _attrs(node):
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.int4, np.int8])
+def test_one_block_along_the_axis_becomes_per_axis(dtype, rng):
+    """onnxruntime's 4-bit quantizer with K (16) at most the block (32): scale [1, N]."""
+    w = rng.integers(-8, 8, (16, 6)).astype(dtype)
+    s = rng.uniform(0.01, 0.1, (1, 6)).astype(np.float32)
+    z = rng.integers(-3, 3, (1, 6)).astype(dtype)
+    m = _mlp(w, s, z, axis=0, block=32)
+    out, rep = rewriter.rewrite(m, ["qdq-forms"], verify=True)
+    assert rep.passes[0].counts["blockwise-one-block-per-axis"] == 1
+    dq = _dq(out)
+    assert _attrs(dq) == {"axis": 1}
+    inits = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    assert inits[dq.input[1]].shape == (6,) and inits[dq.input[2]].shape == (6,)
+    onnx.checker.check_model(out, full_check=True)
+    _same_outputs(m, out, 16, rng)
+
+
+def test_one_block_with_one_scale_becomes_per_tensor_and_several_blocks_stay(rng):
+    w = rng.integers(-8, 8, (16, 1)).astype(ml_dtypes.int4)
+    m = _mlp(w, np.full((1, 1), 0.05, np.float32), axis=0, block=16)
+    out, _ = rewriter.rewrite(m, ["qdq-forms"], verify=True)
+    assert _attrs(_dq(out)) == {} and not out.graph.initializer[1].dims
+    _same_outputs(m, out, 16, rng)
+    w = rng.integers(-8, 8, (64, 6)).astype(ml_dtypes.int4)   # two blocks of 32: parsed
+    m = _mlp(w, rng.uniform(0.01, 0.1, (2, 6)).astype(np.float32), axis=0, block=32)
+    out, rep = rewriter.rewrite(m, ["qdq-forms"])
+    assert not rep.passes[0].changed and _attrs(_dq(out))["block_size"] == 32
+
+
+@pytest.mark.parametrize("shape, zp_shape", [((16, 6), ()), ((16, 5), ()), ((16, 5), None)])
+def test_zero_d_or_odd_int4_is_widened_to_int8(shape, zp_shape, rng):
+    """quantize_static's per-tensor int4 zero point (0-d: MIGraphX segfaults) and an odd
+    last dim (refused): data and zero point become int8 with the same values."""
+    w = rng.integers(-8, 8, shape).astype(ml_dtypes.int4)
+    z = None if zp_shape is None else np.array(-2, ml_dtypes.int4)
+    m = _mlp(w, np.array(0.05, np.float32), z, axis=1, opset=21)
+    out, rep = rewriter.rewrite(m, ["qdq-forms"], verify=True)
+    assert rep.passes[0].counts["int4-widened"] == 1
+    dq = _dq(out)
+    inits = {t.name: t for t in out.graph.initializer}
+    assert inits[dq.input[0]].data_type == onnx.TensorProto.INT8
+    if z is not None:
+        assert inits[dq.input[2]].data_type == onnx.TensorProto.INT8
+    _same_outputs(m, out, shape[0], rng)
+
+
+def test_even_int4_is_left(rng):
+    w = rng.integers(0, 16, (16, 6)).astype(ml_dtypes.uint4)
+    m = _mlp(w, np.array(0.05, np.float32), axis=1)
+    out, rep = rewriter.rewrite(m, ["qdq-forms"])
+    assert not rep.passes[0].changed
+
+
+def test_in_the_default_pipeline_for_migraphx_only(rng):
+    assert "qdq-forms" in default_pipeline("migraphx")
+    assert "qdq-forms" not in default_pipeline(None)
+    w = rng.integers(-8, 8, (16, 5)).astype(ml_dtypes.int4)
+    m = _mlp(w, np.array(0.05, np.float32), np.array(1, ml_dtypes.int4), axis=1)
+    out, _ = rewriter.rewrite(m, target="migraphx", verify=True)
+    assert all(t.data_type != onnx.TensorProto.INT4 for t in out.graph.initializer)
