@@ -29,6 +29,9 @@ on the 64 calibration samples) least, given the ones already chosen: interaction
 layers count, which the one-layer-at-a-time ranking ignores. The search runs on one
 all-INT8 model whose activation Q/DQ are switched on and off by inputs (weights INT8
 throughout); the chosen half is then built and judged as the others.
+``--greedy-select N`` runs that search on N other fresh samples (``--greedy-seed``, 3 by
+default), counting their top-1 flips: layers chosen with far more data than a planner has,
+an informed bound on what choosing the half can reach (ranges still from the 64).
 ``--n-eval N --eval-seed S`` judge on N fresh samples drawn with seed S (300 and 1 by
 default, quant_eval's set); ``--bias-correction`` and ``--alpha A`` set those two INT8
 options of the plan (the planner's plans leave bias correction off; alpha 0.5 by default).
@@ -216,9 +219,10 @@ def without_activation_qdq(src: Path, dst: Path, tensors: set | None = None) -> 
 
 
 def greedy_order(model: str, rep, capable: list, calib: list, xc, n_pick: int,
-                 work: Path) -> list:
+                 work: Path, select=None) -> list:
     """The first ``n_pick`` of ``capable`` (planner layer rows) in greedy end-to-end order
-    (see --greedy)."""
+    (see --greedy). With ``select`` (inputs not used by calibration), each step is judged
+    on them instead, by their top-1 flips (ties: 1 - mean cosine): see --greedy-select."""
     import numpy as np
     import onnx
 
@@ -254,16 +258,19 @@ def greedy_order(model: str, rep, capable: list, calib: list, xc, n_pick: int,
     onnx.save(m, str(work / "greedy.switched.onnx"))
     sess = ort.session(str(work / "greedy.switched.onnx"))
     feed = sess.get_inputs()[0].name
-    ref = _log_probs(qe.outputs(model, xc))
+    xs = xc if select is None else select
+    ref = _log_probs(qe.outputs(model, xs))
 
     def harm(on: set) -> float:
         fl = {f: np.array(i in on) for i, f in flags.items()}
-        out = np.concatenate([ort.run(sess, {feed: xc[i:i + 1], **fl})[0]
-                              for i in range(len(xc))])
+        out = np.concatenate([ort.run(sess, {feed: xs[i:i + 1], **fl})[0]
+                              for i in range(len(xs))])
         lp = _log_probs(out)
-        margins, drops = margins_and_leads(ref, lp)
         p, q = np.exp(ref), np.exp(lp)
         cos = (p * q).sum(1) / (np.linalg.norm(p, axis=1) * np.linalg.norm(q, axis=1))
+        if select is not None:
+            return float((ref.argmax(1) != lp.argmax(1)).sum()) + float(1 - cos.mean())
+        margins, drops = margins_and_leads(ref, lp)
         return flip_risk(margins, drops) + float(1 - cos.mean())
 
     chosen: list = []
@@ -302,7 +309,8 @@ def show(row: dict) -> None:
 def run(task: str, fracs: list[float], work: Path, pointwise: bool = False,
         asym: bool = False, tune: bool = False, n_eval: int = 300, eval_seed: int = 1,
         int8: dict | None = None, ablate: bool = False,
-        groups: list[int] | None = None, greedy: bool = False) -> list[dict]:
+        groups: list[int] | None = None, greedy: bool = False,
+        select: tuple[int, int] | None = None) -> list[dict]:
     import onnx
 
     import rewriter
@@ -324,10 +332,11 @@ def run(task: str, fracs: list[float], work: Path, pointwise: bool = False,
         capable = [r for r in capable if r.id not in grouped]
     rows = []
     keys = ("loss",) if pointwise else ("loss", "loss-per-flop")
-    for key in keys + (("greedy",) if greedy else ()):
-        if key == "greedy":
+    for key in keys + ((("greedy-informed" if select else "greedy"),) if greedy else ()):
+        if key.startswith("greedy"):
+            xs = qe.task_data(task, *select)[0] if select else None
             order = greedy_order(model, rep, capable, calib, xc,
-                                 math.ceil(max(fracs) * n_convs), work)
+                                 math.ceil(max(fracs) * n_convs), work, xs)
         else:
             order = sorted(capable, key=lambda r: r.int8_loss if key == "loss"
                            else r.int8_loss / max(r.flops, 1.0))
@@ -396,6 +405,10 @@ def main() -> int:
                    "its own scale (comma list; 0 = per channel)")
     p.add_argument("--greedy", action="store_true",
                    help="also choose the layers greedily, end to end (see above)")
+    p.add_argument("--greedy-select", type=int, metavar="N",
+                   help="--greedy judged on N other fresh samples (--greedy-seed) by their "
+                   "top-1 flips: an informed bound, not a planner")
+    p.add_argument("--greedy-seed", type=int, default=3)
     p.add_argument("--n-eval", type=int, default=300, help="fresh samples to judge on")
     p.add_argument("--eval-seed", type=int, default=1)
     p.add_argument("--bias-correction", action="store_true",
@@ -415,7 +428,9 @@ def main() -> int:
                                            a.ungrouped_only, a.asymmetric, a.tune_scales,
                                            a.n_eval, a.eval_seed, int8, a.ablate,
                                            [int(k) for k in a.channel_groups.split(",") if k],
-                                           a.greedy)]
+                                           a.greedy or bool(a.greedy_select),
+                                           (a.greedy_select, a.greedy_seed)
+                                           if a.greedy_select else None)]
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1, default=float))
     return 0
