@@ -360,6 +360,11 @@ def int8_capable(node) -> bool:
     return _op(node) in INT8_OPS and not computed_weight(node)
 
 
+# Ops that only move or split data, walked through from a DFL to its box conv.
+_LAYOUT = {"Reshape", "Transpose", "Split", "Slice", "Concat", "Squeeze", "Unsqueeze",
+           "Flatten", "Identity"}
+
+
 def _head_convs(nodes: list, convs: set[str]) -> list[str]:
     """The convs no other conv reads, directly or through other nodes, in graph order: the
     last conv of each output head. Only the last conv in graph order was taken, so a
@@ -376,7 +381,31 @@ def _head_convs(nodes: list, convs: set[str]) -> list[str]:
         outs = names(getattr(nodes[k], "outputs", None) or getattr(nodes[k], "output", []))
         feeds_conv[k] = any(node_id(nodes[r]) in convs or feeds_conv[r]
                             for t in outs if t for r in readers.get(t, ()))
-    return [node_id(n) for n, f in zip(nodes, feeds_conv) if not f and node_id(n) in convs]
+    last = {k for k, (n, f) in enumerate(zip(nodes, feeds_conv))
+            if not f and node_id(n) in convs}
+    # YOLOv8's DFL: box conv -> Concat/Split/Reshape -> Softmax -> a 1x1 conv whose weights
+    # are 0..15, a fixed expectation over the bins. The learned convs before the Softmax
+    # are the box head's last layers too. Walked back along data through layout ops only
+    # (a Concat's inputs, any other's first), from a last conv to a Softmax, then to the
+    # nearest convs: an attention's Softmax before a conv is behind a MatMul, not found.
+    made = {t: k for k, n in enumerate(nodes)
+            for t in names(getattr(n, "outputs", None) or getattr(n, "output", []))}
+    for k in list(last):
+        todo, seen = [(k, False)], set()
+        while todo:
+            j, past = todo.pop()
+            ins = names(getattr(nodes[j], "inputs", None) or getattr(nodes[j], "input", []))
+            for t in ins if _op(nodes[j]) == "Concat" else ins[:1]:
+                i = made.get(t)
+                if i is None or (i, past) in seen:
+                    continue
+                seen.add((i, past))
+                if node_id(nodes[i]) in convs:
+                    if past:
+                        last.add(i)
+                elif _op(nodes[i]) in _LAYOUT or (_op(nodes[i]) == "Softmax" and not past):
+                    todo.append((i, past or _op(nodes[i]) == "Softmax"))
+    return [node_id(n) for k, n in enumerate(nodes) if k in last]
 
 
 def computed_weight(node) -> bool:

@@ -431,3 +431,47 @@ def test_a_plan_naming_an_unknown_node_says_what_layers_are_called():
     p = plan_mod.load({"version": 1, "default": "fp32", "overrides": {"hh": "fp16"}})
     with pytest.raises(InputError, match="closest layers: h"):
         plan_mod.resolve(p, list(m.graph.node))
+
+
+def test_a_yolov8_dfl_makes_the_box_conv_before_it_a_last_conv():
+    """YOLOv8's DFL: box conv -> Concat with the class conv -> Split -> Reshape -> Transpose
+    -> Softmax -> a fixed 1x1 conv (weights 0..15). That conv has no conv after it, so it
+    was the box head's only FP16 conv and the learned box conv before it ran INT8
+    (fifteenth round). Now both are last convs; a conv after an attention's Softmax (behind
+    a MatMul) does not make the convs before it last."""
+    from rewriter.core.convert import to_graph
+    dfl = np.arange(16, dtype=np.float32).reshape(1, 16, 1, 1)
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 3, 16, 16] x) => (float[1, 4, 64] box, float[1, 2, 64] cls, float[1, 4, 8, 8] o)
+    {
+        s = Conv <pads = [1, 1, 1, 1], strides = [2, 2]> (x, W0)
+        b = Conv (s, B)
+        c = Conv (s, C)
+        bc = Concat <axis = 1> (b, c)
+        bcr = Reshape (bc, sh)
+        br, cr = Split <axis = 1> (bcr, split)
+        cls = Identity (cr)
+        b4 = Reshape (br, sh4)
+        bt = Transpose <perm = [0, 2, 1, 3]> (b4)
+        p = Softmax <axis = 1> (bt)
+        d = Conv (p, D)
+        box = Reshape (d, sh3)
+        t = Conv (s, T)
+        q = Reshape (t, shq)
+        qt = Transpose <perm = [0, 2, 1]> (q)
+        a = MatMul (qt, q)
+        sm = Softmax <axis = -1> (a)
+        v = MatMul (q, sm)
+        vr = Reshape (v, sho)
+        o = Conv (vr, O)
+    }""", {"W0": (4, 3, 3, 3), "B": (64, 4, 1, 1), "C": (2, 4, 1, 1), "D": dfl,
+           "O": (4, 4, 1, 1), "T": (4, 4, 1, 1), "sh": np.array([1, 66, -1], np.int64),
+           "split": np.array([64, 2], np.int64), "sh4": np.array([1, 4, 16, -1], np.int64),
+           "sh3": np.array([1, 4, -1], np.int64), "shq": np.array([1, 4, -1], np.int64),
+           "sho": np.array([1, 4, 8, 8], np.int64)})
+    for nodes in (list(m.graph.node), list(to_graph(m).nodes)):
+        a = plan_mod.resolve(plan_mod.load("default"), nodes)
+        fp16 = sorted(k for k, v in a.precision.items() if v == "fp16")
+        assert fp16 == ["b", "c", "d", "o", "s", "v"], a.precision   # v: the classifier
+        assert a.precision["t"] == "int8"
