@@ -456,6 +456,16 @@ def test_declared_zero_dim_verified_empty_and_said():
     assert "--input-shape" not in f.message   # it refuses a 0, and MIGraphX cannot run one
 
 
+def test_dim_written_as_minus_one_is_dynamic_in_random_inputs():
+    """PaddleOCR writes a dynamic dim as -1: random inputs give it a size (keeping a declared
+    0 as 0 once made numpy draw -1 rows, a raw ValueError, exit 3)."""
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [fuzz._vi("x", [-1, 3])], [fuzz._vi("y", [-1, 3])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    _, report = rewriter.rewrite(model, verify=True)
+    assert report.verified and not report.verification[0]["empty"]
+
+
 def test_big_declared_batch_refused_for_random_inputs(tmp_path):
     """Batch 10^6 (400 MB of input): minutes and gigabytes to verify; refused up front."""
     model = fuzz.conv_bn_model(17, seed=10)
