@@ -521,6 +521,24 @@ def test_a_topk_after_what_migraphx_computes_wrong_still_fails(tmp_path, capfd):
     assert "MIGraphX computes the original model differently from onnxruntime too" in err[0]
 
 
+def test_a_topk_on_a_graph_input_before_what_migraphx_pads_fails_in_one_line(tmp_path, capfd):
+    """A TopK reading a graph input (the same on both backends) before a NonZero MIGraphX pads
+    (output-padded): the tie probe looked up the TopK's input among the tensors it compared,
+    which leave graph inputs out: KeyError, exit 3. Now the miss is MIGraphX's, exit 2."""
+    from rewriter.cli import main
+    path = _save_text(tmp_path, """
+    g (float[1, 16] x) => (int64[2, N] z) {
+        v, i = TopK (x, k)
+        z = NonZero (i)
+    }""", k=np.array([4]))
+    np.savez(tmp_path / "x.npz", x=np.arange(16, dtype=np.float32)[::-1].copy()[None])
+    code = main([str(path), "-o", str(tmp_path / "o.onnx"), "-q", "--verify", "--inputs",
+                 str(tmp_path / "x.npz"), "--migraphx-target", "ref"])
+    err = [ln for ln in capfd.readouterr().err.splitlines() if ln.strip()]
+    assert code == 2, err
+    assert "computes the original model differently from onnxruntime too" in err[-1], err
+
+
 @pytest.mark.slow
 def test_an_end_to_end_yolov8_head_on_migraphx_is_said_to_order_ties(tmp_path):
     """isbnx's barcode detector (a trained YOLOv8, end-to-end TopK head): MIGraphX's output

@@ -316,6 +316,8 @@ def _tied_order(be, original, feed_sets, shapes, device, names: list[str]) -> di
             return {}   # MIGraphX computes something else differently: not just the order
         noise[t] = (m.max_abs, b)
     for n in roots:
+        if n.input[0] not in noise:   # a graph input: the same on both, ties ordered alike
+            continue
         diff, values = noise[n.input[0]]
         attr = {x.name: onnx.helper.get_attribute_value(x) for x in n.attribute}
         k = int(onnx.numpy_helper.to_array(consts[n.input[1]]).ravel()[0])
