@@ -18,7 +18,9 @@ The body is the op's definition, so the outputs are the same up to float roundin
 (onnxruntime's fused kernels sum in another order): Numerics.CLOSE. Skipped with a reason:
 an op without a body (no-function-body), inputs whose type is unknown where the body
 depends on it (unknown-type), a body written for an older opset that onnx's version
-converter cannot bring to the model's (body-op-version), a bfloat16 input (bfloat16:
+converter cannot bring to the model's (body-op-version), an Attention whose qk_matmul_output is read
+(qk-output-read: onnxruntime writes its masked scores as float's lowest, the body -inf),
+a bfloat16 input (bfloat16:
 onnxruntime's CPU has no bfloat16 kernels for the body's Add, Expand ..., so the result
 could not be verified). Ops a body
 writes that MIGraphX does not parse either are expanded in turn. Which ops: NOT_PARSED and,
@@ -34,7 +36,7 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx import defs, version_converter
 
-from rewriter.core.graph import has_function_body, iter_graphs
+from rewriter.core.graph import has_function_body, iter_graphs, np_dtype
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 # Rounds of expansion: a body may write an op that needs expanding too (none does today).
@@ -106,6 +108,21 @@ def _node_proto(node: gs.Node) -> onnx.NodeProto:
     from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
 
     return OnnxExporter.export_node(node)
+
+
+def _masked_scores_read(node: gs.Node, g: gs.Graph) -> bool:
+    """Whether an Attention's qk_matmul_output is read in a mode that shows masked scores
+    (1: after the mask, 2: after the soft cap) where a mask writes -inf (causal, a bool
+    mask, nonpad_kv_seqlen)."""
+    if len(node.outputs) < 4 or not node.outputs[3].name or not (
+            node.outputs[3].outputs or any(t is node.outputs[3] for t in g.outputs)):
+        return False
+    if int(node.attrs.get("qk_matmul_output_mode", 0)) not in (1, 2):
+        return False
+    mask = node.inputs[3] if len(node.inputs) > 3 and node.inputs[3].name else None
+    return (bool(node.attrs.get("is_causal", 0))
+            or (mask is not None and (mask.dtype is None or np_dtype(mask.dtype) == bool))
+            or (len(node.inputs) > 6 and bool(node.inputs[6].name)))
 
 
 def _elem(t: gs.Tensor) -> int:
@@ -184,6 +201,10 @@ def _expand(node: gs.Node, g: gs.Graph, opset: int, ctx: Context) -> str | None:
     if any(t.name and t.dtype is not None and _elem(t) == onnx.TensorProto.BFLOAT16
            for t in node.inputs):
         return "bfloat16"   # onnxruntime's CPU has no bfloat16 Add, Expand ...: unverifiable
+    if node.op == "Attention" and _masked_scores_read(node, g):
+        # onnxruntime's kernel writes masked scores there as float's lowest, the spec's
+        # body -inf: the output would differ from what the model gave (Y does not)
+        return "qk-output-read"
     f = _function(node, opset)
     if isinstance(f, str):
         return f

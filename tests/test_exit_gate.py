@@ -733,3 +733,20 @@ def test_a_lossy_failure_on_what_a_topk_selects_says_why():
         rewriter.rewrite(make_model(text, inits), plan="fp16", verify=True)
     failed = {m["name"] for m in e.value.report.verification if not m["ok"]}
     assert "d" in failed and "selected by" not in str(e.value), (failed, str(e.value))
+
+
+def test_a_failing_topk_values_output_gets_no_selection_hint():
+    """A TopK's values are the top values whatever the order of ties: when they fail, the
+    error is about the values, not about the selection (the review's reading, 2026-12-06)."""
+    from rewriter.api import _selected
+    from rewriter.verify.metrics import OutputMetrics
+    m = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 64] s) => (float[1, 8] v, int64[1, 8] i) {
+        k = Constant <value = int64[1] {8}> ()
+        v, i = TopK <axis = 1> (s, k)
+    }""")
+    def bad(name):
+        return [OutputMetrics(name, True, 1.0, 1.0, 0.5, 1.0, ok=False)]
+    assert _selected(bad("v"), m.graph) == ""
+    assert "'i' is selected by TopK" in _selected(bad("i"), m.graph)

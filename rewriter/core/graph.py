@@ -261,10 +261,11 @@ SELECTION_OPS = ("TopK", "NonMaxSuppression", "NonZero")
 
 
 def selection_dependent(g: onnx.GraphProto, ops=SELECTION_OPS) -> tuple[list, dict, set]:
-    """(the first nodes of ``ops`` on each path, {tensor computed from their outputs: that
-    first node}, the frontier: tensors the dependent part reads from the rest, weights and
-    graph inputs aside). A TopK counts only with a constant k. None as the first item when
-    control flow reads a dependent tensor. The nodes are in topological order."""
+    """(the first nodes of ``ops`` on each path, {tensor computed from what they select (a
+    TopK: its indices): that first node}, the frontier: tensors the dependent part reads
+    from the rest, weights and graph inputs aside). A TopK counts only with a constant k.
+    None as the first item when control flow reads a dependent tensor. The nodes are in
+    topological order."""
     consts = constant_tensors(g)
     inputs = {i.name for i in g.input}
     roots, dependent, frontier = [], {}, set()
@@ -279,7 +280,9 @@ def selection_dependent(g: onnx.GraphProto, ops=SELECTION_OPS) -> tuple[list, di
             root = n
         else:
             continue
-        dependent.update(dict.fromkeys(n.output, root))
+        # A TopK's values are the top values whatever the order of ties: its indices select.
+        outs = n.output[1:2] if n is root and n.op_type == "TopK" else n.output
+        dependent.update(dict.fromkeys(outs, root))
         frontier.update(t for t in n.input if t and t not in dependent and t not in consts
                         and t not in inputs)
     return roots, dependent, frontier
