@@ -466,6 +466,35 @@ def test_dim_written_as_minus_one_is_dynamic_in_random_inputs():
     assert report.verified and not report.verification[0]["empty"]
 
 
+def test_an_output_declared_without_a_shape_is_read(tmp_path):
+    """onnx.helper.make_tensor_value_info(name, type, None) writes a graph output without a
+    shape (a tool exposing an intermediate tensor does): onnxruntime runs it, onnx.checker
+    refuses it, and so did `rewrite` (exit 2; found on the thirteenth round's helper files).
+    The inferred shape is used; the caller's model is left as it was. An output whose
+    shape inference cannot tell stays refused."""
+    w = numpy_helper.from_array(np.ones((3, 4), np.float32), "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["h"]),
+                           helper.make_node("Relu", ["h"], ["y"])], "g",
+                          [fuzz._vi("x", [2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                           helper.make_tensor_value_info("h", TensorProto.FLOAT, None)], [w])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(onnx.checker.ValidationError):
+        onnx.checker.check_model(model)
+    before = model.SerializeToString()
+    out, report = rewriter.rewrite(model, verify=True)
+    assert model.SerializeToString() == before
+    assert [list(d.dim_value for d in o.type.tensor_type.shape.dim) for o in out.graph.output] \
+        == [[2, 4], [2, 4]]
+    onnx.checker.check_model(out)
+    g.node.append(helper.make_node("CustomThing", ["y"], ["z"], domain="my.domain"))
+    g.output.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, None))
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                                helper.make_opsetid("my.domain", 1)])
+    with pytest.raises(InputError, match="onnx.checker rejects it"):
+        rewriter.rewrite(model)
+
+
 def test_big_declared_batch_refused_for_random_inputs(tmp_path):
     """Batch 10^6 (400 MB of input): minutes and gigabytes to verify; refused up front."""
     model = fuzz.conv_bn_model(17, seed=10)

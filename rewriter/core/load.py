@@ -498,9 +498,36 @@ def validate_model(model: onnx.ModelProto, what: str = "model",
         if "in initializer but not in graph input" in str(e) and original.ir_version < 4:
             original.ir_version = 4
             return validate_model(original, what, text_checked=True, whole=whole)
+        # A graph output declared without a shape (onnx.helper.make_tensor_value_info with
+        # shape None; a tool exposing an intermediate tensor): onnxruntime runs it, the
+        # checker wants a shape. Given the inferred one, where inference knows it.
+        if "Field 'shape' of 'type' is required" in str(e) and _output_shapes(original):
+            return validate_model(original, what, text_checked=True, whole=whole)
         raise InputError(f"{what}: onnx.checker rejects it: {first_line(e)}") from None
     except Exception as e:  # e.g. protobuf size errors
         raise InputError(f"{what}: cannot be checked: {first_line(e)}") from None
+
+
+def _output_shapes(model: onnx.ModelProto) -> bool:
+    """Give the graph outputs declared without a shape their inferred one; False when one
+    is not known (or none was missing: the checker's complaint is about something else)."""
+    from rewriter.core.convert import shape_info
+
+    missing = [o for o in model.graph.output if o.type.HasField("tensor_type")
+               and not o.type.tensor_type.HasField("shape")]
+    if not missing:
+        return False
+    try:
+        infos = shape_info(model)
+    except Exception:  # noqa: BLE001 - inference failing leaves the checker's word
+        return False
+    for o in missing:
+        vi = infos.get(o.name)
+        if vi is None or not vi.type.tensor_type.HasField("shape"):
+            return False
+    for o in missing:
+        o.type.tensor_type.shape.CopyFrom(infos[o.name].type.tensor_type.shape)
+    return True
 
 
 def sort_nodes(model: onnx.ModelProto) -> bool:
