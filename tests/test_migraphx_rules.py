@@ -311,7 +311,8 @@ def test_integer_op_zero_points_match_what_migraphx_computes(op, tmp_path, migra
     assert seen["right"] and seen["wrong"], seen
 
 
-def test_int4_shapes_migraphx_refuses_and_the_one_it_dies_on_is_never_parsed(tmp_path):
+def test_int4_shapes_migraphx_refuses_and_the_one_it_dies_on_is_never_parsed(tmp_path,
+                                                                          migraphx_version):
     """An int4 tensor with an odd last dim: MIGraphX's parser throws, as the static check
     says. A 0-d one: the parser segfaults (a child process dies), so the backend refuses to
     parse it and `rewrite` exits 2 with one line instead of dying (exit 139 before)."""
