@@ -228,6 +228,12 @@ def _expand(node: gs.Node, g: gs.Graph, opset: int, ctx: Context) -> str | None:
             body = version_converter.convert_version(body, opset)
         except Exception:
             return "body-op-version"
+    try:
+        # Types for the body's tensors: a Cast to the type it already has is then seen
+        # as a no-op and goes (RMSNormalization's stash Casts on a float input).
+        body = onnx.shape_inference.infer_shapes(body)
+    except Exception:  # noqa: BLE001 - untyped tensors are only missed simplifications
+        pass
     base = node.name or node.outputs[0].name
     sub = gs.import_onnx(body)
     actual = {}
