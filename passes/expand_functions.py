@@ -31,16 +31,13 @@ only when MIGraphX is the target: elsewhere the one node is the better model.
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 from onnx import defs, version_converter
 
-from rewriter.core.graph import has_function_body, iter_graphs, np_dtype
+from rewriter.core.graph import has_function_body, iter_graphs, np_dtype, op_schema
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
-# Rounds of expansion: a body may write an op that needs expanding too (none does today).
-MAX_ROUNDS = 3
 # The standard ops with an ONNX function body that MIGraphX 2.15/2.16 do not parse: the
 # packaged profile's onnx_standard_ops_not_parsed that have one (tests/passes check the two
 # agree), but Bernoulli (random: nothing to verify), SequenceMap (sequences) and AffineGrid,
@@ -69,20 +66,14 @@ class ExpandFunctions(Pass):
                    for op in op_histogram(model.graph))
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
+        # One sweep: an op a body writes that needs expanding too (none does today) is
+        # taken by the manager's next round.
         res = PassResult()
         opset = int(graph.opset or 1)
-        for _ in range(MAX_ROUNDS):
-            done = 0
-            for g in iter_graphs(graph):
-                for node in list(g.nodes):
-                    if node.domain not in (None, "", "ai.onnx") or not _refused(
-                            node.op, opset):
-                        continue
-                    why = _expand(node, g, opset, ctx)
-                    res.outcome(why, f"expanded-{node.op}")
-                    done += why is None
-            if not done:
-                break
+        for g in iter_graphs(graph):
+            for node in list(g.nodes):
+                if node.domain in (None, "", "ai.onnx") and _refused(node.op, opset):
+                    res.outcome(_expand(node, g, opset, ctx), f"expanded-{node.op}")
         return res
 
 
@@ -90,17 +81,12 @@ def _refused(op: str, opset: int) -> bool:
     return op in NOT_PARSED or (op in READ_AS_CONTRIB and opset >= 23)
 
 
-def _schema(op: str, opset: int):
-    try:
-        return defs.get_schema(op, opset, "")
-    except defs.SchemaError:
-        return None
-
-
 def _value_info(name: str, t: gs.Tensor | None) -> onnx.ValueInfoProto:
+    """A body's formal input, typed as the node's actual one where that is known."""
     vi = onnx.ValueInfoProto(name=name)
-    if t is not None:
-        vi.type.ParseFromString(_type_proto(t))
+    typed = _type_proto(t) if t is not None else None
+    if typed:
+        vi.type.ParseFromString(typed)
     return vi
 
 
@@ -126,9 +112,8 @@ def _masked_scores_read(node: gs.Node, g: gs.Graph) -> bool:
 
 
 def _elem(t: gs.Tensor) -> int:
-    """The ONNX element type of ``t`` (graphsurgeon keeps bfloat16's as the type number)."""
-    return (int(t.dtype) if isinstance(t.dtype, (int, np.integer))
-            else onnx.helper.np_dtype_to_tensor_dtype(np.dtype(t.dtype)))
+    """The ONNX element type of ``t``."""
+    return onnx.helper.np_dtype_to_tensor_dtype(np_dtype(t.dtype))
 
 
 def _type_proto(t: gs.Tensor) -> bytes | None:
@@ -143,7 +128,7 @@ def _type_proto(t: gs.Tensor) -> bytes | None:
 
 
 def _function(node: gs.Node, opset: int) -> onnx.FunctionProto | str:
-    schema = _schema(node.op, opset)
+    schema = op_schema(node.op, opset)
     if schema is None:
         return "no-function-body"
     proto = _node_proto(node)
@@ -212,11 +197,10 @@ def _expand(node: gs.Node, g: gs.Graph, opset: int, ctx: Context) -> str | None:
                       opset)
     if any(n.domain not in ("", "ai.onnx") for n in f.node):
         return "body-op-version"
-    typed = {id(t) for t in node.inputs if t.name and t.dtype is not None}
     body = onnx.helper.make_model(
         onnx.helper.make_graph(
             list(f.node), "body",
-            [_value_info(name, t if id(t) in typed else None)
+            [_value_info(name, t)
              for name, t in zip(f.input, list(node.inputs) + [None] * len(f.input))],
             [onnx.helper.make_value_info(o, onnx.TypeProto()) for o in f.output]),
         opset_imports=[onnx.helper.make_opsetid("", body_opset)])
@@ -249,9 +233,9 @@ def _expand(node: gs.Node, g: gs.Graph, opset: int, ctx: Context) -> str | None:
     for n in sub.nodes:
         bodies = [v for v in n.attrs.values() if isinstance(v, gs.Graph)]
         for inner in [n] + [m for b in bodies for sg in iter_graphs(b) for m in sg.nodes]:
-            # an If in the body (AffineGrid's, on the rank) reads the formals from outside;
-            # the body's own names (Zero, One ...) are made unique, or a branch's would
-            # shadow a tensor of the model's
+            # an If in the body (14 of onnx's node cases of these ops have one) reads the
+            # formals from outside; the body's own names (Zero, One ...) are made unique,
+            # or a branch's would shadow a tensor of the model's
             for i, t in enumerate(inner.inputs):
                 if id(t) in actual:
                     inner.inputs[i] = actual[id(t)]

@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from rewriter.core.graph import iter_graphs, np_dtype, packed
+from rewriter.core.graph import iter_graphs, np_dtype, packed, peek_values
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 QDQ = ("QuantizeLinear", "DequantizeLinear")
@@ -57,7 +57,8 @@ class QdqForms(Pass):
 
 
 def _const(t) -> np.ndarray | None:
-    return np.asarray(t.values) if isinstance(t, gs.Constant) else None
+    # peek_values: a memory-mapped weight stays on disk (t.values would load it for good)
+    return np.asarray(peek_values(t)) if isinstance(t, gs.Constant) else None
 
 
 def _one_block(node: gs.Node, ctx: Context) -> str | None:
@@ -84,25 +85,25 @@ def _one_block(node: gs.Node, ctx: Context) -> str | None:
 
 
 def _odd_packed(node: gs.Node) -> bool:
-    """An int4/uint4 input MIGraphX cannot parse: 0-d or with an odd last dim."""
-    for t in node.inputs[:3:2]:
-        v = _const(t) if t.name else None
-        if v is not None and packed(v.dtype) and (v.ndim == 0 or v.shape[-1] % 2):
-            return True
-    return False
+    """An int4/uint4 input MIGraphX cannot parse: 0-d or with an odd last dim (read from
+    the tensor's type and shape, not its values)."""
+    return any(t.name and t.dtype is not None and t.shape is not None
+               and packed(np_dtype(t.dtype)) and (not t.shape or t.shape[-1] % 2)
+               for t in node.inputs[:3:2])
 
 
 def _widen(node: gs.Node, ctx: Context) -> str | None:
-    ins = [t for t in node.inputs[:3:2] if t.name]
-    values = [_const(t) for t in ins]
-    if any(v is None for v in values):
+    """The DequantizeLinear's data and zero point (one type) in int8/uint8."""
+    at = [i for i in (0, 2) if i < len(node.inputs) and node.inputs[i].name]
+    values = {i: _const(node.inputs[i]) for i in at}
+    if any(v is None for v in values.values()):
         return "activation-not-constant"
     code = onnx.helper.np_dtype_to_tensor_dtype(values[0].dtype)
     wide = {onnx.TensorProto.INT4: np.int8, onnx.TensorProto.UINT4: np.uint8}.get(code)
-    if wide is None or any(np_dtype(v.dtype) != values[0].dtype for v in values):
+    if wide is None or any(v.dtype != values[0].dtype for v in values.values()):
         return "not-int4"
     base = node.name or node.outputs[0].name
-    for i, (t, v) in zip((0, 2), zip(ins, values)):
+    for i, v in values.items():
         node.inputs[i] = gs.Constant(ctx.namer(f"{base}_{'zero_point' if i else 'data'}"),
-                                     v.astype(np.int64).astype(wide))
+                                     v.astype(wide))
     return None

@@ -382,11 +382,10 @@ def test_nonzero_zero_point_is_info():
     assert set(named(result, "qdq-nonzero-zero-point")) == {"xq_node", "xd_node"}
 
 
-def test_nonzero_and_nms_on_computed_inputs_are_padded_outputs():
-    """MIGraphX pads NonZero's and NonMaxSuppression's outputs to a fixed size with zeros
-    that read as valid indices (measured in tests/test_migraphx_rules.py): an error on
-    computed inputs; a constant NonZero is evaluated at parse time, to its real size."""
-    result = check_model(build("""
+def _padded_outputs_model() -> onnx.ModelProto:
+    """NonZero and NMS on computed inputs, and a NonZero of a constant (also
+    tests/test_migraphx_rules.py)."""
+    return build("""
     g (float[2, 3] x, float[1, 6, 4] b, float[1, 2, 6] s) => (int64[2, N] nz, int64[M, 3] sel,
                                                                int64[2, K] cz) {
         m = Greater (x, t)
@@ -394,7 +393,14 @@ def test_nonzero_and_nms_on_computed_inputs_are_padded_outputs():
         sel = NonMaxSuppression (b, s, mo, iou, thr)
         cz = NonZero (c)
     }""", t=np.float32(0.5), mo=np.array([3], np.int64), iou=np.array([0.5], np.float32),
-        thr=np.array([0.3], np.float32), c=np.array([[1, 0, 2], [0, 3, 0]], np.float32)))
+        thr=np.array([0.3], np.float32), c=np.array([[1, 0, 2], [0, 3, 0]], np.float32))
+
+
+def test_nonzero_and_nms_on_computed_inputs_are_padded_outputs():
+    """MIGraphX pads NonZero's and NonMaxSuppression's outputs to a fixed size with zeros
+    that read as valid indices (measured in tests/test_migraphx_rules.py): an error on
+    computed inputs; a constant NonZero is evaluated at parse time, to its real size."""
+    result = check_model(_padded_outputs_model())
     assert sorted(named(result, "output-padded")) == ["nz_node", "sel_node"]
     assert {f.severity for f in result.findings if f.code == "output-padded"} == {"error"}
 

@@ -384,20 +384,9 @@ def test_nonzero_and_nms_outputs_are_padded_as_the_check_says(tmp_path, migraphx
     check says ``output-padded`` for both; a constant NonZero is folded to its real size."""
     import migraphx
     from conftest import run_ort
+    from test_check import _padded_outputs_model
 
-    model = onnx.parser.parse_model("""
-    <ir_version: 8, opset_import: ["" : 17]>
-    g (float[2, 3] x, float[1, 6, 4] b, float[1, 2, 6] s) => (int64[2, N] nz, int64[M, 3] sel,
-                                                               int64[2, K] cz) {
-        m = Greater (x, t)
-        nz = NonZero (m)
-        sel = NonMaxSuppression (b, s, mo, iou, thr)
-        cz = NonZero (c)
-    }""")
-    for name, v in dict(t=np.float32(0.5), mo=np.array([3], np.int64),
-                        iou=np.array([0.5], np.float32), thr=np.array([0.3], np.float32),
-                        c=np.array([[1, 0, 2], [0, 3, 0]], np.float32)).items():
-        model.graph.initializer.append(numpy_helper.from_array(np.asarray(v), name))
+    model = _padded_outputs_model()
     feeds = {"x": np.array([[0.1, 0.9, 0.7], [0.2, 0.3, 0.8]], np.float32),
              "b": np.array([[[0, 0, 10, 10], [1, 1, 11, 11], [20, 20, 30, 30], [0, 0, 5, 5],
                              [50, 50, 60, 60], [21, 21, 31, 31]]], np.float32),
@@ -415,7 +404,7 @@ def test_nonzero_and_nms_outputs_are_padded_as_the_check_says(tmp_path, migraphx
     assert np.array_equal(got[2], ref[2])
     flagged = [f.node for f in check_model(model, version=migraphx_version).findings
                if f.code == "output-padded" and f.severity == "error"]
-    assert sorted(flagged) == ["nz", "sel"]
+    assert sorted(flagged) == ["nz_node", "sel_node"]
 
 
 @pytest.mark.parametrize("mode", ["linear", "nearest", "cubic"])

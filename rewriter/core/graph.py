@@ -288,14 +288,19 @@ def selection_dependent(g: onnx.GraphProto, ops=SELECTION_OPS) -> tuple[list, di
     return roots, dependent, frontier
 
 
+def op_schema(op: str, opset: int):
+    """The standard op's onnx.defs schema at ``opset``, or None where there is none."""
+    try:
+        return onnx.defs.get_schema(op, opset, "")
+    except onnx.defs.SchemaError:
+        return None
+
+
 def has_function_body(op: str, opset: int) -> bool:
     """Whether the standard op ``op`` is defined at ``opset`` by an ONNX function body
     (plain, or built for the node's attributes and types): passes/expand_functions."""
-    try:
-        schema = onnx.defs.get_schema(op, opset, "")
-    except onnx.defs.SchemaError:
-        return False
-    return any(v <= opset for v in list(schema.function_opset_versions)
+    schema = op_schema(op, opset)
+    return schema is not None and any(v <= opset for v in list(schema.function_opset_versions)
                + list(schema.context_dependent_function_opset_versions))
 
 

@@ -511,12 +511,18 @@ class _Checker:
                          f"'{name}' is {codes[tp.tensor_type.elem_type]}: "
                          f"{bad_dtypes['reason']}", g.path)
 
+    def body_hint(self, node: onnx.NodeProto) -> str:
+        """" (...)" where the standard op has an ONNX function body expand-functions writes
+        out, else ""."""
+        if node.domain in ("", "ai.onnx") and has_function_body(node.op_type, self.opset):
+            return (" (it has an ONNX function body: the pass expand-functions, in the "
+                    "MIGraphX target's pipeline, writes it out)")
+        return ""
+
     def check_node(self, g: _Graph, node: onnx.NodeProto) -> None:
         label, op = node_id(node), node.op_type
-        body = (" (it has an ONNX function body: the pass expand-functions, in the "
-                "MIGraphX target's pipeline, writes it out)"
-                if node.domain in ("", "ai.onnx") and has_function_body(op, self.opset) else "")
         if op not in self.ops:
+            body = self.body_hint(node)
             hint = self.profile.get("op_hints", {}).get(op)
             hint = hint + body if hint else body[2:-1] if body else None
             dom = f" (domain '{node.domain}')" if node.domain not in ("", "ai.onnx") else ""
@@ -528,7 +534,8 @@ class _Checker:
         cn = self.profile.get("contrib_named_ops", {})
         if op in cn.get("ops", ()) and node.domain in ("", "ai.onnx") and self.opset >= 23:
             self.add(cn["severity"], "standard-op-read-as-contrib", label, op,
-                     f"{op} (ONNX opset {self.opset}): {cn['reason']}{body}", g.path)
+                     f"{op} (ONNX opset {self.opset}): {cn['reason']}{self.body_hint(node)}",
+                     g.path)
             return
         if node.domain not in ("", "ai.onnx", "com.microsoft"):
             # The parser looks ops up by name only (src/onnx/onnx_parser.cpp:620): an

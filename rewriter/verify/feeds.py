@@ -72,12 +72,16 @@ def input_shape(vi: onnx.ValueInfoProto, shapes: dict[str, list[int]], default: 
     if "" in shapes and len(shapes[""]) == len(dims):
         return shapes[""]
     derived = derived or {}
-    # A declared 0 is kept: onnxruntime runs such an input with 0 rows only. A -1 (PaddleOCR's
-    # exports) is dynamic.
-    return [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0
+    return [d.dim_value if _declared(d)
             else derived[i] if i in derived
             else default if fill is None or (_is_batch(dims, i, batches) and not fill_batch)
             else fill for i, d in enumerate(dims)]
+
+
+def _declared(d) -> bool:
+    """A fixed dim. A declared 0 is one: onnxruntime runs such an input with 0 rows only. A
+    -1 (PaddleOCR's exports) is dynamic."""
+    return d.HasField("dim_value") and d.dim_value >= 0
 
 
 def _is_batch(dims, i: int, batches) -> bool:
@@ -100,8 +104,7 @@ def symbolic_dims(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = 
         if "" in shapes and len(shapes[""]) == len(dims):
             continue
         pos = [i for i, d in enumerate(dims) if (batch or not _is_batch(dims, i, batches))
-               and not (d.HasField("dim_value") and d.dim_value >= 0)
-               and i not in derived.get(vi.name, {})]
+               and not _declared(d) and i not in derived.get(vi.name, {})]
         if pos:
             out[vi.name] = pos
     return out
