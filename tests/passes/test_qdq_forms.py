@@ -105,3 +105,24 @@ def test_in_the_default_pipeline_for_migraphx_only(rng):
     m = _mlp(w, np.array(0.05, np.float32), np.array(1, ml_dtypes.int4), axis=1)
     out, _ = rewriter.rewrite(m, target="migraphx", verify=True)
     assert all(t.data_type != onnx.TensorProto.INT4 for t in out.graph.initializer)
+
+
+def test_a_memory_mapped_weight_stays_on_disk(tmp_path):
+    """Looking for odd int4 shapes read every DequantizeLinear's data through ``values``,
+    which loads a memory-mapped weight for good (the writer then inlines what it would
+    stream): only types and shapes are read now."""
+    import onnx_graphsurgeon as gs
+    from onnx_graphsurgeon.ir.tensor import LazyValues
+
+    from rewriter.core.convert import to_graph
+    from rewriter.core.load import load_model
+    from rewriter.core.pass_base import Context
+    from rewriter.passes.qdq_forms import QdqForms
+    m = _mlp(np.ones((256, 256), np.int8), np.array(0.1, np.float32), axis=1, opset=17)
+    onnx.save(m, tmp_path / "m.onnx", save_as_external_data=True, location="m.bin",
+              size_threshold=0)
+    g = to_graph(load_model(tmp_path / "m.onnx"))
+    w = g.tensors()["w"]
+    assert isinstance(w, gs.Constant) and isinstance(w._values, LazyValues)
+    assert not QdqForms().run(g, Context()).changed
+    assert isinstance(w._values, LazyValues)
