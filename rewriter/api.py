@@ -1160,8 +1160,20 @@ class _Rewrite:
                     f"{self.verifier.min_cosine():g}, hidden in the output's {m.cosine:.4f} "
                     f"by {_span(top['index'])}, more than 100x larger (e.g. class scores "
                     "beside box coordinates); --strict refuses it")
+        for m in metrics:   # passed on what a TopK/NMS/NonZero selects from (verifier)
+            if m.ok and m.selected:
+                self.report.warnings.append(
+                    f"output '{m.name}' differs itself ({_short(m)}): it is selected by "
+                    f"{m.selected['by']}, whose choice among near-equal values the rewrite "
+                    "reorders; judged instead on what it selects from ("
+                    + ", ".join(f"'{r['name']}'" for r in m.selected["reads"])
+                    + "), within " + ("the budget" if self.plan is not None else "tolerance")
+                    + ", and on its post-processing run on the original's values of those, "
+                    "equal; --strict refuses it")
         for m in metrics:   # passed, but only because the data cannot decide (verifier)
             c = m.certificate
+            if m.selected:
+                continue
             if m.ok and c is not None and not c["met"]:
                 self.report.warnings.append(
                     f"output '{m.name}' is not certified on {c['n']} samples ({c['why']}), "
@@ -1215,6 +1227,9 @@ class _Rewrite:
         if why == {"uncertified"}:   # not drift: the data cannot certify the budget
             what = what.replace("drift beyond tolerance", "are within the budget but not "
                                 "certified at 95% (--strict)")
+        elif why == {"selected"}:
+            what = what.replace("drift beyond tolerance", "are within the budget only on "
+                                "what a selection reads, not themselves (--strict)")
         elif why and "" not in why:
             what = what.replace("drift beyond tolerance", "have a component below the "
                                 "budget, hidden in the output's cosine (--strict)")
@@ -1232,11 +1247,14 @@ class _Rewrite:
         return err
 
     def first_divergence(self, exported) -> str | None:
-        """The first layer (graph order) whose output's cosine with FP32 is below budget."""
+        """The first layer (graph order) whose output's cosine with FP32 is below budget;
+        not one that computes from a TopK/NMS/NonZero's choice: that follows the choice."""
+        from rewriter.core.graph import selection_dependent
         from rewriter.quant.plan import LAYER_OPS
         from rewriter.verify import layer_divergence
 
         names, labels = [], {}
+        chosen = selection_dependent(self.fp32_snapshot.model.graph)[1]
         for n in self.graph.nodes:
             if n.op in LAYER_OPS and n.outputs:
                 t = n.outputs[0]
@@ -1244,8 +1262,9 @@ class _Rewrite:
                 # float32 name is the Cast's output, which both models have.
                 base = (t.name[:-5] if t.name.endswith("_fp16") and t.dtype == np.float16
                         else t.name)
-                names.append(base)
-                labels[base] = node_id(n)
+                if base not in chosen:
+                    names.append(base)
+                    labels[base] = node_id(n)
         budget = self.plan.verify["min_cosine"] if self.plan is not None else 0.99
         return layer_divergence(self.fp32_snapshot, exported, names,
                                 self.verifier.feed_sets[:8], budget, labels)
@@ -1376,9 +1395,24 @@ def _selected(metrics, graph) -> str:
     if not roots or not bad or not all(b in dependent for b in bad):
         return ""
     first = dependent[bad[0]]
+    m = next(m for m in metrics if m.name == bad[0])
+    missed = [r for r in (m.selected or {}).get("reads", []) if not r["ok"]]
+    if missed:   # judged on what the selection reads (verifier.judge_selected): that missed
+        return (f"; '{bad[0]}' is selected by {m.selected['by']}, and what it selects from "
+                "misses the budget too: " + ", ".join(
+                    f"'{r['name']}' ({_short(r)})" for r in missed))
     return (f"; '{bad[0]}' is selected by {first.op_type} '{first.name or first.output[0]}', "
             "whose choice follows near-equal values that quantization reorders, and no layer "
             "before it leaves the budget: quantize the model without its post-processing")
+
+
+def _short(m) -> str:
+    """An output's miss in a few words (an OutputMetrics or its dict)."""
+    m = m if isinstance(m, dict) else m.to_dict()
+    if m["integer"]:
+        return f"{1 - m['mismatch']:.2%} of its integer values equal"
+    lo = (m.get("certificate") or {}).get("cosine_ci", [None])[0]
+    return f"cosine {m['cosine']:.4f}" + ("" if lo is None else f", lower bound {lo:.4f}")
 
 
 def _worst(metrics, verifier=None) -> str:

@@ -697,14 +697,7 @@ def test_random_inputs_are_long_enough_to_check_attention():
     assert report.ok
 
 
-def test_a_lossy_failure_on_what_a_topk_selects_says_why():
-    """An end-to-end detector's boxes gathered by TopK (fifteenth round: YOLOv8, cosine 0.84
-    under --plan fp16 while the scores keep 1.0000): scores that differ by less than a
-    float16 step tie there, TopK orders ties by index, and the boxes gathered by those
-    indices come out in another order. The error says the output is selected by the TopK
-    and no layer before it leaves the budget; where an output the TopK does not select
-    fails too, it does not."""
-    text = """
+_TOPK_BOXES = """
     <ir_version: 8, opset_import: ["" : 17]>
     g (float[1, 16] x) => (float[1, 8, 4] boxes) {
         s = MatMul (x, W)
@@ -715,22 +708,96 @@ def test_a_lossy_failure_on_what_a_topk_selects_says_why():
         ix = Squeeze (i, zero)
         boxes = Gather <axis = 1> (b, ix)
     }"""
+
+
+def _topk_boxes_inits():
     r = np.random.default_rng(0)
-    inits = {"W": (1 + 1e-4 * r.standard_normal((16, 64))).astype(np.float32),
-             "B": r.standard_normal((16, 256)).astype(np.float32),
-             "shp": np.array([1, 64, 4], np.int64), "zero": np.array([0], np.int64)}
+    return {"W": (1 + 1e-4 * r.standard_normal((16, 64))).astype(np.float32),
+            "B": r.standard_normal((16, 256)).astype(np.float32),
+            "W0": np.ones((16, 64), np.float32), "P": r.standard_normal((4, 4)).astype(np.float32),
+            "shp": np.array([1, 64, 4], np.int64), "zero": np.array([0], np.int64)}
+
+
+def test_what_a_topk_selects_is_judged_on_what_it_selects_from():
+    """An end-to-end detector's boxes gathered by TopK (fifteenth round: YOLOv8, cosine 0.84
+    under --plan fp16 while the scores it ranks keep 1.0000): scores that differ by less than
+    a float16 step tie there, TopK orders ties by index, and the boxes gathered by those
+    indices come out in another order. The output is judged on what the TopK selects from
+    (the scores, the boxes before the Gather), said in a warning and the report; --strict
+    refuses it."""
+    m = make_model(_TOPK_BOXES, _topk_boxes_inits())
+    out, report = rewriter.rewrite(m, plan="fp16", verify=True)
+    boxes = report.verification[0]
+    assert boxes["cosine"] < 0.99 and boxes["ok"], boxes   # missed itself, passed on its reads
+    assert boxes["selected"]["by"].startswith("TopK")
+    assert [r["name"] for r in boxes["selected"]["reads"]] == ["s", "b"]
+    assert all(r["ok"] and r["cosine"] > 0.999 for r in boxes["selected"]["reads"])
+    said = [w for w in report.warnings if "judged instead on what it selects from" in w]
+    assert said and "--strict refuses it" in said[0], report.warnings
+    assert "selected by TopK" in report.render()
+    with pytest.raises(rewriter.VerificationError) as e:
+        rewriter.rewrite(m, plan="fp16", verify=True, options={"planner": {"strict": True}})
+    assert "only on what a selection reads" in str(e.value), str(e.value)
+
+
+class PicksTheSmallest(Pass):
+    """A buggy pass in the post-processing: the TopK keeps the smallest scores. What it
+    selects from is unchanged; the output is not."""
+
+    name = "picks-the-smallest"
+    phase = Phase.FUSE
+    numerics = Numerics.EXACT
+
+    def run(self, graph, ctx):
+        next(n for n in graph.nodes if n.op == "TopK").attrs["largest"] = 0
+        return PassResult(changed=True)
+
+
+def test_a_pass_that_breaks_the_post_processing_is_caught():
+    """The rewritten post-processing is replayed on the original's values of what the
+    selection reads: where it gives another output, the output fails, although those
+    values agree, and the report says the replay differs."""
+    m = make_model(_TOPK_BOXES, _topk_boxes_inits())
+    with pytest.raises(rewriter.VerificationError) as e:
+        rewriter.rewrite(m, [PicksTheSmallest()], verify=True)
+    assert "picks-the-smallest" in str(e.value), str(e.value)
+    sel = e.value.report.verification[0]["selected"]
+    assert all(r["ok"] for r in sel["reads"]) and sel["replay"].startswith("differs"), sel
+
+
+def test_what_a_topk_selects_fails_when_what_it_selects_from_misses():
+    """The scores the TopK ranks lose their digits under float16 (their common part
+    subtracted: cancellation): the output fails, and the error names what it selects from."""
+    text = _TOPK_BOXES.replace("v, i = TopK <axis = 1> (s, k)",
+                               "s0 = MatMul (x, W0)\n        d = Sub (s, s0)\n"
+                               "        v, i = TopK <axis = 1> (d, k)")
     with pytest.raises(rewriter.RewriteError) as e:
-        rewriter.rewrite(make_model(text, inits), plan="fp16", verify=True)
+        rewriter.rewrite(make_model(text, _topk_boxes_inits()), plan="fp16", verify=True)
+    assert "'boxes' is selected by TopK" in str(e.value), str(e.value)
+    assert "what it selects from misses the budget too: 'd'" in str(e.value), str(e.value)
+    reads = e.value.report.verification[0]["selected"]["reads"]
+    assert [r["ok"] for r in reads] == [False, True], reads
+
+
+def test_a_selection_followed_by_a_layer_is_judged_on_its_output():
+    """A layer after the selection (a mask head on the kept boxes) is changed by the plan:
+    what the selection reads no longer decides the output, which is judged itself, and the
+    error says it is selected (the fifteenth round's hint). An output the TopK does not
+    select that fails too gets no such hint."""
+    text = _TOPK_BOXES.replace("boxes = Gather <axis = 1> (b, ix)",
+                               "g = Gather <axis = 1> (b, ix)\n        boxes = MatMul (g, P)")
+    with pytest.raises(rewriter.RewriteError) as e:
+        rewriter.rewrite(make_model(text, _topk_boxes_inits()), plan="fp16", verify=True)
     assert "'boxes' is selected by TopK" in str(e.value), str(e.value)
     assert "without its post-processing" in str(e.value)
+    assert e.value.report.verification[0]["selected"] is None
     # An output before the selection that fails too (the scores minus their common part:
     # float16's cancellation): no such hint.
-    text = text.replace("(float[1, 8, 4] boxes)", "(float[1, 8, 4] boxes, float[1, 64] d)")
+    text = _TOPK_BOXES.replace("(float[1, 8, 4] boxes)", "(float[1, 8, 4] boxes, float[1, 64] d)")
     text = text.replace("bb = MatMul (x, B)", "bb = MatMul (x, B)\n        s0 = MatMul (x, W0)"
                         "\n        d = Sub (s, s0)")
-    inits["W0"] = np.ones((16, 64), np.float32)
     with pytest.raises(rewriter.RewriteError) as e:
-        rewriter.rewrite(make_model(text, inits), plan="fp16", verify=True)
+        rewriter.rewrite(make_model(text, _topk_boxes_inits()), plan="fp16", verify=True)
     failed = {m["name"] for m in e.value.report.verification if not m["ok"]}
     assert "d" in failed and "selected by" not in str(e.value), (failed, str(e.value))
 

@@ -288,6 +288,56 @@ def selection_dependent(g: onnx.GraphProto, ops=SELECTION_OPS) -> tuple[list, di
     return roots, dependent, frontier
 
 
+# Ops a quantization plan changes the numbers of. Where one computes from a selection (a
+# mask head on the boxes NMS keeps), what the selection reads no longer decides the output.
+_PLAN_CHANGED = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm", "QuantizeLinear",
+                           "DequantizeLinear", "DynamicQuantizeLinear"})
+# Decisions by value inside post-processing: they flip on near-equal values, as a selection.
+_DECISIONS = frozenset({"Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Equal",
+                        "ArgMax", "ArgMin", "And", "Or", "Xor", "Not"})
+
+
+def selection_reads(g: onnx.GraphProto) -> dict[str, tuple[onnx.NodeProto, list[str]]]:
+    """{graph output computed from a selection (:func:`selection_dependent`): (the first
+    selecting node on its path, the tensors its part of the graph reads from the rest, in
+    graph order)}: an end-to-end detector's kept boxes -> (its NMS, [boxes, scores]). A
+    decision read there (a score threshold's Greater, an ArgMax) flips on near-equal values
+    as the selection does: what it decides from is read instead. Only outputs whose part is
+    plain post-processing: no layer, no Q/DQ, no Cast to a 16-bit float, so that, the inputs
+    being equal, it computes the same on both sides; and only where it reads something."""
+    roots, dependent, _ = selection_dependent(g)
+    if not roots:
+        return {}
+    fixed = set(constant_tensors(g)) | {i.name for i in g.input} | {""}
+    producer = {o: n for n in g.node for o in n.output if o}
+    order: dict[str, tuple] = {}   # where each is first read
+    for k, n in enumerate(g.node):
+        for j, t in enumerate(n.input):
+            order.setdefault(t, (k, j))
+    out = {}
+    for o in g.output:
+        if o.name not in dependent:
+            continue
+        reads, seen, stack, plain = set(), set(), [o.name], True
+        while stack and plain:
+            n = producer[stack.pop()]
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            half = n.op_type == "Cast" and any(
+                a.name == "to" and a.i in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+                for a in n.attribute)
+            plain = n.op_type not in _PLAN_CHANGED and not half
+            for t in n.input:
+                if t in dependent or (t not in fixed and producer[t].op_type in _DECISIONS):
+                    stack.append(t)
+                elif t not in fixed:
+                    reads.add(t)
+        if plain and reads:
+            out[o.name] = (dependent[o.name], sorted(reads, key=order.__getitem__))
+    return out
+
+
 def op_schema(op: str, opset: int):
     """The standard op's onnx.defs schema at ``opset``, or None where there is none."""
     try:

@@ -167,6 +167,13 @@ class Report:
                 if m.get("certificate"):
                     from rewriter.verify.certify import Judgement
                     lines.append("  " + Judgement(**m["certificate"]).line())
+            for m in self.verification:   # judged on what its TopK/NMS/NonZero reads
+                if m.get("selected"):
+                    lines.append(f"  {m['name']}: selected by {m['selected']['by']}, judged on "
+                                 "what it selects from:")
+                    lines.extend("    " + _read_line(r) for r in m["selected"]["reads"])
+                    lines.append("    its post-processing run on the original's values of "
+                                 f"those: {m['selected']['replay']}")
         if self.failed_pass and self.extra.get("failed_after"):
             lines.append("verification failed after the plan's passes ("
                          + ", ".join(self.extra["failed_after"]) + ", judged together)")
@@ -196,3 +203,14 @@ def _json_default(o):
     if hasattr(o, "to_dict"):
         return o.to_dict()
     return str(o)
+
+
+def _read_line(r: dict) -> str:
+    """One tensor a selection reads, as judged (a metrics.OutputMetrics dict)."""
+    ok = "yes" if r["ok"] else "NO"
+    if r.get("certificate"):
+        from rewriter.verify.certify import Judgement
+        return f"{Judgement(**r['certificate']).line()}: {ok}"
+    if r.get("integer"):
+        return f"{r['name']}: {1 - r['mismatch']:.2%} of its integer values equal: {ok}"
+    return f"{r['name']}: max_rel {r['max_rel']:.2e}, cosine {r['cosine']:.6f}: {ok}"

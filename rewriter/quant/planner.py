@@ -262,14 +262,16 @@ class _CrossValidator:
         from rewriter.core import ort
         from rewriter.quant.ranges import collect_ranges
 
-        self.graph, self.original, self.base_dir, self.s = graph, original, base_dir, settings
+        self.original, self.base_dir, self.s = original, base_dir, settings
+        self.notes: list[str] = []
+        self.graph = self._judged(graph)
         self.feeds = list(data)
         self.labels = data.labels
         k = max(2, min(int(settings["folds"]), len(self.feeds)))
         self.folds = data.folds(k)
-        layers = [n for n in graph.nodes if int8_capable(n)]
+        layers = [n for n in self.graph.nodes if int8_capable(n)]
         tensors = sorted({n.inputs[0].name for n in layers})
-        exp = export(graph, original, base_dir)
+        exp = export(self.graph, original, base_dir)
         self.ranges = []
         for f in range(k):
             rest = [j for g in range(k) if g != f for j in self.folds[g]]
@@ -281,7 +283,6 @@ class _CrossValidator:
         # GPTQ rounding is fitted to its samples too: fold f's weights are rounded with the
         # other folds' statistics, so that no sample judges weights fitted to it.
         self.hessians = [{} for _ in range(k)]
-        self.notes: list[str] = []
         self.weight_cache = [{} for _ in range(k)]
         if settings["rounding"] == "gptq":
             from rewriter.quant.hessian import conv_hessians, conv_spec
@@ -298,10 +299,35 @@ class _CrossValidator:
         self.output_names = [o.name for o in exp.model.graph.output]
         self.reference = [ort.run(sess, f) for f in self.feeds]
         from rewriter.verify.verifier import reference_traits
-        _, self.classes, splits = reference_traits(self.reference, self.feeds, self.original)
+        _, self.classes, splits = reference_traits(
+            self.reference, self.feeds, self.original if self.graph is graph else exp.model)
+        outputs = {o.name for o in graph.outputs}   # what selections read: judged by cosine
+        self.classes = [c and n in outputs for c, n in zip(self.classes, self.output_names)]
         self.splits = dict(enumerate(splits))
         self.count = 0
         self.alpha = 0.05   # plan_auto divides it by the number of plans it may compare
+
+    def _judged(self, graph):
+        """The graph whose outputs plans are judged on: an output a TopK, NMS or NonZero
+        selects (core.graph.selection_reads) replaced by what the selection reads, as the
+        verifier judges it (Verifier.judge_selected). An end-to-end detector's kept boxes
+        reorder among near-equal scores under any quantization, FP16 included: judged on
+        them, the planner kept a third of the layers FP32 (fifteenth round's YOLOv8)."""
+        from rewriter.core.graph import selection_reads
+
+        reads = selection_reads(export(graph, self.original, self.base_dir).model.graph)
+        if not reads:
+            return graph
+        g = graph.copy()
+        tensors = g.tensors()
+        judged = dict.fromkeys(t for o in g.outputs
+                               for t in (reads[o.name][1] if o.name in reads else [o.name]))
+        g.outputs = [tensors[t] for t in judged]
+        g.cleanup()
+        self.notes.append("judged on what the selections read, not on what they select: "
+                          + "; ".join(f"{o} by {n.op_type} from " + ", ".join(r)
+                                      for o, (n, r) in reads.items()))
+        return g
 
     def budget(self) -> dict:
         b = {"min_top1": self.s["min_top1"], "min_cosine": self.s["min_cosine"]}

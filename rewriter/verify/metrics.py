@@ -52,6 +52,8 @@ class OutputMetrics:
                                # not certified at 95%) or "component" (a scale group below it)
     empty: bool = False        # no elements on these inputs (NMS that found nothing): the
                                # shapes agree, nothing was compared
+    selected: dict | None = None   # lossy, picked by a TopK/NMS/NonZero: {"by": that op,
+                                   # "reads": the judgements of what it selects from}
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -444,3 +444,39 @@ def test_layers_with_a_computed_second_input_are_not_planned_int8():
     _, rr = rewriter.rewrite(m, plan="auto", calib=calib, target="none")
     counts = rr.to_dict()["plan"]["counts"]
     assert counts.get("int8", 0) <= 2, counts
+
+
+def test_what_a_topk_selects_is_planned_on_what_it_selects_from():
+    """An end-to-end detector's boxes, gathered by the TopK of near-equal scores, reorder
+    under any quantization, FP16 included (fifteenth round: the planner kept a third of a
+    YOLOv8's layers FP32 for it). The planner judges plans on what the selection reads, as
+    the verifier does, and says so; the rewrite verifies it."""
+    from conftest import make_model
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 3, 8, 8] x) => (float[N, 16, 4] boxes) {
+        c = Conv <pads = [1, 1, 1, 1]> (x, W, B)
+        r = Relu (c)
+        sc = Conv (r, SW, SB)
+        t = Tanh (sc)
+        s = Flatten (t)
+        k = Constant <value = int64[1] {16}> ()
+        v, i = TopK <axis = 1> (s, k)
+        bx = Conv (r, BW, BB)
+        b = Reshape (bx, shp)
+        bt = Transpose <perm = [0, 2, 1]> (b)
+        iu = Unsqueeze (i, two)
+        ii = Expand (iu, shp4)
+        boxes = GatherElements <axis = 1> (bt, ii)
+    }""", {"W": (8, 3, 3, 3), "B": (8,), "SW": (1, 8, 1, 1), "SB": (1,),
+           "BW": (4, 8, 1, 1), "BB": (4,), "shp": np.array([-1, 4, 64], np.int64),
+           "shp4": np.array([1, 1, 4], np.int64), "two": np.array([2], np.int64)})
+    rng = np.random.default_rng(3)
+    calib = [{"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(24)]
+    out, rep = rewriter.rewrite(m, plan="auto", calib=calib, target="none", verify=True)
+    planner = rep.to_dict()["planner"]
+    assert any("judged on what the selections read" in n and "boxes by TopK from" in n
+               for n in planner["notes"]), planner["notes"]
+    layers = rep.to_dict()["plan"]["layers"]
+    assert sorted(v["precision"] for v in layers.values()) == ["int8"] * 3, layers
+    assert rep.ok and rep.verification[0]["selected"]["by"].startswith("TopK")
