@@ -1411,8 +1411,10 @@ def _short(m) -> str:
     m = m if isinstance(m, dict) else m.to_dict()
     if m["integer"]:
         return f"{1 - m['mismatch']:.2%} of its integer values equal"
-    lo = (m.get("certificate") or {}).get("cosine_ci", [None])[0]
-    return f"cosine {m['cosine']:.4f}" + ("" if lo is None else f", lower bound {lo:.4f}")
+    c = m.get("certificate") or {}
+    if c and not c["met"] and c.get("why"):   # the bound that missed, as certify says it
+        return f"cosine {m['cosine']:.4f}; {c['why']}"
+    return f"cosine {m['cosine']:.4f}"
 
 
 def _worst(metrics, verifier=None) -> str:

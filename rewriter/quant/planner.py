@@ -301,8 +301,6 @@ class _CrossValidator:
         from rewriter.verify.verifier import reference_traits
         _, self.classes, splits = reference_traits(
             self.reference, self.feeds, self.original if self.graph is graph else exp.model)
-        outputs = {o.name for o in graph.outputs}   # what selections read: judged by cosine
-        self.classes = [c and n in outputs for c, n in zip(self.classes, self.output_names)]
         self.splits = dict(enumerate(splits))
         self.count = 0
         self.alpha = 0.05   # plan_auto divides it by the number of plans it may compare

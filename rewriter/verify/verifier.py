@@ -48,7 +48,7 @@ class Verifier:
         # selection reads (judge_selected).
         self.selection = {o: (f"{n.op_type} '{n.name or n.output[0]}'", reads)
                           for o, (n, reads) in selection_reads(original.graph).items()}
-        self._reads: dict[str, tuple] = {}   # tensor: (joined reference, per feed set)
+        self._reads: dict[str, tuple] = {}   # tensor: (joined, per feed set, classes)
         if duplicate_node_names(original):
             # onnxruntime refuses two nodes of one name; the rewrite renames them (the
             # output loads), so the reference runs a renamed copy.
@@ -138,9 +138,8 @@ class Verifier:
         close = Numerics.CLOSE if numerics is Numerics.LOSSY else numerics
         for m in bad:
             reads = theirs[m.name][1]
-            # Judged by cosine, not by classes: a selection ranks along its own axis.
-            judged = [self.judge_output(t, self._reads[t][0], got[t], False, numerics, depth)
-                      for t in reads]
+            judged = [self.judge_output(t, self._reads[t][0], got[t], self._reads[t][2],
+                                        numerics, depth) for t in reads]
             k = self.output_names.index(m.name)
             if replayed is not None:
                 r = self.judge_output(m.name, self.reference[k], replayed[m.name],
@@ -165,9 +164,10 @@ class Verifier:
         _add_outputs(probe, names)
         sess = ort.session(probe, base_dir)
         runs = [ort.run(sess, f) for f in self.feed_sets]
-        joined, _, splits = reference_traits(runs, self.feed_sets, probe)
-        for k, (t, r, sp) in enumerate(zip(names, joined, splits)):
-            self._reads[t] = (r, [run[k] for run in runs])
+        joined, classes, splits = reference_traits(runs, self.feed_sets, probe)
+        for k, (t, r, c, sp) in enumerate(zip(names, joined, classes, splits)):
+            # A classifier's logits a TopK ranks keep their top-1 rule.
+            self._reads[t] = (r, [run[k] for run in runs], c)
             self.splits[t] = sp
 
     def _replay(self, exported, outputs: list[str], reads: list[str]):
