@@ -17,6 +17,7 @@ _PASSES = [
     ("expand-ml", "rewriter.passes.expand_ml:ExpandMl"),
     ("default-attributes", "rewriter.passes.default_attributes:DefaultAttributes"),
     ("expand-functions", "rewriter.passes.expand_functions:ExpandFunctions"),
+    ("expand-spectral", "rewriter.passes.expand_spectral:ExpandSpectral"),
     ("integer-zero-points", "rewriter.passes.integer_zero_points:IntegerZeroPoints"),
     ("qdq-forms", "rewriter.passes.qdq_forms:QdqForms"),
     ("weight-scales-after", "rewriter.passes.weight_scales_after:WeightScalesAfter"),
@@ -46,15 +47,17 @@ _PASSES = [
 # default-attributes drops a Resize's keep_aspect_ratio_policy=stretch, which MIGraphX 2.15
 # refuses to parse; expand-functions writes standard ops it does not parse (RMSNormalization,
 # opset-23 Attention ...) as their ONNX function bodies, before fold-shapes folds their shapes;
+# expand-spectral writes DFT and STFT (no body, not parsed) as a MatMul or Conv against cos/sin;
 # qdq-forms writes one-block blockwise scales per axis and 0-d or odd-sized int4 as int8.
 DEFAULT_PIPELINE = ["expand-contrib", "expand-ml", "default-attributes", "expand-functions",
-                    "integer-zero-points", "qdq-forms", "weight-scales-after", "fold-shapes",
-                    "fold-constants", "sink-transposes", "collapse-chains", "fuse-conv-bn",
-                    "fuse-pad", "fuse-space-to-depth", "fuse-matmul-add", "merge-duplicates"]
+                    "expand-spectral", "integer-zero-points", "qdq-forms", "weight-scales-after",
+                    "fold-shapes", "fold-constants", "sink-transposes", "collapse-chains",
+                    "fuse-conv-bn", "fuse-pad", "fuse-space-to-depth", "fuse-matmul-add",
+                    "merge-duplicates"]
 # Fixes for what MIGraphX gets wrong or lacks, not optimisations: in the default pipeline
 # only when MIGraphX is the target.
 MIGRAPHX_ONLY = {"integer-zero-points", "expand-ml", "default-attributes", "expand-functions",
-                 "qdq-forms", "weight-scales-after"}
+                 "expand-spectral", "qdq-forms", "weight-scales-after"}
 
 
 def default_pipeline(target: str | None) -> list[str]:

@@ -1,0 +1,251 @@
+"""expand-spectral: DFT and STFT become a MatMul or a Conv against constant cos/sin matrices,
+computing what onnxruntime's own kernels compute (up to rounding)."""
+
+import numpy as np
+import onnx
+import pytest
+from conftest import make_model, run_ort
+
+import rewriter
+from rewriter.core.registry import default_pipeline
+
+# Two sites with distinct attributes, a symbolic batch; the second reads the first.
+DFTS = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[B, 12, 1] x) => (float[B, 7, 2] y, float[B, 12, 2] z) {
+    y = DFT <onesided = 1> (x)
+    l = Constant <value = int64 {12}> ()
+    f = DFT <axis = 1> (x, l)
+    z = DFT <inverse = 1> (f)
+}"""
+
+
+def _ops(model):
+    return [n.op_type for n in model.graph.node]
+
+
+def _feeds(model, rng, batch):
+    out = {}
+    for vi in model.graph.input:
+        dims = [batch if d.dim_param else d.dim_value for d in vi.type.tensor_type.shape.dim]
+        dt = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+        out[vi.name] = rng.standard_normal(dims).astype(dt)
+    return out
+
+
+def _same(m, out, rng, tol=1e-5):
+    """``out`` computes ``m``'s outputs on distinct random data, batches 1 and 3."""
+    for batch in (1, 3):
+        feeds = _feeds(m, rng, batch)
+        ref, got = run_ort(m, feeds), run_ort(out, feeds)
+        assert [r.shape for r in ref] == [g.shape for g in got]
+        for a, b in zip(ref, got):
+            scale = float(np.abs(a).max())
+            np.testing.assert_allclose(b, a, rtol=tol, atol=tol * scale)
+
+
+def _expand(m, verify=True):
+    out, rep = rewriter.rewrite(m, ["expand-spectral"], verify=verify)
+    return out, rep.passes[0].counts
+
+
+def test_two_dfts_and_an_inverse_become_matmuls(rng):
+    m = make_model(DFTS)
+    out, counts = _expand(m)
+    assert counts["expanded-DFT"] == 3 and "DFT" not in _ops(out)
+    assert _ops(out).count("MatMul") == 3 and "Transpose" not in _ops(out)
+    onnx.checker.check_model(out, full_check=True)
+    _same(m, out, rng)
+    # the round trip gives the signal back: the inverse's 1/N and signs are right
+    x = rng.standard_normal((2, 12, 1)).astype(np.float32)
+    z = run_ort(out, {"x": x})[1]
+    np.testing.assert_allclose(z[..., 0], x[..., 0], atol=1e-5)
+    np.testing.assert_allclose(z[..., 1], 0, atol=1e-5)
+    assert not _expand(out)[1]   # a second run finds nothing
+
+
+@pytest.mark.parametrize("opset, shape, attrs, extra, inits", [
+    (17, "[B, 3, 10, 2]", "<axis = 2>", "", {}),                      # complex, no Transpose
+    (17, "[B, 10, 3, 2]", "<axis = 1, inverse = 1>", "", {}),         # Transposes round it
+    (17, "[B, 10, 3, 1]", "<axis = -3, onesided = 1>", "", {}),       # negative axis
+    (17, "[B, 9, 2]", "", ", pad", {"pad": np.array(16, np.int64)}),  # zero padded
+    (17, "[B, 9, 1]", "<onesided = 1>", ", cut", {"cut": np.array(6, np.int64)}),  # truncated
+    (20, "[B, 5, 8, 1]", "<onesided = 1>", ", , ax", {"ax": np.array(1, np.int64)}),
+    (20, "[B, 5, 8, 2]", "<inverse = 1>", ", pad, ax", {"pad": np.array(11, np.int64),
+                                                         "ax": np.array(-2, np.int64)}),
+    (20, "[B, 6, 8, 2]", "", "", {}),                                 # axis -2 by default
+    (20, "[7, 4, 1]", "", ", , ax", {"ax": np.array(0, np.int64)}),   # the first axis
+])
+def test_dft_forms_compute_the_same(opset, shape, attrs, extra, inits, rng):
+    m = make_model(f"""
+    <ir_version: 10, opset_import: ["" : {opset}]>
+    g (float{shape} x) => (float y) {{
+        y = DFT {attrs} (x{extra})
+    }}""", inits)
+    out, counts = _expand(m)
+    assert counts["expanded-DFT"] == 1 and "DFT" not in _ops(out)
+    _same(m, out, rng)
+
+
+def test_a_double_dft_stays_double(rng):
+    m = make_model("""
+    <ir_version: 10, opset_import: ["" : 17]>
+    g (double[B, 16, 2] x) => (double y) { y = DFT <inverse = 1> (x) }""")
+    out, counts = _expand(m)
+    assert counts["expanded-DFT"] == 1
+    _same(m, out, rng, tol=1e-12)
+
+
+# Two STFT sites: a real [B, len] signal (torch's form) with a Hann window and hop 4, and a
+# complex one without window, frame_length 8, both sides.
+STFTS = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[B, 64] x, float[B, 40, 2] c) => (float[B, 13, 9, 2] y, float[B, 6, 8, 2] z) {
+    hop = Constant <value = int64 {4}> ()
+    y = STFT (x, hop, w)
+    z = STFT <onesided = 0> (c, six, , eight)
+}"""
+
+
+def test_two_stfts_become_convs(rng):
+    m = make_model(STFTS, {"w": np.hanning(18)[1:-1].astype(np.float32),
+                           "six": np.array(6, np.int64), "eight": np.array(8, np.int64)})
+    out, counts = _expand(m)
+    assert counts["expanded-STFT"] == 2 and "STFT" not in _ops(out)
+    assert _ops(out).count("Conv") == 2 and "Mul" not in _ops(out)   # the window folded in
+    onnx.checker.check_model(out, full_check=True)
+    _same(m, out, rng)
+
+
+@pytest.mark.parametrize("shape, attrs, args, inits", [
+    ("[B, 50, 1]", "<onesided = 0>", "x, st, w", {"w": [12], "st": np.array(5, np.int64)}),
+    ("[B, 50, 2]", "", "x, st, w, fl", {"w": [16], "st": np.array(3, np.int64),
+                                        "fl": np.array(16, np.int64)}),
+    ("[B, T, 1]", "", "x, st, , fl", {"st": np.array(2, np.int32),
+                                      "fl": np.array(7, np.int32)}),   # odd, int32
+])
+def test_stft_forms_compute_the_same(shape, attrs, args, inits, rng):
+    m = make_model(f"""
+    <ir_version: 10, opset_import: ["" : 17]>
+    g (float{shape} x) => (float y) {{
+        y = STFT {attrs} ({args})
+    }}""", inits)
+    out, counts = _expand(m)
+    assert counts["expanded-STFT"] == 1 and "STFT" not in _ops(out)
+    if "T" in shape:   # a symbolic signal length: the Conv counts the frames
+        for n in (20, 33):
+            x = rng.standard_normal((2, n, 1)).astype(np.float32)
+            np.testing.assert_allclose(run_ort(out, {"x": x})[0], run_ort(m, {"x": x})[0],
+                                       rtol=1e-5, atol=1e-5)
+    else:
+        _same(m, out, rng)
+
+
+def test_a_computed_window_is_multiplied_in(rng):
+    m = make_model("""
+    <ir_version: 10, opset_import: ["" : 17]>
+    g (float[B, 40, 1] x, float[10] w) => (float y) {
+        y = STFT (x, st, w)
+    }""", {"st": np.array(3, np.int64)})
+    out, counts = _expand(m)
+    assert counts["expanded-STFT"] == 1 and "Mul" in _ops(out)
+    _same(m, out, rng)
+
+
+# -- skips: each reason, on a model that would be rewritten (or crash) without it ----------
+
+SKIPS = [
+    ("non-constant-dft-length", "17", "float[B, 8, 1] x, int64 l", "y = DFT (x, l)", {}),
+    ("non-constant-axis", "20", "float[B, 8, 1] x, int64 a", "y = DFT (x, , a)", {}),
+    ("unknown-length", "17", "float[B, T, 1] x", "y = DFT (x)", {}),
+    ("unknown-shape", "17", "float[B, 8, C] x", "y = DFT (x)", {}),
+    ("half-type", "17", "float16[B, 8, 1] x", "y = DFT (x)", {}),
+    ("onesided-inverse", "17", "float[B, 8, 2] x", "y = DFT <onesided = 1, inverse = 1> (x)",
+     {}),
+    ("matrix-too-large", "17", "float[1, 4096, 2] x", "y = DFT (x)", {}),
+    ("non-constant-frame-step", "17", "float[B, 40, 1] x, int64 s", "y = STFT (x, s, w)",
+     {"w": [8]}),
+    ("non-constant-frame-length", "17", "float[B, 40, 1] x, int64 n", "y = STFT (x, s, , n)",
+     {"s": np.array(2, np.int64)}),
+    # a computed window of unknown length, even with frame_length given
+    ("unknown-frame-length", "17", "float[B, 40, 1] x, float[W] w", "y = STFT (x, s, w, n)",
+     {"s": np.array(2, np.int64), "n": np.array(8, np.int64)}),
+    ("unknown-shape", "17", "float[B, 40, C] x", "y = STFT (x, s, w)",
+     {"s": np.array(2, np.int64), "w": [8]}),
+    # onnxruntime has no double Conv: the rewrite would not run there
+    ("double-stft", "17", "double[B, 40, 1] x", "y = STFT (x, s, w)",
+     {"s": np.array(4, np.int64), "w": np.hanning(10)}),
+    # 2 * 2049 bins * 4096 taps * 4 bytes: just over 64 MiB
+    ("matrix-too-large", "17", "float[1, 4096, 1] x", "y = STFT (x, s, , n)",
+     {"s": np.array(1, np.int64), "n": np.array(4096, np.int64)}),
+]
+
+
+@pytest.mark.parametrize("reason, opset, inputs, body, inits", SKIPS,
+                         ids=[f"{s[0]}-{s[3].split()[2]}" for s in SKIPS])
+def test_each_skip_reason_leaves_the_node(reason, opset, inputs, body, inits):
+    m = make_model(f"""
+    <ir_version: 10, opset_import: ["" : {opset}]>
+    g ({inputs}) => ({inputs.split()[0].split("[")[0]} y) {{ {body} }}""", inits)
+    op = body.split("=")[1].split()[0]
+    out, counts = _expand(m, verify=False)   # nothing changed: nothing to verify
+    assert counts == {f"skip:{reason}": 1} and _ops(out) == [op]
+
+
+@pytest.mark.parametrize("reason, inputs, body", [
+    ("invalid-axis", "float[B, 8, 1] x", "y = DFT <axis = 2> (x)"),
+    ("not-real-or-complex", "float[B, 8, 3] x", "y = DFT (x)"),
+    ("onesided-complex", "float[B, 8, 2] x", "y = DFT <onesided = 1> (x)"),
+    ("invalid-dft-length", "float[B, 8, 1] x", "y = DFT (x, zero)"),
+    ("invalid-frame", "float[B, 40, 1] x", "y = STFT (x, zero, w)"),
+    ("window-length", "float[B, 40, 1] x", "y = STFT (x, two, w, six)"),
+    ("unknown-type", "float[B, 40, 1] x", "u = Custom (x)\n y = DFT (u)"),
+    ("unknown-type", "int32[B, 8, 1] x", "y = DFT (x)"),
+    ("unknown-type", "float[B, 40, 1] x", "y = STFT (x, two, wd)"),
+    ("unknown-shape", "float[B, 40, 1, 1] x", "y = STFT (x, two, w)"),
+    ("not-real-or-complex", "float[B, 40, 3] x", "y = STFT (x, two, w)"),
+    ("unknown-frame-length", "float[B, 40, 1] x", "y = STFT (x, two)"),
+])
+def test_models_onnxruntime_refuses_are_left(reason, inputs, body):
+    """Attributes onnx or onnxruntime refuse (and a type nothing knows): left as they are,
+    the pass run directly on the graph (the model does not load through rewrite)."""
+    import onnx_graphsurgeon as gs
+
+    from rewriter.core.graph import Namer
+    from rewriter.core.pass_base import Context
+    from rewriter.passes.expand_spectral import ExpandSpectral
+    m = make_model(f"""
+    <ir_version: 10, opset_import: ["" : 17, "x" : 1]>
+    g ({inputs}) => (float y) {{ {body} }}""".replace("Custom", "x.Custom"),
+                   {"zero": np.array(0, np.int64), "two": np.array(2, np.int64),
+                    "six": np.array(6, np.int64), "w": [8],
+                    "wd": np.hanning(8)})
+    g = gs.import_onnx(m)
+    res = ExpandSpectral().run(g, Context(namer=Namer(g)))
+    assert dict(res.counts) == {f"skip:{reason}": 1} and not res.changed
+
+
+def test_in_the_default_pipeline_for_migraphx_only(rng):
+    assert "expand-spectral" in default_pipeline("migraphx")
+    assert "expand-spectral" not in default_pipeline(None)
+    m = make_model(DFTS)
+    out, _ = rewriter.rewrite(m, target="migraphx", verify=True)
+    assert "DFT" not in _ops(out)
+    _same(m, out, rng)
+    out, _ = rewriter.rewrite(m)
+    assert "DFT" in _ops(out)
+
+
+def test_the_profile_says_migraphx_does_not_parse_them_and_the_check_names_the_pass():
+    """The packaged profile lists DFT and STFT as not parsed (measured on 2.15 and 2.16),
+    and the static check's finding names this pass."""
+    import json
+
+    from rewriter.migraphx.check import PROFILE_PATH, check_model
+    profile = json.loads(PROFILE_PATH.read_text())
+    assert {"DFT", "STFT"} <= set(profile["onnx_standard_ops_not_parsed"]["ops"])
+    assert not {"DFT", "STFT"} & set(profile["onnx_ops"])
+    m = make_model(STFTS, {"w": [16], "six": np.array(6, np.int64),
+                           "eight": np.array(8, np.int64)})
+    findings = [f for f in check_model(m).findings if f.code == "unsupported-op"]
+    assert len(findings) == 2 and all("expand-spectral" in f.message for f in findings)
