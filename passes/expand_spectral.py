@@ -32,9 +32,10 @@ constant (non-constant-*); an input whose rank or last dimension is not known
 length neither frame_length nor a window of known length gives (unknown-frame-length); a
 last dimension other than 1 or 2 (not-real-or-complex); an axis outside [0, rank - 2]
 (invalid-axis); a dft_length, frame_step or frame_length below 1 (invalid-dft-length,
-invalid-frame); a onesided DFT of a complex input, a onesided inverse (onesided-complex,
-onesided-inverse: onnxruntime's shape inference refuses both; the second would be a
-complex-to-real transform, not written here); a window whose length is not frame_length
+invalid-frame); a onesided DFT of a complex input or a onesided inverse of a real one
+(onesided-complex, onesided-inverse: onnxruntime's shape inference refuses both); a
+onesided inverse whose dft_length wants other than n bins (irfft-length: onnxruntime's
+output is then not numpy's irfft); a window whose length is not frame_length
 (window-length); a double STFT (double-stft: onnxruntime has no double Conv, so the
 rewrite would neither run nor be verified); float16 and bfloat16 inputs (half-type:
 onnxruntime has no bfloat16 DFT, and the float16 rewrite was not verified); other types
@@ -173,25 +174,41 @@ def _dft(node: gs.Node, g: gs.Graph, opset: int, ctx: Context) -> str | None:
     length = _scalar(node, 1, "dft-length")
     if isinstance(length, str):
         return length
-    length = n if length is None else length
+    onesided, inverse = int(node.attrs.get("onesided", 0)), int(node.attrs.get("inverse", 0))
+    # onesided inverse: x holds the first bins of a conjugate-symmetric spectrum, the
+    # output is real ([..., L, 1]) and L is 2 * (n - 1) unless given (onnx's irfft case)
+    c2r = bool(onesided and inverse)
+    if c2r and c == 1:
+        return "onesided-inverse"
+    if onesided and c == 2 and not inverse:
+        return "onesided-complex"
+    length = (2 * (n - 1) if c2r else n) if length is None else length
     if length < 1:
         return "invalid-dft-length"
-    onesided, inverse = int(node.attrs.get("onesided", 0)), int(node.attrs.get("inverse", 0))
-    if onesided and inverse:
-        return "onesided-inverse"
-    if onesided and c == 2:
-        return "onesided-complex"
-    m = length // 2 + 1 if onesided else length
-    if n * c * m * 2 * dt.itemsize > MAX_MATRIX_BYTES:
+    if c2r and n != length // 2 + 1:
+        # more or fewer bins than the spectrum has: onnxruntime's output is then not
+        # numpy's irfft (0.14 apart for 6 bins, L = 9), and no spec says which is right
+        return "irfft-length"
+    m, parts = (length, 1) if c2r else (length // 2 + 1 if onesided else length, 2)
+    if n * c * m * parts * dt.itemsize > MAX_MATRIX_BYTES:
         return "matrix-too-large"
 
-    sigma, gain = (1.0, 1.0 / length) if inverse else (-1.0, 1.0)
-    used = min(n, length)   # rows past dft_length stay zero (the signal is truncated)
-    cos, sin = _angles(used, m, length)
-    w = np.zeros((n, c, m, 2))
-    w[:used, 0, :, 0], w[:used, 0, :, 1] = gain * cos, sigma * gain * sin
-    if c == 2:
-        w[:used, 1, :, 0], w[:used, 1, :, 1] = -sigma * gain * sin, gain * cos
+    w = np.zeros((n, c, m, parts))
+    if c2r:
+        # y[t] = (1/L) sum over all L bins of Re(X[k] e^{i theta}); bin L-k is bin k's
+        # conjugate, so each bin but 0 and L/2 counts twice
+        bins = n
+        cos, sin = _angles(bins, m, length)
+        twice = np.where((np.arange(bins) == 0) | (2 * np.arange(bins) == length), 1.0, 2.0)
+        w[:bins, 0, :, 0] = twice[:, None] * cos / length
+        w[:bins, 1, :, 0] = -twice[:, None] * sin / length
+    else:
+        sigma, gain = (1.0, 1.0 / length) if inverse else (-1.0, 1.0)
+        used = min(n, length)   # rows past dft_length stay zero (the signal is truncated)
+        cos, sin = _angles(used, m, length)
+        w[:used, 0, :, 0], w[:used, 0, :, 1] = gain * cos, sigma * gain * sin
+        if c == 2:
+            w[:used, 1, :, 0], w[:used, 1, :, 1] = -sigma * gain * sin, gain * cos
     base = node.name or node.outputs[0].name
     out = _detach(node)
     perm = [i for i in range(r) if i not in (a, r - 1)] + [a, r - 1]
@@ -201,9 +218,9 @@ def _dft(node: gs.Node, g: gs.Graph, opset: int, ctx: Context) -> str | None:
     flat = _node(g, ctx, base, "Reshape", [x, _ints(ctx, base, "flat", [0] * (r - 2) +
                                                    [n * c])], dtype=dt)
     y = _node(g, ctx, base, "MatMul",
-              [flat, gs.Constant(ctx.namer(f"{base}_basis"), w.reshape(n * c, m * 2)
+              [flat, gs.Constant(ctx.namer(f"{base}_basis"), w.reshape(n * c, m * parts)
                                  .astype(dt))], dtype=dt)
-    shape = _ints(ctx, base, "shape", [0] * (r - 2) + [m, 2])
+    shape = _ints(ctx, base, "shape", [0] * (r - 2) + [m, parts])
     if perm == list(range(r)):
         _node(g, ctx, base, "Reshape", [y, shape], out=out)
     else:
