@@ -799,6 +799,55 @@ def test_newest_opset_ops_compile_once_expanded(opset, tmp_path):
     assert counts["expanded-RMSNormalization"] == counts["expanded-Attention"] == 1
 
 
+@pytest.mark.parametrize("kind", ["dft", "stft"])
+def test_spectral_front_ends_compile_once_expanded(kind, tmp_path):
+    """DFT and STFT, which MIGraphX 2.15/2.16 do not parse and which have no ONNX body: a
+    DFT model (opset 20: an rfft over a middle axis, then a complex inverse) and an STFT
+    audio front-end (Hann window, hop 128, power, mel, log) are refused at parse; the
+    rewrite (expand-spectral: MatMul / Conv against cos/sin) compiles and matches
+    onnxruntime on the original."""
+    import onnx.parser
+    from onnx import numpy_helper
+
+    from rewriter.migraphx.backend import refuses
+    rng = np.random.default_rng(24)
+    if kind == "dft":
+        text = """
+        <ir_version: 10, opset_import: ["" : 20]>
+        g (float[2, 5, 32, 1] x) => (float[2, 5, 32, 2] y) {
+            s = DFT <onesided = 1> (x, , one)
+            t = Mul (s, s)
+            y = DFT <inverse = 1> (t, n, one)
+        }"""
+        inits = {"one": np.array(1, np.int64), "n": np.array(32, np.int64)}
+    else:
+        text = """
+        <ir_version: 10, opset_import: ["" : 17]>
+        g (float[1, 4096] x) => (float[1, 29, 40] y) {
+            s = STFT (x, hop, win)
+            p = Mul (s, s)
+            q = ReduceSum <keepdims = 0> (p, last)
+            m = MatMul (q, mel)
+            e = Add (m, eps)
+            y = Log (e)
+        }"""
+        inits = {"hop": np.array(128, np.int64), "win": np.hanning(514)[1:-1],
+                 "last": np.array([-1], np.int64), "eps": np.array(1e-6),
+                 "mel": rng.uniform(0, 1, (257, 40))}
+    model = onnx.parser.parse_model(text)
+    for name, v in inits.items():
+        v = v.astype(np.float32) if v.dtype == np.float64 else v
+        model.graph.initializer.append(numpy_helper.from_array(v, name))
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    err = refuses(path, {})
+    assert err is not None and err.stage == "parse", err
+    report, info = rewrite_on_migraphx(path, tmp_path)
+    assert_fp32_ok(info)
+    counts = {p.name: p.counts for p in report.passes}["expand-spectral"]
+    assert counts == {"expanded-DFT": 2} if kind == "dft" else {"expanded-STFT": 1}, counts
+
+
 @pytest.mark.parametrize("form", ["one-block", "zero-d-int4", "odd-int4"])
 def test_qdq_forms_migraphx_refuses_compile_once_rewritten(form, tmp_path):
     """Forms onnxruntime's quantizers write (fourteenth round): a blockwise DQ with one block
