@@ -848,6 +848,27 @@ def test_spectral_front_ends_compile_once_expanded(kind, tmp_path):
     assert counts == {"expanded-DFT": 2} if kind == "dft" else {"expanded-STFT": 1}, counts
 
 
+def test_a_trained_stft_preprocessor_compiles_once_expanded(tmp_path):
+    """onnx-asr's NeMo 128-mel preprocessor (a wheel's trained model: STFT, power, mel
+    filterbank, log, per-feature normalization; symbolic batch and length): refused at parse
+    by 2.15 and 2.16 (no STFT parser); expanded, it compiles and gives onnxruntime's
+    features on one second of a tone in noise."""
+    from rewriter.migraphx.backend import refuses
+    path = model_path("onnx_asr_nemo128.onnx")
+    t = np.arange(16000) / 16000
+    wave = (0.3 * np.sin(2 * np.pi * 440 * t) + 0.1 * np.random.default_rng(0).standard_normal(
+        16000)).astype(np.float32)[None]
+    feeds = {"waveforms": wave, "waveforms_lens": np.array([16000], np.int64)}
+    shapes = {"waveforms": [1, 16000], "waveforms_lens": [1]}
+    err = refuses(path, shapes)
+    assert err is not None and err.stage == "parse" and "STFT" in str(err), err
+    report, info = rewrite_on_migraphx(path, tmp_path, inputs=feeds, input_shapes=shapes)
+    assert_fp32_ok(info)
+    assert {p.name: p.counts for p in report.passes}["expand-spectral"] == {"expanded-STFT": 1}
+    features = next(m for m in info["metrics"] if m["name"] == "features")
+    assert features["cosine"] > 0.99999, features
+
+
 @pytest.mark.parametrize("form", ["one-block", "zero-d-int4", "odd-int4"])
 def test_qdq_forms_migraphx_refuses_compile_once_rewritten(form, tmp_path):
     """Forms onnxruntime's quantizers write (fourteenth round): a blockwise DQ with one block
