@@ -33,6 +33,9 @@ from rewriter.core.graph import iter_graphs, np_dtype, packed, peek_values
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 QDQ = ("QuantizeLinear", "DequantizeLinear")
+# onnxruntime's quantizers write int4/int16 Q/DQ as com.microsoft ops below opset 21; MIGraphX
+# parses those by op_type as the standard ones (its parser ignores the domain).
+DOMAINS = (None, "", "ai.onnx", "com.microsoft")
 
 
 class QdqForms(Pass):
@@ -47,7 +50,7 @@ class QdqForms(Pass):
         res = PassResult()
         for g in iter_graphs(graph):
             for node in g.nodes:
-                if node.op not in QDQ or node.domain not in (None, "", "ai.onnx"):
+                if node.op not in QDQ or node.domain not in DOMAINS:
                     continue
                 if int(node.attrs.get("block_size", 0) or 0) > 0:
                     res.outcome(_one_block(node, ctx), "blockwise-one-block-per-axis")

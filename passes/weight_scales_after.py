@@ -29,10 +29,14 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rewriter.core.graph import iter_graphs
+from rewriter.core.graph import iter_graphs, packed
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 LAYERS = ("Conv", "MatMul", "Gemm")
+# onnxruntime's quantizers write com.microsoft Q/DQ for int4/int16 below opset 21 (an int8
+# weight beside them too); MIGraphX reads those as the standard ones. The DQ written is
+# a standard int8 one.
+DOMAINS = (None, "", "ai.onnx", "com.microsoft")
 
 
 class WeightScalesAfter(Pass):
@@ -69,12 +73,18 @@ def _move(node: gs.Node, site) -> str | None:
     None when done, "" when not such a layer, else a skip reason)."""
     wd = node.inputs[1]
     dq = wd.inputs[0] if len(wd.inputs) == 1 else None
-    if dq is None or dq.op != "DequantizeLinear" or dq.domain not in (None, "", "ai.onnx"):
+    if dq is None or dq.op != "DequantizeLinear" or dq.domain not in DOMAINS:
         return ""
     q, s = dq.inputs[0], dq.inputs[1]
     zp = dq.inputs[2] if len(dq.inputs) > 2 and dq.inputs[2].name else None
     if not (isinstance(q, gs.Constant) and isinstance(s, gs.Constant)) or s.values.size <= 1:
         return ""            # per tensor already, or computed
+    if packed(q.values.dtype) and q.values.dtype.name == "int4" and q.values.ndim >= 2:
+        # 2.16 throws on an int4 per-axis weight as on an int8 one (2.15 lowers both): the
+        # same values in int8 take the same path (twice the bytes of that weight).
+        q = gs.Constant(site.ctx.namer(f"{q.name}_int8"), q.values.astype(np.int8))
+        if zp is not None and isinstance(zp, gs.Constant):
+            zp = gs.Constant(site.ctx.namer(f"{zp.name}_int8"), zp.values.astype(np.int8))
     if q.values.dtype != np.int8 or q.values.ndim < 2:
         return ""
     rank = q.values.ndim
@@ -115,7 +125,7 @@ def _dequantized_bias(b: gs.Tensor) -> np.ndarray | None:
     """A conv bias that is a DequantizeLinear of constants, as onnxruntime computes it
     ((q - zp) * s in float32); None when computed at run time."""
     dq = b.inputs[0] if len(b.inputs) == 1 else None
-    if dq is None or dq.op != "DequantizeLinear" or not all(
+    if dq is None or dq.op != "DequantizeLinear" or dq.domain not in DOMAINS or not all(
             isinstance(t, gs.Constant) for t in dq.inputs if t.name):
         return None
     q, s = dq.inputs[0].values, dq.inputs[1].values.astype(np.float32)

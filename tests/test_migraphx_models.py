@@ -713,6 +713,45 @@ def test_a_qdq_models_per_channel_weights_lower_on_every_version(tmp_path):
     assert bool(moved.counts.get("weight-scales-moved")) == (installed_version() >= (2, 16))
 
 
+def test_onnxruntimes_int4_per_channel_weights_lower_on_every_version(tmp_path):
+    """onnxruntime's quantize_static with QInt4 per-channel weights and QInt8 activations
+    (a ResNet) writes com.microsoft Q/DQ, int4 weights with 0-d zero points and odd last
+    dims: MIGraphX's parser crashed on it (exit 2 on 2.15 and 2.16). qdq-forms and
+    weight-scales-after now read onnxruntime's Q/DQ too: it compiles, matches onnxruntime
+    on the original, and every Q/DQ layer lowers to an int8 kernel on both builds (the int4
+    weights the parser unpacks to int8; on 2.16 widened to int8 with their scales after)."""
+    import onnx
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+
+    from rewriter.migraphx.backend import refuses
+    x = np.random.default_rng(7).standard_normal((8, 1, 3, 64, 64)).astype(np.float32)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter({"input": v} for v in x)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    path = tmp_path / "int4.onnx"
+    quantize_static(str(ROOT / "models" / "resnet_mini.onnx"), str(path), Reader(),
+                    quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8,
+                    weight_type=QuantType.QInt4, per_channel=True)
+    m = onnx.load(path)
+    assert {n.domain for n in m.graph.node if n.op_type == "DequantizeLinear"} == {
+        "com.microsoft"}
+    shapes = {"input": [1, 3, 64, 64]}
+    err = refuses(path, shapes)
+    assert err is not None and "INT4" in str(err), err
+    report, info = rewrite_on_migraphx(path, tmp_path, verify=True, input_shapes=shapes)
+    assert info["status"] == "compiled" and info["ok"], info
+    low = info["lowering"]
+    assert low["status"] == "ok" and low["lowered"] == low["planned"] == 14, low
+    assert not [f for f in report.to_dict()["migraphx_check"]["findings"]
+                if f["code"] == "qdq-not-int8"]
+
+
 def test_gpu_on_a_build_without_one_says_so_first(tmp_path, capfd):
     """--migraphx-target gpu on a CPU-only MIGraphX with symbolic dims: every size failed
     to compile and the line blamed the first size's parse of the original (ninth round).

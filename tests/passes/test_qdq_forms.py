@@ -91,6 +91,23 @@ def test_zero_d_or_odd_int4_is_widened_to_int8(shape, zp_shape, rng):
     _same_outputs(m, out, shape[0], rng)
 
 
+def test_onnxruntimes_contrib_dq_is_widened_too(rng):
+    """quantize_static with QInt4 weights below opset 21 writes com.microsoft Q/DQ, which
+    MIGraphX parses by op type: the 0-d int4 zero point crashed its parser all the same,
+    and the pass, reading only the standard domain, left it (a ResNet quantized so: exit 2
+    on 2.15 and 2.16)."""
+    w = rng.integers(-8, 8, (16, 5)).astype(ml_dtypes.int4)
+    m = _mlp(w, np.array(0.05, np.float32), np.array(-2, ml_dtypes.int4), axis=1, opset=17)
+    _dq(m).domain = "com.microsoft"
+    m.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    out, rep = rewriter.rewrite(m, ["qdq-forms"], verify=True)
+    assert rep.passes[0].counts["int4-widened"] == 1
+    dq = _dq(out)
+    inits = {t.name: t for t in out.graph.initializer}
+    assert dq.domain == "com.microsoft" and inits[dq.input[2]].data_type == onnx.TensorProto.INT8
+    _same_outputs(m, out, 16, rng)
+
+
 def test_even_int4_is_left(rng):
     w = rng.integers(0, 16, (16, 6)).astype(ml_dtypes.uint4)
     m = _mlp(w, np.array(0.05, np.float32), axis=1)

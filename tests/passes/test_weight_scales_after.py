@@ -106,3 +106,33 @@ def test_only_in_the_migraphx_pipeline(rng):
                               options={"migraphx_version": (2, 16)})
     moved = next(p for p in rep.passes if p.name == "weight-scales-after")
     assert moved.counts["weight-scales-moved"] == 3
+
+
+def test_int4_weights_and_onnxruntimes_contrib_dqs_move_too(rng):
+    """onnxruntime's quantize_static with QInt4 per-channel weights writes com.microsoft
+    Q/DQ (int4 needs opset 21 in the standard domain). MIGraphX reads them by op type, and
+    2.16 throws on their per-axis weights as on int8 ones: the pass left them (domain), and
+    an int4 weight was left anyway (int8 only). The weight is now written in int8, the same
+    values, and its scales moved; the DQ written is a standard int8 one."""
+    import ml_dtypes
+    text = QDQ.replace('opset_import: ["" : 17]', 'opset_import: ["" : 17, "com.microsoft" : 1]')
+    text = text.replace("md = DequantizeLinear <axis = 1> (mq, sm, zm)",
+                        "md = com.microsoft.DequantizeLinear <axis = 1> (mq, sm, zm)")
+    base = qdq_model(rng)
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in base.graph.initializer}
+    inits["mq"] = rng.integers(-8, 8, (6, 4)).astype(ml_dtypes.int4)
+    inits["zm"] = np.zeros(4, ml_dtypes.int4)
+    inits["sm"] = rng.uniform(0.01, 0.1, 4).astype(np.float32)
+    text = text.replace("float[N, 3] z", "float[N, 4] z")
+    m = make_model(text, inits)
+    out, rep = wsa(m, input_shapes={"x": [2, 4, 8, 8], "v": [2, 6]})
+    assert rep.passes[0].counts["weight-scales-moved"] == 3, rep.passes[0].counts
+    mm = next(n for n in out.graph.node if n.op_type == "MatMul")
+    dq = next(n for n in out.graph.node if mm.input[1] in n.output)
+    w = next(t for t in out.graph.initializer if t.name == dq.input[0])
+    assert dq.domain == "" and w.data_type == onnx.TensorProto.INT8, (dq, w.data_type)
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(w),
+                                  inits["mq"].astype(np.int8))
+    f = feeds(rng, 3)
+    for a, b in zip(run_ort(m, f), run_ort(out, f)):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * float(np.abs(a).max()))
