@@ -1,5 +1,5 @@
-"""qdq-forms: constant Q/DQ inputs in forms MIGraphX refuses or dies on, written in forms it
-parses, exactly.
+"""qdq-forms: Q/DQ in forms MIGraphX refuses, dies on or runs in float, written in the forms it
+parses and lowers, exactly.
 
 Two forms onnxruntime's quantizers write (fourteenth round), measured on the shared builds:
 
@@ -20,7 +20,19 @@ Two forms onnxruntime's quantizers write (fourteenth round), measured on the sha
   with the same values: twice the bytes of those tensors, the same numbers.
 
 Only constants are rewritten: a Q/DQ pair on activations is left (activation-not-constant).
-In the default pipeline only when MIGraphX is the target.
+
+Three forms MIGraphX parses but runs in float, or throws on when lowering (the check's
+``qdq-uint8``, ``qdq-no-zero-point``, ``qdq-scale-shape-1``; onnxruntime's quantize_static
+with QUInt8, its long-time default, writes the first: 0 of a ResNet's 14 layers lowered):
+
+* **uint8 Q/DQ** (uint8-to-int8): a uint8 QuantizeLinear and the DequantizeLinear nodes
+  reading it, or a uint8 constant and its DQs, in int8 with every zero point moved by 128
+  (u - 128 is the same number: below). Left where anything but a DQ reads the uint8
+  tensor (uint8-read-elsewhere: a graph output, another op) or a zero point is computed.
+* **An int8 DQ without a zero point** (zero-point-written): one of 0, shaped as its scale.
+* **A per-tensor scale or zero point stored as [1]** (per-tensor-scale-0d): 0-d.
+
+All three are bit-exact. In the default pipeline only when MIGraphX is the target.
 """
 
 from __future__ import annotations
@@ -42,8 +54,9 @@ class QdqForms(Pass):
     name = "qdq-forms"
     phase = Phase.FOLD
     numerics = Numerics.EXACT
-    summary = ("Q/DQ MIGraphX refuses or crashes on (one-block blockwise scales, 0-d or "
-               "odd-sized int4) written per axis or in int8, exactly")
+    summary = ("Q/DQ MIGraphX refuses, crashes on or runs in float (one-block blockwise "
+               "scales, 0-d or odd-sized int4, uint8, no zero point, [1] scales) written in "
+               "the forms it lowers, exactly")
     shape_ops = ()
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
@@ -56,6 +69,22 @@ class QdqForms(Pass):
                     res.outcome(_one_block(node, ctx), "blockwise-one-block-per-axis")
                 if node.op == "DequantizeLinear" and _odd_packed(node):
                     res.outcome(_widen(node, ctx), "int4-widened")
+        readers, kept = _readers(graph)
+        for g in iter_graphs(graph):
+            for node in list(g.nodes):
+                if node.domain not in DOMAINS:
+                    continue
+                if node.op == "QuantizeLinear" and _q_type(node) == np.uint8:
+                    res.outcome(_signed_q(node, readers, kept, ctx), "uint8-to-int8")
+                elif node.op == "DequantizeLinear" and isinstance(node.inputs[0], gs.Constant) \
+                        and _type(node.inputs[0]) == np.uint8:
+                    res.outcome(_signed_data(node, readers, kept, ctx), "uint8-to-int8")
+        for g in iter_graphs(graph):
+            for node in g.nodes:
+                if node.op in QDQ and node.domain in DOMAINS:
+                    if node.op == "DequantizeLinear" and _type(node.inputs[0]) == np.int8:
+                        res.outcome(_zero_point_written(node, ctx), "zero-point-written")
+                    res.outcome(_scalar_scale(node, ctx), "per-tensor-scale-0d")
         return res
 
 
@@ -109,4 +138,142 @@ def _widen(node: gs.Node, ctx: Context) -> str | None:
     for i, v in values.items():
         node.inputs[i] = gs.Constant(ctx.namer(f"{base}_{'zero_point' if i else 'data'}"),
                                      v.astype(wide))
+    return None
+
+
+# -- uint8 and implicit zero points: what MIGraphX runs in float ---------------------------
+#
+# simplify_qdq matches int8 Q/DQ only (uint8 ones are stripped and the layer runs in float,
+# #2704) and reads a DQ's zero point input (without one the layer stays float,
+# dq_helpers.hpp:42-44). uint8 u and int8 u - 128 with the zero point moved by 128 are the
+# same numbers: Q: clamp(round(x/s) + z, 0, 255) - 128 = clamp(round(x/s) + z - 128, -128,
+# 127); DQ: ((u - 128) - (z - 128)) * s = (u - z) * s. A per-tensor scale stored as [1]
+# throws in simplify_qdq ("succeeding sizes must match") where a 0-d one lowers.
+
+
+def _type(t) -> np.dtype | None:
+    return None if t is None or t.dtype is None else np.dtype(t.dtype)
+
+
+def _q_type(q: gs.Node) -> np.dtype | None:
+    """A QuantizeLinear's output type: its zero point's, else output_dtype's, else uint8
+    (the default without a zero point)."""
+    if len(q.inputs) > 2 and q.inputs[2].name:
+        return _type(q.inputs[2])
+    if q.attrs.get("output_dtype"):
+        return np_dtype(int(q.attrs["output_dtype"]))
+    return np.dtype(np.uint8)
+
+
+def _readers(graph: gs.Graph) -> tuple[dict[str, list], set[str]]:
+    """({tensor: every node reading it, in any graph}, the tensors some graph outputs)."""
+    readers: dict[str, list] = {}
+    kept: set[str] = set()
+    for g in iter_graphs(graph):
+        kept.update(t.name for t in g.outputs)
+        for n in g.nodes:
+            for t in n.inputs:
+                readers.setdefault(t.name, []).append(n)
+    return readers, kept
+
+
+def _shifted(values: np.ndarray) -> np.ndarray:
+    return np.asarray(np.asarray(values).astype(np.int16) - 128, np.int8)
+
+
+def _dq_zero_points(dqs: list) -> list[np.ndarray] | None:
+    """Each DQ's uint8 zero point (0 where it has none), shaped as its scale; None where
+    one is computed or not uint8."""
+    out = []
+    for dq in dqs:
+        scale = _const(dq.inputs[1]) if len(dq.inputs) > 1 else None
+        zp = dq.inputs[2] if len(dq.inputs) > 2 and dq.inputs[2].name else None
+        v = np.zeros(np.shape(scale), np.uint8) if zp is None else _const(zp)
+        if scale is None or v is None or v.dtype != np.uint8:
+            return None
+        out.append(v)
+    return out
+
+
+def _uint8_readers(name: str, readers: dict, kept: set) -> list | None:
+    """The DequantizeLinear nodes reading ``name``, or None where anything else reads it
+    (a graph output, another op): its type must stay."""
+    dqs = readers.get(name, [])
+    if name in kept or not dqs or any(
+            n.op != "DequantizeLinear" or n.domain not in DOMAINS or n.inputs[0].name != name
+            or any(t.name == name for t in n.inputs[1:]) for n in dqs):
+        return None
+    return dqs
+
+
+def _signed_q(q: gs.Node, readers: dict, kept: set, ctx: Context) -> str | None:
+    """A uint8 QuantizeLinear and the DQs reading it, in int8 (zero points moved by 128)."""
+    if q.attrs.get("output_dtype") or q.attrs.get("saturate") is not None:
+        return "output-dtype-attribute"
+    dqs = _uint8_readers(q.outputs[0].name, readers, kept)
+    if dqs is None:
+        return "uint8-read-elsewhere"
+    zps = _dq_zero_points([q] + dqs)
+    if zps is None:
+        return "zero-point-not-constant"
+    for node, zp in zip([q] + dqs, zps):
+        _set_zero_point(node, _shifted(zp), ctx)
+    q.outputs[0].dtype = np.int8
+    return None
+
+
+def _signed_data(dq: gs.Node, readers: dict, kept: set, ctx: Context) -> str | None:
+    """A uint8 constant's DequantizeLinear readers (all of them) in int8."""
+    data = dq.inputs[0]
+    dqs = _uint8_readers(data.name, readers, kept)
+    if dqs is None:
+        return "uint8-read-elsewhere"
+    zps = _dq_zero_points(dqs)
+    values = _const(data)
+    if zps is None or values is None:
+        return "zero-point-not-constant"
+    signed = gs.Constant(ctx.namer(f"{data.name}_int8"), _shifted(values))
+    for node, zp in zip(dqs, zps):
+        node.inputs[0] = signed
+        _set_zero_point(node, _shifted(zp), ctx)
+    return None
+
+
+def _set_zero_point(node: gs.Node, zp: np.ndarray, ctx: Context) -> None:
+    base = node.name or node.outputs[0].name
+    t = gs.Constant(ctx.namer(f"{base}_zero_point"), zp)
+    if len(node.inputs) > 2:
+        node.inputs[2] = t
+    else:
+        node.inputs.append(t)
+
+
+def _zero_point_written(dq: gs.Node, ctx: Context) -> str | None:
+    """An int8 DequantizeLinear without a zero point gets one of 0, shaped as its scale."""
+    if len(dq.inputs) > 2 and dq.inputs[2].name:
+        return ""
+    scale = dq.inputs[1]   # its shape only: a weight's scale may be memory-mapped
+    if not isinstance(scale, gs.Constant) or scale.shape is None:
+        return "scale-not-constant"
+    _set_zero_point(dq, np.zeros(tuple(scale.shape), np.int8), ctx)
+    return None
+
+
+def _scalar_scale(node: gs.Node, ctx: Context) -> str | None:
+    """A per-tensor scale (and zero point) stored as [1], as 0-d."""
+    at = [i for i in (1, 2) if i < len(node.inputs) and node.inputs[i].name]
+    shapes = [tuple(node.inputs[i].shape) if isinstance(node.inputs[i], gs.Constant)
+              and node.inputs[i].shape is not None else None
+              for i in at]   # read from the type: values only when rewritten
+    if any(sh not in ((1,), ()) for sh in shapes) or all(sh == () for sh in shapes):
+        return ""
+    values = {i: _const(node.inputs[i]) for i in at}
+    if int(node.attrs.get("block_size", 0) or 0) > 0:
+        return ""
+    base = node.name or node.outputs[0].name
+    for i, v in values.items():
+        if v.shape == (1,):
+            node.inputs[i] = gs.Constant(
+                ctx.namer(f"{base}_{'zero_point' if i == 2 else 'scale'}"),
+                np.asarray(v.reshape(())))
     return None

@@ -752,6 +752,41 @@ def test_onnxruntimes_int4_per_channel_weights_lower_on_every_version(tmp_path):
                 if f["code"] == "qdq-not-int8"]
 
 
+def test_onnxruntimes_uint8_qdq_lowers_to_int8_kernels(tmp_path):
+    """onnxruntime's quantize_static with QUInt8 activations and weights (its long-time
+    default): MIGraphX strips uint8 Q/DQ and every layer silently runs in float (0 of 14
+    lower, on 2.15 and 2.16). qdq-forms writes them in int8, zero points moved by 128,
+    bit-exactly: every Q/DQ layer lowers, the outputs match onnxruntime on the original."""
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+
+    from rewriter.migraphx.lowering import lower_int8
+    x = np.random.default_rng(7).standard_normal((8, 1, 3, 64, 64)).astype(np.float32)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter({"input": v} for v in x)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    path = tmp_path / "u8.onnx"
+    quantize_static(str(ROOT / "models" / "resnet_mini.onnx"), str(path), Reader(),
+                    quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QUInt8, per_channel=True)
+    shapes = {"input": [1, 3, 64, 64]}
+    before = lower_int8(path, shapes, [])
+    assert before.status == "ok" and before.lowered == 0, before.headline()
+    report, info = rewrite_on_migraphx(path, tmp_path, verify=True, input_shapes=shapes)
+    assert info["status"] == "compiled" and info["ok"], info
+    low = info["lowering"]
+    assert low["status"] == "ok" and low["lowered"] == low["planned"] == 14, low
+    forms = next(p for p in report.passes if p.name == "qdq-forms")
+    assert forms.counts["uint8-to-int8"] > 14, forms.counts
+    assert not [f for f in report.to_dict()["migraphx_check"]["findings"]
+                if f["code"] in ("qdq-uint8", "qdq-scale-shape-1")]
+
+
 def test_gpu_on_a_build_without_one_says_so_first(tmp_path, capfd):
     """--migraphx-target gpu on a CPU-only MIGraphX with symbolic dims: every size failed
     to compile and the line blamed the first size's parse of the original (ninth round).

@@ -135,7 +135,8 @@ def test_a_memory_mapped_weight_stays_on_disk(tmp_path):
     from rewriter.core.load import load_model
     from rewriter.core.pass_base import Context
     from rewriter.passes.qdq_forms import QdqForms
-    m = _mlp(np.ones((256, 256), np.int8), np.array(0.1, np.float32), axis=1, opset=17)
+    m = _mlp(np.ones((256, 256), np.int8), np.array(0.1, np.float32), np.array(0, np.int8),
+             axis=1, opset=17)
     onnx.save(m, tmp_path / "m.onnx", save_as_external_data=True, location="m.bin",
               size_threshold=0)
     g = to_graph(load_model(tmp_path / "m.onnx"))
@@ -143,3 +144,112 @@ def test_a_memory_mapped_weight_stays_on_disk(tmp_path):
     assert isinstance(w, gs.Constant) and isinstance(w._values, LazyValues)
     assert not QdqForms().run(g, Context()).changed
     assert isinstance(w._values, LazyValues)
+
+
+_U8 = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 4, 8, 8] x) => (float[N, 4, 8, 8] y, float[N, 4, 8, 8] y2) {
+    xq = QuantizeLinear (x, sx, zx)
+    xd = DequantizeLinear (xq, sx, zx)
+    wd = DequantizeLinear <axis = 0> (wq, sw, zw)
+    c = Conv <pads = [1, 1, 1, 1]> (xd, wd, b)
+    r = Relu (c)
+    rq = QuantizeLinear (r, sr)
+    rd = DequantizeLinear (rq, sr)
+    wd2 = DequantizeLinear <axis = 0> (wq, sw, zw)
+    c2 = Conv <pads = [1, 1, 1, 1]> (rd, wd2, b)
+    y = Add (c2, r)
+    y2 = Conv <pads = [1, 1, 1, 1]> (xd, wd2, b)
+}
+"""
+
+
+def _u8_model(rng):
+    """Two uint8 Q/DQ sites (onnxruntime's QUInt8 form), one Q without a zero point
+    (uint8 by default), uint8 per-channel weights shared by two DQs."""
+    from conftest import make_model
+    return make_model(_U8, {
+        "sx": np.array(0.03, np.float32), "zx": np.array(131, np.uint8),
+        "sr": np.array(0.02, np.float32),
+        "wq": rng.integers(0, 256, (4, 4, 3, 3)).astype(np.uint8),
+        "sw": rng.uniform(0.002, 0.01, 4).astype(np.float32),
+        "zw": rng.integers(120, 136, 4).astype(np.uint8),
+        "b": rng.standard_normal(4).astype(np.float32)})
+
+
+def test_uint8_qdq_becomes_int8_bit_exactly(rng):
+    """MIGraphX strips uint8 Q/DQ and runs the layer in float (#2704): onnxruntime's
+    QUInt8 models got no int8 kernel. u - 128 with the zero point moved by 128 is the same
+    numbers: the outputs are bit-identical, every Q/DQ is int8 with its zero point."""
+    m = _u8_model(rng)
+    out, rep = rewriter.rewrite(m, ["qdq-forms"], verify=True)
+    counts = rep.passes[0].counts
+    assert counts["uint8-to-int8"] == 3, counts    # two Qs and the shared weight
+    inits = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    for n in out.graph.node:
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            assert len(n.input) == 3 and inits[n.input[2]].dtype == np.int8, n
+    assert sum(1 for t in out.graph.initializer if t.data_type == onnx.TensorProto.UINT8) == 0
+    # the shared weight is one int8 constant, read by both DQs
+    dqw = {n.input[0] for n in out.graph.node if n.op_type == "DequantizeLinear"
+           and n.input[0] in inits and inits[n.input[0]].ndim == 4}
+    assert len(dqw) == 1
+    for n in (1, 3):
+        x = rng.standard_normal((n, 4, 8, 8)).astype(np.float32) * 3
+        for u, v in zip(run_ort(m, {"x": x}), run_ort(out, {"x": x})):
+            np.testing.assert_array_equal(u, v)
+
+
+def test_uint8_read_by_anything_but_a_dq_is_left(rng):
+    """A uint8 Q whose output is also a graph output (or read by another op) keeps its type:
+    what the caller reads would change."""
+    text = _U8.replace("(float[N, 4, 8, 8] y, float[N, 4, 8, 8] y2)",
+                       "(float[N, 4, 8, 8] y, float[N, 4, 8, 8] y2, uint8[N, 4, 8, 8] rq)")
+    from conftest import make_model
+    base = _u8_model(rng)
+    m = make_model(text, {t.name: numpy_helper.to_array(t) for t in base.graph.initializer})
+    out, rep = rewriter.rewrite(m, ["qdq-forms"], verify=True)
+    assert rep.passes[0].counts["uint8-to-int8"] == 2
+    assert rep.passes[0].counts["skip:uint8-read-elsewhere"] == 1
+    assert out.graph.output[2].type.tensor_type.elem_type == onnx.TensorProto.UINT8
+
+
+def test_int8_dq_without_zero_point_gets_one_and_a_1_element_scale_becomes_0d(rng):
+    """simplify_qdq reads a DQ's zero point input (without one the layer stays float) and
+    throws on a per-tensor scale stored as [1]: both written in the form it lowers."""
+    from conftest import make_model
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 6] x) => (float[N, 5] y) {
+        xq = QuantizeLinear (x, sx, zx)
+        xd = DequantizeLinear (xq, sx, zx)
+        wd = DequantizeLinear (wq, sw)
+        y = MatMul (xd, wd)
+    }""", {"sx": np.array([0.05], np.float32), "zx": np.array([0], np.int8),
+           "wq": rng.integers(-127, 128, (6, 5)).astype(np.int8),
+           "sw": np.array([0.01], np.float32)})
+    out, rep = rewriter.rewrite(m, ["qdq-forms"], verify=True)
+    counts = rep.passes[0].counts
+    assert counts["zero-point-written"] == 1 and counts["per-tensor-scale-0d"] == 3, counts
+    inits = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    for n in out.graph.node:
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            assert [inits[i].shape for i in n.input[1:]] == [(), ()], n
+    x = rng.standard_normal((3, 6)).astype(np.float32)
+    np.testing.assert_array_equal(run_ort(m, {"x": x})[0], run_ort(out, {"x": x})[0])
+
+
+def test_a_1_element_scale_beside_a_0d_zero_point_becomes_0d(rng):
+    """onnxruntime's int32 bias DQ: scale [1], zero point 0-d (quantize_static without
+    fusing BatchNormalization): the scale alone is reshaped."""
+    from conftest import make_model
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4] x) => (float[N, 4] y) {
+        bd = DequantizeLinear (bq, sb, zb)
+        y = Add (x, bd)
+    }""", {"bq": rng.integers(-999, 999, 4).astype(np.int32),
+           "sb": np.array([0.001], np.float32), "zb": np.array(0, np.int32)})
+    out, rep = rewriter.rewrite(m, ["qdq-forms"], verify=True)
+    assert rep.passes[0].counts["per-tensor-scale-0d"] == 1, rep.passes[0].counts
+    assert all(not t.dims for t in out.graph.initializer if t.name != "bq")
