@@ -817,3 +817,87 @@ def test_a_failing_topk_values_output_gets_no_selection_hint():
         return [OutputMetrics(name, True, 1.0, 1.0, 0.5, 1.0, ok=False)]
     assert _selected(bad("v"), m.graph) == ""
     assert "'i' is selected by TopK" in _selected(bad("i"), m.graph)
+
+
+def test_a_post_processing_that_reads_the_topk_values_is_replayed():
+    """The kept scores times what they select (TopK's values read beside its indices): the
+    replay fed the values and kept the TopK that defines them too, an invalid model
+    ("Duplicate definition of name (v)"), so the output failed under --plan fp16 with the
+    advice to quantize without the post-processing (fails on the code before this test)."""
+    text = _TOPK_BOXES.replace("(float[1, 8, 4] boxes)", "(float[1, 8] out)").replace(
+        "boxes = Gather <axis = 1> (b, ix)",
+        "b2 = MatMul (x, B2)\n        sc = Gather <axis = 1> (b2, ix)\n        out = Mul (sc, v)")
+    inits = dict(_topk_boxes_inits(),
+                 B2=np.random.default_rng(1).standard_normal((16, 64)).astype(np.float32))
+    out, report = rewriter.rewrite(make_model(text, inits), plan="fp16", verify=True)
+    m = report.verification[0]
+    assert m["ok"] and m["cosine"] < 0.99, m
+    assert [r["name"] for r in m["selected"]["reads"]] == ["s", "b2", "v"], m["selected"]
+    assert m["selected"]["replay"].startswith("equal"), m["selected"]
+
+
+_TOPK_LABELS = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 16] x) => (int64[1, 400] labels) {
+        m = MatMul (x, W)
+        s = Sigmoid (m)
+        k = Constant <value = int64[1] {400}> ()
+        v, i = TopK <axis = 1> (s, k)
+        cc = MatMul (x, C)
+        c = Reshape (cc, shp)
+        cls = ArgMax <axis = 2, keepdims = 0> (c)
+        ix = Squeeze (i, zero)
+        lab = Gather <axis = 1> (cls, ix)
+        sg = Gather <axis = 1> (s, ix)
+        keep = Greater (sg, thr)
+        labels = Where (keep, lab, neg)
+    }"""
+
+
+class QuantizesAndMovesTheThreshold(Pass):
+    """A lossy pass that, besides rounding the scores' weight (near-equal scores reorder, as
+    any quantization does), moves the score threshold of the post-processing by a hair: two
+    of the 400 kept labels turn to -1. What the TopK reads is within the budget."""
+
+    name = "quantizes-and-moves-the-threshold"
+    phase = Phase.FUSE
+    numerics = Numerics.LOSSY
+
+    def __init__(self, thr):
+        self.thr = np.float32(thr)
+
+    def run(self, graph, ctx):
+        gr = next(n for n in graph.nodes if n.op == "Greater")
+        if gr.inputs[1].values == self.thr:
+            return PassResult(changed=False)
+        gr.inputs[1].values = np.array(self.thr)
+        w = next(n for n in graph.nodes if n.op == "MatMul").inputs[1]
+        noise = np.random.default_rng(1).standard_normal(w.values.shape)
+        w.values = (w.values * (1 + 3e-5 * noise)).astype(np.float32)
+        return PassResult(changed=True)
+
+
+def test_the_replay_of_a_selections_post_processing_keeps_integers_equal():
+    """The replay of the post-processing on the original's values was judged by the FP32
+    rule, which lets 1% of an integer output's values flip (ties after re-association): a
+    threshold moved so that 2 of 400 labels change (0.5%) passed as "equal" (fails on the
+    code before this test). On the same values, any flip is the post-processing changed."""
+    r = np.random.default_rng(0)
+    inits = {"W": (1 + 1e-4 * r.standard_normal((16, 1000))).astype(np.float32),
+             "C": r.standard_normal((16, 20000)).astype(np.float32),
+             "shp": np.array([1, 1000, 20], np.int64), "zero": np.array([0], np.int64),
+             "thr": np.array(0.0, np.float32), "neg": np.array(-1, np.int64)}
+    feeds = {"x": np.random.default_rng(0).standard_normal((1, 16)).astype(np.float32)}
+    probe = make_model(_TOPK_LABELS.replace("(int64[1, 400] labels)", "(float[1, 400] v)"),
+                       inits)
+    v = run_ort(probe, feeds)[0][0]
+    j = next(j for j in range(200, 390) if v[j] > v[j + 1] and v[j + 2] > v[j + 3])
+    inits["thr"] = np.array((v[j] + v[j + 1]) / 2, np.float32)
+    moved = (v[j + 2] + v[j + 3]) / 2   # two more scores over it
+    with pytest.raises(rewriter.VerificationError) as e:
+        rewriter.rewrite(make_model(_TOPK_LABELS, inits), [QuantizesAndMovesTheThreshold(moved)],
+                         verify=True, inputs=feeds)
+    sel = e.value.report.verification[0]["selected"]
+    assert all(r["ok"] for r in sel["reads"]), sel
+    assert sel["replay"] == "differs from the original's (99.50% of its integer values equal)"
+
