@@ -1169,7 +1169,7 @@ class _Rewrite:
                     + ", ".join(f"'{r['name']}'" for r in m.selected["reads"])
                     + "), within " + ("the budget" if self.plan is not None else "tolerance")
                     + ", and on its post-processing run on the original's values of those, "
-                    "equal; --strict refuses it")
+                    + m.selected["replay"] + "; --strict refuses it")
         for m in metrics:   # passed, but only because the data cannot decide (verifier)
             c = m.certificate
             if m.selected:
@@ -1401,6 +1401,14 @@ def _selected(metrics, graph) -> str:
         return (f"; '{bad[0]}' is selected by {m.selected['by']}, and what it selects from "
                 "misses the budget too: " + ", ".join(
                     f"'{r['name']}' ({_short(r)})" for r in missed))
+    replay = (m.selected or {}).get("replay", "")
+    if replay.startswith("differs"):   # the post-processing changed, not the order
+        return (f"; '{bad[0]}' is selected by {m.selected['by']}, and what it selects from "
+                "is within the budget, but its post-processing run on the original's values "
+                f"of those {replay}: the rewrite changed the post-processing itself")
+    if replay:   # the replay could not run: the output is judged on itself
+        return (f"; '{bad[0]}' is selected by {m.selected['by']}, and what it selects from "
+                f"is within the budget, but its post-processing {replay}")
     return (f"; '{bad[0]}' is selected by {first.op_type} '{first.name or first.output[0]}', "
             "whose choice follows near-equal values that quantization reorders, and no layer "
             "before it leaves the budget: quantize the model without its post-processing")

@@ -901,3 +901,25 @@ def test_the_replay_of_a_selections_post_processing_keeps_integers_equal():
     assert all(r["ok"] for r in sel["reads"]), sel
     assert sel["replay"] == "differs from the original's (99.50% of its integer values equal)"
 
+
+def test_a_post_processing_that_differs_on_the_same_values_is_said():
+    """The error of a plan whose output is selected, what it selects from within the budget,
+    and whose replayed post-processing differs: it said to quantize without the
+    post-processing (near-equal values reordered), not that the post-processing changed."""
+    from rewriter.api import _selected
+    m = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 64] s) => (int64[1, 8] i) {
+        k = Constant <value = int64[1] {8}> ()
+        v, i = TopK <axis = 1> (s, k)
+    }""")
+    bad = OutputMetrics("i", True, 1.0, 1.0, 0.5, 1.0, ok=False, integer=True)
+    read = OutputMetrics("s", True, 0.0, 0.0, 1.0, 0.0).to_dict()
+    bad.selected = {"by": "TopK 'v'", "reads": [read],
+                    "replay": "differs from the original's (75.00% of its integer values equal)"}
+    said = _selected([bad], m.graph)
+    assert "changed the post-processing itself" in said and "75.00%" in said, said
+    assert "without its post-processing" not in said, said
+    bad.selected["replay"] = "could not be replayed on the original's values: boom"
+    said = _selected([bad], m.graph)
+    assert "could not be replayed" in said and "changed" not in said, said
