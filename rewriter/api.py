@@ -496,6 +496,20 @@ class _Rewrite:
                     + " (their dims share names with the inputs given)")
         self.graph = to_graph(self.original, self.base_dir, infer=infer, fixed=self.fixed)
         self.graph_inferred = infer
+        # Nodes sharing a name get the names the export gives them (core.graph.
+        # unique_node_names) now: a plan names nodes (node_id), and with 'dup' in it every
+        # node called so went FP16, a TopK's Gather and Reshape included.
+        names = [n.name for n in self.graph.nodes if n.name]
+        if len(names) != len(set(names)):
+            used, seen = set(names), set()
+            for n in self.graph.nodes:
+                if n.name and n.name in seen:
+                    i = 1
+                    while f"{n.name}_{i}" in used:
+                        i += 1
+                    n.name = f"{n.name}_{i}"
+                    used.add(n.name)
+                seen.add(n.name)
 
     def make_verifier(self) -> None:
         if not self.verify:

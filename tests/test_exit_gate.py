@@ -923,3 +923,19 @@ def test_a_post_processing_that_differs_on_the_same_values_is_said():
     bad.selected["replay"] = "could not be replayed on the original's values: boom"
     said = _selected([bad], m.graph)
     assert "could not be replayed" in said and "changed" not in said, said
+
+
+def test_a_plan_names_one_node_where_node_names_repeat():
+    """Every node named 'dup': the passes ran on the names as loaded, so the plan's
+    {'dup': 'fp16'} (the first MatMul) put every node so named in FP16, the TopK's Gather
+    included; what it selects from was then a float16 tensor the original has not, and the
+    output failed (fails on the code before this test). Names are made unique at load, as
+    the export makes them; the selection is named as the rewritten model names it."""
+    m = make_model(_TOPK_BOXES, _topk_boxes_inits())
+    for n in m.graph.node:
+        n.name = "dup"
+    out, report = rewriter.rewrite(m, plan="fp16", verify=True)
+    gather = next(n for n in out.graph.node if n.op_type == "Gather")
+    assert not any(t.endswith("_fp16") for t in gather.input), gather
+    assert report.verification[0]["ok"], report.verification[0]
+    assert report.verification[0]["selected"]["by"] == "TopK 'dup_3'", report.verification[0]

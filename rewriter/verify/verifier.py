@@ -44,10 +44,6 @@ class Verifier:
         self.model_eps = compute_eps(original)
         self._noise: dict[str, float] | None = None
         self._source = (original, base_dir, path)   # for rounding_noise, run only if needed
-        # Outputs a TopK, NMS or NonZero selects: judged, where they miss, on what the
-        # selection reads (judge_selected).
-        self.selection = {o: (f"{n.op_type} '{n.name or n.output[0]}'", reads)
-                          for o, (n, reads) in selection_reads(original.graph).items()}
         self._reads: dict[str, tuple] = {}   # tensor: (joined, per feed set, classes)
         if duplicate_node_names(original):
             # onnxruntime refuses two nodes of one name; the rewrite renames them (the
@@ -57,6 +53,10 @@ class Verifier:
             unique_node_names(renamed)
             original, path = renamed, None
             self._source = (original, base_dir, path)
+        # Outputs a TopK, NMS or NonZero selects: judged, where they miss, on what the
+        # selection reads (judge_selected); named as the renamed copy names them.
+        self.selection = {o: (f"{n.op_type} '{n.name or n.output[0]}'", reads)
+                          for o, (n, reads) in selection_reads(original.graph).items()}
         try:
             sess = self._original_session()
         except Exception as e:
