@@ -1411,6 +1411,12 @@ def _selected(metrics, graph) -> str:
     first = dependent[bad[0]]
     m = next(m for m in metrics if m.name == bad[0])
     missed = [r for r in (m.selected or {}).get("reads", []) if not r["ok"]]
+    if missed and all(r["strict_refused"] for r in missed):   # only --strict refused them
+        return (f"; '{bad[0]}' is selected by {m.selected['by']}, and what it selects from "
+                "is within the budget but not certified at 95% (--strict): " + ", ".join(
+                    f"'{r['name']}' ({_short(r)}"
+                    + (f"; {r['certificate']['why']}" if (r.get("certificate") or {}).get(
+                        "why") else "") + ")" for r in missed))
     if missed:   # judged on what the selection reads (verifier.judge_selected): that missed
         return (f"; '{bad[0]}' is selected by {m.selected['by']}, and what it selects from "
                 "misses the budget too: " + ", ".join(
@@ -1420,7 +1426,11 @@ def _selected(metrics, graph) -> str:
         return (f"; '{bad[0]}' is selected by {m.selected['by']}, and what it selects from "
                 "is within the budget, but its post-processing run on the original's values "
                 f"of those {replay}: the rewrite changed the post-processing itself")
-    if replay:   # the replay could not run: the output is judged on itself
+    if replay.startswith("equal"):   # passed that way, refused by --strict only
+        return (f"; '{bad[0]}' is selected by {m.selected['by']}: what it selects from is "
+                f"within the budget and its post-processing, run on the original's values of "
+                f"those, {replay}; --strict refuses an output judged so")
+    if replay.startswith("could not"):   # the output is judged on itself
         return (f"; '{bad[0]}' is selected by {m.selected['by']}, and what it selects from "
                 f"is within the budget, but its post-processing {replay}")
     return (f"; '{bad[0]}' is selected by {first.op_type} '{first.name or first.output[0]}', "

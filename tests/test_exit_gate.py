@@ -939,3 +939,29 @@ def test_a_plan_names_one_node_where_node_names_repeat():
     assert not any(t.endswith("_fp16") for t in gather.input), gather
     assert report.verification[0]["ok"], report.verification[0]
     assert report.verification[0]["selected"]["by"] == "TopK 'dup_3'", report.verification[0]
+
+
+def test_a_selected_output_refused_by_strict_only_is_said_so():
+    """--strict on an end-to-end detector (the fifteenth round's YOLOv8 + NMS under --plan
+    fp16): its boxes' reads were within the budget but not certified at 95%, and the error
+    said 'drift beyond tolerance' and that they 'miss the budget too'; a TopK's indices
+    judged equal on replay were told 'its post-processing equal' (this review's first
+    wording) or to quantize without the post-processing."""
+    from rewriter.api import _selected
+    m = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 64] s) => (int64[1, 8] i) {
+        k = Constant <value = int64[1] {8}> ()
+        v, i = TopK <axis = 1> (s, k)
+    }""")
+    bad = OutputMetrics("i", True, 1.0, 1.0, 0.5, 1.0, ok=False, integer=True)
+    read = OutputMetrics("s", True, 0.0, 0.0, 1.0, 0.0, ok=False, strict_refused="uncertified",
+                         certificate={"met": True, "why": "381 samples needed"}).to_dict()
+    bad.selected = {"by": "TopK 'v'", "reads": [read], "replay": "equal"}
+    said = _selected([bad], m.graph)
+    assert "not certified at 95% (--strict): 's'" in said and "381 samples" in said, said
+    assert "misses the budget" not in said, said
+    bad.selected["reads"] = [dict(read, ok=True, strict_refused="")]
+    said = _selected([bad], m.graph)
+    assert "run on the original's values of those, equal; --strict refuses" in said, said
+    assert "without its post-processing" not in said, said

@@ -154,6 +154,8 @@ class Verifier:
             if all(j.ok for j in judged) and not why:
                 m.ok = not self.strict
                 m.strict_refused = "selected" if self.strict else ""
+            elif all(j.ok or j.strict_refused for j in judged) and not why:
+                m.strict_refused = "selected"   # refused by --strict only (a read uncertified)
 
     def _reference_reads(self, names: list[str]) -> None:
         """The original's values of tensors it need not output: joined one sample per row as
