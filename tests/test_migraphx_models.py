@@ -787,6 +787,26 @@ def test_onnxruntimes_uint8_qdq_lowers_to_int8_kernels(tmp_path):
                 if f["code"] in ("qdq-uint8", "qdq-scale-shape-1")]
 
 
+def test_what_a_topk_selects_is_judged_on_what_it_selects_from_on_migraphx(tmp_path):
+    """A plan on a model whose boxes a TopK of near-equal scores gathers: the boxes reorder
+    under float16 on MIGraphX as in onnxruntime. As --verify does, the MIGraphX step judges
+    them on what the TopK reads (run on MIGraphX) and on the rewritten post-processing
+    against the original's, both compiled on MIGraphX and fed the original's values."""
+    import sys
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import make_model
+    from test_exit_gate import _TOPK_BOXES, _topk_boxes_inits
+    path = tmp_path / "topk.onnx"
+    import onnx
+    onnx.save(make_model(_TOPK_BOXES, _topk_boxes_inits()), path)
+    report, info = rewrite_on_migraphx(path, tmp_path, verify=True, plan="fp16")
+    assert info["status"] == "compiled" and info["ok"], info
+    boxes = next(m for m in info["metrics"] if m["name"] == "boxes")
+    assert boxes["cosine"] < 0.99 and boxes["selected"]["replay"] == "equal", boxes
+    assert [r["name"] for r in boxes["selected"]["reads"]] == ["s", "b"]
+    assert "selected by TopK" in report.render()
+
+
 def test_gpu_on_a_build_without_one_says_so_first(tmp_path, capfd):
     """--migraphx-target gpu on a CPU-only MIGraphX with symbolic dims: every size failed
     to compile and the line blamed the first size's parse of the original (ninth round).

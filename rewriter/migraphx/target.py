@@ -89,6 +89,9 @@ def migraphx_step(output_path: str | os.PathLike, verifier, feed_sets: list[dict
         outputs = be.run(output_path, feed_sets[0])
         info.update(status="compiled", device="gpu")
         info["metrics"] = _judge(verifier(), outputs, numerics, single=True)
+    if run is not None and not all(m["ok"] for m in info["metrics"]):
+        _selected(be, info, output_path, verifier(), feed_sets, shapes, numerics,
+                  info["device"])
     if candidate is not None and lossy is not None and info["status"] == "compiled":
         info["onnxruntime"] = [m.to_dict() for m in verifier().check(candidate, Numerics.LOSSY)]
         _as_onnxruntime(info)
@@ -228,6 +231,65 @@ def _original_too(be, info, original, run, verifier, feed_sets, shapes, numerics
                      f"({worst['name']}: cosine {worst['cosine']:.6f}, max_rel "
                      f"{worst['max_rel']:.2e}), and the rewritten model as the original "
                      f"(max_rel {apart:.2e} between them): not caused by the rewrite")
+
+
+def _selected(be, info, output_path, verifier, feed_sets, shapes, numerics, device) -> None:
+    """A miss on an output a TopK, NMS or NonZero selects, judged on MIGraphX as --verify
+    judges it in onnxruntime (Verifier.judge_selected): what the selection reads, run on
+    MIGraphX, against the original's values in onnxruntime; and the rewritten model's
+    post-processing, compiled on MIGraphX and fed the original's values of those, against
+    the original model's post-processing compiled and fed alike. MIGraphX computes that
+    part its own way (the order of exact ties in a TopK, the zeros it pads an NMS's output
+    with, which the check reports); the rewrite must not change what it computes there."""
+    import tempfile
+
+    import onnx
+
+    from rewriter.verify.verifier import _add_outputs, _post_processing
+    bad = [m for m in info["metrics"] if not m["ok"] and m["name"] in verifier.selection]
+    if not bad:
+        return
+    model = onnx.load(output_path)
+    reads = verifier.selected_reads(model)
+    bad = [m for m in bad if m["name"] in reads]
+    if not bad:
+        return
+    outs = [m["name"] for m in bad]
+    names = list(dict.fromkeys(t for m in bad for t in reads[m["name"]]))
+    theirs = list(dict.fromkeys(t for o in outs for t in verifier.selection[o][1]))
+    verifier.reference_reads(list(dict.fromkeys(names + theirs)))
+    values = [{t: verifier._reads[t][1][k] for t in verifier._reads}
+              for k in range(len(feed_sets))]
+    original = verifier._source[0]
+    with tempfile.TemporaryDirectory(prefix="rewrite-mgx-") as tmp:
+        paths = [os.path.join(tmp, f) for f in ("reads.onnx", "post.onnx", "orig_post.onnx")]
+        post = _post_processing(model, outs, {t: values[0][t].dtype for t in names})
+        # What the original reads and the rewritten one does not is a shape the passes
+        # folded: a constant here too (MIGraphX needs it at compile; one size per compile).
+        orig_post = _post_processing(original, outs, {
+            t: values[0][t].dtype if t in names else np.asarray(values[0][t]) for t in theirs})
+        del model.graph.output[:]
+        _add_outputs(model, names)
+        for path, m in zip(paths, (model, post, orig_post)):
+            onnx.save(m, path)
+        try:
+            got = be.compile_and_run(paths[0], feed_sets, input_shapes=shapes or None,
+                                     target=device).outputs
+            replays = []
+            for path, sub in zip(paths[1:], (post, orig_post)):
+                wanted = [i.name for i in sub.graph.input]
+                feeds = [{k: {**f, **v}[k] for k in wanted} for f, v in zip(feed_sets, values)]
+                replays.append(be.compile_and_run(path, feeds, target=device).outputs)
+        except be.MigraphxError as e:
+            for m in bad:
+                m["selected"] = {"by": verifier.selection[m["name"]][0], "reads": [],
+                                 "replay": f"could not run on MIGraphX: {e}"}
+            return
+    got = dict(zip(names, got))
+    for m, mine, orig in zip(bad, *replays):
+        verifier.settle_selected(m, reads[m["name"]], got, np.asarray(mine), "", numerics, 2,
+                                 against=np.asarray(orig),
+                                 whose="the original's post-processing on MIGraphX")
 
 
 def _backends_apart(info, bad: list[dict], numerics, apart: float) -> bool:
@@ -424,6 +486,12 @@ def _metric_line(m: dict, ort: dict | None) -> str:
     c = m.get("certificate")
     if m.get("tied_order"):
         s += f" (not comparable element by element: {m['tied_order']})"
+    elif m.get("selected") and m["ok"]:
+        sel = m["selected"]
+        s += (f" (selected by {sel['by']}: judged on what it selects from, "
+              + ", ".join(f"'{r['name']}' cosine {r['cosine']:.6f}" for r in sel["reads"])
+              + "; its post-processing and the original's, on MIGraphX from the original's "
+              f"values of those: {sel['replay']})")
     elif m.get("backends_apart"):
         s += f" ({m['backends_apart']})"
     elif m.get("as_onnxruntime"):

@@ -124,40 +124,63 @@ class Verifier:
         Where both hold, the output passes, said by the caller; --strict refuses it. Only
         where the rewritten post-processing is plain and reads tensors the original's reads
         (core.graph.selection_reads); it may read fewer (a shape the passes folded)."""
-        theirs = selection_reads(exported.model.graph)
-        bad = [m for m in metrics if not m.ok and m.name in self.selection
-               and m.name in theirs and set(theirs[m.name][1]) <= set(self.selection[m.name][1])]
+        reads = self.selected_reads(exported.model)
+        bad = [m for m in metrics if not m.ok and m.name in reads]
         if not bad:
             return
-        names = list(dict.fromkeys(t for m in bad for t in theirs[m.name][1]))
-        self._reference_reads(names)
+        names = list(dict.fromkeys(t for m in bad for t in reads[m.name]))
+        self.reference_reads(names)
         got = dict(zip(names, _run_with_outputs(exported.model, exported.source_dir,
                                                 exported.ort_initializers(), names,
                                                 self.feed_sets)))
         replayed, why = self._replay(exported, [m.name for m in bad], names)
-        close = Numerics.CLOSE if numerics is Numerics.LOSSY else numerics
         for m in bad:
-            reads, said = theirs[m.name][1], ""
-            judged = [self.judge_output(t, self._reads[t][0], got[t], self._reads[t][2],
-                                        numerics, depth) for t in reads]
-            k = self.output_names.index(m.name)
-            if replayed is not None:
-                r = self.judge_output(m.name, self.reference[k], replayed[m.name],
-                                      self.classes[k], close, depth)
-                # Integers equal, not the 1% of flipped ties an output may have: on the
-                # same values, a flip is the post-processing changed (a threshold moved).
-                r.ok = r.ok and not (r.integer and r.mismatch > 0)
-                why = "" if r.ok else f"differs from the original's ({_short_miss(r)})"
-                said = "equal" if r.max_abs == 0 else f"equal to FP32 tolerance ({_short_miss(r)})"
-            m.selected = {"by": self.selection[m.name][0],
-                          "reads": [j.to_dict() for j in judged], "replay": why or said}
-            if all(j.ok for j in judged) and not why:
-                m.ok = not self.strict
-                m.strict_refused = "selected" if self.strict else ""
-            elif all(j.ok or j.strict_refused for j in judged) and not why:
-                m.strict_refused = "selected"   # refused by --strict only (a read uncertified)
+            self.settle_selected(m, reads[m.name], got, replayed and replayed[m.name], why,
+                                 numerics, depth)
 
-    def _reference_reads(self, names: list[str]) -> None:
+    def selected_reads(self, model: onnx.ModelProto) -> dict[str, list[str]]:
+        """{output the original's selection picks: the tensors ``model``'s post-processing
+        reads}, where that is plain and reads tensors the original's reads (it may read
+        fewer: a shape the passes folded)."""
+        theirs = selection_reads(model.graph)
+        return {o: theirs[o][1] for o in self.selection
+                if o in theirs and set(theirs[o][1]) <= set(self.selection[o][1])}
+
+    def settle_selected(self, m, reads: list[str], got: dict, replayed, why: str,
+                        numerics: Numerics, depth: int, against=None,
+                        whose: str = "the original's") -> None:
+        """Judge output ``m`` (OutputMetrics, or its dict: the MIGraphX step's) on the
+        values ``got`` of what its selection reads and on its post-processing's output
+        ``replayed`` from the original's values of those (or ``why`` it did not run),
+        against the original's output, or ``against`` (``whose``)."""
+        judged = [self.judge_output(t, self._reads[t][0], got[t], self._reads[t][2],
+                                    numerics, depth) for t in reads]
+        name = m["name"] if isinstance(m, dict) else m.name
+        k = self.output_names.index(name)
+        said = ""
+        if replayed is not None:
+            close = Numerics.CLOSE if numerics is Numerics.LOSSY else numerics
+            r = self.judge_output(name, self.reference[k] if against is None else against,
+                                  replayed, self.classes[k], close, depth)
+            # Integers equal, not the 1% of flipped ties an output may have: on the same
+            # values, a flip is the post-processing changed (a threshold moved).
+            r.ok = r.ok and not (r.integer and r.mismatch > 0)
+            why = "" if r.ok else f"differs from {whose} ({_short_miss(r)})"
+            said = "equal" if r.max_abs == 0 else f"equal to FP32 tolerance ({_short_miss(r)})"
+        fields: dict = {"selected": {"by": self.selection[name][0],
+                                     "reads": [j.to_dict() for j in judged],
+                                     "replay": why or said}}
+        if all(j.ok for j in judged) and not why:
+            fields.update(ok=not self.strict, strict_refused="selected" if self.strict else "")
+        elif all(j.ok or j.strict_refused for j in judged) and not why:
+            fields["strict_refused"] = "selected"   # refused by --strict only (a read uncertified)
+        for key, value in fields.items():
+            if isinstance(m, dict):
+                m[key] = value
+            else:
+                setattr(m, key, value)
+
+    def reference_reads(self, names: list[str]) -> None:
         """The original's values of tensors it need not output: joined one sample per row as
         its outputs are, and per feed set (for the replay)."""
         names = [t for t in names if t not in self._reads]
@@ -322,11 +345,11 @@ def _short_miss(m: OutputMetrics) -> str:
             else f"max_rel {m.max_rel:.1e}, cosine {m.cosine:.6f}")
 
 
-def _post_processing(model: onnx.ModelProto, outputs: list[str], reads: dict[str, np.dtype]
+def _post_processing(model: onnx.ModelProto, outputs: list[str], reads: dict
                      ) -> onnx.ModelProto:
-    """The part of ``model`` that computes ``outputs`` from ``reads`` (their types: what
-    will be fed), its constants and the graph inputs it reads directly, as a model whose
-    inputs are those tensors."""
+    """The part of ``model`` that computes ``outputs`` from ``reads`` ({name: the type that
+    will be fed, or an array: a constant then}), its constants and the graph inputs it
+    reads directly, as a model whose inputs are those tensors."""
     g = model.graph
     producer = {o: n for n in g.node for o in n.output if o}
     inits = {t.name: t for t in g.initializer}
@@ -362,8 +385,13 @@ def _post_processing(model: onnx.ModelProto, outputs: list[str], reads: dict[str
     used = {t for n in sub.node for t in n.input}
     sub.initializer.extend(inits[t] for t in sorted(used & set(inits)))
     for t in sorted(set(inputs), key=(list(reads) + list(graph_inputs)).index):
-        sub.input.append(graph_inputs[t] if t not in reads else onnx.helper.make_tensor_value_info(
-            t, onnx.helper.np_dtype_to_tensor_dtype(reads[t]), None))
+        if t not in reads:
+            sub.input.append(graph_inputs[t])
+        elif isinstance(reads[t], np.ndarray):   # a shape MIGraphX must know at compile
+            sub.initializer.append(onnx.numpy_helper.from_array(reads[t], t))
+        else:
+            sub.input.append(onnx.helper.make_tensor_value_info(
+                t, onnx.helper.np_dtype_to_tensor_dtype(reads[t]), None))
     sub.output.extend(types[o] if o in types else onnx.ValueInfoProto(name=o) for o in outputs)
     return m
 
