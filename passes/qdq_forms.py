@@ -152,7 +152,8 @@ def _widen(node: gs.Node, ctx: Context) -> str | None:
 
 
 def _type(t) -> np.dtype | None:
-    return None if t is None or t.dtype is None else np.dtype(t.dtype)
+    # np_dtype: graphsurgeon keeps the ONNX type number where numpy has none (float8: 17)
+    return None if t is None or t.dtype is None else np_dtype(t.dtype)
 
 
 def _q_type(q: gs.Node) -> np.dtype | None:

@@ -253,3 +253,13 @@ def test_a_1_element_scale_beside_a_0d_zero_point_becomes_0d(rng):
     out, rep = rewriter.rewrite(m, ["qdq-forms"], verify=True)
     assert rep.passes[0].counts["per-tensor-scale-0d"] == 1, rep.passes[0].counts
     assert all(not t.dims for t in out.graph.initializer if t.name != "bq")
+
+
+def test_float8_qdq_is_read_without_a_crash(rng):
+    """graphsurgeon keeps float8's ONNX type number (17) as the dtype, which numpy cannot
+    read: the uint8 rule's type test crashed the pass on any float8 model (exit 3, found
+    by this stop's MIGraphX sweep of the fourteenth round)."""
+    w = rng.uniform(-2, 2, (16, 6)).astype(ml_dtypes.float8_e4m3fn)
+    m = _mlp(w, np.array(0.05, np.float32), np.zeros((), ml_dtypes.float8_e4m3fn), axis=1)
+    out, rep = rewriter.rewrite(m, ["qdq-forms"])
+    assert not rep.passes[0].changed
