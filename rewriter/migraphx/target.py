@@ -89,15 +89,16 @@ def migraphx_step(output_path: str | os.PathLike, verifier, feed_sets: list[dict
         outputs = be.run(output_path, feed_sets[0])
         info.update(status="compiled", device="gpu")
         info["metrics"] = _judge(verifier(), outputs, numerics, single=True)
-    if run is not None and not all(m["ok"] for m in info["metrics"]):
-        _selected(be, info, output_path, verifier(), feed_sets, shapes, numerics,
-                  info["device"])
     if candidate is not None and lossy is not None and info["status"] == "compiled":
         info["onnxruntime"] = [m.to_dict() for m in verifier().check(candidate, Numerics.LOSSY)]
         _as_onnxruntime(info)
     if run is not None and original is not None and not all(m["ok"] for m in info["metrics"]):
         _original_too(be, info, original, run, verifier(), feed_sets, shapes, numerics,
                       info["device"])
+    if run is not None and not all(m["ok"] for m in info["metrics"]) \
+            and not info.get("original_differs"):   # not explained by the original's run
+        _selected(be, info, output_path, verifier(), feed_sets, shapes, numerics,
+                  info["device"])
     if planned_int8 and backend == "migraphx":
         info["lowering"] = _lowering(info, output_path, feed_sets[0], shapes,
                                      planned_int8, findings, what)
