@@ -21,6 +21,8 @@ Before -> after::
                                                 then as MatMulIntegerToFloat
     MatMulIntegerToFloat(A, B, as, bs, az, bz, bias)
                                             =>  Cast(MatMulInteger(A, B, az, bz)) * (as * bs) + bias
+    QGemm(A, as, az, B, bs, bz, C, ys, yz)  =>  acc = MatMulInteger(A, B, az, bz) + C;
+                                                QuantizeLinear(Cast(acc) * (as*bs/ys), 1, yz)
     SkipSimplifiedLayerNormalization, and onnxruntime's own default-domain schemas
     LayerNormalization (opset < 17) and SimplifiedLayerNormalization  =>  the decomposition
     MatMulNBits(A, B, scales, zp[N, n])     =>  MatMulNBits(A, B, scales, zp[N * n]): kept
@@ -182,7 +184,7 @@ class ExpandContrib(Pass):
                     res.skip(f"unsupported-contrib:{dom}{node.op}")
                     continue
                 e = _Emit(node, g, graph.opset, ctx, consts)
-                reason = (e.float_check() if node.op != "NhwcMaxPool" else None) or handler(e)
+                reason = (e.float_check() if node.op not in INTEGER_OUT else None) or handler(e)
                 if reason:
                     res.skip(f"{reason}:{node.op}")
                     continue
@@ -420,6 +422,58 @@ def _matmul_integer_to_float(e: _Emit):
     _integer_matmul(e, a, b, a_scale, b_scale, a_zp, b_zp, bias)
 
 
+def _qgemm(e: _Emit):
+    """QGemm(A, as, az, B, bs, bz, C, ys, yz; alpha, transA, transB), what onnxruntime's
+    QOperator quantizer writes for every Gemm (MIGraphX parses no QGemm: the whole model is
+    refused). As its kernel computes it: acc = C + (A - az)(B - bz) in int32, then
+    float(acc) * ((alpha * as) * bs [/ ys]); with yz, rounded half to even, + yz, saturated:
+    QuantizeLinear with a scale of 1 does exactly that. MatMulInteger is quant_dot on
+    MIGraphX; integer-zero-points puts its zero points in the form MIGraphX computes right."""
+    a, a_scale, a_zp, b, b_scale, b_zp, c, y_scale, y_zp = e.ins[:9]
+    if y_zp is not None and (not isinstance(y_zp, gs.Constant) or y_zp.values.size != 1):
+        return "zero-point-not-constant"
+    if b.shape is None or len(b.shape) != 2 or (a.shape is not None and len(a.shape) != 2):
+        return "unknown-rank"
+    alpha = float(e.attr("alpha", 1.0))
+    ta, tb = int(e.attr("transA", 0)), int(e.attr("transB", 0))
+    if a.dtype is None and a_zp is not None and a_zp.dtype is not None:
+        a.dtype = a_zp.dtype   # TA, as the schema ties them: integer-zero-points reads it
+    e.begin()
+    e.dtype = np.dtype(np.float32)
+    if ta:
+        a_type, a = a.dtype, e.op("Transpose", a, perm=[1, 0])
+        a.dtype = a_type
+    if tb and isinstance(b, gs.Constant):
+        key = ("T", id(e.g), id(b), (1, 0))
+        if key not in e.consts:
+            e.consts[key] = gs.Constant(e.namer(f"{b.name}_t"),
+                                        np.ascontiguousarray(peek_values(b).T))
+        b = e.consts[key]
+    elif tb:
+        b_type, b = b.dtype, e.op("Transpose", b, perm=[1, 0])
+        b.dtype = b_type
+    if a_zp is None and b_zp is not None:
+        a_zp = e.const(0, np.uint8 if e.ins[0].dtype is None else np.dtype(e.ins[0].dtype))
+    acc = gs.Variable(e.namer(f"{e.base}_int32"), dtype=np.int32)
+    e.new.append(gs.Node("MatMulInteger", e.namer(f"{e.node.name or e.base}_matmulinteger"),
+                         inputs=[a, b] + [z for z in (a_zp, b_zp) if z is not None],
+                         outputs=[acc]))
+    if c is not None:
+        acc2 = gs.Variable(e.namer(f"{e.base}_int32_bias"), dtype=np.int32)
+        e.new.append(gs.Node("Add", e.namer(f"{e.node.name or e.base}_bias"),
+                             inputs=[acc, c], outputs=[acc2]))
+        acc = acc2
+    scale = e.op("Mul", e.op("Mul", alpha, a_scale) if alpha != 1.0 else a_scale, b_scale)
+    if y_scale is not None:
+        scale = e.op("Div", scale, y_scale)
+    f = e.op("Cast", acc, to=int(helper.np_dtype_to_tensor_dtype(np.dtype(np.float32))))
+    y = e.op("Mul", f, scale, out=e.outs[0] if y_zp is None else None, main=True)
+    if y_zp is not None:
+        zp = peek_values(y_zp).reshape(())
+        e.op("QuantizeLinear", y, e.const(1.0, np.float32), e.const(zp, zp.dtype),
+             out=e.outs[0])
+
+
 def _gelu(e: _Emit):
     if e.opset < 9:
         return "op-needs-higher-opset"   # Erf
@@ -520,4 +574,6 @@ HANDLERS = {"FusedConv": _fused_conv, "FusedGemm": _fused_gemm, "FusedMatMul": _
             "SkipLayerNormalization": _skip_layer_norm,
             "SkipSimplifiedLayerNormalization": _skip_layer_norm,
             "NhwcMaxPool": _nhwc_max_pool, "DynamicQuantizeMatMul": _dynamic_quantize_matmul,
-            "MatMulIntegerToFloat": _matmul_integer_to_float}
+            "MatMulIntegerToFloat": _matmul_integer_to_float, "QGemm": _qgemm}
+# Handlers whose op has an integer output, or a float one not typed as its inputs.
+INTEGER_OUT = {"NhwcMaxPool", "QGemm"}

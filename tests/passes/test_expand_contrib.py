@@ -580,3 +580,38 @@ def test_matmulnbits_zero_points_flattened_to_the_spec_form(rng):
     assert not rep2.passes[0].changed
     sym, rep3 = rewriter.rewrite(_nbits_model(rng, symmetric=True), ["expand-contrib"])
     assert not rep3.passes[0].changed      # no zero points: nothing to do
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_qgemm_bit_exact(rng, signed):
+    """QGemm, what onnxruntime's QOperator quantizer writes for every Gemm, and which
+    MIGraphX does not parse (the whole model refused): MatMulInteger + the int32 bias, then
+    float(acc) * ((alpha * as) * bs / ys) rounded by a QuantizeLinear of scale 1, the
+    kernel's order, so bit-exact. Per-column and per-tensor B, transA and transB, alpha,
+    a requantized and a float output, A of unknown type (behind a contrib op)."""
+    at = np.int8 if signed else np.uint8
+    tn = "int8" if signed else "uint8"
+    lo, hi = (-128, 128) if signed else (0, 256)
+    m = make_model(head() + f"""
+    g ({tn}[4, 16] a, {tn}[16, 4] at) => ({tn}[4, 8] y, float[4, 8] z, {tn}[4, 8] u) {{
+        y = com.microsoft.QGemm <transB = 1> (a, as, az, w, bsc, bzc, c, ys, yz)
+        z = com.microsoft.QGemm <transA = 1, alpha = 0.75> (at, as, az, wk, bs, bz, c)
+        p = com.microsoft.QLinearSigmoid(a, as, az, as, az)
+        u = com.microsoft.QGemm <transB = 1, alpha = 1.5> (p, as, az, w, bsc, bzc, , ys, yz)
+    }}""", {"w": rng.integers(-128, 128, (8, 16)).astype(np.int8),
+            "wk": rng.integers(-128, 128, (16, 8)).astype(np.int8),
+            "bsc": rng.uniform(0.01, 0.03, 8).astype(np.float32),
+            "bzc": np.zeros(8, np.int8), "bs": np.array(0.02, np.float32),
+            "bz": np.array(0, np.int8),
+            "c": rng.integers(-3000, 3000, 8).astype(np.int32),
+            "as": np.array(0.05, np.float32), "az": np.array(3 if signed else 131, at),
+            "ys": np.array([0.37], np.float32), "yz": np.array([-5 if signed else 120], at)})
+    out, rep = expand(m)
+    assert rep.passes[0].counts["expanded:QGemm"] == 3
+    assert ops(out).count("MatMulInteger") == 3
+    assert contrib_nodes(out) == ["QLinearSigmoid"]
+    f = {"a": rng.integers(lo, hi, (4, 16)).astype(at),
+         "at": rng.integers(lo, hi, (16, 4)).astype(at)}
+    for r, o in zip(run_ort(m, f), run_ort(out, f)):
+        assert r.dtype == o.dtype
+        np.testing.assert_array_equal(r, o)
