@@ -32,7 +32,13 @@ with QUInt8, its long-time default, writes the first: 0 of a ResNet's 14 layers 
 * **An int8 DQ without a zero point** (zero-point-written): one of 0, shaped as its scale.
 * **A per-tensor scale or zero point stored as [1]** (per-tensor-scale-0d): 0-d.
 
-All three are bit-exact. In the default pipeline only when MIGraphX is the target.
+All three are bit-exact. And one form MIGraphX 2.16 throws on (exit 1 on a MobileNet):
+
+* **A QuantizeLinear of a float weight** (weight-quantized; onnxruntime's AddQDQPairToWeight
+  writes it): its int8/uint8 output computed here as onnxruntime does, the DQs reading that
+  constant, which weight-scales-after then takes. Left where anything but a DQ reads it.
+
+In the default pipeline only when MIGraphX is the target.
 """
 
 from __future__ import annotations
@@ -69,6 +75,13 @@ class QdqForms(Pass):
                     res.outcome(_one_block(node, ctx), "blockwise-one-block-per-axis")
                 if node.op == "DequantizeLinear" and _odd_packed(node):
                     res.outcome(_widen(node, ctx), "int4-widened")
+        readers, kept = _readers(graph)
+        for g in iter_graphs(graph):
+            for node in list(g.nodes):
+                if node.op == "QuantizeLinear" and node.domain in DOMAINS \
+                        and isinstance(node.inputs[0], gs.Constant):
+                    res.outcome(_quantized_weight(g, node, readers, kept, ctx),
+                                "weight-quantized")
         readers, kept = _readers(graph)
         for g in iter_graphs(graph):
             for node in list(g.nodes):
@@ -237,6 +250,50 @@ def _signed_data(dq: gs.Node, readers: dict, kept: set, ctx: Context) -> str | N
     for node, zp in zip(dqs, zps):
         node.inputs[0] = signed
         _set_zero_point(node, _shifted(zp), ctx)
+    return None
+
+
+def _quantized_weight(g: gs.Graph, q: gs.Node, readers: dict, kept: set,
+                      ctx: Context) -> str | None:
+    """A QuantizeLinear of a float32 constant (a weight; onnxruntime's AddQDQPairToWeight
+    writes it) read by DQs only: its int8/uint8 output as the constant, computed as
+    onnxruntime does (x / scale in float32, rounded half to even, + zero point, saturated).
+    MIGraphX 2.16 throws on a per-axis Q of a weight as on a per-axis int8 weight DQ; a
+    constant weight DQ is what weight-scales-after (and the uint8 step) then rewrite."""
+    if q.attrs.get("output_dtype") or int(q.attrs.get("block_size", 0) or 0) > 0:
+        return "output-dtype-attribute"
+    x, scale = q.inputs[0], _const(q.inputs[1]) if len(q.inputs) > 1 else None
+    zp_t = q.inputs[2] if len(q.inputs) > 2 and q.inputs[2].name else None
+    zp = np.zeros(np.shape(scale), np.uint8) if zp_t is None else _const(zp_t)
+    if scale is None or zp is None or scale.dtype != np.float32 or _type(x) != np.float32:
+        return "zero-point-not-constant" if x.dtype == np.float32 else "not-float32"
+    if zp.dtype not in (np.int8, np.uint8) or zp.shape != scale.shape or scale.ndim > 1:
+        return "not-int8"
+    name = q.outputs[0].name
+    dqs = readers.get(name, [])
+    if name in kept or not dqs or any(
+            n.op != "DequantizeLinear" or n.domain not in DOMAINS or n.inputs[0].name != name
+            or any(t.name == name for t in n.inputs[1:]) for n in dqs):
+        return "quantized-weight-read-elsewhere"
+    v = _const(x)
+    if scale.size > 1 or scale.ndim == 1:   # per axis, or per tensor stored as [1]
+        axis = int(q.attrs.get("axis", 1)) % max(v.ndim, 1)
+        shape = [1] * v.ndim
+        shape[axis] = scale.size
+        if v.ndim == 0 or v.shape[axis] != scale.size and scale.size > 1:
+            return "axis-mismatch"
+        scale, zp = scale.reshape(shape), zp.reshape(shape)
+    r = np.rint(np.divide(v, scale, dtype=np.float32)).astype(np.float64)
+    if not np.all(np.isfinite(r)):
+        return "not-finite"
+    info = np.iinfo(zp.dtype)
+    out = np.clip(r + zp.astype(np.float64), info.min, info.max).astype(zp.dtype)
+    t = gs.Constant(ctx.namer(f"{x.name}_quantized"), out)
+    for dq in dqs:
+        dq.inputs[0] = t
+    q.outputs.clear()
+    q.inputs.clear()
+    g.nodes.remove(q)
     return None
 
 

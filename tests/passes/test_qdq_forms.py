@@ -263,3 +263,40 @@ def test_float8_qdq_is_read_without_a_crash(rng):
     m = _mlp(w, np.array(0.05, np.float32), np.zeros((), ml_dtypes.float8_e4m3fn), axis=1)
     out, rep = rewriter.rewrite(m, ["qdq-forms"])
     assert not rep.passes[0].changed
+
+
+@pytest.mark.parametrize("zt", [np.int8, np.uint8])
+def test_a_quantized_float_weight_becomes_its_constant_bit_exactly(zt, rng):
+    """onnxruntime's AddQDQPairToWeight keeps the weight float behind a QuantizeLinear: a
+    per-axis Q of a weight throws on MIGraphX 2.16 as a per-axis weight DQ does (exit 1 on a
+    MobileNet). The Q's output is computed here as onnxruntime does (x / s in float32, half
+    to even, + zero point, saturated): the outputs are bit-identical, and the DQ reads a
+    constant that weight-scales-after (or the uint8 step) takes. Values on the .5 edges and
+    past the range included; a Q that anything but a DQ reads is left."""
+    from conftest import make_model
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    sw = rng.uniform(0.002, 0.01, 4).astype(np.float32)
+    w[0, 0, 0, :] = np.array([0.5, 1.5, -2.5], np.float32) * sw[0]   # ties
+    w[1, 0, 0, :] = np.array([300, -300, 127.6], np.float32) * sw[1]  # saturates
+    zw = (rng.integers(-3, 4, 4) + (128 if zt == np.uint8 else 0)).astype(zt)
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 3, 8, 8] x) => (float[N, 4, 8, 8] y, float[N, 4, 8, 8] y2) {
+        wq = QuantizeLinear <axis = 0> (w, sw, zw)
+        wd = DequantizeLinear <axis = 0> (wq, sw, zw)
+        y = Conv <pads = [1, 1, 1, 1]> (x, wd)
+        vq = QuantizeLinear (v, sv)
+        vd = DequantizeLinear (vq, sv)
+        vr = Cast <to = 1> (vq)
+        vs = Add (vd, vr)
+        y2 = Conv <pads = [1, 1, 1, 1]> (x, vs)
+    }""", {"w": w, "sw": sw, "zw": zw, "v": w * 3, "sv": np.array(0.05, np.float32)})
+    out, rep = rewriter.rewrite(m, ["qdq-forms"], verify=True)
+    counts = rep.passes[0].counts
+    assert counts["weight-quantized"] == 1, counts
+    assert counts["skip:quantized-weight-read-elsewhere"] == 1, counts
+    assert [n.op_type for n in out.graph.node].count("QuantizeLinear") == 1
+    for n in (1, 2):
+        x = rng.standard_normal((n, 3, 8, 8)).astype(np.float32)
+        for u, v in zip(run_ort(m, {"x": x}), run_ort(out, {"x": x})):
+            np.testing.assert_array_equal(u, v)
