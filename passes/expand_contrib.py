@@ -23,6 +23,10 @@ Before -> after::
                                             =>  Cast(MatMulInteger(A, B, az, bz)) * (as * bs) + bias
     QGemm(A, as, az, B, bs, bz, C, ys, yz)  =>  acc = MatMulInteger(A, B, az, bz) + C;
                                                 QuantizeLinear(Cast(acc) * (as*bs/ys), 1, yz)
+    QLinearConv(x, xs, xz, w, ws, wz, ys, yz, B), the standard op with a bias (MIGraphX 2.15
+    computes it wrongly, 2.16 refuses a per-tensor weight scale; without B both are exact)
+                                            =>  acc = ConvInteger(x, w, xz, wz) + B;
+                                                QuantizeLinear(Cast(acc) * (xs*ws/ys), 1, yz)
     SkipSimplifiedLayerNormalization, and onnxruntime's own default-domain schemas
     LayerNormalization (opset < 17) and SimplifiedLayerNormalization  =>  the decomposition
     MatMulNBits(A, B, scales, zp[N, n])     =>  MatMulNBits(A, B, scales, zp[N * n]): kept
@@ -169,7 +173,8 @@ class ExpandContrib(Pass):
         consts: dict = {}
         for g in iter_graphs(graph):
             for node in list(g.nodes):   # topological: producers first, their dtypes set
-                if not node.outputs or not _contrib(node.domain, node.op, graph.opset):
+                if not node.outputs or not (_contrib(node.domain, node.op, graph.opset)
+                                            or _biased_qlinear_conv(node)):
                     continue
                 known = (node.domain or "") in (MS, "", "ai.onnx")
                 if node.op == "MatMulNBits" and node.domain == MS:
@@ -474,6 +479,49 @@ def _qgemm(e: _Emit):
              out=e.outs[0])
 
 
+def _biased_qlinear_conv(node) -> bool:
+    """A standard QLinearConv with its int32 bias: MIGraphX 2.15 computes it wrongly (every
+    output off, up to 255) and 2.16 refuses it with a per-tensor weight scale
+    ("dequantizelinear: Dimensions do not match"); without a bias both are exact."""
+    return (node.op == "QLinearConv" and (node.domain or "") in ("", "ai.onnx")
+            and len(node.inputs) > 8 and bool(node.inputs[8].name))
+
+
+def _qlinear_conv(e: _Emit):
+    """QLinearConv(x, xs, xz, w, ws, wz, ys, yz, B) as qlinearconv.cc computes it:
+    acc = ConvInteger(x, w, xz, wz) + B in int32, then float(acc) * (xs * ws / ys), rounded
+    half to even, + yz, saturated (a QuantizeLinear of scale 1). onnxruntime requires one
+    weight zero point for all channels. ConvInteger is quant_convolution on MIGraphX."""
+    x, xs, xz, w, ws, wz, ys, yz, bias = e.ins[:9]
+    consts = (w, ws, wz, yz, bias)
+    if any(t is not None and not isinstance(t, gs.Constant) for t in consts) or wz is None \
+            or yz is None or xz is None:
+        return "not-constant"
+    wv, wsv, wzv = peek_values(w), peek_values(ws), peek_values(wz)
+    if e.node.attrs.get("channels_last") or wv.ndim < 3 or np.unique(wzv).size != 1 \
+            or wsv.size not in (1, wv.shape[0]):
+        return "unsupported-form"
+    if x.dtype is None and xz.dtype is not None:
+        x.dtype = xz.dtype   # T1, as the schema ties them: integer-zero-points reads it
+    e.begin()
+    e.dtype = np.dtype(np.float32)
+    chan = [wv.shape[0]] + [1] * (wv.ndim - 2)
+    acc = gs.Variable(e.namer(f"{e.base}_int32"), dtype=np.int32)
+    e.new.append(gs.Node("ConvInteger", e.namer(f"{e.node.name or e.base}_convinteger"),
+                         dict(e.node.attrs), [x, w, xz, e.const(wzv.reshape(-1)[0], wzv.dtype)],
+                         [acc]))
+    acc2 = gs.Variable(e.namer(f"{e.base}_int32_bias"), dtype=np.int32)
+    e.new.append(gs.Node("Add", e.namer(f"{e.node.name or e.base}_bias"),
+                         inputs=[acc, e.const(peek_values(bias).reshape(chan), np.int32)],
+                         outputs=[acc2]))
+    ws_c = e.const(wsv.reshape(chan if wsv.size > 1 else ()), np.float32)
+    scale = e.op("Div", e.op("Mul", xs, ws_c), ys)
+    f = e.op("Cast", acc2, to=int(helper.np_dtype_to_tensor_dtype(np.dtype(np.float32))))
+    y = e.op("Mul", f, scale, main=True)
+    zp = peek_values(yz).reshape(())
+    e.op("QuantizeLinear", y, e.const(1.0, np.float32), e.const(zp, zp.dtype), out=e.outs[0])
+
+
 def _gelu(e: _Emit):
     if e.opset < 9:
         return "op-needs-higher-opset"   # Erf
@@ -574,6 +622,7 @@ HANDLERS = {"FusedConv": _fused_conv, "FusedGemm": _fused_gemm, "FusedMatMul": _
             "SkipLayerNormalization": _skip_layer_norm,
             "SkipSimplifiedLayerNormalization": _skip_layer_norm,
             "NhwcMaxPool": _nhwc_max_pool, "DynamicQuantizeMatMul": _dynamic_quantize_matmul,
-            "MatMulIntegerToFloat": _matmul_integer_to_float, "QGemm": _qgemm}
+            "MatMulIntegerToFloat": _matmul_integer_to_float, "QGemm": _qgemm,
+            "QLinearConv": _qlinear_conv}
 # Handlers whose op has an integer output, or a float one not typed as its inputs.
-INTEGER_OUT = {"NhwcMaxPool", "QGemm"}
+INTEGER_OUT = {"NhwcMaxPool", "QGemm", "QLinearConv"}

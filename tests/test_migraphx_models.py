@@ -807,6 +807,50 @@ def test_what_a_topk_selects_is_judged_on_what_it_selects_from_on_migraphx(tmp_p
     assert "selected by TopK" in report.render()
 
 
+@pytest.mark.parametrize("act,per_channel", [("QUInt8", True), ("QUInt8", False),
+                                              ("QInt8", True)])
+def test_onnxruntimes_qoperator_models_reach_int8_kernels(tmp_path, act, per_channel):
+    """onnxruntime's quantize_static with QuantFormat.QOperator: every Gemm becomes
+    com.microsoft QGemm, which MIGraphX does not parse (the model refused), and every Conv
+    a QLinearConv with its int32 bias, which 2.15 computes wrongly and 2.16 refuses with a
+    per-tensor weight scale (the check says so). expand-contrib writes both as
+    MatMulInteger/ConvInteger + bias + the kernels' requantization, bit-exactly: the model
+    compiles on 2.15 and 2.16, matches onnxruntime, the rewritten layers int8 kernels."""
+    import onnx
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+
+    from rewriter.migraphx.check import check_model
+    x = np.random.default_rng(7).standard_normal((8, 1, 3, 64, 64)).astype(np.float32)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter({"input": v} for v in x)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    path = tmp_path / "qop.onnx"
+    quantize_static(str(ROOT / "models" / "resnet_mini.onnx"), str(path), Reader(),
+                    quant_format=QuantFormat.QOperator, activation_type=QuantType[act],
+                    weight_type=QuantType.QInt8 if per_channel else QuantType[act],
+                    per_channel=per_channel)
+    nodes = onnx.load(path).graph.node
+    ops = [n.op_type for n in nodes]
+    assert ops.count("QGemm") == 1 and ops.count("QLinearConv") == 13
+    biased = sum(1 for n in nodes if n.op_type == "QLinearConv" and len(n.input) > 8)
+    codes = [f.code for f in check_model(path).findings if f.severity == "error"]
+    assert biased >= 2 and codes.count("qlinear-conv-bias") == biased
+    assert codes.count("unsupported-op") == 1
+    shapes = {"input": [1, 3, 64, 64]}
+    report, info = rewrite_on_migraphx(path, tmp_path, verify=True, input_shapes=shapes)
+    assert_fp32_ok(info)
+    assert max(m["max_abs"] for m in report.to_dict()["verification"]) == 0
+    assert min(m["cosine"] for m in info["metrics"]) > 0.99999, info["metrics"]
+    k = info["kernel_counts"]   # the ref program: ConvInteger/MatMulInteger are int8 there
+    assert k["quant_convolution"] >= biased and k["quant_dot"] == 1 and k["dot"] == 0, k
+
+
 def test_gpu_on_a_build_without_one_says_so_first(tmp_path, capfd):
     """--migraphx-target gpu on a CPU-only MIGraphX with symbolic dims: every size failed
     to compile and the line blamed the first size's parse of the original (ninth round).

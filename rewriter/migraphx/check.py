@@ -581,6 +581,9 @@ class _Checker:
         self.check_dtype_attrs(g, node)
         if op in INTEGER_OPS and "integer_ops" in self.profile:
             self.check_integer_op(g, node)
+        qcb = self.profile.get("qlinear_conv_bias")
+        if qcb and op == "QLinearConv" and len(node.input) > 8 and node.input[8]:
+            self.add(qcb["severity"], "qlinear-conv-bias", label, op, qcb["reason"], g.path)
 
     def check_integer_op(self, g: _Graph, node: onnx.NodeProto) -> None:
         first = INTEGER_OPS[node.op_type]   # where the zero points are

@@ -615,3 +615,38 @@ def test_qgemm_bit_exact(rng, signed):
     for r, o in zip(run_ort(m, f), run_ort(out, f)):
         assert r.dtype == o.dtype
         np.testing.assert_array_equal(r, o)
+
+
+@pytest.mark.parametrize("xt,wt,per_channel,group", [
+    (np.int8, np.int8, True, 1), (np.uint8, np.int8, True, 4), (np.uint8, np.uint8, False, 1),
+    (np.int8, np.int8, False, 2)])
+def test_qlinear_conv_with_bias_bit_exact(rng, xt, wt, per_channel, group):
+    """A standard QLinearConv with its int32 bias (onnxruntime's QOperator Conv): MIGraphX
+    2.15 computes it wrongly and 2.16 refuses a per-tensor weight scale. ConvInteger + bias,
+    float(acc) * (xs * ws / ys), a QuantizeLinear of scale 1: qlinearconv.cc's order,
+    bit-exact, depthwise and grouped too. One without a bias is left (both builds exact)."""
+    info_x, info_w = np.iinfo(xt), np.iinfo(wt)
+    m_out, c_in = 8, 4
+    w = rng.integers(info_w.min, info_w.max + 1, (m_out, c_in // group, 3, 3)).astype(wt)
+    ws = rng.uniform(0.002, 0.01, m_out if per_channel else 1).astype(np.float32)
+    wz = np.full(ws.shape, 0 if wt == np.int8 else 128, wt)
+    tx = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(xt))
+    tn = {onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "uint8"}[tx]
+    m = make_model(head() + f"""
+    g ({tn}[N, 4, 9, 9] x) => ({tn}[N, 8, 5, 5] y, {tn}[N, 8, 5, 5] y2) {{
+        y = QLinearConv <pads = [1, 1, 1, 1], strides = [2, 2], group = {group}>
+            (x, xs, xz, w, ws, wz, ys, yz, b)
+        y2 = QLinearConv <pads = [1, 1, 1, 1], strides = [2, 2], group = {group}>
+            (x, xs, xz, w, ws, wz, ys, yz)
+    }}""", {"w": w, "ws": ws, "wz": wz, "xs": np.array(0.05, np.float32),
+            "xz": np.array(7 if xt == np.int8 else 131, xt),
+            "ys": np.array([0.09], np.float32), "yz": np.array([-4 if xt == np.int8 else 120], xt),
+            "b": rng.integers(-2000, 2000, m_out).astype(np.int32)})
+    out, rep = expand(m)
+    assert rep.passes[0].counts["expanded:QLinearConv"] == 1, rep.passes[0].counts
+    assert ops(out).count("ConvInteger") == 1 and ops(out).count("QLinearConv") == 1
+    for n in (1, 2):
+        f = {"x": rng.integers(info_x.min, info_x.max + 1, (n, 4, 9, 9)).astype(xt)}
+        for r, o in zip(run_ort(m, f), run_ort(out, f)):
+            assert r.dtype == o.dtype
+            np.testing.assert_array_equal(r, o)
