@@ -287,7 +287,7 @@ def _quantized_weight(g: gs.Graph, q: gs.Node, readers: dict, kept: set,
     if not np.all(np.isfinite(r)):
         return "not-finite"
     info = np.iinfo(zp.dtype)
-    out = np.clip(r + zp.astype(np.float64), info.min, info.max).astype(zp.dtype)
+    out = np.asarray(np.clip(r + zp.astype(np.float64), info.min, info.max), zp.dtype)
     t = gs.Constant(ctx.namer(f"{x.name}_quantized"), out)
     for dq in dqs:
         dq.inputs[0] = t

@@ -281,7 +281,7 @@ def test_a_quantized_float_weight_becomes_its_constant_bit_exactly(zt, rng):
     zw = (rng.integers(-3, 4, 4) + (128 if zt == np.uint8 else 0)).astype(zt)
     m = make_model("""
     <ir_version: 8, opset_import: ["" : 17]>
-    g (float[N, 3, 8, 8] x) => (float[N, 4, 8, 8] y, float[N, 4, 8, 8] y2) {
+    g (float[N, 3, 8, 8] x) => (float[N, 4, 8, 8] y3, float[N, 4, 8, 8] y2) {
         wq = QuantizeLinear <axis = 0> (w, sw, zw)
         wd = DequantizeLinear <axis = 0> (wq, sw, zw)
         y = Conv <pads = [1, 1, 1, 1]> (x, wd)
@@ -290,10 +290,14 @@ def test_a_quantized_float_weight_becomes_its_constant_bit_exactly(zt, rng):
         vr = Cast <to = 1> (vq)
         vs = Add (vd, vr)
         y2 = Conv <pads = [1, 1, 1, 1]> (x, vs)
-    }""", {"w": w, "sw": sw, "zw": zw, "v": w * 3, "sv": np.array(0.05, np.float32)})
+        cq = QuantizeLinear (c, sv)
+        cd = DequantizeLinear (cq, sv)
+        y3 = Mul (y, cd)
+    }""", {"w": w, "sw": sw, "zw": zw, "v": w * 3, "sv": np.array(0.05, np.float32),
+           "c": np.array(1.3, np.float32)})   # a 0-d constant too (exit 3 once)
     out, rep = rewriter.rewrite(m, ["qdq-forms"], verify=True)
     counts = rep.passes[0].counts
-    assert counts["weight-quantized"] == 1, counts
+    assert counts["weight-quantized"] == 2, counts
     assert counts["skip:quantized-weight-read-elsewhere"] == 1, counts
     assert [n.op_type for n in out.graph.node].count("QuantizeLinear") == 1
     for n in (1, 2):
