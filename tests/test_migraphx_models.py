@@ -851,6 +851,36 @@ def test_onnxruntimes_qoperator_models_reach_int8_kernels(tmp_path, act, per_cha
     assert k["quant_convolution"] >= biased and k["quant_dot"] == 1 and k["dot"] == 0, k
 
 
+def test_onnxruntimes_quantized_float_weights_lower(tmp_path):
+    """quantize_static with AddQDQPairToWeight keeps each weight float behind a per-axis
+    QuantizeLinear: 2.16 threw on it (exit 1, 0 of 14 layers). qdq-forms computes the Q's
+    output as onnxruntime does: every layer lowers on 2.15 and 2.16, outputs bit-equal."""
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+    x = np.random.default_rng(7).standard_normal((8, 1, 3, 64, 64)).astype(np.float32)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter({"input": v} for v in x)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    path = tmp_path / "wpair.onnx"
+    quantize_static(str(ROOT / "models" / "resnet_mini.onnx"), str(path), Reader(),
+                    quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8,
+                    weight_type=QuantType.QInt8, per_channel=True,
+                    extra_options={"AddQDQPairToWeight": True})
+    report, info = rewrite_on_migraphx(path, tmp_path, verify=True,
+                                       input_shapes={"input": [1, 3, 64, 64]})
+    assert info["status"] == "compiled" and info["ok"], info
+    assert max(m["max_abs"] for m in report.to_dict()["verification"]) == 0
+    low = info["lowering"]
+    assert low["status"] == "ok" and low["lowered"] == low["planned"] == 14, low
+    forms = next(p for p in report.passes if p.name == "qdq-forms")
+    assert forms.counts["weight-quantized"] >= 14, forms.counts   # 27: 14 weights + constants
+
+
 def test_gpu_on_a_build_without_one_says_so_first(tmp_path, capfd):
     """--migraphx-target gpu on a CPU-only MIGraphX with symbolic dims: every size failed
     to compile and the line blamed the first size's parse of the original (ninth round).
