@@ -902,17 +902,20 @@ def test_the_replay_of_a_selections_post_processing_keeps_integers_equal():
     assert sel["replay"] == "differs from the original's (99.50% of its integer values equal)"
 
 
+_TOPK_INDICES = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 64] s) => (int64[1, 8] i) {
+        k = Constant <value = int64[1] {8}> ()
+        v, i = TopK <axis = 1> (s, k)
+    }"""
+
+
 def test_a_post_processing_that_differs_on_the_same_values_is_said():
     """The error of a plan whose output is selected, what it selects from within the budget,
     and whose replayed post-processing differs: it said to quantize without the
     post-processing (near-equal values reordered), not that the post-processing changed."""
     from rewriter.api import _selected
-    m = onnx.parser.parse_model("""
-    <ir_version: 8, opset_import: ["" : 17]>
-    g (float[1, 64] s) => (int64[1, 8] i) {
-        k = Constant <value = int64[1] {8}> ()
-        v, i = TopK <axis = 1> (s, k)
-    }""")
+    m = onnx.parser.parse_model(_TOPK_INDICES)
     bad = OutputMetrics("i", True, 1.0, 1.0, 0.5, 1.0, ok=False, integer=True)
     read = OutputMetrics("s", True, 0.0, 0.0, 1.0, 0.0).to_dict()
     bad.selected = {"by": "TopK 'v'", "reads": [read],
@@ -948,12 +951,7 @@ def test_a_selected_output_refused_by_strict_only_is_said_so():
     judged equal on replay were told 'its post-processing equal' (this review's first
     wording) or to quantize without the post-processing."""
     from rewriter.api import _selected
-    m = onnx.parser.parse_model("""
-    <ir_version: 8, opset_import: ["" : 17]>
-    g (float[1, 64] s) => (int64[1, 8] i) {
-        k = Constant <value = int64[1] {8}> ()
-        v, i = TopK <axis = 1> (s, k)
-    }""")
+    m = onnx.parser.parse_model(_TOPK_INDICES)
     bad = OutputMetrics("i", True, 1.0, 1.0, 0.5, 1.0, ok=False, integer=True)
     read = OutputMetrics("s", True, 0.0, 0.0, 1.0, 0.0, ok=False, strict_refused="uncertified",
                          certificate={"met": True, "why": "381 samples needed"}).to_dict()

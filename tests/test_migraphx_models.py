@@ -713,18 +713,10 @@ def test_a_qdq_models_per_channel_weights_lower_on_every_version(tmp_path):
     assert bool(moved.counts.get("weight-scales-moved")) == (installed_version() >= (2, 16))
 
 
-def test_onnxruntimes_int4_per_channel_weights_lower_on_every_version(tmp_path):
-    """onnxruntime's quantize_static with QInt4 per-channel weights and QInt8 activations
-    (a ResNet) writes com.microsoft Q/DQ, int4 weights with 0-d zero points and odd last
-    dims: MIGraphX's parser crashed on it (exit 2 on 2.15 and 2.16). qdq-forms and
-    weight-scales-after now read onnxruntime's Q/DQ too: it compiles, matches onnxruntime
-    on the original, and every Q/DQ layer lowers to an int8 kernel on both builds (the int4
-    weights the parser unpacks to int8; on 2.16 widened to int8 with their scales after)."""
-    import onnx
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
-                                          quantize_static)
-
-    from rewriter.migraphx.backend import refuses
+def _ort_quantized(path, **kw):
+    """models/resnet_mini.onnx through onnxruntime's quantize_static (``kw``), calibrated on
+    8 seeded random images: the form a user's quantizer writes."""
+    from onnxruntime.quantization import CalibrationDataReader, quantize_static
     x = np.random.default_rng(7).standard_normal((8, 1, 3, 64, 64)).astype(np.float32)
 
     class Reader(CalibrationDataReader):
@@ -734,10 +726,24 @@ def test_onnxruntimes_int4_per_channel_weights_lower_on_every_version(tmp_path):
         def get_next(self):
             return next(self.it, None)
 
-    path = tmp_path / "int4.onnx"
-    quantize_static(str(ROOT / "models" / "resnet_mini.onnx"), str(path), Reader(),
-                    quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8,
-                    weight_type=QuantType.QInt4, per_channel=True)
+    quantize_static(str(ROOT / "models" / "resnet_mini.onnx"), str(path), Reader(), **kw)
+    return path
+
+
+def test_onnxruntimes_int4_per_channel_weights_lower_on_every_version(tmp_path):
+    """onnxruntime's quantize_static with QInt4 per-channel weights and QInt8 activations
+    (a ResNet) writes com.microsoft Q/DQ, int4 weights with 0-d zero points and odd last
+    dims: MIGraphX's parser crashed on it (exit 2 on 2.15 and 2.16). qdq-forms and
+    weight-scales-after now read onnxruntime's Q/DQ too: it compiles, matches onnxruntime
+    on the original, and every Q/DQ layer lowers to an int8 kernel on both builds (the int4
+    weights the parser unpacks to int8; on 2.16 widened to int8 with their scales after)."""
+    import onnx
+    from onnxruntime.quantization import QuantFormat, QuantType
+
+    from rewriter.migraphx.backend import refuses
+    path = _ort_quantized(tmp_path / "int4.onnx", quant_format=QuantFormat.QDQ,
+                          activation_type=QuantType.QInt8, weight_type=QuantType.QInt4,
+                          per_channel=True)
     m = onnx.load(path)
     assert {n.domain for n in m.graph.node if n.op_type == "DequantizeLinear"} == {
         "com.microsoft"}
@@ -757,23 +763,12 @@ def test_onnxruntimes_uint8_qdq_lowers_to_int8_kernels(tmp_path):
     default): MIGraphX strips uint8 Q/DQ and every layer silently runs in float (0 of 14
     lower, on 2.15 and 2.16). qdq-forms writes them in int8, zero points moved by 128,
     bit-exactly: every Q/DQ layer lowers, the outputs match onnxruntime on the original."""
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
-                                          quantize_static)
+    from onnxruntime.quantization import QuantFormat, QuantType
 
     from rewriter.migraphx.lowering import lower_int8
-    x = np.random.default_rng(7).standard_normal((8, 1, 3, 64, 64)).astype(np.float32)
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter({"input": v} for v in x)
-
-        def get_next(self):
-            return next(self.it, None)
-
-    path = tmp_path / "u8.onnx"
-    quantize_static(str(ROOT / "models" / "resnet_mini.onnx"), str(path), Reader(),
-                    quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
-                    weight_type=QuantType.QUInt8, per_channel=True)
+    path = _ort_quantized(tmp_path / "u8.onnx", quant_format=QuantFormat.QDQ,
+                          activation_type=QuantType.QUInt8, weight_type=QuantType.QUInt8,
+                          per_channel=True)
     shapes = {"input": [1, 3, 64, 64]}
     before = lower_int8(path, shapes, [])
     assert before.status == "ok" and before.lowered == 0, before.headline()
@@ -817,24 +812,13 @@ def test_onnxruntimes_qoperator_models_reach_int8_kernels(tmp_path, act, per_cha
     MatMulInteger/ConvInteger + bias + the kernels' requantization, bit-exactly: the model
     compiles on 2.15 and 2.16, matches onnxruntime, the rewritten layers int8 kernels."""
     import onnx
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
-                                          quantize_static)
+    from onnxruntime.quantization import QuantFormat, QuantType
 
     from rewriter.migraphx.check import check_model
-    x = np.random.default_rng(7).standard_normal((8, 1, 3, 64, 64)).astype(np.float32)
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter({"input": v} for v in x)
-
-        def get_next(self):
-            return next(self.it, None)
-
-    path = tmp_path / "qop.onnx"
-    quantize_static(str(ROOT / "models" / "resnet_mini.onnx"), str(path), Reader(),
-                    quant_format=QuantFormat.QOperator, activation_type=QuantType[act],
-                    weight_type=QuantType.QInt8 if per_channel else QuantType[act],
-                    per_channel=per_channel)
+    path = _ort_quantized(tmp_path / "qop.onnx", quant_format=QuantFormat.QOperator,
+                          activation_type=QuantType[act],
+                          weight_type=QuantType.QInt8 if per_channel else QuantType[act],
+                          per_channel=per_channel)
     nodes = onnx.load(path).graph.node
     ops = [n.op_type for n in nodes]
     assert ops.count("QGemm") == 1 and ops.count("QLinearConv") == 13
@@ -855,22 +839,10 @@ def test_onnxruntimes_quantized_float_weights_lower(tmp_path):
     """quantize_static with AddQDQPairToWeight keeps each weight float behind a per-axis
     QuantizeLinear: 2.16 threw on it (exit 1, 0 of 14 layers). qdq-forms computes the Q's
     output as onnxruntime does: every layer lowers on 2.15 and 2.16, outputs bit-equal."""
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
-                                          quantize_static)
-    x = np.random.default_rng(7).standard_normal((8, 1, 3, 64, 64)).astype(np.float32)
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter({"input": v} for v in x)
-
-        def get_next(self):
-            return next(self.it, None)
-
-    path = tmp_path / "wpair.onnx"
-    quantize_static(str(ROOT / "models" / "resnet_mini.onnx"), str(path), Reader(),
-                    quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8,
-                    weight_type=QuantType.QInt8, per_channel=True,
-                    extra_options={"AddQDQPairToWeight": True})
+    from onnxruntime.quantization import QuantFormat, QuantType
+    path = _ort_quantized(tmp_path / "wpair.onnx", quant_format=QuantFormat.QDQ,
+                          activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                          per_channel=True, extra_options={"AddQDQPairToWeight": True})
     report, info = rewrite_on_migraphx(path, tmp_path, verify=True,
                                        input_shapes={"input": [1, 3, 64, 64]})
     assert info["status"] == "compiled" and info["ok"], info
