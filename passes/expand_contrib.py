@@ -174,7 +174,7 @@ class ExpandContrib(Pass):
         for g in iter_graphs(graph):
             for node in list(g.nodes):   # topological: producers first, their dtypes set
                 if not node.outputs or not (_contrib(node.domain, node.op, graph.opset)
-                                            or _biased_qlinear_conv(node)):
+                                            or _qlinear_conv_to_expand(node)):
                     continue
                 known = (node.domain or "") in (MS, "", "ai.onnx")
                 if node.op == "MatMulNBits" and node.domain == MS:
@@ -479,12 +479,19 @@ def _qgemm(e: _Emit):
              out=e.outs[0])
 
 
-def _biased_qlinear_conv(node) -> bool:
+def _qlinear_conv_to_expand(node) -> bool:
     """A standard QLinearConv with its int32 bias: MIGraphX 2.15 computes it wrongly (every
     output off, up to 255) and 2.16 refuses it with a per-tensor weight scale
-    ("dequantizelinear: Dimensions do not match"); without a bias both are exact."""
-    return (node.op == "QLinearConv" and (node.domain or "") in ("", "ai.onnx")
-            and len(node.inputs) > 8 and bool(node.inputs[8].name))
+    ("dequantizelinear: Dimensions do not match"); without a bias both are exact. Or one on
+    uint8 input: MIGraphX parses it into uint8 Q/DQ around a float conv, which simplify_qdq
+    leaves float (#2704; onnxruntime's QOperator U8S8 ResNet: 11 of 14 layers float in the
+    GPU pass order), where ConvInteger becomes quant_convolution."""
+    if node.op != "QLinearConv" or (node.domain or "") not in ("", "ai.onnx"):
+        return False
+    biased = len(node.inputs) > 8 and bool(node.inputs[8].name)
+    xz = node.inputs[2] if len(node.inputs) > 2 else None
+    return biased or (xz is not None and xz.dtype is not None
+                      and np.dtype(xz.dtype) == np.uint8)
 
 
 def _qlinear_conv(e: _Emit):
@@ -510,10 +517,12 @@ def _qlinear_conv(e: _Emit):
     e.new.append(gs.Node("ConvInteger", e.namer(f"{e.node.name or e.base}_convinteger"),
                          dict(e.node.attrs), [x, w, xz, e.const(wzv.reshape(-1)[0], wzv.dtype)],
                          [acc]))
-    acc2 = gs.Variable(e.namer(f"{e.base}_int32_bias"), dtype=np.int32)
-    e.new.append(gs.Node("Add", e.namer(f"{e.node.name or e.base}_bias"),
-                         inputs=[acc, e.const(peek_values(bias).reshape(chan), np.int32)],
-                         outputs=[acc2]))
+    acc2 = acc
+    if bias is not None:
+        acc2 = gs.Variable(e.namer(f"{e.base}_int32_bias"), dtype=np.int32)
+        e.new.append(gs.Node("Add", e.namer(f"{e.node.name or e.base}_bias"),
+                             inputs=[acc, e.const(peek_values(bias).reshape(chan), np.int32)],
+                             outputs=[acc2]))
     ws_c = e.const(wsv.reshape(chan if wsv.size > 1 else ()), np.float32)
     scale = e.op("Div", e.op("Mul", xs, ws_c), ys)
     f = e.op("Cast", acc2, to=int(helper.np_dtype_to_tensor_dtype(np.dtype(np.float32))))

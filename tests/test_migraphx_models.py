@@ -833,6 +833,15 @@ def test_onnxruntimes_qoperator_models_reach_int8_kernels(tmp_path, act, per_cha
     assert min(m["cosine"] for m in info["metrics"]) > 0.99999, info["metrics"]
     k = info["kernel_counts"]   # the ref program: ConvInteger/MatMulInteger are int8 there
     assert k["quant_convolution"] >= biased and k["quant_dot"] == 1 and k["dot"] == 0, k
+    # MIGraphX's GPU passes: every conv and dot int8, uint8 input too (its bias-free
+    # QLinearConvs stayed float convolutions before they were written out)
+    import re
+
+    from rewriter.migraphx.lowering import find_driver, run_driver
+    rc, text, _ = run_driver(find_driver(), tmp_path / "out.onnx", shapes)
+    kinds = re.findall(r"= (\w+)", text)
+    assert rc == 0 and kinds.count("convolution") == kinds.count("dot") == 0, text[-2000:]
+    assert kinds.count("quant_convolution") >= 13 and kinds.count("quant_dot") >= 1
 
 
 def test_onnxruntimes_quantized_float_weights_lower(tmp_path):
