@@ -669,3 +669,20 @@ def test_opset_23_attention_and_rotary_embedding_are_read_as_contrib_ops(op):
     (f,) = [f for f in check_model(_opset23_op(op)).findings
             if f.code == "standard-op-read-as-contrib"]
     assert (f.node, f.severity) == ("y_node", "error")
+
+
+def test_an_nms_output_migraphx_would_overflow_is_found_in_its_program():
+    """MIGraphX 2.15 sizes NonMaxSuppression's output batches x boxes rows, not x classes:
+    more selected indices than that write past the buffer and abort the process (measured:
+    2 classes, 6 boxes, 4 per class; 'free(): invalid next size'). Read from the compiled
+    program's text (2.15's, and 2.16's with the classes counted)."""
+    from rewriter.migraphx.backend import nms_overflow
+    text = """
+    @4 = @literal{4} -> int64_type, {1}, {1}
+    @8 = ref::reshape[dims={1, 6, 4}](@7) -> float_type, {1, 6, 4}, {24, 4, 1}
+    @11 = ref::sigmoid(@10) -> float_type, {1, 2, 6}, {12, 6, 1}
+    @12 = ref::nonmaxsuppression[center_point_box=0,use_dyn_output=0](@8,@11,@4,@3,@2) -> int64_type, {ROWS, 3}, {3, 1}"""
+    said = nms_overflow(text.replace("ROWS", "6"))
+    assert said and "holds 6 rows but can select 8 (1 batch x 2 classes x 4)" in said, said
+    assert nms_overflow(text.replace("ROWS", "12")) is None              # 2.16's size
+    assert nms_overflow(text.replace("ROWS", "6").replace("{4}", "{3}")) is None   # 2 x 3

@@ -862,6 +862,51 @@ def test_onnxruntimes_quantized_float_weights_lower(tmp_path):
     assert forms.counts["weight-quantized"] >= 14, forms.counts   # 27: 14 weights + constants
 
 
+def test_a_plan_on_what_migraphx_pads_is_not_passed_as_selected(tmp_path):
+    """A plan on a model whose kept boxes an NMS selects: MIGraphX pads the NMS's output
+    with zero rows, for the original too (cosine 0 on both). The MIGraphX step's selection
+    judgement compared the rewritten post-processing with the original's on MIGraphX, equal,
+    and passed the boxes (exit 0, the fifteenth round's YOLOv8 + NMS under --plan default).
+    The miss is MIGraphX's, said as for an FP32 rewrite: not ok, not caused by the rewrite."""
+    import onnx
+    from conftest import make_model
+    r = np.random.default_rng(5)
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 16] x) => (float[1, N, 4] kept) {
+        bb = MatMul (x, B)
+        b = Reshape (bb, shp)
+        ss = MatMul (x, S)
+        s0 = Reshape (ss, shp2)
+        s = Sigmoid (s0)
+        sel = NonMaxSuppression (b, s, mo, iou, thr)
+        bi = Gather <axis = 1> (sel, two)
+        kept = Gather <axis = 1> (b, bi)
+    }""", {"B": (r.standard_normal((16, 24)) * 3).astype(np.float32),
+           "S": r.standard_normal((16, 12)).astype(np.float32),
+           "shp": np.array([1, 6, 4], np.int64), "shp2": np.array([1, 2, 6], np.int64),
+           "mo": np.array([4], np.int64), "iou": np.array([0.5], np.float32),
+           "thr": np.array([0.2], np.float32), "two": np.array(2, np.int64)})
+    path = tmp_path / "nms.onnx"
+    onnx.save(m, path)
+    calib = [{"x": r.standard_normal((1, 16)).astype(np.float32)} for _ in range(16)]
+    from rewriter.migraphx.lowering import installed_version
+    for model in (path, m):   # a file: its original runs on MIGraphX too; a proto: it does not
+        report, info = rewrite_on_migraphx(model, tmp_path, verify=True, plan="fp16",
+                                           calib=calib)
+        if installed_version() < (2, 16):
+            # 2 classes x 4 per class > 6 rows: 2.15's run would abort ('free(): invalid
+            # next size'), killing the process; it is not run
+            assert info["status"] == "failed" and "write past the buffer" in info["error"]
+            continue
+        assert info["status"] == "compiled" and not info["ok"], info["metrics"]
+        kept = info["metrics"][0]
+        assert not kept["shape_ok"] and not kept.get("selected"), kept
+        if model is path:
+            assert info.get("original_differs") and "not caused by the rewrite" in \
+                info["error"], info
+
+
 def test_gpu_on_a_build_without_one_says_so_first(tmp_path, capfd):
     """--migraphx-target gpu on a CPU-only MIGraphX with symbolic dims: every size failed
     to compile and the line blamed the first size's parse of the original (ninth round).

@@ -220,6 +220,46 @@ def _refuse_crash(model_path) -> None:
                                 "parser (a segfault on 2.15 and 2.16): not parsed")
 
 
+_SHAPED = re.compile(r"^(@\d+) = (\S+?)(?:\[.*\])?\((.*?)\) -> \w+, \{([\d, ]*)\}")
+_LITERAL = re.compile(r"^(@\d+) = @literal\{(-?\d+)\} -> int64_type")
+
+
+def nms_overflow(program_text: str) -> str | None:
+    """Why running a compiled program would write past a NonMaxSuppression's output, or
+    None. MIGraphX 2.15 sizes that output batches x boxes rows (src/include/migraphx/op/
+    nonmaxsuppression.hpp:118 at dd11a75), not x classes (fixed in #4699 for 2.16): with
+    more than one class, more indices can be selected than it holds, and the run writes
+    past the buffer: 'free(): invalid next size', an abort that kills the process
+    (measured on 2.15 with 2 classes, 6 boxes, 4 per class). Read from the program: the
+    scores' shape, the output's rows, max_output_boxes_per_class where it is a literal."""
+    shapes, ints = {}, {}
+    for line in program_text.splitlines():
+        line = line.strip()
+        lit = _LITERAL.match(line)
+        if lit:
+            ints[lit.group(1)] = int(lit.group(2))
+        m = _SHAPED.match(line)
+        if not m:
+            continue
+        name, op, args, lens = m.groups()
+        shapes[name] = [int(d) for d in lens.split(",") if d.strip()]
+        if not op.endswith("nonmaxsuppression"):
+            continue
+        ids = [a.strip() for a in args.split(",")]
+        scores = shapes.get(ids[1]) if len(ids) > 1 else None
+        rows = shapes[name][0] if shapes[name] else None
+        if not scores or len(scores) != 3 or rows is None:
+            continue
+        b, c, n = scores
+        per_class = min(ints.get(ids[2], n), n) if len(ids) > 2 else 0
+        if b * c * per_class > rows:
+            return (f"MIGraphX's NonMaxSuppression output holds {rows} rows but can select "
+                    f"{b * c * per_class} ({b} batch x {c} classes x {per_class}): running it "
+                    "would write past the buffer and abort the process (2.15 sizes it "
+                    "batches x boxes, without the classes; 2.16 is fixed): not run")
+    return None
+
+
 def _parse(mgx, model_path, dims):
     """parse_onnx with the process's stdout and stderr captured into :func:`said`:
     MIGraphX prints 'Warning: onnx model is not topologically sorted' on parsing a model
@@ -328,6 +368,9 @@ def compile_and_run(model_path: str | os.PathLike, feeds, input_shapes: dict[str
     feed_sets = feeds if isinstance(feeds, list) else [feeds]
     dims = _dims(feed_sets[0], input_shapes)
     prog, compile_s = _compile(mgx, model_path, dims, target, fast_math)
+    overflow = nms_overflow(str(prog))
+    if overflow:
+        raise MigraphxError("run", overflow)
     runs = []
     t0 = time.perf_counter()
     for f in progress_bar(progress and len(feed_sets) > 1, iterable=feed_sets,
