@@ -681,7 +681,7 @@ def test_an_nms_output_migraphx_would_overflow_is_found_in_its_program():
     @4 = @literal{4} -> int64_type, {1}, {1}
     @8 = ref::reshape[dims={1, 6, 4}](@7) -> float_type, {1, 6, 4}, {24, 4, 1}
     @11 = ref::sigmoid(@10) -> float_type, {1, 2, 6}, {12, 6, 1}
-    @12 = ref::nonmaxsuppression[center_point_box=0](@8,@11,@4,@3,@2) -> int64_type, {ROWS, 3}"""
+    @12 = ref::nonmaxsuppression(@8,@11,@4,@3,@2) -> int64_type, {ROWS, 3}, {3, 1}"""
     said = nms_overflow(text.replace("ROWS", "6"))
     assert said and "holds 6 rows but can select 8 (1 batch x 2 classes x 4)" in said, said
     assert nms_overflow(text.replace("ROWS", "12")) is None              # 2.16's size
