@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rewriter.core.graph import iter_graphs, packed
+from rewriter.core.graph import iter_graphs, packed, peek_values
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 LAYERS = ("Conv", "MatMul", "Gemm")
@@ -77,17 +77,22 @@ def _move(node: gs.Node, site) -> str | None:
         return ""
     q, s = dq.inputs[0], dq.inputs[1]
     zp = dq.inputs[2] if len(dq.inputs) > 2 and dq.inputs[2].name else None
-    if not (isinstance(q, gs.Constant) and isinstance(s, gs.Constant)) or s.values.size <= 1:
+    if not (isinstance(q, gs.Constant) and isinstance(s, gs.Constant)) or s.shape is None \
+            or int(np.prod(s.shape)) <= 1:
         return ""            # per tensor already, or computed
-    if packed(q.values.dtype) and q.values.dtype.name == "int4" and q.values.ndim >= 2:
+    # peek_values: ``values`` would load a memory-mapped weight for good (the writer then
+    # inlines what it would stream), and the weight is read by the new DQ as it is
+    qv = peek_values(q)
+    if packed(qv.dtype) and qv.dtype.name == "int4" and qv.ndim >= 2:
         # 2.16 throws on an int4 per-axis weight as on an int8 one (2.15 lowers both): the
         # same values in int8 take the same path (twice the bytes of that weight).
-        q = gs.Constant(site.ctx.namer(f"{q.name}_int8"), q.values.astype(np.int8))
+        qv = qv.astype(np.int8)
+        q = gs.Constant(site.ctx.namer(f"{q.name}_int8"), qv)
         if zp is not None and isinstance(zp, gs.Constant):
-            zp = gs.Constant(site.ctx.namer(f"{zp.name}_int8"), zp.values.astype(np.int8))
-    if q.values.dtype != np.int8 or q.values.ndim < 2:
+            zp = gs.Constant(site.ctx.namer(f"{zp.name}_int8"), peek_values(zp).astype(np.int8))
+    if qv.dtype != np.int8 or qv.ndim < 2:
         return ""
-    rank = q.values.ndim
+    rank = qv.ndim
     axis = int(dq.attrs.get("axis", 1))
     axis = axis + rank if axis < 0 else axis
     if node.op == "Conv":
@@ -100,9 +105,10 @@ def _move(node: gs.Node, site) -> str | None:
         out_axis = rank - 1
         if rank != 2:
             return "matmul-rank"
-    if axis != out_axis or s.values.size != q.values.shape[axis]:
+    sv = peek_values(s)
+    if axis != out_axis or sv.size != qv.shape[axis]:
         return "not-output-channels"
-    if zp is not None and (not isinstance(zp, gs.Constant) or np.any(zp.values)):
+    if zp is not None and (not isinstance(zp, gs.Constant) or np.any(peek_values(zp))):
         return "weight-zero-point"
     if len(wd.outputs) != 1:
         return "shared-weight"
@@ -116,8 +122,8 @@ def _move(node: gs.Node, site) -> str | None:
     zero = site.const(f"{q.name}_zero_point", np.array(0, np.int8))
     node.inputs[1] = site.add_node("DequantizeLinear", f"{dq.name or q.name}_unit",
                                    [q, one, zero], f"{q.name}_dequantized", np.float32,
-                                   list(q.values.shape))
-    site.scale_after(node, s.values.astype(np.float32).reshape(-1), out_axis)
+                                   list(qv.shape))
+    site.scale_after(node, sv.astype(np.float32).reshape(-1), out_axis)
     return None
 
 
@@ -128,7 +134,7 @@ def _dequantized_bias(b: gs.Tensor) -> np.ndarray | None:
     if dq is None or dq.op != "DequantizeLinear" or dq.domain not in DOMAINS or not all(
             isinstance(t, gs.Constant) for t in dq.inputs if t.name):
         return None
-    q, s = dq.inputs[0].values, dq.inputs[1].values.astype(np.float32)
-    zp = dq.inputs[2].values if len(dq.inputs) > 2 and dq.inputs[2].name else 0
+    q, s = peek_values(dq.inputs[0]), peek_values(dq.inputs[1]).astype(np.float32)
+    zp = peek_values(dq.inputs[2]) if len(dq.inputs) > 2 and dq.inputs[2].name else 0
     return ((q.astype(np.int64) - np.asarray(zp, np.int64)).astype(np.float32)
             * s).astype(np.float32)

@@ -136,3 +136,26 @@ def test_int4_weights_and_onnxruntimes_contrib_dqs_move_too(rng):
     f = feeds(rng, 3)
     for a, b in zip(run_ort(m, f), run_ort(out, f)):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * float(np.abs(a).max()))
+
+
+def test_a_memory_mapped_weight_stays_on_disk(rng, tmp_path):
+    """The weight was read through ``values``, which loads a memory-mapped weight for good
+    (the writer then inlines what it would stream): the new DQ reads it as it is, mapped."""
+    from rewriter.core.convert import to_graph
+    from rewriter.core.graph import Namer
+    from rewriter.core.load import ExternalValues, load_model
+    from rewriter.core.pass_base import Context
+    from rewriter.passes.weight_scales_after import WeightScalesAfter
+    m = qdq_model(rng)
+    onnx.save(onnx.ModelProto.FromString(m.SerializeToString()), tmp_path / "m.onnx",
+              save_as_external_data=True, location="m.bin", size_threshold=0)
+    g = to_graph(load_model(tmp_path / "m.onnx"), base_dir=tmp_path)
+    w = g.tensors()["wq"]
+    assert isinstance(w._values, ExternalValues)
+    assert WeightScalesAfter().run(g, Context(namer=Namer(g))).changed
+    assert isinstance(w._values, ExternalValues)
+    out, _ = rewriter.rewrite(tmp_path / "m.onnx", ["weight-scales-after"])
+    x = {"x": rng.standard_normal((2, 4, 8, 8)).astype(np.float32),
+         "v": rng.standard_normal((2, 6)).astype(np.float32)}
+    for a, b in zip(run_ort(m, x), run_ort(out, x)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=0.1)
