@@ -265,8 +265,10 @@ def _quantized_weight(g: gs.Graph, q: gs.Node, readers: dict, kept: set,
     x, scale = q.inputs[0], _const(q.inputs[1]) if len(q.inputs) > 1 else None
     zp_t = q.inputs[2] if len(q.inputs) > 2 and q.inputs[2].name else None
     zp = np.zeros(np.shape(scale), np.uint8) if zp_t is None else _const(zp_t)
-    if scale is None or zp is None or scale.dtype != np.float32 or _type(x) != np.float32:
-        return "zero-point-not-constant" if x.dtype == np.float32 else "not-float32"
+    if _type(x) != np.float32 or (scale is not None and scale.dtype != np.float32):
+        return "not-float32"
+    if scale is None or zp is None:
+        return "zero-point-not-constant"
     if zp.dtype not in (np.int8, np.uint8) or zp.shape != scale.shape or scale.ndim > 1:
         return "not-int8"
     name = q.outputs[0].name
