@@ -28,8 +28,10 @@ Numerics.CLOSE.
 
 Skipped with a reason: a dft_length, axis, frame_step or frame_length that is not a
 constant (non-constant-*); an input whose rank or last dimension is not known
-(unknown-shape), whose transformed length is not (unknown-length), or an STFT whose frame
-length neither frame_length nor a window of known length gives (unknown-frame-length); a
+(unknown-shape), whose transformed length is not (unknown-length), an STFT whose frame
+length neither frame_length nor a window of known length gives (unknown-frame-length), or
+whose computed window's length is not known though frame_length is (unknown-window-length:
+a window of one sample would broadcast in the Mul where onnxruntime refuses it); a
 last dimension other than 1 or 2 (not-real-or-complex); an axis outside [0, rank - 2]
 (invalid-axis); a dft_length, frame_step or frame_length below 1 (invalid-dft-length,
 invalid-frame); a onesided DFT of a complex input or a onesided inverse of a real one
@@ -252,8 +254,9 @@ def _stft(node: gs.Node, g: gs.Graph, opset: int, ctx: Context) -> str | None:
     wlen = window.shape[0] if window is not None and window.shape is not None and len(
         window.shape) == 1 and isinstance(window.shape[0], int) else None
     if window is not None and wlen is None:
-        # a computed window must have a known length to be multiplied in (and checked)
-        return "unknown-frame-length"
+        # a computed window must have a known length to be multiplied in (and checked);
+        # with frame_length given, it is the window's length that is not known
+        return "unknown-frame-length" if length is None else "unknown-window-length"
     if length is not None and wlen is not None and wlen != length:
         return "window-length"
     length = length if length is not None else wlen
