@@ -562,6 +562,8 @@ class _Rewrite:
             what += ", integer inputs " + ("0 or 1" if self.ints[0] == 0 else "1")
         if self.inputs is None and not self.held_out:
             what += self.branch_sets(verifier)
+        if self.verifier.spectral:   # verifier.spectral_in_double: its float32 kernel is off
+            what += ", DFT/STFT in float64"
         self.report.verified_with = "onnxruntime CPU, graph optimisations off, " + what
         self.seconds["reference"] = time.perf_counter() - t
 
