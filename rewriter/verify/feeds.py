@@ -187,7 +187,42 @@ def make_feeds(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = Non
         else:
             raise InputError(f"input '{vi.name}' has dtype {dtype}; pass it with --inputs")
         feeds[vi.name] = np.asarray(x, dtype=dtype)   # 0-d stays an array, not a scalar
+    for name, (size, dtype) in length_inputs(model, feeds).items():
+        # a separate stream: every other input keeps the values it had
+        n = len(feeds[name])
+        x = np.random.default_rng([seed, 1]).integers(max(1, size // 2), size + 1, n)
+        feeds[name] = np.concatenate([[size], x[1:]])[:n].astype(dtype)
     return feeds
+
+
+def length_inputs(model: onnx.ModelProto, feeds: dict) -> dict[str, tuple[int, object]]:
+    """{input: (its values' upper end, dtype)} for the 1-D integer inputs that are lengths
+    of a batch of signals: named so ("len" in the name: waveforms_lens, length,
+    speech_lengths, x_lens) and sized by the leading (batch) dim of a float input of rank 2
+    or more. Values in [0, 4) mask all but a few samples (onnx-asr's kaldi, NeMo and
+    wespeaker front-ends then output zeros everywhere, a check that checks nothing), so
+    they get that input's length: its longest symbolic dim past the batch (its longest
+    dim past the batch where none is symbolic), the first sample whole, the others from
+    half of it up."""
+    decl = {vi.name: list(vi.type.tensor_type.shape.dim) for vi in real_inputs(model)
+            if vi.type.HasField("tensor_type")}
+    signals = [(dims, feeds[k].shape) for k, dims in decl.items()
+               if k in feeds and len(dims) >= 2 and np.issubdtype(feeds[k].dtype, np.floating)]
+    out = {}
+    for k, dims in decl.items():
+        x = feeds.get(k)
+        if x is None or len(dims) != 1 or "len" not in k.lower() \
+                or not np.issubdtype(x.dtype, np.integer):
+            continue
+        for sd, shape in signals:
+            same = (dims[0].dim_param and dims[0].dim_param == sd[0].dim_param) or (
+                _declared(dims[0]) and _declared(sd[0]) and dims[0].dim_value == sd[0].dim_value)
+            if not same or shape[0] != x.shape[0]:
+                continue
+            free = [shape[i] for i in range(1, len(sd)) if not _declared(sd[i])]
+            out[k] = (int(max(free or shape[1:])), x.dtype)
+            break
+    return out
 
 
 # Ops that pass an integer input's values on unchanged (a subset, a copy, a new shape): an

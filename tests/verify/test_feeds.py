@@ -1,0 +1,57 @@
+"""Random inputs for --verify: lengths of a batch of signals get the signal's length."""
+
+import numpy as np
+import onnx
+from conftest import make_model, run_ort
+
+from rewriter.verify.feeds import length_inputs, make_feeds
+
+# onnx-asr's front-ends in small: samples past each row's length are masked to zero.
+MASKED = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[B, N] waveforms, int64[B] waveforms_lens, int64[B] ids) => (float[B, N] y) {
+    s = Shape (waveforms)
+    one = Constant <value = int64 {1}> ()
+    zero = Constant <value = int64 {0}> ()
+    n = Gather <axis = 0> (s, one)
+    t = Range (zero, n, one)
+    l = Unsqueeze (waveforms_lens, one)
+    mask = Less (t, l)
+    f = Cast <to = 1> (ids)
+    u = Unsqueeze (f, one)
+    g = Add (waveforms, u)
+    z = Constant <value = float {0.0}> ()
+    y = Where (mask, g, z)
+}"""
+
+
+def test_a_length_input_gets_the_signals_length():
+    m = make_model(MASKED)
+    feeds = make_feeds(m, {"waveforms": [3, 400], "waveforms_lens": [3], "ids": [3]}, seed=5)
+    lens = feeds["waveforms_lens"]
+    assert lens.dtype == np.int64 and lens[0] == 400 and ((lens >= 200) & (lens <= 400)).all()
+    assert ((feeds["ids"] >= 0) & (feeds["ids"] < 4)).all()   # not a length: as before
+    # what --verify compares is not zeros past a few samples (lengths in [0, 4) left 1%)
+    y, = run_ort(m, feeds)
+    assert (y != 0).mean() >= 0.5
+    # every other input keeps the values it had without the rule
+    plain = onnx.ModelProto()
+    plain.CopyFrom(m)
+    plain.graph.input[1].name = "waveforms_l"
+    before = make_feeds(plain, {"waveforms": [3, 400], "waveforms_l": [3], "ids": [3]}, seed=5)
+    assert (before["waveforms_l"] < 4).all()
+    np.testing.assert_array_equal(before["waveforms"], feeds["waveforms"])
+    np.testing.assert_array_equal(before["ids"], feeds["ids"])
+    # with no shape given, the size random inputs fill a symbolic dim with is the length
+    assert make_feeds(m, fill=8)["waveforms_lens"].tolist() == [8]
+
+
+def test_what_is_not_a_length_of_a_batch_keeps_small_values():
+    m = make_model("""
+    <ir_version: 10, opset_import: ["" : 17]>
+    g (float[B, N] x, int64[C] lens, int64 max_len, int64[B, 2] seq_len) => (float[B, N] y) {
+        y = Identity (x)
+    }""")
+    feeds = make_feeds(m, {"x": [2, 64], "lens": [2], "seq_len": [2, 2]})
+    assert not length_inputs(m, feeds)
+    assert all((feeds[k] < 4).all() for k in ("lens", "max_len", "seq_len"))
