@@ -260,7 +260,42 @@ def nms_overflow(program_text: str) -> str | None:
     return None
 
 
+def notes() -> list[str]:
+    """This thread's notes on how MIGraphX was called (clear it before a compile)."""
+    if not hasattr(_SAID, "notes"):
+        _SAID.notes = []
+    return _SAID.notes
+
+
+# parse_onnx unrolls a Scan (and bounds a Loop) to max_loop_iterations, 10 by default, and
+# refuses a model that needs more, saying how many it needs (2.15 and 2.16).
+_ITERATIONS = re.compile(r"required iterations \{(\d+)\} would exceed the maximum iteration "
+                         r"limit \{(\d+)\}")
+MAX_LOOP_ITERATIONS = 65535   # parse_onnx's limit_max_iterations default
+
+
 def _parse(mgx, model_path, dims):
+    """parse_onnx, again with ``max_loop_iterations`` set to what it says a Scan needs when
+    that is over its default of 10 (onnx-asr's wespeaker front-end: 98 frames), which a
+    note says, for the user's own compile (see :func:`_parse_once`)."""
+    try:
+        return _parse_once(mgx, model_path, dims)
+    except MigraphxError as e:
+        m = _ITERATIONS.search(e.message)
+        if not m or not 10 <= int(m.group(2)) < int(m.group(1)) <= MAX_LOOP_ITERATIONS:
+            raise
+        need = int(m.group(1))
+        prog = _parse_once(mgx, model_path, dims, max_loop_iterations=need)
+        note = (f"parsed with max_loop_iterations={need}: a Scan or Loop needs {need} "
+                f"iterations, more than parse_onnx's default of {m.group(2)}; give the same "
+                "when you compile the output (migraphx.parse_onnx(..., "
+                f"max_loop_iterations={need}))")
+        if note not in notes():
+            notes().append(note)
+        return prog
+
+
+def _parse_once(mgx, model_path, dims, **options):
     """parse_onnx with the process's stdout and stderr captured into :func:`said`:
     MIGraphX prints 'Warning: onnx model is not topologically sorted' on parsing a model
     (an original often), past -q and into a caller's pipe."""
@@ -274,7 +309,7 @@ def _parse(mgx, model_path, dims):
             os.dup2(tmp.fileno(), 1)
             os.dup2(tmp.fileno(), 2)
             try:
-                return mgx.parse_onnx(os.fspath(model_path), map_input_dims=dims)
+                return mgx.parse_onnx(os.fspath(model_path), map_input_dims=dims, **options)
             except Exception as e:
                 raise MigraphxError("parse", _clean(e)) from None
         finally:

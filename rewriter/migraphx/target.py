@@ -548,6 +548,7 @@ def compile_output(report, checked: tuple, exported, original, base_dir, output,
     dims the user did not set, the larger sizes of feeds.FALLBACK_FILLS are tried next."""
     from rewriter.migraphx import backend as mgx_backend
     mgx_backend.said().clear()
+    mgx_backend.notes().clear()
     try:
         _compile_sizes(report, checked, exported, original, base_dir, output, mgx,
                        input_shapes, inputs, seed, held_out, plan, verifier, model_path, fill,
@@ -557,6 +558,8 @@ def compile_output(report, checked: tuple, exported, original, base_dir, output,
         if said:   # the C++ side's console lines, kept out of stdout and -q
             report.warnings.append("MIGraphX printed while parsing: " + "; ".join(said[:5]))
             said.clear()
+        report.warnings.extend(f"migraphx: {n}" for n in mgx_backend.notes())
+        mgx_backend.notes().clear()
 
 
 def _compile_sizes(report, checked, exported, original, base_dir, output, mgx, input_shapes,
