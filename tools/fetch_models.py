@@ -137,6 +137,22 @@ MODELS: tuple[RealModel, ...] = (
         "waveforms_lens [batch]",
     ),
     RealModel(
+        "onnx_asr_whisper128.onnx", "onnx-asr", "0.12.0",
+        "onnx_asr/preprocessors/data/whisper128.onnx", 107349,
+        "ab730292c17d34ad46cd28b99a30e70b878b602827c29e12d6a87ea4a6698942",
+        "Whisper 128-bin log-mel preprocessor of onnx-asr: a 400-point STFT (not a power "
+        "of two: onnxruntime's float32 kernel sums without an FFT), mel MatMul, log and "
+        "clamp; opset 17, inputs waveforms [batch, N] and waveforms_lens [batch]",
+    ),
+    RealModel(
+        "onnx_asr_gigaam_v2.onnx", "onnx-asr", "0.12.0",
+        "onnx_asr/preprocessors/data/gigaam_v2.onnx", 54913,
+        "abc06381785bc6c4b76db6bf99803388edca7d44efa5a181eb1c2b894f3ff2f8",
+        "GigaAM v2 log-mel preprocessor of onnx-asr: STFT of a length that is not a power "
+        "of two, mel MatMul, log; opset 17, inputs waveforms [batch, N] and waveforms_lens "
+        "[batch]",
+    ),
+    RealModel(
         "speechmos_plcmos_v2.onnx", "speechmos", "0.0.1.1",
         "speechmos/plcmos_models/plcmos_v2.onnx", 1344808,
         "c0ad3fc64ef9682b4749c0e96636b41c73b4b30bd123b9348feea06a96895286",
