@@ -418,8 +418,11 @@ def _judge(verifier, outputs, numerics, single: bool = False) -> list[dict]:
         o = np.asarray(o)
         if o.shape != np.shape(r) and _squeezed(o.shape) == _squeezed(np.shape(r)):
             o = o.reshape(np.shape(r))   # MIGraphX returns a 0-d output as shape {1}
-        metrics.append(verifier.judge_output(name, r, o, c, numerics, 2).to_dict())
-    return metrics
+        metrics.append(verifier.judge_output(name, r, o, c, numerics, 2))
+    # as --verify allows it: onnx-asr's GigaAM log-mel on a pure chirp, max_rel 4.0e-4 on
+    # MIGraphX, 6.1e-4 on onnxruntime, against the original's own 5.4e-4 per ulp
+    verifier.allow_noise(metrics, numerics, 2)
+    return [m.to_dict() for m in metrics]
 
 
 def _lowering(info, output_path, feeds, shapes, planned, findings, what) -> dict:
@@ -478,6 +481,7 @@ def render(info: dict[str, Any]) -> str:
 
 
 def _metric_line(m: dict, ort: dict | None) -> str:
+    from rewriter.verify.verifier import NOISE_FACTOR
     s = f"{m['name']}: "
     if m.get("top1") is not None:
         s += f"top-1 vs FP32 {m['top1']:.4f}" + (
@@ -500,6 +504,9 @@ def _metric_line(m: dict, ort: dict | None) -> str:
               f"values of those: {sel['replay']})")
     elif m.get("backends_apart"):
         s += f" ({m['backends_apart']})"
+    elif m.get("noise") is not None and m["ok"]:
+        s += (f" (within {NOISE_FACTOR:g}x the {m['noise']:.1e} by which the original moves "
+              "when its inputs move by one ulp, as --verify allows)")
     elif m.get("as_onnxruntime"):
         s += (f" (misses on these {c['n'] if c else ''} samples as onnxruntime does on the "
               "same samples: --verify judges the budget on all held-out samples)")

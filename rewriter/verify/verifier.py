@@ -102,6 +102,14 @@ class Verifier:
                    for name, r, o, c in zip(names, self.reference, outs, self.classes)]
         if any(not m.ok and m.name in self.selection for m in metrics):
             self.judge_selected(exported, metrics, numerics, depth)
+        self.allow_noise(metrics, numerics, depth)
+        return metrics
+
+    def allow_noise(self, metrics: list[OutputMetrics], numerics: Numerics,
+                    depth: int) -> None:
+        """FP32 misses within NOISE_FACTOR times the original's own one-ulp response
+        (:meth:`rounding_noise`) pass, marked with it; onnxruntime's and MIGraphX's
+        outputs alike (a log-mel of near-empty bins)."""
         if numerics is not Numerics.LOSSY and any(_noise_may_explain(m, numerics)
                                                   for m in metrics):
             noise = self.rounding_noise()
@@ -110,7 +118,6 @@ class Verifier:
                 if _noise_may_explain(m, numerics) and n is not None \
                         and m.max_rel <= NOISE_FACTOR * n * max(1, depth) ** 0.5:
                     m.ok, m.noise = True, n
-        return metrics
 
     def judge_selected(self, exported, metrics: list[OutputMetrics], numerics: Numerics,
                        depth: int) -> None:
