@@ -109,12 +109,14 @@ class PlannerReport:
         return certificate_line(self.measured, self.settings.get("folds", 1))
 
     def render(self) -> str:
-        lines = [f"{'layer':<36} {'op':<8} {'MFLOPs':>8} {'int8 harm':>10} {'fp16 harm':>10} "
-                 f"{'int8 top1':>9}  choice"]
-        for r in self.layers:
+        prefix, names = _table_names([r.id for r in self.layers])
+        lines = [f"layer names below follow '{prefix}'"] if prefix else []
+        lines.append(f"{'layer':<36} {'op':<8} {'MFLOPs':>8} {'int8 harm':>10} "
+                     f"{'fp16 harm':>10} {'int8 top1':>9}  choice")
+        for r, name in zip(self.layers, names):
             i8 = f"{r.int8_loss:10.2e}" if r.int8_loss is not None else f"{'-':>10}"
             t1 = f"{r.int8_top1:9.3f}" if r.int8_top1 is not None else f"{'-':>9}"
-            lines.append(f"{r.id[:36]:<36} {r.op:<8} {r.flops / 1e6:8.2f} {i8} "
+            lines.append(f"{name:<36} {r.op:<8} {r.flops / 1e6:8.2f} {i8} "
                          f"{r.fp16_loss:10.2e} {t1}  {r.choice}")
         lines.append("")
         lines.append(f"chosen: {self.chosen()}; INT8 share of FLOPs "
@@ -129,6 +131,23 @@ class PlannerReport:
         lines.append(f"{self.evaluations} model evaluations in {self.seconds:.1f} s")
         lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
+
+
+def _table_names(ids: list[str], width: int = 36) -> tuple[str, list[str]]:
+    """Names that tell the layers apart in a `width`-wide column: the folder-like prefix all
+    share (up to a '/') is said once, and a name still too long keeps its end, where
+    exporters put what differs (`.../layer.0/attention/self/query/MatMul`); cutting the end
+    off left every row of a transformer reading '/model/model.0/auto_model/encoder/la'."""
+    prefix = ""
+    if len(ids) > 1 and any(len(i) > width for i in ids):
+        common = ids[0][:min(map(len, ids))]
+        for i in ids[1:]:
+            while not i.startswith(common):
+                common = common[:-1]
+        cut = common.rfind("/")
+        prefix = common[:cut + 1] if cut > 0 else ""
+    names = [i[len(prefix):] for i in ids]
+    return prefix, [n if len(n) <= width else "..." + n[-(width - 3):] for n in names]
 
 
 def certificate_line(j: dict, folds: int = 1) -> str:

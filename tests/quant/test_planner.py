@@ -34,6 +34,24 @@ def test_every_sample_is_judged_once_by_ranges_it_did_not_set(planned):
     assert "judged on 16 held-out samples (4-fold, 95% intervals)" in text
 
 
+def test_the_table_tells_layers_with_long_shared_names_apart(planned):
+    """A transformer's layer names share 36+ characters ('/model/model.0/auto_model/encoder/
+    layer.0/attention/self/query/MatMul'): the table cut their ends off, and every row read
+    the same. The shared prefix is said once; a name still too long keeps its end."""
+    from dataclasses import replace
+    _, rep = planned
+    base = "/model/model.0/auto_model/encoder/"
+    tails = [f"layer.{i}/attention/self/{k}/MatMul" for i in range(2) for k in ("query", "key")]
+    tails.append("layer.1/intermediate/dense/a_very_long_projection_name/MatMul")
+    layers = [replace(rep.layers[0], id=base + t) for t in tails]
+    text = replace(rep, layers=layers).render().splitlines()
+    assert text[0] == f"layer names below follow '{base}'"
+    names = [row.split()[0] for row in text[2:2 + len(layers)]]
+    assert names[:4] == tails[:4]
+    assert names[4].startswith("...") and names[4].endswith("_projection_name/MatMul")
+    assert len(set(names)) == len(layers)
+
+
 def test_small_data_says_it_cannot_certify(planned):
     _, rep = planned
     # 16 samples cannot show 0.9 by counting (at most 0.806): said, with what it would take.
