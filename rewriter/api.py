@@ -291,7 +291,9 @@ class _Rewrite:
                 f"the pipeline still changed the graph in its last round ({ROUNDS}): "
                 "rewriting the output again may shrink it further")
         if self.quantize:
-            records = self.run_plan(records)
+            from rewriter.quant.data import samples_blamed
+            with samples_blamed(lambda: self.calib_data, self.original, self.base_dir):
+                records = self.run_plan(records)
         self.seconds["passes"] = sum(r.seconds for r in records)
         self.report.passes = records
         if self.fixed:

@@ -1215,3 +1215,36 @@ def test_input_shapes_comma_separated_as_trtexec_takes_them():
         "ids": [2, 16], "mask": [2, 16], "pos": [1, 16]}
     assert parse_shape_args(["a,b:1x3"]) == {"a,b": [1, 3]}
     assert parse_shape_args(["x:0:1x2"]) == {"x:0": [1, 2]}
+
+
+@pytest.mark.parametrize("how", [["--plan", "int8"], ["--plan", "auto"], ["plan"]])
+def test_a_sample_the_original_cannot_run_is_bad_input_named(tmp_path, capfd, how):
+    """Token ids past the vocabulary (or a mask shorter than the ids) in one calibration
+    file: onnxruntime's error came out of calibration as an internal error, exit 3 (a
+    MiniLM's text folder, 2026-12-06 helper round). The original fails on that file too, so
+    it is bad input: exit 2, one line naming the file, nothing written."""
+    src, calib = tmp_path / "m.onnx", tmp_path / "calib"
+    onnx.save(make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (int64[N, T] ids) => (float[N, T, 6] y) {
+        e = Gather (E, ids)
+        h = MatMul (e, W1)
+        r = Relu (h)
+        y = MatMul (r, W2)
+    }""", {"E": (50, 8), "W1": (8, 16), "W2": (16, 6)}, seed=5), src)
+    calib.mkdir()
+    rng = np.random.default_rng(6)
+    for i in range(12):
+        ids = rng.integers(0, 50, (1, 7))
+        ids[0, 3] += 50 * (i == 5)          # one id past the 50-row table
+        np.savez(calib / f"s{i:02d}.npz", ids=ids)
+    out = tmp_path / ("p.yaml" if how == ["plan"] else "q.onnx")
+    argv = ["plan", src] if how == ["plan"] else [src, *how, "--target", "none"]
+    code, _, err = run(capfd, *argv, "--calib", calib, "-o", out, "-q")
+    assert code == 2, err
+    assert_one_line(err, "s05.npz: onnxruntime cannot run the original model on this sample",
+                    "ids [1, 7] int64", "out of data bounds")
+    assert not out.exists()
+    (calib / "s05.npz").unlink()      # without it, the same runs succeed
+    code, _, err = run(capfd, *argv, "--calib", calib, "-o", out, "-q")
+    assert code == 0 and out.exists(), err

@@ -15,6 +15,7 @@ import itertools
 import math
 import os
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -22,7 +23,7 @@ from typing import Callable
 import numpy as np
 import onnx
 
-from rewriter.core.errors import InputError
+from rewriter.core.errors import InputError, RewriteError
 
 NPY, NPZ, IMAGE = "npy", "npz", "image"
 # A labels file beside the samples: one label (class index) per sample, in reading order.
@@ -463,6 +464,51 @@ class CalibrationData:
         return (f"CalibrationData({self.kind}, {self.n_samples} samples in {len(self)} "
                 f"batches of {self.batch_size}, inputs={self.names}"
                 + (f", from {self.source}" if self.source else "") + ")")
+
+
+def sample_the_original_refuses(data: CalibrationData, model: onnx.ModelProto,
+                                base_dir=None) -> InputError | None:
+    """The error to give when a run over ``data`` failed: the first sample that the original
+    model itself cannot run in onnxruntime (token ids past the vocabulary, an attention
+    mask shorter than the ids), named, or None when the original runs on every one (then the
+    failure is the rewrite's). Calibration ran such samples through the rewritten model and
+    their onnxruntime error came out as an internal error, exit 3."""
+    from rewriter.core import ort
+
+    try:
+        sess = ort.session(model, base_dir)
+    except Exception:  # noqa: BLE001 - not this question's to answer
+        return None
+    for i in range(len(data)):
+        group = data._items[i * data.batch_size:(i + 1) * data.batch_size]
+        where = _where(group[0]) if len(group) == 1 else \
+            f"{_where(group[0])}..{_where(group[-1])}"
+        feeds = data._feed(group)
+        try:
+            ort.run(sess, feeds)
+        except Exception as e:  # noqa: BLE001 - onnxruntime's own exception types
+            given = ", ".join(f"{k} {list(np.shape(v))} {v.dtype}" for k, v in feeds.items())
+            line = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+            return InputError(f"{where}: onnxruntime cannot run the original model on this "
+                              f"sample ({given}): {line}")
+    return None
+
+
+@contextmanager
+def samples_blamed(data, model: onnx.ModelProto, base_dir=None):
+    """Runs the block; an error that is not a RewriteError (onnxruntime's) becomes the
+    InputError naming the sample the original model cannot run either, when there is one
+    (``data``: CalibrationData, a callable giving it, or None)."""
+    try:
+        yield
+    except RewriteError:
+        raise
+    except Exception:
+        d = data() if callable(data) else data
+        err = sample_the_original_refuses(d, model, base_dir) if d is not None else None
+        if err is None:
+            raise
+        raise err from None
 
 
 def _where(item) -> str:

@@ -57,6 +57,7 @@ from rewriter.core.convert import export, shape_info, to_graph, upgrade_opset
 from rewriter.core.errors import InputError
 from rewriter.core.graph import Namer, node_id, weight_free_copy
 from rewriter.core.load import load_model
+from rewriter.quant.data import samples_blamed
 from rewriter.quant.plan import LAYER_OPS, Assignment, Plan, int8_capable
 
 DEFAULTS = {"alpha": 0.7, "beta": 0.3, "int8_speed": 2176 / 1248, "fp16_speed": 1.5,
@@ -444,6 +445,11 @@ def plan_auto(model, calib, *, input_shapes=None, settings: dict | None = None,
     s = _settings(settings)
     graph, original, base_dir, data = _prepare(model, calib, base_dir, s, labels, progress,
                                                fp32)
+    with samples_blamed(data, original, base_dir):
+        return _plan(graph, original, base_dir, data, s, progress, input_shapes, t0)
+
+
+def _plan(graph, original, base_dir, data, s, progress, input_shapes, t0):
     notes = _resolve_budget(s, data.labels is not None)
     layers = [n for n in graph.nodes if n.op in LAYER_OPS]
     ev = _CrossValidator(graph, original, base_dir, data, s, progress)
@@ -561,7 +567,8 @@ def _prepare(model, calib, base_dir, s, labels, progress, fp32=None):
                                                       sorted(done.items())) + ")"
             if done else ""))
     if s["equalize"]:
-        _equalize_all(graph, original, base_dir, data, progress)
+        with samples_blamed(data, original, base_dir):
+            _equalize_all(graph, original, base_dir, data, progress)
     return graph, original, base_dir, data
 
 
