@@ -38,6 +38,9 @@ class _Formatter(argparse.HelpFormatter):
 class _Parser(argparse.ArgumentParser):
     def __init__(self, *a, **kw):
         kw.setdefault("formatter_class", _Formatter)
+        # No abbreviated options: `rewrite plan ... --target none` was read as
+        # --target-speedup ("invalid float value: 'none'"); a full name or an error.
+        kw.setdefault("allow_abbrev", False)
         super().__init__(*a, **kw)
 
     # argparse exits 2 on usage errors already; keep its message, on one line (its usage

@@ -215,6 +215,22 @@ def test_usage_errors(tmp_path, capfd, argv, fragment):
     assert not (tmp_path / "o.onnx").exists()
 
 
+def test_an_abbreviated_or_misspelt_option_is_named(capfd, tmp_path):
+    """`rewrite plan` has --target-speedup, not --target: the abbreviation was read as it
+    ('invalid float value'); a plan rule's misspelt key gets a did-you-mean."""
+    code, _, err = run(capfd, "plan", RESNET, "--calib", tmp_path, "-o", tmp_path / "p.yaml",
+                       "--target", "none")
+    assert code == 2 and "unrecognized arguments: --target none" in err[-1], err
+    code, _, err = run(capfd, RESNET, "-o", tmp_path / "o.onnx", "--verif")
+    assert code == 2 and "unrecognized arguments: --verif" in err[-1], err
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("rules:\n  - match: {op: Conv}\n    precison: int8\n")
+    code, _, err = run(capfd, RESNET, "-o", tmp_path / "o.onnx", "--plan", plan)
+    assert code == 2
+    assert_one_line(err, "rules[0]: unknown key 'precison'; did you mean 'precision'?")
+    assert not (tmp_path / "o.onnx").exists()
+
+
 def test_missing_arguments(capfd, tmp_path):
     code, _, err = run(capfd, RESNET)
     assert code == 2

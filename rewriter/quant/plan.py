@@ -188,9 +188,10 @@ def from_dict(d: Any, source: str) -> Plan:
         raise InputError(f"plan {source}: 'rules' must be a list")
     for i, r in enumerate(rules):
         where = f"plan {source}: rules[{i}]"
+        if isinstance(r, dict):   # a misspelt key first: 'precison' gets a did-you-mean
+            _no_unknown(r, {"match", "precision"}, where)
         if not isinstance(r, dict) or "match" not in r or "precision" not in r:
             raise InputError(f"{where}: expected {{match: {{...}}, precision: fp32|fp16|int8}}")
-        _no_unknown(r, {"match", "precision"}, where)
         m = r["match"]
         if not isinstance(m, dict) or not m:
             raise InputError(f"{where}: 'match' must be a non-empty mapping")
