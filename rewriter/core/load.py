@@ -26,24 +26,28 @@ from .graph import (PACKED, SMALL_TENSOR, SUB_BYTE, graph_protos, iter_model_ten
                     node_bodies, stable_order, varint, weight_free_copy)
 
 
-# One read-only map per data file, shared by every array read from it while any is alive.
-# A map per read (np.memmap at the tensor's offset) made one more mapping of the same pages
-# each time a weight was read: the planner, which builds and judges ~50 models, held 960
-# maps of a 69 MB MiniLM (RSS 5 GB, 4.4 GB of it the file again and again) until the cyclic
-# garbage collector happened to free the graphs that held them.
-_FILE_MAPS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+# One read-only map per tensor's bytes, shared by every read of that tensor while an array
+# from it is alive. A map per read (np.memmap at the tensor's offset, every time) made one
+# more mapping of the same pages each time a weight was read: the planner, which builds and
+# judges ~50 models, held 960 maps of a 69 MB MiniLM (RSS 5 GB, 4.4 GB of it the file again
+# and again) until the cyclic garbage collector happened to free the graphs that held them.
+# Not one map of the whole file: its pages would stay mapped (and counted in RSS) while any
+# weight is alive, so a 2.5 GB model's streamed rewrite would hold every page it touched.
+_MAPS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
-def _file_map(path: str) -> np.memmap:
-    """The whole of ``path`` mapped read-only as bytes; the same map while it is in use and
-    the file is unchanged (size, mtime and inode)."""
+def _region_map(path: str, offset: int, size: int) -> np.memmap:
+    """``size`` bytes of ``path`` from ``offset``, mapped read-only; the same map while it is
+    in use and the file is unchanged (size, mtime and inode)."""
     st = os.stat(path)
-    key = (path, st.st_size, st.st_mtime_ns, st.st_ino)
-    whole = _FILE_MAPS.get(key)
-    if whole is None:
-        whole = np.memmap(path, dtype=np.uint8, mode="r")
-        _FILE_MAPS[key] = whole
-    return whole
+    if offset + size > st.st_size:
+        raise InputError(f"external data file {path} is shorter than declared")
+    key = (path, offset, size, st.st_size, st.st_mtime_ns, st.st_ino)
+    region = _MAPS.get(key)
+    if region is None:
+        region = np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(size,))
+        _MAPS[key] = region
+    return region
 
 
 class ExternalValues(LazyValues):
@@ -76,10 +80,7 @@ class ExternalValues(LazyValues):
             t = onnx.TensorProto(data_type=self.tensor.data_type, dims=self.tensor.dims)
             t.raw_data = b"".join(self.raw_chunks())
             return onnx.numpy_helper.to_array(t)
-        whole = _file_map(self.path)
-        if self.offset + need > len(whole):
-            raise InputError(f"external data file {self.path} is shorter than declared")
-        return whole[self.offset:self.offset + need].view(dtype).reshape(self.shape)
+        return _region_map(self.path, self.offset, need).view(dtype).reshape(self.shape)
 
     def raw_chunks(self, chunk: int = 64 << 20) -> Iterator[bytes]:
         with open(self.path, "rb") as f:
