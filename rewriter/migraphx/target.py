@@ -531,7 +531,14 @@ def static_check(report, exported, version: tuple[int, ...] | None, input_shapes
     if not int8 and result.qdq_layers:   # a model quantized elsewhere: its Q/DQ layers
         int8, what = list(result.qdq_layers), "Q/DQ layers"
     report.extra["migraphx_check"] = result.to_dict()
-    report.warnings.extend(f"migraphx {line}" for line in result.summary_lines(("error", "warning")))
+    # A finding whose hint names a pass that ran and skipped: say so, not only that the
+    # pass writes such nodes (a DFT with a computed dft_length is left by expand-spectral).
+    skipped = {p.name: ", ".join(f"{k} {v}" for k, v in p.counts.items() if k.startswith("skip:"))
+               for p in report.passes}
+    for line in result.summary_lines(("error", "warning")):
+        left = [f"{n} ran and left it ({why})" for n, why in skipped.items()
+                if why and f"the pass {n}," in line]
+        report.warnings.append(f"migraphx {line}" + (f" [{'; '.join(left)}]" if left else ""))
     return result, int8, what
 
 

@@ -346,3 +346,16 @@ def test_the_profile_says_migraphx_does_not_parse_them_and_the_check_names_the_p
                            "eight": np.array(8, np.int64)})
     findings = [f for f in check_model(m).findings if f.code == "unsupported-op"]
     assert len(findings) == 2 and all("expand-spectral" in f.message for f in findings)
+
+
+def test_the_check_says_when_the_pass_left_a_node_it_names():
+    """A DFT whose dft_length is a graph input stays (skip:non-constant-dft-length); the
+    check's unsupported-op hint says expand-spectral writes DFTs out, and now also that
+    here it ran and left this one, and why."""
+    m = make_model("""
+    <ir_version: 10, opset_import: ["" : 17]>
+    g (float[2, 64, 1] x, int64 l) => (float[2, N, 2] y) { y = DFT (x, l) }""")
+    _, rep = rewriter.rewrite(m, target="migraphx")
+    line = next(w for w in rep.warnings if "unsupported-op" in w)
+    assert "the pass expand-spectral" in line
+    assert line.endswith("[expand-spectral ran and left it (skip:non-constant-dft-length 1)]")
