@@ -26,28 +26,40 @@ from .graph import (PACKED, SMALL_TENSOR, SUB_BYTE, graph_protos, iter_model_ten
                     node_bodies, stable_order, varint, weight_free_copy)
 
 
-# One read-only map per tensor's bytes, shared by every read of that tensor while an array
-# from it is alive. A map per read (np.memmap at the tensor's offset, every time) made one
-# more mapping of the same pages each time a weight was read: the planner, which builds and
-# judges ~50 models, held 960 maps of a 69 MB MiniLM (RSS 5 GB, 4.4 GB of it the file again
-# and again) until the cyclic garbage collector happened to free the graphs that held them.
-# Not one map of the whole file: its pages would stay mapped (and counted in RSS) while any
-# weight is alive, so a 2.5 GB model's streamed rewrite would hold every page it touched.
-_MAPS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+# A weight's bytes, shared by every read of it while any array from them is alive: a map of
+# its own region of the file, or for a small one a read-only copy. A map per read (np.memmap
+# at the tensor's offset) made one more mapping of the same pages each time a weight was
+# read: the planner, which builds and judges ~50 models, held 960 maps of a 69 MB MiniLM
+# (RSS 5 GB, 4.4 GB of it the file again and again) until the cyclic garbage collector freed
+# the graphs that held them. One map of the whole file instead kept every page ever read
+# mapped while any weight of the file lived: the 2.3 GB model's FP32 rewrite peaked at
+# 4.5 GB RSS (its fused weights and all of the original's), 2.3 GB with a map per weight,
+# which goes with the weight's last array. Copies of the small ones bound the number of maps
+# by the file's size (at most one per MAP_MIN_BYTES; the kernel allows 65,530 by default).
+_REGIONS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+MAP_MIN_BYTES = 1 << 20
 
 
-def _region_map(path: str, offset: int, size: int) -> np.memmap:
-    """``size`` bytes of ``path`` from ``offset``, mapped read-only; the same map while it is
-    in use and the file is unchanged (size, mtime and inode)."""
+def _region(path: str, offset: int, length: int) -> np.ndarray:
+    """Bytes ``offset .. offset + length`` of ``path`` as a read-only uint8 array: the same
+    array while one from it is in use and the file is unchanged (size, mtime and inode)."""
     st = os.stat(path)
-    if offset + size > st.st_size:
+    if offset + length > st.st_size:
         raise InputError(f"external data file {path} is shorter than declared")
-    key = (path, offset, size, st.st_size, st.st_mtime_ns, st.st_ino)
-    region = _MAPS.get(key)
-    if region is None:
-        region = np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(size,))
-        _MAPS[key] = region
-    return region
+    key = (path, offset, length, st.st_size, st.st_mtime_ns, st.st_ino)
+    raw = _REGIONS.get(key)
+    if raw is None:
+        if length >= MAP_MIN_BYTES:
+            raw = np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(length,))
+        else:
+            raw = np.empty(length, dtype=np.uint8)
+            with open(path, "rb") as f:
+                f.seek(offset)
+                if f.readinto(memoryview(raw)) != length:
+                    raise InputError(f"external data file {path} is shorter than declared")
+            raw.flags.writeable = False
+        _REGIONS[key] = raw
+    return raw
 
 
 class ExternalValues(LazyValues):
@@ -80,7 +92,8 @@ class ExternalValues(LazyValues):
             t = onnx.TensorProto(data_type=self.tensor.data_type, dims=self.tensor.dims)
             t.raw_data = b"".join(self.raw_chunks())
             return onnx.numpy_helper.to_array(t)
-        return _region_map(self.path, self.offset, need).view(dtype).reshape(self.shape)
+        raw = _region(self.path, self.offset, need)
+        return raw.view(dtype).reshape(self.shape)
 
     def raw_chunks(self, chunk: int = 64 << 20) -> Iterator[bytes]:
         with open(self.path, "rb") as f:
