@@ -2,6 +2,7 @@
 models with external weights, what ``materialize`` returns, generators, and every bad
 argument an InputError (a RewriteError), never a raw TypeError nor a value ignored."""
 
+import gc
 import threading
 
 import numpy as np
@@ -238,3 +239,22 @@ def test_a_message_from_a_nested_rewrite_names_the_api_arguments_once():
     with pytest.raises(InputError) as e:
         rewriter.rewrite(RESNET, [_CallsTheApi()])
     assert str(e.value).count("[Python API: ") == 1, str(e.value)
+
+
+def _graph_objects() -> int:
+    import onnx_graphsurgeon as gs
+    return sum(1 for o in gc.get_objects() if isinstance(o, (gs.Node, gs.Tensor, gs.Graph)))
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"verify": True}])
+def test_a_call_leaves_no_graph_behind_for_the_collector(kwargs):
+    """The call's graphs (cycles by design) outlived it: promoted while its frame held them,
+    they waited for a full collection; a toolchain calling the API on open_nsfw (24 MB) 20
+    times swung between 0.2 and 0.78 GB RSS. They are collected as the call returns."""
+    if not gc.isenabled():
+        pytest.skip("the collector is off in this process")
+    gc.collect()
+    before = _graph_objects()
+    for _ in range(3):
+        rewriter.rewrite(RESNET, **kwargs)
+        assert _graph_objects() <= before
