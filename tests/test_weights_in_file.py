@@ -351,3 +351,19 @@ def test_a_weights_map_goes_with_its_last_array(tmp_path, leave_all, monkeypatch
     assert mapped < w1.nbytes + 2 * mmap.PAGESIZE < p.stat().st_size
     del w1
     assert _maps_of(p) == 0
+
+
+def test_the_planner_leaves_a_big_files_weights_in_it(tmp_path, leave_all):
+    """`rewrite plan` parsed every inline weight (rewrite() leaves them in the file): 1.11 GB
+    peak RSS on a 69 MB MiniLM against 0.54 GB, for the same plan."""
+    from rewriter.quant import planner
+    p = tmp_path / "m.onnx"
+    onnx.save(_model(seed=6), p)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for i in range(8):
+        np.save(calib / f"{i}.npy", _feeds(i)["x"])
+    _, original, _, _ = planner._prepare(p, calib, None, planner._settings(None), None, False)
+    left = {t.name for t in original.graph.initializer
+            if t.data_location == TensorProto.EXTERNAL}
+    assert left == {"W1", "W2", "G"}
