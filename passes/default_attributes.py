@@ -12,7 +12,20 @@ accepts "stretch". Before -> after::
         =>  Resize (x, roi, scales, sizes)
 
 Any other policy (not_larger, not_smaller) changes the output size and stays; the static
-check reports it. In the default pipeline only when MIGraphX is the target.
+check reports it.
+
+A ConvTranspose's ``output_padding`` next to nonzero pads: MIGraphX 2.15 and 2.16 (ref)
+compute the right shape with wrong values (torch's ConvTranspose2d(k=3, s=2, p=1,
+output_padding=1), DeepFilterNet3's decoder: cosine 0.98). output_padding only uncovers
+output positions that the end pad would have cropped, so where it is at most the end pad
+it moves into it, exactly (onnxruntime: bit-identical, 1-3-d, groups, dilations)::
+
+    ConvTranspose <pads = [0, 1, 0, 1], output_padding = [0, 1]> (x, w)
+        =>  ConvTranspose <pads = [0, 1, 0, 0]> (x, w)
+
+An output_padding past the end pad (zeros beyond the full output), an ``output_shape``
+or an ``auto_pad`` stays, with a reason. In the default pipeline only when MIGraphX is the
+target.
 """
 
 from __future__ import annotations
@@ -31,12 +44,15 @@ class DefaultAttributes(Pass):
     phase = Phase.FOLD
     numerics = Numerics.EXACT
     summary = ("attributes MIGraphX 2.15 refuses that only state their default "
-               "(Resize keep_aspect_ratio_policy=stretch) dropped")
+               "(Resize keep_aspect_ratio_policy=stretch) dropped; a ConvTranspose's "
+               "output_padding (MIGraphX gets it wrong next to pads) moved into its end pads")
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()
         for g in iter_graphs(graph):
             for node in g.nodes:
+                if node.op == "ConvTranspose" and node.domain in (None, "", "ai.onnx"):
+                    fold_output_padding(node, res)
                 for op, attr, default in DEFAULTS:
                     if node.op != op or node.domain not in (None, "", "ai.onnx") \
                             or attr not in node.attrs:
@@ -50,3 +66,29 @@ class DefaultAttributes(Pass):
                     else:
                         res.skip(f"{attr.replace('_', '-')}-{value}")
         return res
+
+
+def fold_output_padding(node: gs.Node, res: PassResult) -> None:
+    """A ConvTranspose's output_padding moved into its end pads, where that is exact."""
+    opad = [int(v) for v in node.attrs.get("output_padding", [])]
+    if not any(opad):
+        return
+    auto_pad = node.attrs.get("auto_pad", "NOTSET")
+    if isinstance(auto_pad, bytes):
+        auto_pad = auto_pad.decode()
+    if "output_shape" in node.attrs or auto_pad != "NOTSET":
+        res.skip("output-padding-with-output-shape-or-auto-pad")
+        return
+    pads = [int(v) for v in node.attrs.get("pads", [0] * (2 * len(opad)))]
+    if len(pads) != 2 * len(opad):
+        res.skip("output-padding-rank-unclear")
+        return
+    if not any(pads):
+        return   # MIGraphX computes output_padding right without pads (measured)
+    ends = pads[len(opad):]
+    if any(o > e for o, e in zip(opad, ends)):
+        res.skip("output-padding-past-end-pad")
+        return
+    node.attrs["pads"] = pads[:len(opad)] + [e - o for e, o in zip(ends, opad)]
+    del node.attrs["output_padding"]
+    res.outcome(None, "output-padding-to-pads")

@@ -105,3 +105,94 @@ def test_policy_parses_as_measured_and_the_check_says_so(given, policy, tmp_path
     if policy in (None, "stretch"):
         migraphx.parse_onnx(str(path))
     assert not check_model(out, version=migraphx_version[:2]).errors or policy == "not_larger"
+
+
+def conv_transpose_model(rng, pads, output_padding, *, extra="", strides=(1, 2),
+                         kernel=(1, 3), group=2, dilations=(1, 1), shape=(1, 4, 3, 5)):
+    """One ConvTranspose with distinct random weights and bias (onnx.helper, not text:
+    the attributes vary)."""
+    from onnx import TensorProto, helper, numpy_helper
+    c = shape[1]
+    w = rng.standard_normal((c, c // group, *kernel)).astype(np.float32)
+    b = rng.standard_normal(c).astype(np.float32)
+    attrs = dict(pads=list(pads), strides=list(strides), kernel_shape=list(kernel),
+                 group=group, dilations=list(dilations))
+    if output_padding is not None:
+        attrs["output_padding"] = list(output_padding)
+    if extra == "output_shape":
+        attrs["output_shape"] = [shape[2] * strides[0], shape[3] * strides[1]]
+    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], **attrs)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, list(shape))], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, None)], [numpy_helper.from_array(w, "w"),
+                                             numpy_helper.from_array(b, "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    return m
+
+
+def _ct_attrs(model):
+    n = next(n for n in model.graph.node if n.op_type == "ConvTranspose")
+    return {a.name: list(onnx.helper.get_attribute_value(a)) for a in n.attribute
+            if a.name in ("pads", "output_padding")}
+
+
+# (pads, output_padding, strides, kernel, dilations): torch's ConvTranspose2d(k=3, s=2,
+# p=1, output_padding=1), DeepFilterNet3's frequency upsampler, a dilated one, one where
+# output_padding is smaller than the end pad
+FOLDS = [((1, 1, 1, 1), (1, 1), (2, 2), (3, 3), (1, 1)),
+         ((0, 1, 0, 1), (0, 1), (1, 2), (1, 3), (1, 1)),
+         ((2, 1, 2, 2), (1, 1), (3, 2), (3, 3), (2, 2)),
+         ((0, 0, 0, 2), (0, 1), (1, 3), (1, 4), (1, 1))]
+
+
+@pytest.mark.parametrize("pads,opad,strides,kernel,dil", FOLDS)
+def test_output_padding_moves_into_the_end_pads_exactly(rng, pads, opad, strides, kernel, dil):
+    m = conv_transpose_model(rng, pads, opad, strides=strides, kernel=kernel, dilations=dil)
+    out, rep = rewriter.rewrite(m, ["default-attributes"], verify=True)
+    half = len(pads) // 2
+    assert _ct_attrs(out) == {"pads": list(pads[:half]) + [
+        e - o for e, o in zip(pads[half:], opad)]}
+    assert rep.passes[0].counts.get("output-padding-to-pads") == 1
+    x = rng.standard_normal((1, 4, 3, 5)).astype(np.float32)
+    a, b = run_ort(m, {"x": x})[0], run_ort(out, {"x": x})[0]
+    assert a.shape == b.shape
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("pads,opad,extra,reason", [
+    ((0, 0, 0, 0), (0, 1), "", None),                       # no pads: MIGraphX is right
+    ((0, 1, 0, 0), (0, 1), "", "skip:output-padding-past-end-pad"),
+    ((0, 1, 0, 1), (0, 1), "output_shape",
+     "skip:output-padding-with-output-shape-or-auto-pad"),
+    ((0, 1, 0, 1), None, "", None)])
+def test_output_padding_stays_where_moving_it_is_not_exact(rng, pads, opad, extra, reason):
+    m = conv_transpose_model(rng, pads, opad, extra=extra)
+    out, rep = rewriter.rewrite(m, ["default-attributes"], verify=True)
+    assert _ct_attrs(out) == _ct_attrs(m)
+    counts = rep.passes[0].counts
+    assert "output-padding-to-pads" not in counts
+    assert (reason is None and not counts) or counts.get(reason) == 1
+
+
+@pytest.mark.migraphx
+def test_migraphx_computes_output_padding_next_to_pads_wrong_and_the_rewrite_right(
+        rng, tmp_path, migraphx_version):
+    """Measured on 2.15 and 2.16 (ref): right shape, wrong values (max abs error ~1 on
+    unit-normal data); after the rewrite equal to onnxruntime. Should a build fix it, the
+    first assert says the rewrite is no longer needed, never that it is wrong."""
+    import migraphx
+    m = conv_transpose_model(rng, (1, 1, 1, 1), (1, 1), strides=(2, 2), kernel=(3, 3))
+    out, _ = rewriter.rewrite(m, target="migraphx")
+    x = rng.standard_normal((1, 4, 3, 5)).astype(np.float32)
+    want = run_ort(m, {"x": x})[0]
+
+    def on_migraphx(model):
+        path = tmp_path / "m.onnx"
+        onnx.save(model, path)
+        p = migraphx.parse_onnx(str(path))
+        p.compile(migraphx.get_target("ref"))
+        return np.array(p.run({"x": migraphx.argument(x)})[-1]).reshape(want.shape)
+
+    assert np.abs(on_migraphx(m) - want).max() > 0.1
+    np.testing.assert_allclose(on_migraphx(out), want, rtol=1e-5, atol=1e-5)
