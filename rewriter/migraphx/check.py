@@ -581,6 +581,12 @@ class _Checker:
         self.check_dtype_attrs(g, node)
         if op in INTEGER_OPS and "integer_ops" in self.profile:
             self.check_integer_op(g, node)
+        ctp = self.profile.get("convtranspose_output_padding")
+        if ctp and op == "ConvTranspose" and any(_attr(node, "output_padding", [])) \
+                and any(_attr(node, "pads", [])):
+            self.add(ctp["severity"], "convtranspose-output-padding", label, op,
+                     f"output_padding {list(_attr(node, 'output_padding', []))} next to pads "
+                     f"{list(_attr(node, 'pads', []))}: {ctp['reason']}", g.path)
         qcb = self.profile.get("qlinear_conv_bias")
         if qcb and op == "QLinearConv" and len(node.input) > 8 and node.input[8]:
             self.add(qcb["severity"], "qlinear-conv-bias", label, op, qcb["reason"], g.path)

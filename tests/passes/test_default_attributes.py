@@ -196,3 +196,22 @@ def test_migraphx_computes_output_padding_next_to_pads_wrong_and_the_rewrite_rig
 
     assert np.abs(on_migraphx(m) - want).max() > 0.1
     np.testing.assert_allclose(on_migraphx(out), want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_check_flags_output_padding_next_to_pads_until_it_is_moved(rng):
+    """`rewrite check` on the original says MIGraphX computes it wrongly (it said nothing:
+    a user who only ran the check did not hear of it); after the rewrite it is gone; a
+    ConvTranspose with output_padding and no pads (right on MIGraphX) is not flagged."""
+    from rewriter.migraphx.check import check_model
+
+    def codes(model):
+        return [f.code for f in check_model(model).findings]
+    m = conv_transpose_model(rng, (1, 1, 1, 1), (1, 1), strides=(2, 2), kernel=(3, 3))
+    assert codes(m).count("convtranspose-output-padding") == 1
+    out, _ = rewriter.rewrite(m, target="migraphx")
+    assert "convtranspose-output-padding" not in codes(out)
+    bare = conv_transpose_model(rng, (0, 0, 0, 0), (1, 1), strides=(2, 2), kernel=(3, 3))
+    assert "convtranspose-output-padding" not in codes(bare)
+    past = conv_transpose_model(rng, (0, 1, 0, 0), (0, 1))   # left by the pass: still flagged
+    out, _ = rewriter.rewrite(past, target="migraphx")
+    assert codes(out).count("convtranspose-output-padding") == 1
