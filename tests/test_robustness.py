@@ -732,3 +732,41 @@ def test_a_binary_string_attribute_survives_and_contrib_ops_verify(tmp_path):
     x = np.array([[2, 1, 0], [1, 3, 1], [0, 1, 4]], np.float32)
     out, report = rewriter.rewrite(m, verify=True, inputs={"x": x})
     assert report.ok and [n.op_type for n in out.graph.node] == ["Inverse", "Relu"]
+
+
+@pytest.mark.parametrize("op", ["TreeEnsembleClassifier", "TreeEnsembleRegressor"])
+def test_the_weight_free_copy_leaves_a_tree_ensembles_lists_out(op):
+    """A 194 MB LightGBM classifier (luscinia) spent 2.7 s per shape inference on, and
+    copied each time, 13 attribute lists of 2.4-4.8 million entries that inference does not
+    read: the copy leaves them out, and inference and the checker say the same of it."""
+    from onnx import shape_inference
+
+    from rewriter.core.graph import weight_free_copy
+
+    trees = dict(nodes_treeids=[0, 0, 0], nodes_nodeids=[0, 1, 2], nodes_featureids=[1, 0, 0],
+                 nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"], nodes_values=[0.5, 0.0, 0.0],
+                 nodes_truenodeids=[1, 0, 0], nodes_falsenodeids=[2, 0, 0])
+    if op == "TreeEnsembleClassifier":
+        attrs = dict(trees, class_treeids=[0, 0], class_nodeids=[1, 2], class_ids=[0, 1],
+                     class_weights=[1.0, 1.0], classlabels_strings=["a", "b"])
+        outs = [helper.make_tensor_value_info("label", onnx.TensorProto.STRING, [3]),
+                helper.make_tensor_value_info("p", onnx.TensorProto.FLOAT, [3, 2])]
+    else:
+        attrs = dict(trees, target_treeids=[0, 0], target_nodeids=[1, 2], target_ids=[0, 1],
+                     target_weights=[1.0, 2.0], n_targets=2)
+        outs = [helper.make_tensor_value_info("p", onnx.TensorProto.FLOAT, [3, 2])]
+    node = helper.make_node(op, ["x"], [o.name for o in outs], domain="ai.onnx.ml", **attrs)
+    g = helper.make_graph([node, helper.make_node("Identity", [outs[-1].name], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 2])],
+                          [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [3, 2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid("ai.onnx.ml", 3)])
+    copy = weight_free_copy(m)
+    kept = {a.name for a in copy.graph.node[0].attribute}
+    assert not any(k.startswith(("nodes_", "class_", "target_")) for k in kept), kept
+    assert len(m.graph.node[0].attribute) == len(attrs)   # the model itself is untouched
+    onnx.checker.check_model(copy)
+
+    def inferred(model):
+        return {v.name: v.type for v in shape_inference.infer_shapes(model).graph.value_info}
+    assert inferred(copy) == inferred(m) and inferred(m)
