@@ -47,6 +47,7 @@ a PNG plot when matplotlib is installed.
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -367,6 +368,12 @@ class _CrossValidator:
                 idx.append(j)
                 outs.append(ort.run(sess, self.feeds[j]))
         self.count += 1
+        del exp, sess
+        # The call runs with the cyclic collector off (api._no_gc), so each plan's graphs,
+        # cyclic garbage once built and judged, piled up until the end: collected here
+        # (the youngest generation only: this plan's). MiniLM --plan auto, 50 plans: peak
+        # RSS 694 -> 530 MB, 40.4 -> 37.3 s (one run each), the same output.
+        gc.collect(0)
         # Whole-plan judgements decide what is kept: their bounds carry the correction for
         # the number of plans compared (self.alpha); one-fold sensitivity probes only rank.
         return self._judge(idx, outs, self.alpha if len(folds) == len(self.folds) else 0.05)

@@ -498,3 +498,27 @@ def test_what_a_topk_selects_is_planned_on_what_it_selects_from():
     layers = rep.to_dict()["plan"]["layers"]
     assert sorted(v["precision"] for v in layers.values()) == ["int8"] * 3, layers
     assert rep.ok and rep.verification[0]["selected"]["by"].startswith("TopK")
+
+
+def test_the_plans_judged_leave_no_graphs_piling_up(monkeypatch):
+    """rewrite() runs with the cyclic collector off, so every plan the planner built and
+    judged stayed as garbage until the end (MiniLM, 50 plans: peak RSS 694 MB, 530 MB once
+    each plan's graphs are collected after its judgement). Counted here: the graph nodes alive
+    when each plan is judged do not grow with the number of plans."""
+    import gc
+
+    import onnx_graphsurgeon as gs
+
+    from rewriter.quant import planner
+
+    alive = []
+    judge = planner._CrossValidator._judge
+
+    def counting(self, *a, **k):
+        alive.append(sum(1 for o in gc.get_objects() if isinstance(o, gs.Node)))
+        return judge(self, *a, **k)
+    monkeypatch.setattr(planner._CrossValidator, "_judge", counting)
+    rewriter.rewrite(MODEL, plan="auto", calib=samples(12, 2), target="none",
+                     options={"planner": {"folds": 3}})
+    assert len(alive) >= 8, alive
+    assert max(alive[4:]) <= alive[1] + 2, alive
