@@ -1268,9 +1268,33 @@ class _Rewrite:
                 msg += f"; first layer beyond budget: {layer}"
         if lossy and self.fp32_snapshot is not None and not layer:
             msg += _selected(metrics, exported.model.graph)
+        missed = [m.name for m in metrics if not m.ok and not m.strict_refused]
+        if lossy and self.plan is not None and missed:   # not a --strict refusal: a miss
+            msg += self.remedy(missed)
         err = VerificationError(msg)
         err.report = self.report
         return err
+
+    def remedy(self, failing: list) -> str:
+        """What to do about a plan that misses its budget: the INT8 layers nearest the
+        failing outputs (a plan's overrides can keep them FP16), and the planner. The error
+        named the output and the bound only (YuNet's objectness heads, nineteenth round)."""
+        a = getattr(self.ctx, "assignment", None)
+        near = _nearest_int8(self.graph, failing, a.precision) if a is not None else []
+        keep = ""
+        if near:
+            shown = ", ".join(near[:4]) + (f" and {len(near) - 4} more" if len(near) > 4 else "")
+            keep = f"keep the INT8 layers nearest it ({shown}) fp16 in a plan's overrides"
+        if getattr(self, "planner_report", None) is not None:   # --plan auto missed it
+            # --target-speedup only reports; --min-cosine is the planner's budget and this
+            # one's alike: the planner's choice is what did not hold on the held-out part.
+            steps = ["more --calib samples for the planner to choose on"]
+        else:
+            steps = ["--plan auto (the planner keeps sensitive layers out of INT8)"]
+        if keep:
+            steps.append(keep)
+        steps.append("or a lower verify min_cosine if this drift is acceptable")
+        return "; to meet the budget: " + ", ".join(steps)
 
     def first_divergence(self, exported) -> str | None:
         """The first layer (graph order) whose output's cosine with FP32 is below budget;
@@ -1294,6 +1318,27 @@ class _Rewrite:
         budget = self.plan.verify["min_cosine"] if self.plan is not None else 0.99
         return layer_divergence(self.fp32_snapshot, exported, names,
                                 self.verifier.feed_sets[:8], budget, labels)
+
+
+def _nearest_int8(graph, outputs: list, precision: dict) -> list:
+    """The INT8 layers (node ids) first met walking up from the graph outputs ``outputs``:
+    through any op, and through layers of another precision, stopping at an INT8 one."""
+    from rewriter.quant.plan import LAYER_OPS
+    want = set(outputs)
+    todo = [t for t in graph.outputs if t.name in want]
+    seen, found = set(), []
+    while todo:
+        t = todo.pop()
+        for n in t.inputs:
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            nid = node_id(n)
+            if n.op in LAYER_OPS and precision.get(nid) == "int8":
+                found.append(nid)
+            else:
+                todo.extend(n.inputs)   # a constant has no producer: the walk ends
+    return sorted(set(found))
 
 
 def _int8_levels(graph, outs: set) -> dict:
@@ -1475,7 +1520,7 @@ def _worst(metrics, verifier=None) -> str:
     if m.sqnr_db != float("inf"):
         s += f", SQNR {m.sqnr_db:.1f} dB"
     if verifier is not None and verifier.lossy:
-        s += " vs budget " + ", ".join(f"{k} {v:g}" for k, v in verifier.lossy.items()
+        s += " vs budget " + ", ".join(f"{k} {v:.10g}" for k, v in verifier.lossy.items()
                                        if v is not None)
     why = (getattr(m, "certificate", None) or {}).get("why")
     if why:   # judged by bounds, not by the point values above: say which one missed

@@ -162,7 +162,7 @@ def test_a_plan_missing_its_budget_fails_with_the_budget_in_one_line(tmp_path):
         rewriter.rewrite(MODEL, output=tmp_path / "q.onnx", plan=plan, calib=samples(8),
                          verify=True)
     msg = str(e.value)
-    assert "vs budget min_cosine 1" in msg and "max_accuracy_drop" not in msg
+    assert "vs budget min_cosine 0.99999999" in msg and "max_accuracy_drop" not in msg
     assert "cosine lower bound" in msg          # which bound missed, not only the points
     assert "\n" not in msg
 
@@ -412,6 +412,25 @@ def test_a_failing_plan_names_all_its_passes_and_lists_them(tmp_path):
     names = [p.name for p in rep.passes]
     assert "insert-qdq" in names and "convert-fp16" in names, names
     assert "insert-qdq" in msg and "verification failed after the plan's passes" in rep.render()
+
+
+def test_a_failing_plan_says_what_to_do(tmp_path):
+    """A plan missing its budget ended in the output's name and bound only (YuNet's
+    objectness heads under --plan default, nineteenth round): the error now names the next
+    steps, --plan auto and the INT8 layers nearest the failing output for a plan's
+    overrides, and those are INT8 layers of the plan."""
+    plan = {"rules": [{"match": {"op": ["Conv"]}, "precision": "int8"},
+                      {"match": {"op": ["Gemm", "MatMul"]}, "precision": "fp16"}],
+            "verify": {"min_cosine": 0.9999999, "min_top1": 0.0}}
+    with pytest.raises(rewriter.VerificationError) as e:
+        rewriter.rewrite(MODEL, output=tmp_path / "q.onnx", plan=plan, calib=samples(24),
+                         verify=True)
+    msg = str(e.value)
+    assert "; to meet the budget: --plan auto" in msg, msg
+    named = msg.split("nearest it (")[1].split(")")[0].split(", ")
+    layers = e.value.report.to_dict()["plan"]["layers"]
+    assert named and all(layers[n]["precision"] == "int8" for n in named), (named, msg)
+    assert not (tmp_path / "q.onnx").exists()
 
 
 def test_layer_flops_of_a_computed_second_input_with_symbolic_dims():
