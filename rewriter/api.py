@@ -849,6 +849,17 @@ class _Rewrite:
             self.report.warnings.append(
                 f"the plan puts no layer in INT8 or FP16 (of {len(a.order)} Conv/MatMul/Gemm "
                 "layers): nothing is quantized")
+        elif (a.order and "int8" in self.plan_asks()
+              and "int8" not in a.precision.values()):
+            # DeepFilterNet3's DF decoder: its first conv, last conv and classifier MatMul
+            # are all its layers, --plan default made every one FP16 and said nothing
+            # (twentieth round): the user asked for INT8 and got none.
+            c = a.counts()
+            self.report.warnings.append(
+                f"the plan asks for INT8 but puts none of the {len(a.order)} Conv/MatMul/Gemm "
+                f"layers in it (fp16 {c.get('fp16', 0)}, fp32 {c.get('fp32', 0)}: the rules "
+                "before its INT8 rule took them all): nothing is INT8; --plan int8 or a "
+                "plan file with overrides for INT8 layers")
         int8 = [n for n in self.graph.nodes if a.precision.get(node_id(n)) == "int8"]
         if not int8:
             self.fp16_ranges(a, None)

@@ -1136,6 +1136,32 @@ def test_a_plan_that_matches_no_layer_says_so(tmp_path, capfd):
     assert "the plan puts no layer in INT8 or FP16 (of 0 Conv/MatMul/Gemm layers)" in out
 
 
+def test_a_plan_asking_for_int8_that_gets_none_says_so(tmp_path, capfd):
+    # DeepFilterNet3's DF decoder (two convs and a MatMul): --plan default made its first
+    # conv, last conv and classifier FP16, which is every layer, and said nothing: exit 0,
+    # no INT8 layer, as if the recipe had run (twentieth round).
+    src = tmp_path / "m.onnx"
+    onnx.save(make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 3, 8, 8] x) => (float[1, 4, 8, 8] y) {
+        a = Conv <pads = [1, 1, 1, 1]> (x, W1)
+        r = Relu (a)
+        y = Conv (r, W2)
+    }""", {"W1": (8, 3, 3, 3), "W2": (4, 8, 1, 1)}), src)
+    calib = tmp_path / "c"
+    calib.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(8):
+        np.save(calib / f"{i}.npy", rng.standard_normal((1, 3, 8, 8)).astype(np.float32))
+    code, out, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--plan", "default",
+                         "--calib", calib, "--target", "none")
+    assert code == 0, err
+    assert "the plan asks for INT8 but puts none of the 2 Conv/MatMul/Gemm layers" in out, out
+    code, out, err = run(capfd, src, "-o", tmp_path / "o2.onnx", "--plan", "int8",
+                         "--calib", calib, "--target", "none")
+    assert code == 0 and "asks for INT8" not in out, out
+
+
 def test_calibration_options_without_what_they_serve_are_refused(tmp_path, capfd):
     # --calib without a plan, and --preprocess without --calib, did nothing, silently.
     src = tmp_path / "m.onnx"
