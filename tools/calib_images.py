@@ -310,3 +310,49 @@ def text_pages(
             0.0, 3.0, (h_out, w_out, 3))
         yield np.ascontiguousarray((np.clip(arr, 0, 255) / 255.0).transpose(2, 0, 1)).astype(
             np.float32), k
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python tools/calib_images.py OUT -n 64 --size 320x320 [--seed S] [--kind photos|pages]``
+    writes PNG images (what ``--calib OUT --preprocess FILE`` reads). ``--help`` used to print
+    nothing and exit 0: the module had no command line (twentieth round)."""
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog="calib_images.py",
+        description="Write calibration/evaluation images from scikit-image's bundled photos "
+                    "(random crops, flips, rescalings) or rendered text pages, as PNG files. "
+                    "Use a different --seed for held-out data. The model's normalisation goes "
+                    "in rewrite's --preprocess FILE (docs/calibration.md).")
+    p.add_argument("out", help="folder to write (created)")
+    p.add_argument("-n", type=int, default=64, help="number of images (default 64)")
+    p.add_argument("--size", default="224x224", help="HxW (default 224x224)")
+    p.add_argument("--seed", type=int, default=0, help="stream seed (default 0)")
+    p.add_argument("--kind", choices=("photos", "pages"), default="photos",
+                   help="photo crops (default) or pages of text lines (text detectors)")
+    p.add_argument("--gray", action="store_true", help="one-channel images")
+    a = p.parse_args(argv)
+    try:
+        h, w = (int(v) for v in a.size.lower().split("x"))
+    except ValueError:
+        p.error(f"--size: HxW, e.g. 320x320, got {a.size!r}")
+    if a.n < 1 or h < 8 or w < 8:
+        p.error("-n must be at least 1 and each side at least 8")
+    Image = _require_pillow()[0]
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if a.kind == "pages":
+        arrays = (x.mean(0, keepdims=True) if a.gray else x
+                  for x, _ in text_pages(a.n, (h, w), a.seed))
+    else:
+        arrays = image_crops(a.n, (h, w), a.seed, channels=1 if a.gray else 3)
+    for i, x in enumerate(arrays):
+        px = (np.clip(x, 0, 1) * 255).round().astype(np.uint8)
+        px = px[0] if px.shape[0] == 1 else px.transpose(1, 2, 0)
+        Image.fromarray(px).save(out / f"{a.kind}_{i:05d}.png")
+    print(f"wrote {a.n} {a.kind} {h}x{w} (seed {a.seed}) to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
