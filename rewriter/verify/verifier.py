@@ -198,10 +198,10 @@ class Verifier:
             return
         original, base_dir, _ = self._source
         probe = onnx.ModelProto()
-        probe.CopyFrom(spectral_in_double(original))
+        probe.CopyFrom(original)
         del probe.graph.output[:]
         _add_outputs(probe, names)
-        sess = ort.session(probe, base_dir)
+        sess = _session(probe, base_dir)
         runs = [ort.run(sess, f) for f in self.feed_sets]
         joined, classes, splits = reference_traits(runs, self.feed_sets, probe)
         for k, (t, r, c, sp) in enumerate(zip(names, joined, classes, splits)):
@@ -220,8 +220,7 @@ class Verifier:
             inits = tuple(map(list, zip(*[(n, a) for n, a in zip(*inits) if n in used]))) \
                 or None
         try:
-            sess = ort.session(spectral_in_double(sub), exported.source_dir,
-                               initializers=inits)
+            sess = _session(sub, exported.source_dir, initializers=inits)
             wanted = [i.name for i in sub.graph.input]
             runs = []
             for k, f in enumerate(self.feed_sets):
@@ -235,10 +234,9 @@ class Verifier:
         """The original's onnxruntime session; from the file when there is one: onnxruntime
         reads it without a protobuf copy (not when its DFT/STFT run in float64)."""
         original, base_dir, path = self._source
-        exact = spectral_in_double(original)
-        if exact is not original:
-            return ort.session(exact, base_dir)
-        return ort.session(path) if path else ort.session(original, base_dir)
+        if path and not self.spectral:
+            return ort.session(path)
+        return _session(original, base_dir)
 
     def rounding_noise(self) -> dict[str, float]:
         """{output: max_rel of the original's outputs when every float input moves by one
@@ -420,14 +418,20 @@ def _run_with_outputs(model: onnx.ModelProto, base_dir, initializers, names: lis
     """Tensors ``names`` of ``model`` (made outputs of a copy) on every feed set: one array
     per name, one sample per row (feeds.stack_runs)."""
     m = onnx.ModelProto()
-    m.CopyFrom(spectral_in_double(model))
+    m.CopyFrom(model)
     _add_outputs(m, names)
-    sess = ort.session(m, base_dir, initializers=initializers)
+    sess = _session(m, base_dir, initializers=initializers)
     return stack_runs([ort.run(sess, f, names) for f in feed_sets], feed_sets)
 
 
 # The inputs of each that carry the signal (DFT's input; STFT's signal and window).
 _SPECTRAL = {"DFT": (0,), "STFT": (0, 2)}
+
+
+def _session(model: onnx.ModelProto, base_dir, initializers=None):
+    """An onnxruntime session for verification: every model the verifier runs, the
+    original's and each candidate's, with its DFT/STFT in float64 (spectral_in_double)."""
+    return ort.session(spectral_in_double(model), base_dir, initializers=initializers)
 
 
 def has_spectral(model: onnx.ModelProto) -> bool:
@@ -495,7 +499,7 @@ def layer_divergence(ref_exp, new_exp, names: list[str], feed_sets: list[dict],
         for exp in (ref_exp, new_exp):
             m = augmented(exp, part)
             outs = [o.name for o in m.graph.output]
-            sess = ort.session(m, exp.source_dir, initializers=exp.ort_initializers())
+            sess = _session(m, exp.source_dir, initializers=exp.ort_initializers())
             want = [n for n in part if n in outs]
             vals = {n: [] for n in want}
             for f in feed_sets:
