@@ -196,11 +196,15 @@ _SAID = threading.local()
 _REDIRECT = threading.Lock()
 
 
+def _thread_list(name: str) -> list[str]:
+    if not hasattr(_SAID, name):
+        setattr(_SAID, name, [])
+    return getattr(_SAID, name)
+
+
 def said() -> list[str]:
     """This thread's captured MIGraphX console lines (clear it before a compile)."""
-    if not hasattr(_SAID, "lines"):
-        _SAID.lines = []
-    return _SAID.lines
+    return _thread_list("lines")
 
 
 def _refuse_crash(model_path) -> None:
@@ -262,9 +266,7 @@ def nms_overflow(program_text: str) -> str | None:
 
 def notes() -> list[str]:
     """This thread's notes on how MIGraphX was called (clear it before a compile)."""
-    if not hasattr(_SAID, "notes"):
-        _SAID.notes = []
-    return _SAID.notes
+    return _thread_list("notes")
 
 
 # parse_onnx unrolls a Scan (and bounds a Loop) to max_loop_iterations, 10 by default, and
