@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from rewriter.verify.certify import (drop_samples_needed, flip_risk, judge_lossy,
-                                     margins_and_leads, paired_loss_ci,
+                                     margins_and_leads, mean_lower, paired_loss_ci,
                                      samples_needed, wilson)
 
 BUDGET = {"min_top1": 0.99, "min_cosine": 0.995}
@@ -50,6 +50,33 @@ def test_perturbed_outputs_fail_by_their_bounds_not_their_points():
     assert not j.met
     assert j.top1_lower < j.top1      # the bound is below the point estimate
     assert j.cosine_ci[0] <= j.cosine <= j.cosine_ci[1]
+
+
+def test_mean_cosine_bound_counts_a_heavy_low_tail_few_samples_miss():
+    # Per-sample cosines with a heavy low tail (1 - cos lognormal, as on detectors and
+    # classifiers under INT8): the percentile bootstrap of 18 samples was above the true
+    # mean in about a quarter of draws; the bound must be so far less often.
+    rng = np.random.default_rng(0)
+    pop = 1 - np.exp(rng.normal(-7, 1.5, 100_000))
+    before = now = 0
+    for r in range(200):
+        x = pop[rng.integers(0, len(pop), 18)]
+        boots = x[rng.integers(0, 18, (1000, 18))].mean(axis=1)
+        before += np.percentile(boots, 2.5) > pop.mean()
+        now += mean_lower(x, 0.025, 1000, r) > pop.mean()
+    assert before > 35 and now <= min(before // 2, 25), (before, now)   # 46, 19 here
+
+
+def test_mean_cosine_bound_edges_and_its_use():
+    assert mean_lower(np.full(5, 0.999), 0.025) == pytest.approx(0.999)
+    x = np.array([0.9999] * 17 + [0.9])
+    assert 0.9 <= mean_lower(x, 0.025) < x.mean()       # never below the worst seen
+    ref = logits(30, c=8, seed=5)
+    out = ref + np.random.default_rng(6).standard_normal(ref.shape) * 0.3
+    j = judge_lossy("y", ref, out, {"min_cosine": 0.99})
+    cos = np.sum(ref * out, 1) / np.linalg.norm(ref, axis=1) / np.linalg.norm(out, axis=1)
+    assert j.cosine_ci[0] == pytest.approx(mean_lower(cos, 0.025, 1000, 0))
+    assert j.cosine_ci[0] < j.cosine <= j.cosine_ci[1]
 
 
 def test_labels_give_the_accuracy_change():
