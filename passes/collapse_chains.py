@@ -46,7 +46,8 @@ Preconditions (else the chain stays; all exact rewrites, no values change):
 * a Cast goes only when its input's dtype is known and equal to the target type;
 * a Slice is a no-op when every axis goes from 0 to at least 2^31 - 1 with step 1, or
   against a static shape; an Expand only against a static shape.
-If/Loop/Scan bodies are processed like the top level.
+If/Loop/Scan bodies are processed like the top level. A Reshape that computes a Scan's
+initial state or its body's state output stays: scan-states puts it there for MIGraphX.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from rewriter.core.graph import (BROADCAST_OPS, SAME_SHAPE_OPS, bypass, const_ints, iter_graphs,
-                                 static_shape)
+                                 scan_state_tensors, static_shape)
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
@@ -73,11 +74,13 @@ class CollapseChains(Pass):
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()
+        states = scan_state_tensors(graph)   # scan-states' Reshapes stay (MIGraphX's)
         for g in iter_graphs(graph):
             outs = {id(t) for t in g.outputs}
             members = {id(n) for n in g.nodes}  # a producer in an outer scope is not ours
             for node in list(g.nodes):
-                if not node.outputs or not node.inputs or node.domain not in (None, "", "ai.onnx"):
+                if not node.outputs or not node.inputs or node.domain not in (None, "", "ai.onnx") \
+                        or (node.op == "Reshape" and id(node.outputs[0]) in states):
                     continue
                 if node.op in RECURRENT and _drop_zero_state(node):
                     res.count("zero-initial-state-dropped")

@@ -1084,6 +1084,32 @@ def test_a_front_end_of_odd_stft_length_matches_the_exact_transform_on_migraphx(
     assert "as --verify allows" in render(info)
 
 
+def test_a_scan_whose_state_is_a_view_compiles_once_reshaped(tmp_path, migraphx_version):
+    """onnx-asr's WeSpeaker fbank: a Scan over 98 frames whose first state is a Slice of the
+    waveform and whose next state a Slice of the frame. Both builds refuse the original at
+    parse (the state's strides are compared with the body's); scan-states reads both states
+    through a Reshape: 2.16 compiles it and matches onnxruntime on a chirp in noise. 2.15's
+    parse of the rewrite ends in std::bad_alloc after 70-160 s, as Kaldi's front-end does,
+    so on 2.15 only the original's refusal is checked."""
+    from rewriter.migraphx.backend import refuses
+    path = model_path("onnx_asr_wespeaker.onnx")
+    t = np.arange(16000) / 16000
+    wave = (0.3 * np.sin(2 * np.pi * (200 + 900 * t) * t) + 0.05 * np.random.default_rng(
+        2).standard_normal(16000)).astype(np.float32)[None]
+    feeds = {"waveforms": wave, "waveforms_lens": np.array([16000], np.int64)}
+    shapes = {"waveforms": [1, 16000], "waveforms_lens": [1]}
+    err = refuses(path, shapes)
+    assert err is not None and err.stage == "parse" and "State input 0" in str(err), err
+    if migraphx_version[:2] < (2, 16):
+        return
+    report, info = rewrite_on_migraphx(path, tmp_path, inputs=feeds, input_shapes=shapes)
+    assert_fp32_ok(info)
+    assert {p.name: p.counts for p in report.passes}["scan-states"] == {
+        "reshaped-states": 1, "reshaped-next-states": 1}
+    features = next(m for m in info["metrics"] if m["name"] == "features")
+    assert features["cosine"] > 0.99999 and features["max_rel"] < 1e-4, features
+
+
 @pytest.mark.parametrize("form", ["one-block", "zero-d-int4", "odd-int4"])
 def test_qdq_forms_migraphx_refuses_compile_once_rewritten(form, tmp_path):
     """Forms onnxruntime's quantizers write (fourteenth round): a blockwise DQ with one block

@@ -153,6 +153,14 @@ MODELS: tuple[RealModel, ...] = (
         "[batch]",
     ),
     RealModel(
+        "onnx_asr_wespeaker.onnx", "onnx-asr", "0.12.0",
+        "onnx_asr/preprocessors/data/wespeaker.onnx", 89222,
+        "4fcc0d9897bf960a304615cdb95ea2831f26dd409fcd1971b4ea831c49256cfd",
+        "WeSpeaker Kaldi-style fbank of onnx-asr: a Scan over 98 frames whose first state is "
+        "a Slice of the waveform (MIGraphX refuses the view), DFT, mel MatMul, log; opset "
+        "17, inputs waveforms [batch, N] and waveforms_lens [batch]",
+    ),
+    RealModel(
         "speechmos_plcmos_v2.onnx", "speechmos", "0.0.1.1",
         "speechmos/plcmos_models/plcmos_v2.onnx", 1344808,
         "c0ad3fc64ef9682b4749c0e96636b41c73b4b30bd123b9348feea06a96895286",

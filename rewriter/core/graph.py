@@ -95,6 +95,20 @@ def iter_graphs(graph: gs.Graph) -> Iterator[gs.Graph]:
                     yield from iter_graphs(sg)
 
 
+def scan_state_tensors(graph: gs.Graph) -> set[int]:
+    """ids of every Scan's initial states and of its body's state outputs, in ``graph`` and
+    its subgraphs (opset 9+: the states come first among the inputs and the outputs)."""
+    ids = set()
+    for g in iter_graphs(graph):
+        for node in g.nodes:
+            body = node.attrs.get("body") if node.op == "Scan" else None
+            if node.domain not in (None, "", "ai.onnx") or not isinstance(body, gs.Graph):
+                continue
+            n = len(node.inputs) - int(node.attrs.get("num_scan_inputs", 0))
+            ids.update(id(t) for t in node.inputs[:max(n, 0)] + body.outputs[:max(n, 0)])
+    return ids
+
+
 def keep_only_upstream(model: onnx.ModelProto, names: list[str]) -> bool:
     """Cut ``model`` (in place) down to what computes ``names``: they become its outputs and
     the nodes they do not depend on go (onnxruntime runs every node, whatever is fetched),

@@ -30,6 +30,7 @@ _PASSES = [
     ("fuse-pad", "rewriter.passes.fuse_pad:FusePad"),
     ("fuse-space-to-depth", "rewriter.passes.fuse_space_to_depth:FuseSpaceToDepth"),
     ("fuse-matmul-add", "rewriter.passes.fuse_matmul_add:FuseMatmulAdd"),
+    ("scan-states", "rewriter.passes.scan_states:ScanStates"),
     ("pad-channels", "rewriter.passes.pad_channels:PadChannels"),
     ("equalize-channels", "rewriter.passes.equalize_channels:EqualizeChannels"),
     ("insert-qdq", "rewriter.passes.insert_qdq:InsertQdq"),
@@ -48,16 +49,18 @@ _PASSES = [
 # refuses to parse; expand-functions writes standard ops it does not parse (RMSNormalization,
 # opset-23 Attention ...) as their ONNX function bodies, before fold-shapes folds their shapes;
 # expand-spectral writes DFT and STFT (no body, not parsed) as a MatMul or Conv against cos/sin;
-# qdq-forms writes one-block blockwise scales per axis and 0-d or odd-sized int4 as int8.
+# qdq-forms writes one-block blockwise scales per axis and 0-d or odd-sized int4 as int8;
+# scan-states reads a Scan's computed initial states through a Reshape (MIGraphX refuses
+# a state it holds as a strided view), last: collapse-chains drops such Reshapes.
 DEFAULT_PIPELINE = ["expand-contrib", "expand-ml", "default-attributes", "expand-functions",
                     "expand-spectral", "integer-zero-points", "qdq-forms", "weight-scales-after",
                     "fold-shapes", "fold-constants", "sink-transposes", "collapse-chains",
                     "fuse-conv-bn", "fuse-pad", "fuse-space-to-depth", "fuse-matmul-add",
-                    "merge-duplicates"]
+                    "merge-duplicates", "scan-states"]
 # Fixes for what MIGraphX gets wrong or lacks, not optimisations: in the default pipeline
 # only when MIGraphX is the target.
 MIGRAPHX_ONLY = {"integer-zero-points", "expand-ml", "default-attributes", "expand-functions",
-                 "expand-spectral", "qdq-forms", "weight-scales-after"}
+                 "expand-spectral", "qdq-forms", "weight-scales-after", "scan-states"}
 
 
 def default_pipeline(target: str | None) -> list[str]:

@@ -1,0 +1,139 @@
+"""scan-states: a Scan's computed initial states and its body's next states written by a
+Reshape to their own shape, exactly; MIGraphX 2.15 and 2.16 refuse a state they hold as a
+strided view (a Slice, Transpose ...) and fail to compile a body whose next state is one."""
+
+import numpy as np
+import onnx
+import pytest
+from conftest import run_ort
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper
+
+import rewriter
+from rewriter.core.registry import default_pipeline
+
+
+def _body(rng, tag, rows=1):
+    """state s [1, 240], frame f [1, 400] -> next = (Concat(s, f[:, :160]) * w)[:, 160:],
+    a view of a longer tensor; scan output y = Concat(s, f[:, :160]) * w."""
+    w = numpy_helper.from_array(rng.standard_normal((1, 400)).astype(np.float32), f"w{tag}")
+    ints = [numpy_helper.from_array(np.array(v, np.int64), f"{n}{tag}")
+            for n, v in (("z", [0]), ("a160", [160]), ("a400", [400]), ("ax", [1]))]
+    nodes = [h.make_node("Slice", ["f", f"z{tag}", f"a160{tag}", f"ax{tag}"], ["head"]),
+             h.make_node("Concat", ["s", "head"], ["c"], axis=1),
+             h.make_node("Mul", ["c", f"w{tag}"], ["y"]),
+             h.make_node("Slice", ["y", f"a160{tag}", f"a400{tag}", f"ax{tag}"], ["next"])]
+    vi = h.make_tensor_value_info
+    g = h.make_graph(nodes, f"body{tag}", [vi("s", T.FLOAT, [rows, 240]),
+                                           vi("f", T.FLOAT, [1, 400])],
+                     [vi("next", T.FLOAT, [rows, 240]), vi("y", T.FLOAT, [rows, 400])],
+                     [w] + ints)
+    for v in list(g.input) + list(g.output) + list(g.value_info):   # MIGraphX: unique names
+        v.name += tag
+    for n in g.node:
+        n.input[:] = [x + tag if x in ("s", "f", "head", "c", "y") else x for x in n.input]
+        n.output[:] = [x + tag for x in n.output]
+    return g
+
+
+def scan_model(rng, batch="B"):
+    """Two Scans (two sites, distinct weights): one's initial state a Slice of x (a
+    symbolic batch: the Shape path), the other's a Transpose (static)."""
+    vi = h.make_tensor_value_info
+    ints = [numpy_helper.from_array(np.array(v, np.int64), n)
+            for n, v in (("b0", [0]), ("e240", [240]), ("ax1", [1]))]
+    nodes = [h.make_node("Slice", ["x", "b0", "e240", "ax1"], ["i1"]),
+             h.make_node("Scan", ["i1", "fr"], ["st1", "y1"], body=_body(rng, "1", batch),
+                         num_scan_inputs=1),
+             h.make_node("Transpose", ["xt"], ["i2"], perm=[1, 0]),
+             h.make_node("Scan", ["i2", "fr"], ["st2", "y2"], body=_body(rng, "2"),
+                         num_scan_inputs=1)]
+    g = h.make_graph(nodes, "g", [vi("x", T.FLOAT, [batch, 1000]), vi("xt", T.FLOAT, [240, 1]),
+                                  vi("fr", T.FLOAT, [5, 1, 400])],
+                     [vi("st1", T.FLOAT, [batch, 240]), vi("y1", T.FLOAT, [5, batch, 400]),
+                      vi("st2", T.FLOAT, [1, 240]), vi("y2", T.FLOAT, [5, 1, 400])], ints)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
+
+
+def _feeds(rng):
+    return {"x": rng.standard_normal((1, 1000)).astype(np.float32),
+            "xt": rng.standard_normal((240, 1)).astype(np.float32),
+            "fr": rng.standard_normal((5, 1, 400)).astype(np.float32)}
+
+
+def _reshaped(model):
+    """(top-level Reshapes feeding a Scan, Reshapes writing a body's first output)"""
+    prod = {o: n for n in model.graph.node for o in n.output}
+    top = sum(prod[n.input[0]].op_type == "Reshape" for n in model.graph.node
+              if n.op_type == "Scan" and n.input[0] in prod)
+    bodies = [a.g for n in model.graph.node if n.op_type == "Scan" for a in n.attribute
+              if a.name == "body"]
+    inner = sum(any(b.op_type == "Reshape" and b.output[0] == g.output[0].name
+                    for b in g.node) for g in bodies)
+    return top, inner
+
+
+def test_states_and_next_states_reshaped_exactly(rng):
+    m = scan_model(rng)
+    out, rep = rewriter.rewrite(m, ["scan-states"], verify=True)
+    counts = rep.passes[0].counts
+    assert counts.get("reshaped-states") == 2 and counts.get("reshaped-next-states") == 2
+    assert _reshaped(out) == (2, 2)
+    assert any(n.op_type == "Shape" for n in out.graph.node)    # the symbolic batch's state
+    onnx.checker.check_model(out)
+    feeds = _feeds(rng)
+    for a, b in zip(run_ort(m, feeds), run_ort(out, feeds)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_kept_through_the_pipeline_and_idempotent(rng):
+    m = scan_model(rng, batch=1)
+    out, rep = rewriter.rewrite(m, target="migraphx")
+    assert _reshaped(out) == (2, 2)
+    assert not any("still changed" in w for w in rep.warnings), rep.warnings
+    again, rep2 = rewriter.rewrite(out, ["scan-states"])
+    counts = rep2.passes[0].counts
+    assert not rep2.passes[0].changed
+    assert counts.get("skip:state-already-reshaped") == 2, counts
+    assert counts.get("skip:next-state-already-reshaped") == 2, counts
+    feeds = _feeds(rng)
+    for a, b in zip(run_ort(m, feeds), run_ort(out, feeds)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_in_the_default_pipeline_for_migraphx_only():
+    assert default_pipeline("migraphx")[-1] == "scan-states"
+    assert "scan-states" not in default_pipeline(None)
+
+
+def test_states_that_are_inputs_need_none(rng):
+    m = scan_model(rng)
+    scans = [n for n in m.graph.node if n.op_type == "Scan"]
+    scans[0].input[0] = "xt_row"                  # a graph input as the state
+    m.graph.input.append(h.make_tensor_value_info("xt_row", T.FLOAT, [1, 240]))
+    del m.graph.node[0]                           # the Slice, now unread
+    out, rep = rewriter.rewrite(m, ["scan-states"])
+    assert rep.passes[0].counts.get("skip:state-not-computed") == 1
+    assert rep.passes[0].counts.get("reshaped-states") == 1
+
+
+@pytest.mark.migraphx
+def test_migraphx_refuses_the_original_and_runs_the_rewrite(rng, tmp_path):
+    from rewriter.migraphx import backend
+
+    m = scan_model(rng, batch=1)
+    src, dst = tmp_path / "m.onnx", tmp_path / "out.onnx"
+    onnx.save(m, src)
+    feeds = _feeds(rng)
+    with pytest.raises(backend.MigraphxError, match="State input 0 shape"):
+        backend.compile_and_run(src, feeds, None, target="ref")
+    out, _ = rewriter.rewrite(m, target="migraphx")
+    onnx.save(out, dst)
+    run = backend.compile_and_run(dst, feeds, None, target="ref")
+    assert run.output_names == ["st1", "y1", "st2", "y2"]
+    for got, want in zip(run.outputs, run_ort(m, feeds)):
+        np.testing.assert_allclose(np.reshape(got, want.shape), want, rtol=1e-5, atol=1e-5)
