@@ -609,10 +609,13 @@ class _Rewrite:
         from rewriter.verify.verifier import NonFiniteReference
 
         def make(feeds):
-            return Verifier(self.original, self.base_dir, feeds, path=self.path,
-                            lossy=self.plan.verify if self.plan is not None else None,
-                            labels=labels,
-                            strict=bool((self.planner_settings or {}).get("strict")))
+            v = Verifier(self.original, self.base_dir, feeds, path=self.path,
+                         lossy=self.plan.verify if self.plan is not None else None,
+                         labels=labels, strict=bool((self.planner_settings or {}).get("strict")))
+            pr = getattr(self, "planner_report", None)
+            if pr is not None and pr.measured.get("met"):
+                v.plan_certificate = pr.measured
+            return v
         try:
             return make(feeds)
         except NonFiniteReference as e:
@@ -1212,10 +1215,13 @@ class _Rewrite:
             if m.selected:
                 continue
             if m.ok and c is not None and not c["met"]:
+                pc = self.verifier.plan_certificate
                 self.report.warnings.append(
-                    f"output '{m.name}' is not certified on {c['n']} samples ({c['why']}), "
-                    "nor shown to miss the budget: written anyway; more samples, or "
-                    "--strict to make this an error")
+                    f"output '{m.name}' is not certified on {c['n']} samples "
+                    f"({c['why']}), nor shown to miss the budget: written anyway"
+                    + (f", the plan being certified on {pc['n']} samples by --plan auto "
+                       "(k-fold)" if pc is not None else "")
+                    + "; more samples, or --strict to make this an error")
             elif m.ok and c is not None and not c["certifiable"]:
                 self.report.warnings.append(
                     f"output '{m.name}' meets the budget by the flip-risk model only, not "
