@@ -400,3 +400,40 @@ def test_a_scan_over_more_than_ten_steps_is_parsed_with_the_iterations_it_needs(
     import migraphx   # the refusal this works around
     with pytest.raises(RuntimeError, match=r"required iterations \{16\}"):
         migraphx.parse_onnx(path)
+
+
+def test_a_rewrite_refused_otherwise_than_the_original_says_both(tmp_path, monkeypatch):
+    """onnx-asr's WeSpeaker on 2.15: the original is refused at parse (a Scan state's
+    strides), the rewrite gets past that and then fails to parse (std::bad_alloc). The
+    error said only the original's reason, as if the rewrite had failed the same way."""
+    from types import SimpleNamespace
+
+    from rewriter.core.report import Report
+    from rewriter.migraphx import target
+    from rewriter.migraphx.backend import MigraphxError
+
+    m = onnx.parser.parse_model('<ir_version: 8, opset_import: ["" : 17]>\n'
+                                "g (float[1, 4] x) => (float[1, 4] y) { y = Relu (x) }")
+    onnx.save(m, tmp_path / "m.onnx")
+
+    class Fake:
+        def available(self):
+            return True, ""
+
+        def refuses(self, path, dims, device=None):
+            return MigraphxError("parse", "Scan: State input 0 shape {1, 240}")
+
+    monkeypatch.setattr(target, "_backend", lambda name: Fake())
+    monkeypatch.setattr(target, "_feed_sets", lambda *a, **k: [{"x": np.ones((1, 4),
+                                                                         np.float32)}])
+    monkeypatch.setattr(target, "migraphx_step", lambda *a, **k: {
+        "status": "failed", "stage": "parse", "error": "MIGraphX parse failed: std::bad_alloc"})
+    report = Report(input=str(tmp_path / "m.onnx"))
+    result = SimpleNamespace(findings=[], profile={})
+    target._compile_output(report, (result, 0, "layers"), SimpleNamespace(model=m), m,
+                           str(tmp_path), str(tmp_path / "o.onnx"), {}, None, None, 0, [],
+                           None, None, str(tmp_path / "m.onnx"), 8)
+    err = report.extra["compile"]["error"]
+    assert "original model either" in err and "State input 0" in err, err
+    assert err.endswith("the rewritten model fails otherwise: MIGraphX parse failed: "
+                        "std::bad_alloc"), err

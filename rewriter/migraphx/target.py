@@ -707,8 +707,11 @@ def _compile_output(report, checked, exported, original, base_dir, output, mgx, 
             shown = ", ".join(f"{k}:{'x'.join(map(str, v))}" for k, v in dims.items())
             if err is not None:
                 info["original_refused"] = f"{err.stage} failed: {err.message}"
+                own = info.get("error", "")
                 info["error"] = (f"MIGraphX cannot {err.stage} the original model either at "
                                  f"{shown}: {err.message} (not caused by the rewrite)")
+                if err.message not in own:   # the rewrite got past that one, not past another
+                    info["error"] += f"; the rewritten model fails otherwise: {own}"
                 if err.stage == "parse" and _symbolic(exported.model) \
                         and _fixed_parses(model_path, dims, tmp):
                     flags = " ".join(f"--input-shape {k}:{'x'.join(map(str, v))}"
