@@ -615,6 +615,14 @@ class _Rewrite:
             pr = getattr(self, "planner_report", None)
             if pr is not None and pr.measured.get("met"):
                 v.plan_certificate = pr.measured
+            from rewriter.core.ort import scan_pass_through
+            carried = scan_pass_through(self.original)
+            said = "onnxruntime computes a Scan state that its body returns unchanged"
+            if carried and not any(w.startswith(said) for w in self.report.warnings):
+                self.report.warnings.append(
+                    f"{said} wrongly (zeros or stale memory; MIGraphX carries it): "
+                    f"{', '.join(carried[:3])}{' ...' if len(carried) > 3 else ''}; "
+                    "verified with an Identity computing it, the model itself unchanged")
             return v
         try:
             return make(feeds)

@@ -44,7 +44,7 @@ def session(model, base_dir: str | os.PathLike | None = None, optimize: bool = F
     _custom_ops(so)
     outputs = None
     if hasattr(model, "SerializeToString"):
-        model, outputs = _float16_honoured(model)
+        model, outputs = _float16_honoured(scan_states_computed(model))
         model = model.SerializeToString()
     elif isinstance(model, os.PathLike):
         model = str(model)
@@ -63,6 +63,53 @@ def _ort_value(ort, a: np.ndarray):
 
     return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
         a.view(f"u{a.dtype.itemsize}"), onnx.helper.np_dtype_to_tensor_dtype(a.dtype))
+
+
+def _scan_states(model):
+    """(body, the body outputs that are states, the body input names) of every Scan."""
+    from rewriter.core.graph import graph_protos
+
+    for g in graph_protos(model.graph):
+        for n in g.node:
+            body = next((a.g for a in n.attribute if a.name == "body"), None)
+            if n.op_type != "Scan" or n.domain not in ("", "ai.onnx") or body is None:
+                continue
+            m = next((a.i for a in n.attribute if a.name == "num_scan_inputs"), 0)
+            yield (n, body, body.output[:max(len(n.input) - m, 0)],
+                   {i.name for i in body.input})
+
+
+def scan_pass_through(model) -> list[str]:
+    """The Scan states whose body returns its state input unchanged (body output = body
+    input, no node between), as 'scan node: state'. onnxruntime computes such a state
+    wrongly: zeros or stale memory instead of the value, while MIGraphX and onnx's
+    reference evaluator carry it (measured, tests/verify/test_scan_pass_through.py)."""
+    return [f"{n.name or n.output[0]}: {o.name}" for n, _, states, names in _scan_states(model)
+            for o in states if o.name in names]
+
+
+def scan_states_computed(model):
+    """``model`` (a copy when anything changes) with an Identity computing every Scan state
+    that its body passes through unchanged (:func:`scan_pass_through`), which onnxruntime
+    then computes right; what the model computes does not change."""
+    if not scan_pass_through(model):
+        return model
+    import onnx
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for _, body, states, names in _scan_states(out):
+        taken = names | {t for b in body.node for t in b.output}
+        for o in states:
+            if o.name not in names:
+                continue
+            new = o.name + "_carried"
+            while new in taken:
+                new += "_"
+            taken.add(new)
+            body.node.append(onnx.helper.make_node("Identity", [o.name], [new]))
+            o.name = new
+    return out
 
 
 def _float16_honoured(model):
