@@ -356,6 +356,20 @@ def test_image_folder_bad(tmp_path, dims, pre, message):
     assert message in str(e.value)
 
 
+def test_integer_image_input_takes_raw_pixels_by_default(tmp_path):
+    # A uint8 NHWC input with symbolic H, W (a model that normalises inside, like SSCD):
+    # giving only the size must not trip over the float default scale of 1/255.
+    write_pngs(tmp_path / "imgs", COLOURS)
+    m = image_model(["N", "H", "W", 3], "uint8")
+    for pre in ({"size": [8, 10]}, {"size": [8, 10], "scale": 1}):
+        x = next(iter(D.load_calibration(tmp_path / "imgs", m, preprocess=pre)))["x"]
+        assert x.dtype == np.uint8 and x[0, 0, 0].tolist() == [10, 20, 30]
+    for pre in ({"size": [8, 10], "scale": "1/255"}, {"size": [8, 10], "mean": 0.5}):
+        with pytest.raises(InputError, match="raw pixels only"):
+            D.load_calibration(tmp_path / "imgs", m, preprocess=pre)
+    assert D.Preprocess().pixel_scale == pytest.approx(1 / 255)  # float inputs: unchanged
+
+
 def test_corrupt_image_names_file(tmp_path):
     write_pngs(tmp_path / "imgs", COLOURS[:1])
     (tmp_path / "imgs" / "zz.jpg").write_bytes(b"\xff\xd8 not really a jpeg")

@@ -56,15 +56,16 @@ class Preprocess:
         channel order (after a BGR swap) (ImageNet RGB: mean 0.485 0.456 0.406, std 0.229
         0.224 0.225 with scale 1/255).
     ``scale``
-        multiplies the 0..255 pixel first; default 1/255. ``"1/255"`` is accepted as text.
+        multiplies the 0..255 pixel first; default (None) 1/255 for a float input and raw
+        pixels for an integer one. ``"1/255"`` is accepted as text.
     ``layout``
         NCHW or NHWC; None reads it from the input's static dims (channels 1 or 3),
         falling back to NCHW.
     ``channel_order``
         RGB (default) or BGR. One-channel inputs get greyscale (Pillow's "L").
     ``dtype``
-        None takes the model input's; integer dtypes (raw pixels) need scale 1, mean 0,
-        std 1.
+        None takes the model input's; integer dtypes take raw pixels (scale unset or 1,
+        mean 0, std 1).
     """
 
     size: tuple[int, int] | None = None
@@ -72,7 +73,7 @@ class Preprocess:
     interpolation: str = "bilinear"
     mean: tuple[float, ...] = (0.0,)
     std: tuple[float, ...] = (1.0,)
-    scale: float = 1.0 / 255.0
+    scale: float | None = None
     layout: str | None = None
     channel_order: str = "RGB"
     dtype: str | None = None
@@ -87,9 +88,10 @@ class Preprocess:
         set_("std", _floats("std", self.std))
         if any(not s > 0 for s in self.std):
             raise InputError(f"preprocess.std must be > 0, got {list(self.std)}")
-        set_("scale", _number("scale", self.scale))
-        if not self.scale > 0:
-            raise InputError(f"preprocess.scale must be > 0, got {self.scale}")
+        if self.scale is not None:
+            set_("scale", _number("scale", self.scale))
+            if not self.scale > 0:
+                raise InputError(f"preprocess.scale must be > 0, got {self.scale}")
         if self.layout is not None:
             set_("layout", _choice("layout", self.layout, ("NCHW", "NHWC"), upper=True))
         set_("channel_order", _choice("channel_order", self.channel_order, ("RGB", "BGR"),
@@ -101,10 +103,15 @@ class Preprocess:
                 name = str(self.dtype)
             set_("dtype", _choice("dtype", name, _DTYPES))
         # A mean in 0..255 units with the default 1/255 scale gives garbage ranges silently.
-        if self.scale * 255.0 <= 1.0 + 1e-6 and max(abs(m) for m in self.mean) > 1.5:
+        if self.pixel_scale * 255.0 <= 1.0 + 1e-6 and max(abs(m) for m in self.mean) > 1.5:
             raise InputError(
                 f"preprocess.mean {list(self.mean)} looks like 0..255 units but scale is "
-                f"{self.scale:g} (pixels in 0..1); set scale: 1 or give mean in 0..1 units")
+                f"{self.pixel_scale:g} (pixels in 0..1); set scale: 1 or give mean in 0..1 units")
+
+    @property
+    def pixel_scale(self) -> float:
+        """The scale a float input gets: the one given, else 1/255."""
+        return 1.0 / 255.0 if self.scale is None else self.scale
 
     @classmethod
     def from_dict(cls, d: dict | None) -> Preprocess:
@@ -316,7 +323,8 @@ class _ImageReader:
             if len(v) not in (1, c):
                 raise InputError(f"preprocess.{key} has {len(v)} values; input '{spec.name}' "
                                  f"has {c} channels")
-        identity = pre.scale == 1.0 and set(pre.mean) == {0.0} and set(pre.std) == {1.0}
+        # An unset scale is no request to scale: an integer input takes the pixels as they are.
+        identity = pre.scale in (None, 1.0) and set(pre.mean) == {0.0} and set(pre.std) == {1.0}
         if dtype.kind in "iu" and not identity:
             raise InputError(f"input '{spec.name}' is {dtype}: raw pixels only; set scale: 1, "
                              "mean: 0, std: 1")
@@ -352,7 +360,7 @@ class _ImageReader:
         if self.c == 3 and self.pre.channel_order == "BGR":
             pix = pix[:, :, ::-1]
         if self.dtype.kind == "f":
-            pix = (pix * np.float32(self.pre.scale) - self.mean) / self.std
+            pix = (pix * np.float32(self.pre.pixel_scale) - self.mean) / self.std
         if self.layout == "NCHW":
             pix = pix.transpose(2, 0, 1)
         return np.ascontiguousarray(pix.astype(self.dtype))
