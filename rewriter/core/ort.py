@@ -114,13 +114,20 @@ def scan_states_computed(model):
 
 def _float16_honoured(model):
     """(model, its own output names or None): where convert-fp16 made float16 regions,
-    every float16 tensor of the main graph is made a graph output too. onnxruntime's CPU
-    has no float16 kernel for Conv, MatMul and most ops: it casts to float32 around each
-    and then drops each float32 -> float16 -> float32 pair it made, so a region ran in
-    float32 from end to end: an overflow to inf never showed (MobileOne: MIGraphX NaN,
-    --verify ok), and FP16 errors were too small (ResNet-18: 3.9e-4 against MIGraphX's
-    1.3e-2; eleventh round). A float16 tensor that is a graph output keeps its pair, so
-    each float16 value is rounded (and overflows) as float16 storage does on the GPU."""
+    every float16 value of the main graph reaches its readers through two Identities.
+    onnxruntime's CPU has no float16 kernel for Conv, MatMul and most ops: it runs a run of
+    such ops in float32 with a Cast only at the run's ends, and drops each float32 ->
+    float16 -> float32 pair of Casts, so a region computed in float32 from end to end: an
+    overflow to inf never showed (MobileOne: MIGraphX NaN, --verify ok), and FP16 errors
+    were too small (ResNet-18: 3.9e-4 against MIGraphX's 1.3e-2; eleventh round). Making
+    the values graph outputs, the first remedy, kept the Casts that wrote those outputs but
+    not the rounding their readers saw (onnxruntime 1.32: a region's entry Cast -> Conv
+    read the unrounded float32 input, and a Conv -> Conv pair ran without a Cast between
+    them). Identity has a float16 kernel, so every float16 value is stored as float16
+    between two ops, rounded (and overflowing) as float16 storage does on the GPU; which
+    op sits between the entry Cast and a Conv (a Transpose an exact pass moved there, the
+    twenty-first round) then no longer changes the arithmetic. Two Identities, because
+    onnxruntime runs a lone float16 op between two float32 ones in float32 too."""
     import onnx
 
     g = model.graph
@@ -135,13 +142,28 @@ def _float16_honoured(model):
             continue
         if any(i in fp16 for i in n.input):
             fp16.update(o for o in n.output if o)
-    own = [o.name for o in g.output]
-    extra = sorted(fp16 - set(own))
     m = onnx.ModelProto()
     m.CopyFrom(model)
-    # Untyped: a region's op may have a non-float output too (MaxPool's indices).
-    m.graph.output.extend(onnx.helper.make_empty_tensor_value_info(t) for t in extra)
-    return m, own
+    taken = {o for n in m.graph.node for o in n.output} | {i.name for i in m.graph.input}
+    taken |= {t.name for t in m.graph.initializer}
+    stored, nodes = {}, []
+    for n in m.graph.node:
+        for k, i in enumerate(n.input):
+            if i in fp16:
+                if i not in stored:
+                    name, j = f"{i}__fp16_stored", 0
+                    while name in taken or name + "_" in taken:
+                        j += 1
+                        name = f"{i}__fp16_stored{j}"
+                    taken.update((name, name + "_"))
+                    stored[i] = name
+                    nodes += [onnx.helper.make_node("Identity", [i], [name + "_"]),
+                              onnx.helper.make_node("Identity", [name + "_"], [name])]
+                n.input[k] = stored[i]
+        nodes.append(n)
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    return m, [o.name for o in g.output]
 
 
 def _custom_ops(so) -> None:
