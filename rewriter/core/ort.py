@@ -131,9 +131,7 @@ def _float16_honoured(model):
     import onnx
 
     g = model.graph
-    half = onnx.TensorProto.FLOAT16
-    entries = {n.output[0] for n in g.node if n.op_type == "Cast" and any(
-        a.name == "to" and a.i == half for a in n.attribute)}
+    entries = _float16_entries(g)
     if not entries:
         return model, None
     fp16 = set(entries)
@@ -164,6 +162,21 @@ def _float16_honoured(model):
     del m.graph.node[:]
     m.graph.node.extend(nodes)
     return m, [o.name for o in g.output]
+
+
+def _float16_entries(g) -> set[str]:
+    """The outputs of the main graph's Casts to float16: where float16 regions start."""
+    import onnx
+
+    half = onnx.TensorProto.FLOAT16
+    return {n.output[0] for n in g.node if n.op_type == "Cast" and any(
+        a.name == "to" and a.i == half for a in n.attribute)}
+
+
+def has_float16_region(model) -> bool:
+    """Whether a session of ``model`` from its file would skip the float16 rounding that a
+    session of the ModelProto keeps (_float16_honoured)."""
+    return bool(_float16_entries(model.graph))
 
 
 def _custom_ops(so) -> None:

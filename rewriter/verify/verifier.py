@@ -235,9 +235,11 @@ class Verifier:
 
     def _original_session(self):
         """The original's onnxruntime session; from the file when there is one: onnxruntime
-        reads it without a protobuf copy (not when its DFT/STFT run in float64)."""
+        reads it without a protobuf copy (not when its DFT/STFT run in float64, nor when
+        it has float16 regions, which only a ModelProto's session rounds as stored: the
+        candidates' sessions do, and a reference that did not would differ from them)."""
         original, base_dir, path = self._source
-        if path and not self.spectral:
+        if path and not self.spectral and not ort.has_float16_region(original):
             return ort.session(path)
         return _session(original, base_dir)
 

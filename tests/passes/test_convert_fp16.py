@@ -246,6 +246,25 @@ def test_moving_a_transpose_past_the_entry_cast_changes_nothing_in_onnxruntime(r
     np.testing.assert_array_equal(ort.run(ort.session(a), x)[0], ort.run(ort.session(b), x)[0])
 
 
+def test_a_float16_model_from_a_file_is_referenced_as_stored(tmp_path, rng):
+    """The reference ran from the file, where no float16 value was kept as stored, and each
+    candidate from its ModelProto, where they are: sink-transposes on a plan's output moved
+    the Transpose after the entry Cast and the verifier saw a difference the rewrite did not
+    make (exit 1 on SSCD's student with Q/DQ layers amplifying it, twenty-first round)."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 8, 8, 3] x) => (float[1, 4, 6, 6] y) {
+        n = Transpose <perm = [0, 3, 1, 2]> (x)
+        t = Cast <to = 10> (n)
+        c = Conv (t, W)
+        y = Cast <to = 1> (c)
+    }""", {"W": rng.standard_normal((4, 3, 3, 3)).astype(np.float16)})
+    onnx.save(m, tmp_path / "m.onnx")
+    out, report = rewriter.rewrite(str(tmp_path / "m.onnx"), verify=True, target="none")
+    assert [n.op_type for n in out.graph.node][:2] == ["Cast", "Transpose"]
+    assert max(r["max_abs"] for r in report.to_dict()["verification"]) == 0
+
+
 def test_fp16_layers_whose_activations_float16_cannot_hold_stay_float32(rng):
     """The calibration data's max |x| at each FP16 layer's input and output: beyond a
     quarter of float16's range the layer stays float32 and the note names it. The first
