@@ -541,8 +541,17 @@ def _infer_one(node: gs.Node, entries: list, namer) -> str | None:
     entries' product, which is never 0 (a 0 or -1 the entry takes at run time means "copy"
     or "infer" there, and comes out the same; with allowzero a 0 is a zero, and the count
     is 0 then). Not with a 0 or -1 among the other entries: [0, 4, 16, -1] fails on an
-    empty tensor."""
+    empty tensor. A literal -1 beside the symbolic entry is first the size shape inference
+    gave that axis of the output ([N, -1, 1024] -> [N, 192, 1024] -> [-1, 192, 1024], torch's
+    dynamo exports of attention blocks): the same count divided by the same product."""
     sym = [i for i, e in enumerate(entries) if not isinstance(e, int)]
+    inferred = [i for i, e in enumerate(entries) if isinstance(e, int) and e == -1]
+    out = node.outputs[0].shape
+    if len(sym) == 1 and len(inferred) == 1 and out is not None and len(out) == len(entries):
+        k = out[inferred[0]]
+        if isinstance(k, (int, np.integer)) and not isinstance(k, bool) and k > 0:
+            entries = list(entries)
+            entries[inferred[0]] = int(k)
     if len(sym) != 1 or any(isinstance(e, int) and e <= 0 for e in entries):
         return None
     new = [-1 if i == sym[0] else e for i, e in enumerate(entries)]

