@@ -175,3 +175,30 @@ def test_layers_side_by_side_are_measured_together_as_one_by_one(rng, monkeypatc
     assert got.keys() == want.keys()
     for k in got:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-6, atol=1e-7, err_msg=k)
+
+
+def test_layers_quantized_already_are_neither_calibrated_nor_measured(rng):
+    """A conv whose weight is a DequantizeLinear's output (onnxruntime's quantize_static
+    wrote it) stays as it is: SSCD's 53 such convs were calibrated and bias-measured for
+    640 s under --plan default, then skipped by insert-qdq and correct-bias (twenty-first
+    round). Now a warning says so and only the float conv is measured and corrected."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4, 8, 8] x) => (float[N, 8, 8, 8] y) {
+        wq = DequantizeLinear (W1q, s1, z1)
+        a = Conv <pads = [1, 1, 1, 1]> (x, wq, B1)
+        r = Relu (a)
+        y = Conv <pads = [1, 1, 1, 1]> (r, W2, B2)
+    }""", {"W1q": np.arange(-64, 64, dtype=np.int8).reshape(8, 4, 2, 2).repeat(2, 2)[:, :, :3, :3]
+           .copy(), "s1": np.array(0.01, np.float32), "z1": np.array(0, np.int8),
+           "B1": (8,), "W2": (8, 8, 3, 3), "B2": (8,)}, seed=4)
+    calib = [{"x": (rng.standard_normal((1, 4, 8, 8)) + 0.5).astype(np.float32)}
+             for _ in range(12)]
+    plan = {"rules": [{"match": {"op": "Conv"}, "precision": "int8"}],
+            "int8": {"bias_correction": True, "equalize": False, "rounding": "nearest"}}
+    out, rep = rewriter.rewrite(m, plan=plan, calib=calib)
+    assert any(w.startswith("1 of the plan's INT8 layers are quantized already")
+               for w in rep.warnings), rep.warnings
+    by = {p.name: p.counts for p in rep.passes}
+    assert by["insert-qdq"].get("int8-conv") == 1, by["insert-qdq"]
+    assert by["correct-bias"] == {"corrected-layers": 1}, by["correct-bias"]
