@@ -811,8 +811,11 @@ class _Rewrite:
         (correcting all at once over-corrects: upstream fixes move downstream means too).
         A level holds the layers with the same number of INT8 layers on their longest path
         from the inputs, so none is upstream of another and measuring them together gives
-        what measuring them one by one in graph order gives (a YOLOv5: 55 runs, not 81)."""
-        from rewriter.core.graph import keep_only_upstream
+        what measuring them one by one in graph order gives (a YOLOv5: 55 runs, not 81).
+        Each level runs only from the tensors the levels before it left final
+        (quant.bias.LevelMeasure): U2-Net-p's 114 levels took more than 30 minutes when
+        each ran the model from its inputs."""
+        from rewriter.quant.bias import LevelMeasure
         from rewriter.quant.ranges import channel_stats
 
         kw = dict(progress=self.progress)
@@ -825,21 +828,20 @@ class _Rewrite:
                   for v in sorted({levels.get(o, 0) for o in outs})]
         records = []
         measuring = time.perf_counter() - t
-        for k, part in enumerate(groups):
-            t = time.perf_counter()
-            exp = export(self.graph, self.original, self.base_dir)
-            keep_only_upstream(exp.model, part)   # only what the measured layers read
-            got = channel_stats(exp.model, part, self.calib_data, base_dir=exp.source_dir,
-                                initializers=exp.ort_initializers(), **kw)
-            measuring += time.perf_counter() - t
-            self.ctx.bias_shift = {name: got[name].mean - ref[name].mean for name in part}
-            # Checked once, after the last level: a plan is judged as a whole, and a check
-            # per layer ran the whole model over the held-out samples each time (81 runs,
-            # 100 s, on a YOLOv5's 81 INT8 convs).
-            last = k + 1 == len(groups)
-            records += run_pipeline(self.graph, registry.resolve(["correct-bias"]), self.ctx,
-                                    self.after_change if last else None,
-                                    before=before + [r.name for r in records])
+        with LevelMeasure(groups, self.calib_data, **kw) as measure:
+            for k, part in enumerate(groups):
+                t = time.perf_counter()
+                got = measure.step(export(self.graph, self.original, self.base_dir), k)
+                measuring += time.perf_counter() - t
+                self.report.extra["bias_correction"] = dict(measure.stats, levels=len(groups))
+                self.ctx.bias_shift = {name: got[name] - ref[name].mean for name in part}
+                # Checked once, after the last level: a plan is judged as a whole, and a
+                # check per layer ran the whole model over the held-out samples each time
+                # (81 runs, 100 s, on a YOLOv5's 81 INT8 convs).
+                last = k + 1 == len(groups)
+                records += run_pipeline(self.graph, registry.resolve(["correct-bias"]),
+                                        self.ctx, self.after_change if last else None,
+                                        before=before + [r.name for r in records])
         self.seconds["bias-correction"] = measuring
         return _merge_records(records)
 

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from onnx import numpy_helper
 from conftest import make_model, ops, run_ort
 
 import rewriter
@@ -146,29 +147,29 @@ BRANCH_INITS = {"W1": (8, 4, 3, 3), "B1": (8,), "W2": (8, 8, 3, 3), "B2": (8,),
 
 def test_layers_side_by_side_are_measured_together_as_one_by_one(rng, monkeypatch):
     """b and c read the same tensor and neither is upstream of the other: they are
-    measured in one run (3 runs for 4 layers, plus the FP32 one), and the biases come out
+    measured in one step (3 steps for 4 layers, plus the FP32 run), and the biases come out
     as measuring them one by one in graph order gives."""
     from onnx import numpy_helper
 
     import rewriter.api as api
-    from rewriter.quant import ranges
+    from rewriter.quant import bias
     m = make_model(BRANCHES, BRANCH_INITS, seed=6)
     calib = [{"x": (rng.standard_normal((1, 4, 8, 8)) + 0.5).astype(np.float32)}
              for _ in range(12)]
     plan = {"rules": [{"match": {"op": "Conv"}, "precision": "int8"}],
             "int8": {"equalize": False, "bias_correction": True}}
-    runs = []
-    real_stats = ranges.channel_stats
-    monkeypatch.setattr(ranges, "channel_stats", lambda model, names, *a, **k: runs.append(
-        sorted(names)) or real_stats(model, names, *a, **k))
+    steps = []
+    real_step = bias.LevelMeasure.step
+    monkeypatch.setattr(bias.LevelMeasure, "step", lambda self, exp, k: steps.append(
+        sorted(self.groups[k])) or real_step(self, exp, k))
     grouped, _ = rewriter.rewrite(m, plan=plan, calib=calib)
-    assert runs == [["a", "b", "c", "y"], ["a"], ["b", "c"], ["y"]], runs
-    runs.clear()
+    assert steps == [["a"], ["b", "c"], ["y"]], steps
+    steps.clear()
     real_levels = api._int8_levels
     monkeypatch.setattr(api, "_int8_levels", lambda g, outs: {   # one level per layer
         t: i for i, t in enumerate(sorted(real_levels(g, outs), key=["a", "b", "c", "y"].index))})
     single, _ = rewriter.rewrite(m, plan=plan, calib=calib)
-    assert runs == [["a", "b", "c", "y"], ["a"], ["b"], ["c"], ["y"]], runs
+    assert steps == [["a"], ["b"], ["c"], ["y"]], steps
     weights = lambda model: {t.name: numpy_helper.to_array(t)   # noqa: E731
                              for t in model.graph.initializer}
     got, want = weights(grouped), weights(single)
@@ -202,3 +203,79 @@ def test_layers_quantized_already_are_neither_calibrated_nor_measured(rng):
     by = {p.name: p.counts for p in rep.passes}
     assert by["insert-qdq"].get("int8-conv") == 1, by["insert-qdq"]
     assert by["correct-bias"] == {"corrected-layers": 1}, by["correct-bias"]
+
+
+# Four levels: b and c share r; r skips a level into k; x is read again by the last layer.
+SKIPS = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 4, 8, 8] x) => (float[N, 8, 8, 8] y) {
+    a = Conv <pads = [1, 1, 1, 1]> (x, W1, B1)
+    r = Relu (a)
+    b = Conv <pads = [1, 1, 1, 1]> (r, W2, B2)
+    c = Conv <pads = [2, 2, 2, 2], dilations = [2, 2]> (r, W3, B3)
+    s = Add (b, c)
+    h = Relu (s)
+    k = Add (h, r)
+    d = Conv <pads = [1, 1, 1, 1]> (k, W5, B5)
+    e = Relu (d)
+    z = Concat <axis = 1> (e, x)
+    y = Conv <pads = [1, 1, 1, 1]> (z, W4, B4)
+}"""
+SKIP_INITS = dict(BRANCH_INITS, W5=(8, 8, 3, 3), B5=(8,), W4=(8, 12, 3, 3))
+
+
+def _whole_model_step(self, exported, k):
+    """The measuring before quant.bias: each level's ancestors run from the model's
+    inputs (the reference the cached steps must equal)."""
+    from rewriter.core.graph import keep_only_upstream
+    part = self.groups[k]
+    keep_only_upstream(exported.model, part)
+    self.stats["nodes_run"] += len(exported.model.graph.node) * len(self.data)
+    got = channel_stats(exported.model, part, self.data, base_dir=exported.source_dir,
+                        initializers=exported.ort_initializers(), progress=False)
+    return {n: got[n].mean for n in part}
+
+
+@pytest.mark.parametrize("memory", [None, 0])
+@pytest.mark.parametrize("form", ["mul", "axis"])
+def test_cached_levels_give_the_shifts_whole_model_runs_give(form, memory, rng, monkeypatch):
+    """Each level runs only from the tensors the levels before it left final (kept per
+    batch, in memory or, past the budget, on disk): the shifts handed to correct-bias are
+    the ones running every level's ancestors from the inputs gives, with a skip over a
+    level, two layers sharing an input and a graph input read again at the last level.
+    It runs fewer nodes, and nothing stays kept at the end."""
+    from rewriter.passes.correct_bias import CorrectBias
+    from rewriter.quant import bias
+    m = make_model(SKIPS, SKIP_INITS, seed=7)
+    calib = [{"x": (rng.standard_normal((1, 4, 8, 8)) + 0.5).astype(np.float32)}
+             for _ in range(10)]
+    plan = {"rules": [{"match": {"op": "Conv"}, "precision": "int8"}],
+            "int8": {"equalize": False, "bias_correction": True, "weight_form": form}}
+    shifts, measures = [], []
+    real_run, real_init = CorrectBias.run, bias.LevelMeasure.__init__
+    monkeypatch.setattr(CorrectBias, "run", lambda self, g, ctx: shifts.append(
+        dict(ctx.bias_shift)) or real_run(self, g, ctx))
+    monkeypatch.setattr(bias.LevelMeasure, "__init__", lambda self, *a, **k: measures.append(
+        self) or real_init(self, *a, **dict(k, memory_bytes=memory)))
+    cached, rep = rewriter.rewrite(m, plan=plan, calib=calib)
+    assert [sorted(s) for s in shifts] == [["a"], ["b", "c"], ["d"], ["y"]]
+    stats = measures[0].stats
+    assert stats["steps"] == 4 and stats["whole"] == 0, stats
+    assert (stats["spilled_bytes"] > 0) == (memory == 0), stats
+    assert not list(measures[0].store.names()) and measures[0].store.dir is None
+    got = list(shifts)
+    shifts.clear()
+    monkeypatch.setattr(bias.LevelMeasure, "step", _whole_model_step)
+    whole, _ = rewriter.rewrite(m, plan=plan, calib=calib)
+    assert len(shifts) == len(got)
+    for level, (g, w) in enumerate(zip(got, shifts)):
+        assert g.keys() == w.keys()
+        for n in g:
+            np.testing.assert_allclose(g[n], w[n], rtol=1e-5, atol=1e-7,
+                                       err_msg=f"level {level}, {n}")
+    # The cached steps start past the corrected part: fewer nodes run.
+    assert stats["nodes_run"] < 0.7 * measures[-1].stats["nodes_run"], (
+        stats, measures[-1].stats)
+    for a, b in zip(cached.graph.initializer, whole.graph.initializer):
+        np.testing.assert_allclose(numpy_helper.to_array(a), numpy_helper.to_array(b),
+                                   rtol=1e-6, atol=1e-7, err_msg=a.name)
