@@ -263,6 +263,10 @@ def test_cached_levels_give_the_shifts_whole_model_runs_give(form, memory, rng, 
     assert stats["steps"] == 4 and stats["whole"] == 0, stats
     assert (stats["spilled_bytes"] > 0) == (memory == 0), stats
     assert not list(measures[0].store.names()) and measures[0].store.dir is None
+    # Held at most: x (4 channels, read again at the end), r (across a level) and k, per
+    # batch; not every activation of every level.
+    if memory is None:
+        assert 0 < stats["peak_bytes"] <= (4 + 8 + 8) * 64 * 4 * len(calib), stats
     got = list(shifts)
     shifts.clear()
     monkeypatch.setattr(bias.LevelMeasure, "step", _whole_model_step)
