@@ -178,13 +178,21 @@ class _ChannelReducer:
         self.result: dict[str, ChannelStats] = {}
 
     def update(self, name: str, a: np.ndarray) -> None:
-        a = np.asarray(a, dtype=np.float64)
+        # In the tensor's own dtype, summed into float64: a float64 copy of every tensor
+        # took 0.18 s per 26 MB one (U2-Net-p's full-size layers, once per batch), 12x
+        # the reduction; max |x| is exact in any float type.
+        a = np.asarray(a)
         if a.size == 0:
             return
         a = a.reshape(a.shape[0], a.shape[1], -1) if a.ndim >= 2 else a.reshape(1, 1, -1)
-        a = np.where(np.isfinite(a), a, 0.0)
-        m = np.abs(a).max(axis=(0, 2))
-        s = a.sum(axis=(0, 2))
+        for _ in range(2):
+            s = a.sum(axis=(0, 2), dtype=np.float64)
+            hi, lo = a.max(axis=(0, 2)), a.min(axis=(0, 2))
+            # an inf or a nan anywhere leaves one of the three non-finite
+            if np.isfinite(s).all() and np.isfinite(hi).all() and np.isfinite(lo).all():
+                break
+            a = np.where(np.isfinite(a), a, 0)
+        m = np.maximum(hi, -lo).astype(np.float64)
         if name in self.absmax:
             self.absmax[name] = np.maximum(self.absmax[name], m)
             self.total[name] += s
