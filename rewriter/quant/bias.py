@@ -13,15 +13,18 @@ steps start from it::
     and keeps     the final tensors it computed that a later step reads
 
 Only the group-(k-1) layers and what follows them up to group k run again (they changed
-when group k-1 was corrected), so the data passes through the model about twice in all,
-not once per level. The values are the ones the whole-model run gives: the same nodes run
+when group k-1 was corrected), so the data passes through the model at most about twice in
+all, not once per level (U2-Net-p: 585 node runs a batch over 112 levels, for a model of
+1078 nodes; from the inputs each time, 238 s against 13 s of measuring on 8 batches). The values are the ones the whole-model run gives: the same nodes run
 on the same inputs in onnxruntime with graph optimisations off.
 
 Memory: a kept tensor is dropped as soon as no later step reads it (walking up from the
 later groups' layers, stopping at kept tensors, does not reach it), so what is held is the
-boundary between the corrected and the uncorrected part of the model, times the batches.
-Past ``memory_bytes`` (default 256 MiB) further batches are written to a temporary folder
-and read back, the same bytes. Models with bodies (If/Loop/Scan may read any outer name)
+boundary between the corrected and the uncorrected part of the model, times the batches
+(at most 6.2 MiB a batch on YuNet at 320x320, 25 MiB on U2-Net-p). Past ``memory_bytes``
+(default 1 GiB: U2-Net-p's 38 batches fit) further batches are written to .npy files in a
+temporary folder and read back, the same bytes, at the disk's speed (U2-Net-p with 256 MiB
+wrote 8.6 GB over its 112 levels). Models with bodies (If/Loop/Scan may read any outer name)
 and anything unexpected are measured the old way: the model cut to the group's ancestors,
 run from the inputs.
 """
@@ -37,7 +40,7 @@ import onnx
 from rewriter.core.errors import InputError
 from rewriter.core.progress import progress_bar
 
-MEMORY_BYTES = 256 << 20
+MEMORY_BYTES = 1 << 30
 
 
 class LevelMeasure:
