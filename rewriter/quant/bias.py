@@ -15,8 +15,9 @@ steps start from it::
 Only the group-(k-1) layers and what follows them up to group k run again (they changed
 when group k-1 was corrected), so the data passes through the model at most about twice in
 all, not once per level (U2-Net-p: 585 node runs a batch over 112 levels, for a model of
-1078 nodes; from the inputs each time, 238 s against 13 s of measuring on 8 batches). The values are the ones the whole-model run gives: the same nodes run
-on the same inputs in onnxruntime with graph optimisations off.
+1078 nodes; from the inputs each time, 238 s against 13 s of measuring on 8 batches).
+The values are the ones the whole-model run gives: the same nodes run on the same inputs
+in onnxruntime with graph optimisations off.
 
 Memory: a kept tensor is dropped as soon as no later step reads it (walking up from the
 later groups' layers, stopping at kept tensors, does not reach it), so what is held is the
