@@ -1388,11 +1388,22 @@ def _weight_constant(node) -> bool:
 
 def _int8_levels(graph, outs: set) -> dict:
     """For each tensor of ``outs`` (INT8 layers' outputs): how many of them lie on the
-    longest path from the graph inputs to it, itself included. The graph is in
-    topological order (the manager's cleanup sorts it)."""
+    longest path from the graph inputs to it, itself included (through what bodies read).
+    The graph is in topological order (the manager's cleanup sorts it)."""
+    import onnx_graphsurgeon as gs
+
+    from rewriter.core.graph import iter_graphs
     level: dict[str, int] = {}
     for node in graph.nodes:
-        up = max((level.get(t.name, 0) for t in node.inputs), default=0)
+        reads = [t.name for t in node.inputs]
+        for v in node.attrs.values():
+            # a body reads outer tensors by name, not as inputs: without them a conv after
+            # an If was measured beside the layers before it
+            for sub in (v if isinstance(v, list) else [v]):
+                if isinstance(sub, gs.Graph):
+                    reads += [t.name for b in iter_graphs(sub) for n in b.nodes
+                              for t in n.inputs]
+        up = max((level.get(t, 0) for t in reads), default=0)
         for t in node.outputs:
             level[t.name] = up + (t.name in outs)
     return {t: level.get(t, 0) for t in outs}

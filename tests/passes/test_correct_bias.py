@@ -283,3 +283,31 @@ def test_cached_levels_give_the_shifts_whole_model_runs_give(form, memory, rng, 
     for a, b in zip(cached.graph.initializer, whole.graph.initializer):
         np.testing.assert_allclose(numpy_helper.to_array(a), numpy_helper.to_array(b),
                                    rtol=1e-6, atol=1e-7, err_msg=a.name)
+
+
+def test_a_model_with_a_body_is_measured_from_its_inputs(rng, monkeypatch):
+    """A body may read any outer name, so what a level needs is not known from the node
+    inputs: such a model is measured the old way, each level's ancestors from the inputs,
+    and still corrected."""
+    from rewriter.quant import bias
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4, 8, 8] x, bool c) => (float[N, 8, 8, 8] y) {
+        a = Conv <pads = [1, 1, 1, 1]> (x, W1, B1)
+        r = Relu (a)
+        t = If (c) <then_branch = th () => (float[N, 8, 8, 8] o) { o = Relu (r) },
+                    else_branch = el () => (float[N, 8, 8, 8] o) { o = Sigmoid (r) }>
+        y = Conv <pads = [1, 1, 1, 1]> (t, W2, B2)
+    }""", {"W1": (8, 4, 3, 3), "B1": (8,), "W2": (8, 8, 3, 3), "B2": (8,)}, seed=8)
+    calib = [{"x": (rng.standard_normal((1, 4, 8, 8)) + 0.5).astype(np.float32),
+              "c": np.array(i % 2 == 0)} for i in range(8)]
+    plan = {"rules": [{"match": {"op": "Conv"}, "precision": "int8"}],
+            "int8": {"equalize": False, "bias_correction": True}}
+    measures = []
+    real_init = bias.LevelMeasure.__init__
+    monkeypatch.setattr(bias.LevelMeasure, "__init__", lambda self, *a, **k: measures.append(
+        self) or real_init(self, *a, **k))
+    _, rep = rewriter.rewrite(m, plan=plan, calib=calib)
+    rec = [p for p in rep.passes if p.name == "correct-bias"][0]
+    assert rec.counts["corrected-layers"] == 2
+    assert measures[0].stats["whole"] == 2 and measures[0].stats["nodes_run"] == 0
