@@ -226,6 +226,9 @@ def _submodel(proto, nodes: list[int], feeds: list[str], store, outputs: list[st
     sg.node.extend(g.node[i] for i in nodes)
     read = {x for i in nodes for x in g.node[i].input}
     sg.initializer.extend(t for t in g.initializer if t.name in read)
+    if proto.ir_version < 4:   # there, every initializer is a graph input too
+        sg.input.extend(declared[t.name] for t in sg.initializer
+                        if t.name in declared and t.name not in feeds)
     sg.sparse_initializer.extend(t for t in g.sparse_initializer if t.values.name in read)
     sg.output.extend(onnx.ValueInfoProto(name=n) for n in outputs)
     return sub
