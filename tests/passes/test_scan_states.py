@@ -122,7 +122,7 @@ def test_states_that_are_inputs_need_none(rng):
 
 
 @pytest.mark.migraphx
-def test_migraphx_refuses_the_original_and_runs_the_rewrite(rng, tmp_path):
+def test_migraphx_refuses_the_original_and_runs_the_rewrite(rng, tmp_path, migraphx_version):
     from rewriter.migraphx import backend
 
     m = scan_model(rng, batch=1)
@@ -227,7 +227,7 @@ def test_random_scans_verify_and_reach_a_fixed_point(seed):
 
 
 @pytest.mark.migraphx
-def test_random_scans_compile_on_migraphx_once_rewritten(tmp_path):
+def test_random_scans_compile_on_migraphx_once_rewritten(tmp_path, migraphx_version):
     """20 random Scans: the rewrite of each compiles on MIGraphX `ref` and equals onnx's
     reference evaluator; most originals are refused (measured, 2.15 and 2.16: 90 of 100)."""
     import onnx.reference
