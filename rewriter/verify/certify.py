@@ -284,6 +284,7 @@ class Judgement:
     certifiable: bool = True
     refuted: bool = False                     # even the optimistic ends miss the budget
     why: str = ""
+    planned_n: int | None = None              # kept on --plan auto's k-fold certificate
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -316,7 +317,10 @@ class Judgement:
                   f"{_up(self.accuracy_drop_upper, 1)})")
         verdict = ("met" if self.met and self.certifiable
                    else "met by the flip-risk model only, not certified" if self.met
-                   else "not certified, nor shown missed" if self.undecided else "NOT met")
+                   else "not certified, nor shown missed" if self.undecided
+                   else f"not certified here, nor shown missed (--plan auto certified the "
+                        f"plan on {self.planned_n} samples, k-fold)" if self.planned_n
+                   else "NOT met")
         return s + f"; budget {verdict} at 95%" + (f" ({self.why})" if self.why else "")
 
 

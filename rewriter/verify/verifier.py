@@ -281,7 +281,6 @@ class Verifier:
                 and np.asarray(ref).ndim >= 1 and np.asarray(ref).shape[0] > 1:
             # Several samples: judged by the conservative ends of 95% intervals.
             j = self.certify(name, ref, out, classes=classes)
-            m.certificate = j.to_dict()
             # Too few samples to certify the budget at all (whether the flip-risk
             # model meets it or not, as long as it is not shown missed): the output is
             # kept with a warning (the caller's), unless strict.
@@ -289,10 +288,13 @@ class Verifier:
             # held-out third of them, a third as many, cannot certify but does not show
             # missed either is kept, as an undecided one is: the larger judgement decides.
             planned = self.plan_certificate is not None and not j.met and not j.refuted
+            if planned and not self.strict:
+                j.planned_n = int(self.plan_certificate.get("n") or 0) or None
             lenient = m.ok and (j.met or j.undecided or planned)
             m.ok = m.ok and ((j.met and (j.certifiable or not self.strict))
                              or ((j.undecided or planned) and not self.strict))
             m.strict_refused = "uncertified" if lenient and not m.ok else ""
+            m.certificate = j.to_dict()
         else:
             m.ok = m.ok and judge(m, numerics, depth, self.lossy, self.model_eps)
         split = self.splits.get(name)

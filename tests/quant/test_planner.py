@@ -575,7 +575,13 @@ def test_a_plan_auto_certified_is_kept_when_the_held_out_third_cannot_decide():
     c = plain.certificate
     assert not c["met"] and not c["refuted"] and c["cosine_ci"][1] >= 0.995, c
     assert not plain.ok
-    assert judged(cert).ok
+    kept = judged(cert)
+    assert kept.ok
+    from rewriter.verify.certify import Judgement
+    assert Judgement(**kept.certificate).line().endswith(
+        "not certified here, nor shown missed (--plan auto certified the plan on 56 samples, "
+        "k-fold) at 95% (" + c["why"] + ")"), Judgement(**kept.certificate).line()
+    assert "NOT met" in Judgement(**plain.certificate).line()
     assert not judged(cert, strict=True).ok
     out[:] = ref + rng.standard_normal(ref.shape).astype(np.float32) * 0.3    # shown missed
     assert judged(cert).certificate["refuted"] and not judged(cert).ok
