@@ -109,6 +109,62 @@ def scan_state_tensors(graph: gs.Graph) -> set[int]:
     return ids
 
 
+def cut_model(model: onnx.ModelProto, outputs: list[str], reads: dict) -> onnx.ModelProto:
+    """The part of ``model`` that computes ``outputs`` from ``reads`` ({name: the type that
+    will be fed, or an array: a constant then}), its constants and the graph inputs it
+    reads directly, as a model whose inputs are those tensors: the replay of a selection's
+    post-processing (verifier, migraphx.target) and each step of bias correction's
+    measuring (quant.bias)."""
+    g = model.graph
+    producer = {o: n for n in g.node for o in n.output if o}
+    inits = {t.name: t for t in g.initializer}
+    graph_inputs = {i.name: i for i in g.input}
+    types = {v.name: v for v in g.output}
+    keep, inputs, seen, stack = set(), [], set(), list(outputs)
+    while stack:
+        t = stack.pop()
+        if t in seen or not t:
+            continue
+        seen.add(t)
+        if t in reads or (t in graph_inputs and t not in inits):
+            inputs.append(t)
+        elif t in producer:
+            keep.add(id(producer[t]))
+            stack.extend(producer[t].input)
+    m = onnx.ModelProto()
+    m.ir_version = model.ir_version
+    m.opset_import.extend(model.opset_import)
+    m.functions.extend(model.functions)
+    sub = m.graph
+    sub.name = g.name
+    fed = set(inputs)
+    for n in g.node:
+        if id(n) in keep:
+            c = sub.node.add()
+            c.CopyFrom(n)
+            # A node kept for one output whose other output is fed (a TopK's values read
+            # beside its indices): that one is the original's value, not defined twice.
+            for j, o in enumerate(c.output):
+                if o in fed:
+                    c.output[j] = f"{o}__replayed_unused"
+    used = {t for n in sub.node for t in n.input}
+    sub.initializer.extend(inits[t] for t in sorted(used & set(inits)))
+    for t in sorted(set(inputs), key=(list(reads) + list(graph_inputs)).index):
+        if t not in reads:
+            sub.input.append(graph_inputs[t])
+        elif isinstance(reads[t], np.ndarray):   # a shape MIGraphX must know at compile
+            sub.initializer.append(onnx.numpy_helper.from_array(reads[t], t))
+        else:
+            sub.input.append(onnx.helper.make_tensor_value_info(
+                t, onnx.helper.np_dtype_to_tensor_dtype(reads[t]), None))
+    if model.ir_version < 4:   # there, every initializer is a graph input too
+        sub.input.extend(graph_inputs[t.name] for t in sub.initializer
+                         if t.name in graph_inputs and t.name not in fed)
+    sub.sparse_initializer.extend(t for t in g.sparse_initializer if t.values.name in used)
+    sub.output.extend(types[o] if o in types else onnx.ValueInfoProto(name=o) for o in outputs)
+    return m
+
+
 def keep_only_upstream(model: onnx.ModelProto, names: list[str]) -> bool:
     """Cut ``model`` (in place) down to what computes ``names``: they become its outputs and
     the nodes they do not depend on go (onnxruntime runs every node, whatever is fetched),

@@ -248,7 +248,8 @@ def _selected(be, info, output_path, verifier, feed_sets, shapes, numerics, devi
 
     import onnx
 
-    from rewriter.verify.verifier import _add_outputs, _post_processing
+    from rewriter.core.graph import cut_model
+    from rewriter.verify.verifier import _add_outputs
     # Reordering only: an output of another shape (an NMS's rows padded with zeros) is
     # MIGraphX computing it otherwise, which no selection explains.
     bad = [m for m in info["metrics"] if not m["ok"] and m["name"] in verifier.selection
@@ -269,10 +270,10 @@ def _selected(be, info, output_path, verifier, feed_sets, shapes, numerics, devi
     original = verifier._source[0]
     with tempfile.TemporaryDirectory(prefix="rewrite-mgx-") as tmp:
         paths = [os.path.join(tmp, f) for f in ("reads.onnx", "post.onnx", "orig_post.onnx")]
-        post = _post_processing(model, outs, {t: values[0][t].dtype for t in names})
+        post = cut_model(model, outs, {t: values[0][t].dtype for t in names})
         # What the original reads and the rewritten one does not is a shape the passes
         # folded: a constant here too (MIGraphX needs it at compile; one size per compile).
-        orig_post = _post_processing(original, outs, {
+        orig_post = cut_model(original, outs, {
             t: values[0][t].dtype if t in names else np.asarray(values[0][t]) for t in theirs})
         del model.graph.output[:]
         _add_outputs(model, names)

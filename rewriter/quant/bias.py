@@ -39,6 +39,7 @@ import numpy as np
 import onnx
 
 from rewriter.core.errors import InputError
+from rewriter.core.graph import cut_model
 from rewriter.core.progress import progress_bar
 
 MEMORY_BYTES = 1 << 30
@@ -82,7 +83,7 @@ class LevelMeasure:
         self.stats["nodes_run"] += len(nodes) * len(self.data)
         fetch = [n for n in keep if n not in feeds_data]
         names = self.groups[k] + fetch
-        sub = _submodel(proto, nodes, feeds_kept + feeds_data, self.store, names)
+        sub = cut_model(proto, names, {n: self.store.dtype[n] for n in feeds_kept})
         held = {t.name for t in sub.graph.initializer}
         inits = ([n for n in sorted(exported.weights) if n in held],)
         inits += ([np.ascontiguousarray(exported.array(n)) for n in inits[0]],)
@@ -202,36 +203,6 @@ def _plan(proto, groups, group_of, k: int, store):
     for t in keep:
         store.depth[t] = depth.get(t, 0)
     return nodes, feeds_kept, feeds_data, keep, drop
-
-
-def _submodel(proto, nodes: list[int], feeds: list[str], store, outputs: list[str]):
-    """``proto``'s ``nodes`` as a model of their own: ``feeds`` its inputs (graph inputs
-    keep their declaration; kept tensors are declared with their dtype, any shape),
-    the initializers they read, ``outputs`` fetched."""
-    g = proto.graph
-    sub = onnx.ModelProto()
-    sub.ir_version = proto.ir_version
-    sub.opset_import.extend(proto.opset_import)
-    sub.functions.extend(proto.functions)
-    sg = sub.graph
-    sg.name = g.name
-    declared = {i.name: i for i in g.input}
-    for n in feeds:
-        if n in declared and n not in store.dtype:
-            sg.input.add().CopyFrom(declared[n])
-        else:
-            vi = sg.input.add(name=n)
-            vi.type.tensor_type.elem_type = onnx.helper.np_dtype_to_tensor_dtype(
-                store.dtype[n])
-    sg.node.extend(g.node[i] for i in nodes)
-    read = {x for i in nodes for x in g.node[i].input}
-    sg.initializer.extend(t for t in g.initializer if t.name in read)
-    if proto.ir_version < 4:   # there, every initializer is a graph input too
-        sg.input.extend(declared[t.name] for t in sg.initializer
-                        if t.name in declared and t.name not in feeds)
-    sg.sparse_initializer.extend(t for t in g.sparse_initializer if t.values.name in read)
-    sg.output.extend(onnx.ValueInfoProto(name=n) for n in outputs)
-    return sub
 
 
 class _Store:

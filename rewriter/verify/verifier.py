@@ -7,7 +7,7 @@ import onnx
 
 from rewriter.core import ort
 from rewriter.core.errors import InputError
-from rewriter.core.graph import (duplicate_node_names, graph_protos, selection_reads,
+from rewriter.core.graph import (cut_model, duplicate_node_names, graph_protos, selection_reads,
                                   unique_node_names)
 from rewriter.core.pass_base import Numerics
 from rewriter.verify.feeds import join_runs, stack_runs
@@ -215,7 +215,7 @@ class Verifier:
     def _replay(self, exported, outputs: list[str], reads: list[str]):
         """({output: the rewritten model's post-processing run on the original's values of
         ``reads``, one sample per row}, "") or (None, why it could not run)."""
-        sub = _post_processing(exported.model, outputs,
+        sub = cut_model(exported.model, outputs,
                                {t: self._reads[t][1][0].dtype for t in reads})
         used = {t for n in sub.graph.node for t in n.input}
         inits = exported.ort_initializers()
@@ -366,57 +366,6 @@ def _line(e: BaseException) -> str:
 def _short_miss(m: OutputMetrics) -> str:
     return (f"{1 - m.mismatch:.2%} of its integer values equal" if m.integer
             else f"max_rel {m.max_rel:.1e}, cosine {m.cosine:.6f}")
-
-
-def _post_processing(model: onnx.ModelProto, outputs: list[str], reads: dict
-                     ) -> onnx.ModelProto:
-    """The part of ``model`` that computes ``outputs`` from ``reads`` ({name: the type that
-    will be fed, or an array: a constant then}), its constants and the graph inputs it
-    reads directly, as a model whose inputs are those tensors."""
-    g = model.graph
-    producer = {o: n for n in g.node for o in n.output if o}
-    inits = {t.name: t for t in g.initializer}
-    graph_inputs = {i.name: i for i in g.input}
-    types = {v.name: v for v in g.output}
-    keep, inputs, seen, stack = set(), [], set(), list(outputs)
-    while stack:
-        t = stack.pop()
-        if t in seen or not t:
-            continue
-        seen.add(t)
-        if t in reads or (t in graph_inputs and t not in inits):
-            inputs.append(t)
-        elif t in producer:
-            keep.add(id(producer[t]))
-            stack.extend(producer[t].input)
-    m = onnx.ModelProto()
-    m.ir_version = model.ir_version
-    m.opset_import.extend(model.opset_import)
-    m.functions.extend(model.functions)
-    sub = m.graph
-    sub.name = "post_processing"
-    fed = set(inputs)
-    for n in g.node:
-        if id(n) in keep:
-            c = sub.node.add()
-            c.CopyFrom(n)
-            # A node kept for one output whose other output is fed (a TopK's values read
-            # beside its indices): that one is the original's value, not defined twice.
-            for j, o in enumerate(c.output):
-                if o in fed:
-                    c.output[j] = f"{o}__replayed_unused"
-    used = {t for n in sub.node for t in n.input}
-    sub.initializer.extend(inits[t] for t in sorted(used & set(inits)))
-    for t in sorted(set(inputs), key=(list(reads) + list(graph_inputs)).index):
-        if t not in reads:
-            sub.input.append(graph_inputs[t])
-        elif isinstance(reads[t], np.ndarray):   # a shape MIGraphX must know at compile
-            sub.initializer.append(onnx.numpy_helper.from_array(reads[t], t))
-        else:
-            sub.input.append(onnx.helper.make_tensor_value_info(
-                t, onnx.helper.np_dtype_to_tensor_dtype(reads[t]), None))
-    sub.output.extend(types[o] if o in types else onnx.ValueInfoProto(name=o) for o in outputs)
-    return m
 
 
 def _add_outputs(model: onnx.ModelProto, names: list[str]) -> None:

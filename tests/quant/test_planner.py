@@ -397,16 +397,22 @@ def test_auto_plans_the_layers_the_rewrite_has(tmp_path):
     assert sorted(v["op"] for v in layers.values()) == ["Conv", "Gemm"], layers
 
 
-def test_a_failing_plan_names_all_its_passes_and_lists_them(tmp_path):
-    """A plan is judged as a whole after its last pass. The error blamed convert-fp16 for
-    what the INT8 part lost, and the failure's pass table left out insert-qdq (tenth
-    round, an age classifier)."""
+def _failing_plan(tmp_path):
+    """A plan of INT8 convs and an FP16 head held to a cosine it cannot keep: the error."""
     plan = {"rules": [{"match": {"op": ["Conv"]}, "precision": "int8"},
                       {"match": {"op": ["Gemm", "MatMul"]}, "precision": "fp16"}],
             "verify": {"min_cosine": 0.9999999, "min_top1": 0.0}}
     with pytest.raises(rewriter.VerificationError) as e:
         rewriter.rewrite(MODEL, output=tmp_path / "q.onnx", plan=plan, calib=samples(24),
                          verify=True)
+    return e
+
+
+def test_a_failing_plan_names_all_its_passes_and_lists_them(tmp_path):
+    """A plan is judged as a whole after its last pass. The error blamed convert-fp16 for
+    what the INT8 part lost, and the failure's pass table left out insert-qdq (tenth
+    round, an age classifier)."""
+    e = _failing_plan(tmp_path)
     msg, rep = str(e.value), e.value.report
     assert "after the plan's passes (" in msg and "judged together" in msg, msg
     names = [p.name for p in rep.passes]
@@ -419,12 +425,7 @@ def test_a_failing_plan_says_what_to_do(tmp_path):
     objectness heads under --plan default, nineteenth round): the error now names the next
     steps, --plan auto and the INT8 layers nearest the failing output for a plan's
     overrides, and those are INT8 layers of the plan."""
-    plan = {"rules": [{"match": {"op": ["Conv"]}, "precision": "int8"},
-                      {"match": {"op": ["Gemm", "MatMul"]}, "precision": "fp16"}],
-            "verify": {"min_cosine": 0.9999999, "min_top1": 0.0}}
-    with pytest.raises(rewriter.VerificationError) as e:
-        rewriter.rewrite(MODEL, output=tmp_path / "q.onnx", plan=plan, calib=samples(24),
-                         verify=True)
+    e = _failing_plan(tmp_path)
     msg = str(e.value)
     assert "; to meet the budget: --plan auto" in msg, msg
     named = msg.split("nearest it (")[1].split(")")[0].split(", ")
