@@ -320,7 +320,7 @@ class _CrossValidator:
         self.output_names = [o.name for o in exp.model.graph.output]
         self.reference = [ort.run(sess, f) for f in self.feeds]
         from rewriter.verify.verifier import reference_traits
-        _, self.classes, splits = reference_traits(
+        _, self.classes, splits, _ = reference_traits(
             self.reference, self.feeds, self.original if self.graph is graph else exp.model)
         self.splits = dict(enumerate(splits))
         self.count = 0
@@ -401,10 +401,11 @@ class _CrossValidator:
         """One judgement over the samples ``idx``: the first output with classes decides
         top-1/flip risk (else the first output); the worst cosine bound over outputs."""
         from rewriter.verify.certify import judge_lossy
-        from rewriter.verify.feeds import stack_runs
+        from rewriter.verify.feeds import join_runs, stack_runs
+        from rewriter.verify.metrics import real_positions
 
         feeds = [self.feeds[j] for j in idx]
-        ref = stack_runs([self.reference[j] for j in idx], feeds)
+        ref, _, padded = join_runs([self.reference[j] for j in idx], feeds)
         got = stack_runs(outs, feeds)
         labels = self.labels[idx] if self.labels is not None else None
         classes = self.classes
@@ -424,7 +425,8 @@ class _CrossValidator:
             for r, o in parts:
                 j = judge_lossy(self.output_names[k], r, o, self.budget(),
                                 labels if main is None else None, alpha=alpha,
-                                classes=classes[k])
+                                classes=classes[k],
+                                real=real_positions(padded[k]) if split is None else None)
                 if main is None:
                     main = j
                 elif j.cosine_ci[0] < main.cosine_ci[0]:   # the worst output's cosine counts

@@ -199,15 +199,17 @@ def margins_and_leads(ref: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.
     return srt[:, -1] - srt[:, -2], np.maximum(drop.max(axis=-1), 0.0)
 
 
-def flip_risk(margins: np.ndarray, drops: np.ndarray) -> float:
-    """mean over drops d of F(d), F the margins' empirical CDF interpolated from (0, 0)."""
+def flip_risk(margins: np.ndarray, drops: np.ndarray, weights: np.ndarray | None = None
+              ) -> float:
+    """mean over drops d of F(d), F the margins' empirical CDF interpolated from (0, 0)
+    (``weights``: a weighted mean)."""
     m = np.sort(np.asarray(margins, np.float64))
     n = len(m)
     if n == 0:
         return 1.0
     xs = np.concatenate([[0.0], m])
     ys = np.arange(n + 1) / n
-    return float(np.mean(np.interp(drops, xs, ys, right=1.0)))
+    return float(np.average(np.interp(drops, xs, ys, right=1.0), weights=weights))
 
 
 def margin_cdf_upper(margins: np.ndarray, n_samples: int | None = None,
@@ -239,11 +241,12 @@ def margin_cdf_upper(margins: np.ndarray, n_samples: int | None = None,
 
 
 def _risk_upper(cdf, drops: np.ndarray, weight: np.ndarray | None, alpha: float, reps: int,
-                seed: int) -> float:
+                seed: int, at: np.ndarray | None = None) -> float:
     """Bootstrap (1 - alpha) bound, over samples, of the mean of ``cdf`` at the drops
     (``drops`` [n, positions]); ``weight`` (per sample) multiplies each replicate's mean by
-    its mean weight (the share of FP32-correct samples for the accuracy loss)."""
-    f = cdf(drops).mean(axis=1)
+    its mean weight (the share of FP32-correct samples for the accuracy loss); ``at``
+    ([n, positions], rows summing to 1): each sample's mean over its real positions."""
+    f = cdf(drops).mean(axis=1) if at is None else (cdf(drops) * at).sum(axis=1)
     rng = np.random.default_rng(seed)
     n = len(f)
     idx = rng.integers(0, n, (reps, n))
@@ -326,7 +329,8 @@ class Judgement:
 
 def judge_lossy(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
                 labels: np.ndarray | None = None, seed: int = 0,
-                alpha: float = 0.05, classes: bool | None = None) -> Judgement:
+                alpha: float = 0.05, classes: bool | None = None,
+                real: np.ndarray | None = None) -> Judgement:
     """Judge one output of ``n`` samples (axis 0) against its FP32 reference.
 
     ``budget`` keys (any subset): ``min_top1``, ``min_cosine``, ``max_accuracy_drop``
@@ -335,7 +339,10 @@ def judge_lossy(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
     passes divides it by their number (the planner), so that the kept one's bounds still
     hold at 95% (Bonferroni). Bootstrap replicates grow with 1/alpha (up to 5000) so that
     the tail percentile is not a single draw. ``classes``: whether top-1 applies (default
-    ``metrics.has_classes`` of this output alone; ``metrics.class_outputs`` for a model)."""
+    ``metrics.has_classes`` of this output alone; ``metrics.class_outputs`` for a model).
+    ``real`` ([n, positions], ``metrics.real_positions``): an output padded to the longest
+    of its samples is judged on each sample's real positions only (cosine is unchanged by
+    the zeros)."""
     reps = int(min(5000, max(BOOT, np.ceil(20 / alpha))))
     z = NormalDist().inv_cdf(1 - alpha / 2)
     ref = np.asarray(ref, np.float64)
@@ -360,16 +367,21 @@ def judge_lossy(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
                   float(cos.min()), budget=dict(budget))
     j.pooled = r2.shape[1] == 1
     j.alpha = alpha
-    classes = (has_classes(ref) if classes is None else classes) and ref.ndim >= 2
+    if classes is None:
+        rows = ref if real is None else ref.reshape(-1, ref.shape[-1])[np.ravel(real)][None]
+        classes = has_classes(rows)
+    classes = classes and ref.ndim >= 2
     if classes:
         j.classes = True
         rr = ref.reshape(-1, ref.shape[-1])
         oo = out.reshape(-1, out.shape[-1])
         per = rr.shape[0] // n                 # positions per sample (1 for [N, C])
+        w = np.ones((n, per)) if real is None else np.asarray(real, float).reshape(n, per)
+        w = w / np.maximum(w.sum(axis=1, keepdims=True), 1)   # each sample's positions
         same = (rr.argmax(-1) == oo.argmax(-1)).reshape(n, per)
-        agree = same.mean(axis=1)
+        agree = (same * w).sum(axis=1)
         if per > 1:   # a sequence's text changes with any position: said beside the share
-            j.every_position = float(same.all(axis=1).mean())
+            j.every_position = float((same | (w == 0)).all(axis=1).mean())
         k = float(agree.sum())
         j.top1 = float(agree.mean())
         j.top1_ci = wilson(int(round(k)), n)
@@ -382,11 +394,13 @@ def judge_lossy(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
             b = _bootstrap(agree, np.mean, reps=reps, seed=seed)
             lo, hi = float(np.percentile(b, 50 * alpha)), float(np.percentile(b, 100 - 50 * alpha))
             j.top1_ci = (min(j.top1_ci[0], lo), hi)
-        m, d = margins_and_leads(_log_probs(rr), _log_probs(oo))
+        on = w.ravel() > 0
+        m, d = np.zeros(n * per), np.zeros(n * per)      # padded rows: weight 0
+        m[on], d[on] = margins_and_leads(_log_probs(rr[on]), _log_probs(oo[on]))
         m, d = m.reshape(n, per), d.reshape(n, per)
-        j.flip_risk = flip_risk(m.ravel(), d.ravel())
-        j.flip_risk_upper = _risk_upper(margin_cdf_upper(m, n, alpha), d, None, alpha, reps,
-                                        seed)
+        j.flip_risk = flip_risk(m.ravel()[on], d.ravel(), w.ravel())
+        j.flip_risk_upper = _risk_upper(margin_cdf_upper(m.ravel()[on], n, alpha), d, None,
+                                        alpha, reps, seed, at=w)
         # With labels, accuracy can only be lost on samples FP32 gets right: the loss is at
         # most their share times the flip risk of their margins (same drops, same draws).
         labelled = labels is not None and per == 1 and len(labels) == n
@@ -399,9 +413,10 @@ def judge_lossy(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
             else:
                 j.loss_risk_upper = 0.0
         j.top1_lower = 1.0 - j.flip_risk_upper
-        p, q = _as_probs(rr), _as_probs(oo)
-        kl = np.sum(p * (np.log(np.maximum(p, 1e-12)) - np.log(np.maximum(q, 1e-12))), -1)
-        kl = kl.reshape(n, per).mean(axis=1)
+        p, q = _as_probs(rr[on]), _as_probs(oo[on])
+        kl = np.zeros(n * per)
+        kl[on] = np.sum(p * (np.log(np.maximum(p, 1e-12)) - np.log(np.maximum(q, 1e-12))), -1)
+        kl = (kl.reshape(n, per) * w).sum(axis=1)
         j.kl_mean, j.kl_worst = float(kl.mean()), float(kl.max())
         if labelled:
             a32, a8 = right, oo.argmax(-1) == labels

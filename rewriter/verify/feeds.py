@@ -551,12 +551,14 @@ def stack_runs(runs: list[list[np.ndarray]], feed_sets: list[dict] | None = None
 
 
 def join_runs(runs: list[list[np.ndarray]], feed_sets: list[dict] | None = None
-              ) -> tuple[list[np.ndarray], list[bool], list[bool]]:
+              ) -> tuple[list[np.ndarray], list[bool], list[np.ndarray | None]]:
     """:func:`stack_runs`, and per output whether its axis 0 was the runs' batch (False:
     the axis was added, so a [n, C] result is not a batch of C classes by its shape), and
-    whether it was ragged: runs of other lengths (a tagger's [1, T, tags] over sentences of
-    T tokens) are padded with zeros to the longest, which leaves each sample's cosine as it
-    is; their top-1 is not judged (padded rows are no positions)."""
+    where it was ragged, which of its values are real: runs of other lengths (a tagger's
+    [1, T, tags] over sentences of T tokens) are padded with zeros to the longest, which
+    leaves each sample's cosine as it is; the mask (True at the runs' own values, the
+    joined output's shape; None where nothing was padded) keeps padded rows out of top-1
+    (:func:`metrics.real_positions`)."""
     batches = [feed_batch(f) for f in feed_sets] if feed_sets is not None else None
     out, flags, ragged = [], [], []
     for arrays in zip(*runs):
@@ -565,13 +567,16 @@ def join_runs(runs: list[list[np.ndarray]], feed_sets: list[dict] | None = None
             batches is None or all(a.shape[0] == b for a, b in zip(arrays, batches)))
         flags.append(batched)
         uneven = len({a.shape[1 if batched else 0:] for a in arrays}) > 1
-        ragged.append(uneven)
+        mask = None
         if uneven and len({a.ndim for a in arrays}) == 1:
             first = 1 if batched else 0
             top = np.max([a.shape[first:] for a in arrays], axis=0)
-            arrays = [np.pad(a, [(0, 0)] * first + [(0, int(t) - d) for d, t in
-                                                    zip(a.shape[first:], top)])
-                      for a in arrays]
+            pads = [[(0, 0)] * first + [(0, int(t) - d) for d, t in zip(a.shape[first:], top)]
+                    for a in arrays]
+            mask = [np.pad(np.ones(a.shape, bool), p) for a, p in zip(arrays, pads)]
+            mask = np.concatenate(mask) if batched else np.stack(mask)
+            arrays = [np.pad(a, p) for a, p in zip(arrays, pads)]
+        ragged.append(mask)
         if len(arrays) == 1:
             out.append(arrays[0] if batched else arrays[0][None])
             continue

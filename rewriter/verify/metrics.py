@@ -222,9 +222,18 @@ def class_outputs(refs, heads: list[int | None] | None = None,
     ``batched`` (:func:`feeds.join_runs`): False where axis 0 was added, one row per run:
     such an [n, C] output is a sample's vector of C values (an LSTM's state), classes only
     by a softmax or a linear head's decisive logits (a classifier without a batch dim).
-    ``ragged``: True where runs of other lengths were padded (:func:`feeds.join_runs`):
-    padded rows are no positions, so no top-1 there."""
+    ``ragged`` (:func:`feeds.join_runs`): where runs of other lengths were padded, which
+    values are real: such an output is seen on its real positions alone (a tagger over
+    sentences of other lengths has classes as one of equal lengths does), and has no
+    classes where its last axis itself was padded."""
     refs = [np.asarray(r) for r in refs]
+    usable = [True] * len(refs)
+    for k, (r, g) in enumerate(zip(refs, ragged or [])):
+        if g is not None:
+            pos = real_positions(g)
+            usable[k] = pos is not None
+            if pos is not None:
+                refs[k] = r.reshape(-1, r.shape[-1])[pos.ravel()][None]
     batched = batched or [True] * len(refs)
     flags = [has_classes(r, b) for r, b in zip(refs, batched)]
     if heads:
@@ -238,18 +247,32 @@ def class_outputs(refs, heads: list[int | None] | None = None,
                  for f, r, h in zip(flags, refs, heads)]
     if any(f and r.ndim == 2 and _distributions(r) for f, r in zip(flags, refs)):
         flags = [f and (r.ndim != 2 or _distributions(r)) for f, r in zip(flags, refs)]
-    return [f and not g for f, g in zip(flags, ragged or [False] * len(refs))]
+    return [f and u for f, u in zip(flags, usable)]
 
 
-def top1_agreement(ref: np.ndarray, out: np.ndarray) -> float:
-    """Share of positions whose argmax over the last axis agrees."""
-    return float(np.mean(np.argmax(ref, axis=-1) == np.argmax(out, axis=-1)))
+def real_positions(mask: np.ndarray | None) -> np.ndarray | None:
+    """Of an output padded by :func:`feeds.join_runs` (``mask``: True at the runs' own
+    values), which positions (rows over the last axis) are real, as [samples, positions];
+    None where a row is part padding (runs with other numbers of classes) or no mask."""
+    if mask is None or mask.ndim < 2:
+        return None
+    rows = mask.reshape(mask.shape[0], -1, mask.shape[-1])
+    real = rows.all(axis=-1)
+    return None if (rows.any(axis=-1) & ~real).any() else real
 
 
-def compare(name: str, ref: np.ndarray, out: np.ndarray, classes: bool | None = None
-            ) -> OutputMetrics:
+def top1_agreement(ref: np.ndarray, out: np.ndarray, real: np.ndarray | None = None) -> float:
+    """Share of positions whose argmax over the last axis agrees (``real``, from
+    :func:`real_positions`: of those positions only)."""
+    same = np.argmax(ref, axis=-1) == np.argmax(out, axis=-1)
+    return float(np.mean(same if real is None else same.ravel()[real.ravel()]))
+
+
+def compare(name: str, ref: np.ndarray, out: np.ndarray, classes: bool | None = None,
+            real: np.ndarray | None = None) -> OutputMetrics:
     """Metrics of ``out`` against ``ref``; top-1 where ``classes`` (default:
-    :func:`has_classes` of ``ref`` alone; :func:`class_outputs` decides for a model)."""
+    :func:`has_classes` of ``ref`` alone; :func:`class_outputs` decides for a model), on
+    the ``real`` positions of a padded output (:func:`real_positions`)."""
     ref, out = np.asarray(ref), np.asarray(out)
     if ref.shape != out.shape or ref.dtype != out.dtype:
         return OutputMetrics(name, False, float("inf"), float("inf"), 0.0, 1.0, ok=False)
@@ -279,7 +302,7 @@ def compare(name: str, ref: np.ndarray, out: np.ndarray, classes: bool | None = 
     scale = float(np.abs(r).max())
     max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
     classes = has_classes(ref) if classes is None else classes
-    top1 = top1_agreement(ref, out) if classes and np.isfinite(out).all() else None
+    top1 = top1_agreement(ref, out, real) if classes and np.isfinite(out).all() else None
     return OutputMetrics(name, True, max_abs, max_rel, cosine(r, o), float(np.mean(diff > 0)),
                          sqnr_db=sqnr_db(r, o), top1=top1, ref_max=scale, dtype=str(ref.dtype))
 

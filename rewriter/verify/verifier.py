@@ -13,7 +13,7 @@ from rewriter.core.pass_base import Numerics
 from rewriter.verify.feeds import join_runs, stack_runs
 from rewriter.verify.metrics import (MIN_COSINE, TINY_OUTPUT, OutputMetrics, class_outputs,
                                      compare, compute_eps, cosine, head_features, judge,
-                                     scale_groups, scale_split)
+                                     real_positions, scale_groups, scale_split)
 
 
 class OriginalRunError(InputError):
@@ -49,6 +49,7 @@ class Verifier:
         self._noise: dict[str, float] | None = None
         self._source = (original, base_dir, path)   # for rounding_noise, run only if needed
         self._reads: dict[str, tuple] = {}   # tensor: (joined, per feed set, classes)
+        self.real: dict = {}   # output padded to the longest run: its real positions
         # DFT/STFT run in float64 in the reference and every candidate (spectral_in_double)
         self.spectral = has_spectral(original)
         if duplicate_node_names(original):
@@ -68,9 +69,10 @@ class Verifier:
         except Exception as e:
             raise InputError(f"onnxruntime cannot load the original model: {_line(e)}") from None
         try:
-            self.reference, self.classes, splits = reference_traits(
+            self.reference, self.classes, splits, real = reference_traits(
                 [ort.run(sess, f) for f in self.feed_sets], self.feed_sets, original)
             self.splits = dict(zip(self.output_names, splits))
+            self.real = dict(zip(self.output_names, real))
         except Exception as e:
             given = ", ".join(f"{k} {list(np.shape(v))} {np.asarray(v).dtype}"
                               for k, v in self.feed_sets[0].items())
@@ -206,11 +208,12 @@ class Verifier:
         _add_outputs(probe, names)
         sess = _session(probe, base_dir)
         runs = [ort.run(sess, f) for f in self.feed_sets]
-        joined, classes, splits = reference_traits(runs, self.feed_sets, probe)
+        joined, classes, splits, real = reference_traits(runs, self.feed_sets, probe)
         for k, (t, r, c, sp) in enumerate(zip(names, joined, classes, splits)):
             # A classifier's logits a TopK ranks keep their top-1 rule.
             self._reads[t] = (r, [run[k] for run in runs], c)
             self.splits[t] = sp
+            self.real[t] = real[k]
 
     def _replay(self, exported, outputs: list[str], reads: list[str]):
         """({output: the rewritten model's post-processing run on the original's values of
@@ -272,7 +275,10 @@ class Verifier:
                      depth: int = 1) -> OutputMetrics:
         """One output against its reference, by the rule every backend's run is judged by
         (onnxruntime's here, MIGraphX's in rewriter.migraphx.target)."""
-        m = compare(name, ref, out, classes=classes)
+        real = self.real.get(name)
+        if real is not None and real.size * np.shape(ref)[-1] != np.size(ref):
+            real = None         # another reference than the one the positions are of
+        m = compare(name, ref, out, classes=classes, real=real)
         # An output tiny everywhere (a detector's map with nothing to detect, 1e-7) is not
         # certified: float16 keeps few digits there, so cosine says nothing; metrics.judge
         # takes its absolute error, as in FP32, and the api says the check is weak.
@@ -280,7 +286,7 @@ class Verifier:
                 and m.ref_max >= TINY_OUTPUT \
                 and np.asarray(ref).ndim >= 1 and np.asarray(ref).shape[0] > 1:
             # Several samples: judged by the conservative ends of 95% intervals.
-            j = self.certify(name, ref, out, classes=classes)
+            j = self.certify(name, ref, out, classes=classes, real=real)
             # Too few samples to certify the budget at all (whether the flip-risk
             # model meets it or not, as long as it is not shown missed): the output is
             # kept with a warning (the caller's), unless strict.
@@ -315,7 +321,7 @@ class Verifier:
         v = (self.lossy or {}).get("min_cosine")
         return float(LOSSY_DEFAULT["min_cosine"] if v is None else v)
 
-    def certify(self, name: str, ref, out, classes: bool | None = None):
+    def certify(self, name: str, ref, out, classes: bool | None = None, real=None):
         """verify.certify's judgement of one output against the plan's budget (labels, when
         the samples have them, for the first classifier output)."""
         from rewriter.verify.certify import judge_lossy, resolve_budget
@@ -325,18 +331,22 @@ class Verifier:
                                 self.labels is not None)
         budget = {k: budget[k] for k in ("min_top1", "min_cosine", "max_accuracy_drop")
                   if k in budget and budget[k] is not None}
-        return judge_lossy(name, ref, out, budget, labels=self.labels, classes=classes)
+        return judge_lossy(name, ref, out, budget, labels=self.labels, classes=classes,
+                           real=real)
 
 
 def reference_traits(runs: list[list[np.ndarray]], feed_sets: list[dict],
                      model: onnx.ModelProto) -> tuple[list[np.ndarray], list[bool], list]:
     """The reference outputs joined one sample per row (:func:`feeds.join_runs`), which of
-    them have classes (:func:`metrics.class_outputs`, the model's linear heads seen), and,
-    for those without, their components of different scale (:func:`metrics.scale_split`):
-    found once, on the reference, by the verifier and the planner alike."""
+    them have classes (:func:`metrics.class_outputs`, the model's linear heads seen),
+    for those without, their components of different scale (:func:`metrics.scale_split`),
+    and for those padded to the longest run, their real positions
+    (:func:`metrics.real_positions`): found once, on the reference, by the verifier and the
+    planner alike."""
     joined, batched, ragged = join_runs(runs, feed_sets)
     classes = class_outputs(joined, head_features(model), batched, ragged)
-    return joined, classes, [None if c else scale_split(r) for r, c in zip(joined, classes)]
+    return (joined, classes, [None if c else scale_split(r) for r, c in zip(joined, classes)],
+            [real_positions(g) if c else None for g, c in zip(ragged, classes)])
 
 
 # A check that fails FP32 tolerances passes when its max_rel is within this many times the

