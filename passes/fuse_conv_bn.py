@@ -42,7 +42,10 @@ is (Mul+Add would be one node more; MIGraphX decomposes BN into them at parse ti
 Preconditions (else skipped with a reason in the report):
 
 * the conv output feeds only this BN/Mul/Add and is not a graph output;
-* W, b and the BN parameters are constants; BN is in inference mode (no training_mode,
+* W, b and the BN parameters are constants, or W is a weight-only int8 export's
+  ``Cast(q) -> Mul(c)`` with c per output channel, read by this Conv alone: the scale goes
+  into c, q stays as stored (folding W would store it 4x larger; fold-constants keeps it);
+  BN is in inference mode (no training_mode,
   no used mean/var outputs, spatial=1 in old opsets);
 * the constant of Mul/Add broadcasts per channel only (shape [K,1,..], [1,K,1,..] or a
   scalar), so the result does not change shape;
@@ -62,7 +65,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rewriter.core.graph import bypass, iter_graphs, own_constant
+from rewriter.core.graph import bypass, iter_graphs, own_constant, peek_values
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 CONVS = ("Conv", "ConvTranspose")
@@ -116,16 +119,19 @@ class FuseConvBn(Pass):
     # ------------------------------------------------------------------ conv head
     def _absorb_into_conv(self, conv, g, outs, local, ctx, res):
         w = conv.inputs[1] if len(conv.inputs) > 1 else None
-        if not isinstance(w, gs.Constant):
+        deq = None if isinstance(w, gs.Constant) else _weight_dequantized(conv, outs)
+        if not isinstance(w, gs.Constant) and deq is None:
             self._note_blocked(conv, res, "weights-not-constant")
             return
         b = conv.inputs[2] if len(conv.inputs) > 2 and conv.inputs[2].name else None
         if b is not None and not isinstance(b, gs.Constant):
             self._note_blocked(conv, res, "bias-not-constant")
             return
-        if w.values.dtype.kind != "f":
+        if (deq[1] if deq else w).values.dtype.kind != "f":
             self._note_blocked(conv, res, "unsupported-dtype")
             return
+        if deq:
+            w = deq[2]   # the stored (integer) weight: its shape, and the bound on |W|
         group = int(conv.attrs.get("group", 1))
         k = w.shape[1] * group if conv.op == "ConvTranspose" else w.shape[0]
         scale = np.ones(k, dtype=np.float64)
@@ -163,6 +169,9 @@ class FuseConvBn(Pass):
             y = nxt.outputs[0]
         if not absorbed:
             return
+        if deq:
+            self._into_dequantization(conv, deq, b, scale, shift, absorbed, ctx, res)
+            return
         dtype = w.values.dtype
         # float32 weights are scaled in float32 by the float64 scale rounded once (as
         # onnxruntime folds BN; within an ulp of the float64 product, and half the memory
@@ -194,12 +203,34 @@ class FuseConvBn(Pass):
             self._keep.update(id(n) for n in absorbed)  # not as Mul+Add either
             return
         own_constant(conv, 1, wv.astype(dtype, copy=False), ctx.namer, "fused")
+        self._finish(conv, w, b, bv.astype(dtype), absorbed, ctx, res)
+
+    def _into_dequantization(self, conv, deq, b, scale, shift, absorbed, ctx, res):
+        """W = Cast(q) * c with c per output channel: the chain's scale goes into c, its
+        shift into the bias; q stays as stored (int8 on disk, the size it was)."""
+        mul, c, q = deq
+        dtype = c.values.dtype
+        cv = np.broadcast_to(c.values.astype(np.float64).reshape(-1), scale.shape) * scale
+        bv = (b.values.astype(np.float64) if b is not None else np.zeros(len(scale))) * scale
+        bv = bv + shift
+        q_max = float(np.abs(peek_values(q)).max(initial=0))
+        if _near_overflow(cv * q_max, dtype) or _near_overflow(bv, dtype):
+            res.skip("weights-near-overflow")
+            self._keep.update(id(n) for n in absorbed)
+            return
+        i = next(i for i, t in enumerate(mul.inputs) if t is c)
+        own_constant(mul, i, cv.reshape((-1,) + (1,) * (len(q.shape) - 1)).astype(dtype),
+                     ctx.namer, "fused")
+        self._finish(conv, q, b, bv.astype(dtype), absorbed, ctx, res)
+
+    def _finish(self, conv, w, b, bv, absorbed, ctx, res):
+        """The new bias in, the absorbed nodes out; the conv takes the chain's output."""
         if b is not None:
-            own_constant(conv, 2, bv.astype(dtype), ctx.namer, "fused")
+            own_constant(conv, 2, bv, ctx.namer, "fused")
         else:
             while len(conv.inputs) < 2:
                 conv.inputs.append(gs.Variable(""))
-            new_b = gs.Constant(ctx.namer(f"{w.name}_bias"), bv.astype(dtype))
+            new_b = gs.Constant(ctx.namer(f"{w.name}_bias"), bv)
             if len(conv.inputs) == 2:
                 conv.inputs.append(new_b)
             else:
@@ -560,6 +591,30 @@ def _constant_mul(mul, outs):
             or not y.outputs or c.values.dtype.kind != "f"):
         return None
     return x, c, y
+
+
+def _weight_dequantized(conv, outs):
+    """(mul, c, q) when a Conv's weight is ``Cast(q) -> Mul(c)`` read by this conv only, q
+    a constant, c a constant per output channel (or one value), as weight-only int8
+    exports write it (fold-constants keeps it: skip:weight-dequantization); else None."""
+    w = conv.inputs[1]
+    mul = w.inputs[0] if len(w.inputs) == 1 else None
+    if (conv.op != "Conv" or mul is None or mul.op != "Mul" or len(mul.inputs) != 2
+            or len(w.outputs) != 1 or id(w) in outs):
+        return None
+    cast, c = mul.inputs
+    if isinstance(cast, gs.Constant):
+        cast, c = c, cast
+    cast = cast.inputs[0] if len(cast.inputs) == 1 else None
+    if (cast is None or cast.op != "Cast" or not isinstance(c, gs.Constant)
+            or not isinstance(cast.inputs[0], gs.Constant)):
+        return None
+    q = cast.inputs[0]
+    shape = (1,) * (len(q.shape) - len(c.shape)) + tuple(c.shape)
+    if len(shape) != len(q.shape) or any(d != 1 for d in shape[1:]) or shape[0] not in (
+            1, q.shape[0]):
+        return None
+    return mul, c, q
 
 
 def _near_overflow(values: np.ndarray, dtype) -> bool:

