@@ -686,3 +686,35 @@ def test_an_nms_output_migraphx_would_overflow_is_found_in_its_program():
     assert said and "holds 6 rows but can select 8 (1 batch x 2 classes x 4)" in said, said
     assert nms_overflow(text.replace("ROWS", "12")) is None              # 2.16's size
     assert nms_overflow(text.replace("ROWS", "6").replace("{4}", "{3}")) is None   # 2 x 3
+
+
+def test_a_float_conv_after_an_int8_conv_scaled_after_it_is_no_hidden_dequantize():
+    """PP-OCRv6 rec tiny's --plan default: INT8 Conv -> Mul(s_w) -> Add(b) -> float Conv (a
+    layer the plan kept): the check walked up through the INT8 conv to its input's DQ and
+    said the float conv's DequantizeLinear was hidden behind Add, Mul and Conv (4 layers
+    flagged; migraphx-driver lowered 9 of 9 INT8 layers, as planned)."""
+    w = RNG.integers(-127, 128, size=(8, 4, 3, 3), dtype=np.int8)
+    m = build("""
+    g (float[1, 4, 8, 8] x) => (float[1, 8, 8, 8] z) {
+        xq = QuantizeLinear(x, xs, xz)
+        xd = DequantizeLinear(xq, xs, xz)
+        wd = DequantizeLinear(w, one, xz)
+        y = Conv <pads = [1, 1, 1, 1]> (xd, wd)
+        m = Mul(y, cs)
+        a = Add(m, b)
+        z = Conv <pads = [1, 1, 1, 1]> (a, v)
+    }""", w=w, xs=np.float32(0.05), xz=np.int8(0), one=np.float32(1.0),
+        cs=RNG.uniform(0.005, 0.02, (1, 8, 1, 1)).astype(np.float32),
+        b=RNG.standard_normal((1, 8, 1, 1)).astype(np.float32),
+        v=RNG.standard_normal((8, 8, 3, 3)).astype(np.float32))
+    assert "qdq-not-looked-through" not in codes(check_model(m))
+    hidden = build("""
+    g (float[1, 4, 8, 8] x) => (float[1, 8, 8, 8] z) {
+        xq = QuantizeLinear(x, xs, xz)
+        xd = DequantizeLinear(xq, xs, xz)
+        wd = DequantizeLinear(w, one, xz)
+        ws = Squeeze(wd, ax)
+        z = Conv <pads = [1, 1, 1, 1]> (xd, ws)
+    }""", w=w[:, :, None], xs=np.float32(0.05), xz=np.int8(0), one=np.float32(1.0),
+        ax=np.array([2], np.int64))
+    assert named(check_model(hidden), "qdq-not-looked-through") == ["z_node"]

@@ -739,6 +739,8 @@ class _Checker:
         ops: list[str] = []
         node = g.find_producer(name)
         while node is not None and len(ops) < depth and node.input:
+            if node.op_type in self.qdq["int8_kernels"]:
+                return []   # a DQ above another layer is that layer's input, not this one's
             if node.op_type == "DequantizeLinear":
                 return ops if any(o.split(" ")[0] not in through for o in ops) else []
             ops.append(f"{node.op_type} '{node_id(node)}'")
