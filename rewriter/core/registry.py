@@ -23,6 +23,7 @@ _PASSES = [
     ("weight-scales-after", "rewriter.passes.weight_scales_after:WeightScalesAfter"),
     ("fold-shapes", "rewriter.passes.fold_shapes:FoldShapes"),
     ("fold-constants", "rewriter.passes.fold_constants:FoldConstants"),
+    ("crop-pads", "rewriter.passes.crop_pads:CropPads"),
     ("sink-transposes", "rewriter.passes.sink_transposes:SinkTransposes"),
     ("collapse-chains", "rewriter.passes.collapse_chains:CollapseChains"),
     ("merge-duplicates", "rewriter.passes.merge_duplicates:MergeDuplicates"),
@@ -50,17 +51,20 @@ _PASSES = [
 # opset-23 Attention ...) as their ONNX function bodies, before fold-shapes folds their shapes;
 # expand-spectral writes DFT and STFT (no body, not parsed) as a MatMul or Conv against cos/sin;
 # qdq-forms writes one-block blockwise scales per axis and 0-d or odd-sized int4 as int8;
+# crop-pads writes a Pad's negative pads as a Slice (MIGraphX 2.15 runs out of memory parsing
+# an edge Pad that crops), after fold-constants, which may make its pads constant;
 # scan-states reads a Scan's computed initial states through a Reshape (MIGraphX refuses
 # a state it holds as a strided view), last: collapse-chains drops such Reshapes.
 DEFAULT_PIPELINE = ["expand-contrib", "expand-ml", "default-attributes", "expand-functions",
                     "expand-spectral", "integer-zero-points", "qdq-forms", "weight-scales-after",
-                    "fold-shapes", "fold-constants", "sink-transposes", "collapse-chains",
-                    "fuse-conv-bn", "fuse-pad", "fuse-space-to-depth", "fuse-matmul-add",
-                    "merge-duplicates", "scan-states"]
+                    "fold-shapes", "fold-constants", "crop-pads", "sink-transposes",
+                    "collapse-chains", "fuse-conv-bn", "fuse-pad", "fuse-space-to-depth",
+                    "fuse-matmul-add", "merge-duplicates", "scan-states"]
 # Fixes for what MIGraphX gets wrong or lacks, not optimisations: in the default pipeline
 # only when MIGraphX is the target.
 MIGRAPHX_ONLY = {"integer-zero-points", "expand-ml", "default-attributes", "expand-functions",
-                 "expand-spectral", "qdq-forms", "weight-scales-after", "scan-states"}
+                 "expand-spectral", "qdq-forms", "weight-scales-after", "crop-pads",
+                 "scan-states"}
 
 
 def default_pipeline(target: str | None) -> list[str]:

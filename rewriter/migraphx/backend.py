@@ -210,7 +210,8 @@ def said() -> list[str]:
 def _refuse_crash(model_path) -> None:
     """MigraphxError where MIGraphX's parser would kill this process on ``model_path``: a
     0-d int4/uint4 tensor (onnxruntime's quantize_static writes one as a per-tensor zero
-    point) is a segfault in parse_tensor_shape on 2.15 and 2.16, measured."""
+    point) is a segfault in parse_tensor_shape on 2.15 and 2.16, measured; and on 2.15 a Pad
+    with negative pads (see :func:`_negative_pad`)."""
     import onnx
 
     from rewriter.core.graph import iter_model_tensors
@@ -222,6 +223,54 @@ def _refuse_crash(model_path) -> None:
             kind = onnx.TensorProto.DataType.Name(t.data_type)
             raise MigraphxError("parse", f"the 0-d {kind} tensor '{t.name}' crashes MIGraphX's "
                                 "parser (a segfault on 2.15 and 2.16): not parsed")
+    from rewriter.core.pass_base import parse_version
+
+    version = parse_version(getattr(_import()[0], "__version__", None))
+    if version is not None and version[:2] < (2, 16):
+        why = _negative_pad(model)
+        if why:
+            raise MigraphxError("parse", why)
+
+
+_PAD_CAUSES = {
+    "edge": ("parses it into instructions without bound until std::bad_alloc (line 160)",
+             "drops the crop at parse: a longer output (line 147)"),
+    "reflect": ("refuses it (a std::vector of negative size, lines 85-86)",),
+    "constant": ("runs a pad op that writes past its output, an abort on ref (src/targets/"
+                 "ref/lowering.cpp:227-235; GPU not run)",)}
+
+
+def _negative_pad(model) -> str | None:
+    """Why MIGraphX 2.15 cannot be handed ``model``: a Pad with constant negative pads (a
+    crop). Its parser (src/onnx/parse_pad.cpp at rocm-7.2.4) counts an edge pad's end
+    copies in a size_t (line 160): -1 pushes instructions until std::bad_alloc, after
+    70-200 s and all the memory there is (onnx-asr's Kaldi and WeSpeaker front-ends); a
+    negative begin is dropped (line 147: a longer output), reflect throws from
+    std::vector<int>(-1) (lines 85-86), and the ref target's pad op (constant) writes every
+    input element, past the cropped output (src/targets/ref/lowering.cpp:227-235): "free():
+    invalid size", an abort. 2.16 parses one pad op that crops (#4481)."""
+    from onnx import numpy_helper
+
+    from rewriter.core.graph import constant_tensors, graph_protos
+
+    for g in graph_protos(model.graph):
+        consts = constant_tensors(g)
+        for n in g.node:
+            if n.op_type != "Pad" or n.domain not in ("", "ai.onnx"):
+                continue
+            pads = [list(a.ints) for a in n.attribute if a.name == "pads"]
+            if not pads and len(n.input) > 1 and n.input[1] in consts:
+                pads = [numpy_helper.to_array(consts[n.input[1]]).ravel().tolist()]
+            mode = next((a.s.decode() for a in n.attribute if a.name == "mode"), "constant")
+            if not pads or min(pads[0], default=0) >= 0 or mode not in _PAD_CAUSES:
+                continue
+            crops_end = min(pads[0][len(pads[0]) // 2:], default=0) < 0
+            cause = _PAD_CAUSES[mode][0 if mode != "edge" or crops_end else 1]
+            return (f"the {mode} Pad '{n.name or n.output[0]}' has negative pads {pads[0]}: "
+                    f"MIGraphX 2.15 {cause} (src/onnx/parse_pad.cpp at rocm-7.2.4 unless said; "
+                    "2.16 crops right); the pass crop-pads writes the crop as a Slice; "
+                    "not parsed")
+    return None
 
 
 _SHAPED = re.compile(r"^(@\d+) = (\S+?)(?:\[.*\])?\((.*?)\) -> \w+, \{([\d, ]*)\}")
