@@ -403,8 +403,8 @@ def test_a_scan_over_more_than_ten_steps_is_parsed_with_the_iterations_it_needs(
 
 
 def test_a_rewrite_refused_otherwise_than_the_original_says_both(tmp_path, monkeypatch):
-    """onnx-asr's WeSpeaker on 2.15: the original is refused at parse (a Scan state's
-    strides), the rewrite gets past that and then fails to parse (std::bad_alloc). The
+    """onnx-asr's WeSpeaker on 2.15 before crop-pads: the original is refused at parse (a
+    Scan state's strides), the rewrite got past that and then failed to parse (bad_alloc). The
     error said only the original's reason, as if the rewrite had failed the same way."""
     from types import SimpleNamespace
 

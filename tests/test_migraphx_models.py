@@ -1088,9 +1088,10 @@ def test_a_scan_whose_state_is_a_view_compiles_once_reshaped(tmp_path, migraphx_
     """onnx-asr's WeSpeaker fbank: a Scan over 98 frames whose first state is a Slice of the
     waveform and whose next state a Slice of the frame. Both builds refuse the original at
     parse (the state's strides are compared with the body's); scan-states reads both states
-    through a Reshape: 2.16 compiles it and matches onnxruntime on a chirp in noise. 2.15's
-    parse of the rewrite ends in std::bad_alloc after 70-160 s, as Kaldi's front-end does,
-    so on 2.15 only the original's refusal is checked."""
+    through a Reshape. Its pre-emphasis, an edge Pad that crops, made 2.15's parse end in
+    std::bad_alloc after 70-160 s (parse_pad.cpp:160 at rocm-7.2.4): the backend refuses the
+    original on 2.15 for that before the Scan, and crop-pads writes the crop as a Slice.
+    Both builds then compile it and match onnxruntime on a chirp in noise."""
     from rewriter.migraphx.backend import refuses
     path = model_path("onnx_asr_wespeaker.onnx")
     t = np.arange(16000) / 16000
@@ -1099,13 +1100,36 @@ def test_a_scan_whose_state_is_a_view_compiles_once_reshaped(tmp_path, migraphx_
     feeds = {"waveforms": wave, "waveforms_lens": np.array([16000], np.int64)}
     shapes = {"waveforms": [1, 16000], "waveforms_lens": [1]}
     err = refuses(path, shapes)
-    assert err is not None and err.stage == "parse" and "State input 0" in str(err), err
-    if migraphx_version[:2] < (2, 16):
-        return
+    said = "crop-pads" if migraphx_version[:2] < (2, 16) else "State input 0"
+    assert err is not None and err.stage == "parse" and said in str(err), err
     report, info = rewrite_on_migraphx(path, tmp_path, inputs=feeds, input_shapes=shapes)
     assert_fp32_ok(info)
-    assert {p.name: p.counts for p in report.passes}["scan-states"] == {
-        "reshaped-states": 1, "reshaped-next-states": 1}
+    counts = {p.name: p.counts for p in report.passes}
+    assert counts["scan-states"] == {"reshaped-states": 1, "reshaped-next-states": 1}
+    assert counts["crop-pads"] == {"cropped": 1}
+    features = next(m for m in info["metrics"] if m["name"] == "features")
+    assert features["cosine"] > 0.99999 and features["max_rel"] < 1e-4, features
+
+
+def test_a_pad_that_crops_compiles_on_2_15_once_written_as_a_slice(tmp_path, migraphx_version):
+    """onnx-asr's Kaldi fbank: its pre-emphasis, Pad(x, [0, 1, 0, -1], "edge"), made 2.15's
+    parse run out of memory after 70-200 s (parse_pad.cpp:160 at rocm-7.2.4: the end copies
+    counted in a size_t). The backend refuses the original on 2.15 in one line; crop-pads
+    writes the crop as a Slice, and both builds compile the rewrite and match onnxruntime
+    on a chirp in noise, two utterances of different lengths."""
+    from rewriter.migraphx.backend import refuses
+    path = model_path("onnx_asr_kaldi.onnx")
+    t = np.arange(16000) / 16000
+    wave = (0.3 * np.sin(2 * np.pi * (200 + 900 * t) * t) + 0.05 * np.random.default_rng(
+        3).standard_normal((2, 16000))).astype(np.float32)
+    feeds = {"waveforms": wave, "waveforms_lens": np.array([16000, 12000], np.int64)}
+    shapes = {"waveforms": [2, 16000], "waveforms_lens": [2]}
+    if migraphx_version[:2] < (2, 16):
+        err = refuses(path, shapes)
+        assert err is not None and "crop-pads" in str(err) and "line 160" in str(err), err
+    report, info = rewrite_on_migraphx(path, tmp_path, inputs=feeds, input_shapes=shapes)
+    assert_fp32_ok(info)
+    assert {p.name: p.counts for p in report.passes}["crop-pads"] == {"cropped": 1}
     features = next(m for m in info["metrics"] if m["name"] == "features")
     assert features["cosine"] > 0.99999 and features["max_rel"] < 1e-4, features
 

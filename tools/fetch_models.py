@@ -161,6 +161,14 @@ MODELS: tuple[RealModel, ...] = (
         "17, inputs waveforms [batch, N] and waveforms_lens [batch]",
     ),
     RealModel(
+        "onnx_asr_kaldi.onnx", "onnx-asr", "0.12.0",
+        "onnx_asr/preprocessors/data/kaldi.onnx", 92902,
+        "7d0f04ed3aa0775ac690c5bb3680cdef3e68807ee3ce415f0ca47deeeefc9bce",
+        "Kaldi fbank of onnx-asr: pre-emphasis as an edge Pad that crops (MIGraphX 2.15's "
+        "parser runs out of memory on it), STFT, mel MatMul, log; opset 17, inputs "
+        "waveforms [batch, N] and waveforms_lens [batch]",
+    ),
+    RealModel(
         "speechmos_plcmos_v2.onnx", "speechmos", "0.0.1.1",
         "speechmos/plcmos_models/plcmos_v2.onnx", 1344808,
         "c0ad3fc64ef9682b4749c0e96636b41c73b4b30bd123b9348feea06a96895286",
