@@ -435,16 +435,26 @@ def test_dynamic_dims_need_input_shape():
     (f,) = check_model(model).findings
     assert (f.code, f.node, f.severity) == ("dynamic-input-dim", "x", "warning")
     assert "[0, 2]" in f.message and "--input-shape" in f.message
-    # The suggestion is a value --input-shape accepts.
+    # Without sizes known to run, the batch is 1 and the other symbolic dims are named for
+    # the user to replace: 1 there (x:1x3x1x8) is what MIGraphX silently uses, and a guess
+    # --input-shape accepted would compile at that guess. Pasted as is, it says so.
+    from rewriter.core.errors import InputError
     from rewriter.verify import parse_shape_args
     hint = f.message.split("--input-shape ")[1].split()[0]
-    assert parse_shape_args([hint]) == {"x": [1, 3, 1, 8]}
+    assert hint == "x:1x3x{H}x8"
+    with pytest.raises(InputError, match=r"replace \{H\} with your size$"):
+        parse_shape_args([hint])
+    odd = build("""
+    g (float[N, 3, image_height, width_x, 8] x) => (float[N, 3, image_height, width_x, 8] y)
+    { y = Relu(x) }""")
+    (f,) = check_model(odd).findings
+    assert "--input-shape x:1x3x{image_height}x{d3}x8 " in f.message   # an 'x' would split
     # With sizes known to run (what verification used: 1 may not, as in MTCNN's P-Net),
     # the suggestion is those; an example that contradicts the declared dims is ignored.
     (f,) = check_model(model, examples={"x": [1, 3, 32, 8]}).findings
     assert "--input-shape x:1x3x32x8 " in f.message
     (f,) = check_model(model, examples={"x": [1, 4, 32, 8]}).findings
-    assert "--input-shape x:1x3x1x8 " in f.message
+    assert "--input-shape x:1x3x{H}x8 " in f.message
     assert check_model(model, input_shapes={"x": [2, 3, 5, 8]}).findings == []
     other = check_model(model, input_shapes={"x": [2, 3, 5, 8], "z": [1]})
     assert named(other, "input-shape-unknown-input") == ["z"]

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -916,14 +917,27 @@ class _Checker:
 
     # -- main-graph checks --------------------------------------------------------------------
 
-    def example(self, name: str, dims: list) -> list[int]:
-        """Dims for a suggested --input-shape: the caller's example when it fits the
-        declared dims, else 1 in every symbolic dim."""
+    def example(self, name: str, dims: list) -> list:
+        """Dims for a suggested --input-shape: the caller's example (sizes known to run)
+        when it fits the declared dims; else 1 for a leading batch and a placeholder such as
+        ``{height}`` in the other symbolic dims, for the user to replace: any number here
+        would be a guess (1 is what MIGraphX silently takes, ``image:1x1x1x3`` was the
+        advice), and one that --input-shape accepted would compile at that guess."""
         ex = self.examples.get(name)
         if ex is not None and len(ex) == len(dims) and all(
                 not (isinstance(d, int) and d > 0) or d == e for d, e in zip(dims, ex)):
             return ex
-        return [d if isinstance(d, int) and d > 0 else 1 for d in dims]
+        out = []
+        for i, d in enumerate(dims):
+            if isinstance(d, int) and d > 0:
+                out.append(d)
+            elif i == 0 and len(dims) > 1:
+                out.append(1)
+            else:
+                word = re.sub(r"\W", "_", d) if isinstance(d, str) else ""
+                ok = re.fullmatch(r"[A-Za-z]\w{0,11}", word) and "x" not in word.lower()
+                out.append("{" + (word if ok else f"d{i}") + "}")
+        return out
 
     def check_inputs(self, g: _Graph) -> None:
         dd = self.profile.get("dynamic_dims", {})

@@ -28,7 +28,10 @@ def parse_shape_args(items: list[str] | None) -> dict[str, list[int]]:
         try:
             shape = [int(d) for d in dims.lower().split("x")]
         except ValueError:
-            raise InputError(f"--input-shape '{item}': expected name:1x3x224x224") from None
+            held = re.findall(r"\{\w*\}", dims)   # rewrite check's placeholders: {height}
+            raise InputError(f"--input-shape '{item}': " + (
+                f"replace {', '.join(held)} with your size{'s' if len(held) > 1 else ''}"
+                if held else "expected name:1x3x224x224")) from None
         if any(d <= 0 for d in shape):
             raise InputError(f"--input-shape '{item}': dims must be positive")
         if name in out and out[name] != shape:   # the last one won, without a word
