@@ -32,8 +32,10 @@ activation, on the quantised branch only (a residual Add reading the same tensor
 it unscaled). MIGraphX fuses that Mul with the activation before it; the Q/DQ -> Conv form
 it lowers to quant_convolution is unchanged (tests/test_migraphx_models.py).
 
-Skips (reasons in the report): no channel statistics, weights not constant, grouped (not
-depthwise) convs, channel counts that do not match, tensors of rank < 3.
+Skips (reasons in the report): no channel statistics, weights not constant, a weight the
+model stores as int8 (``stored-int8-weight``: insert-qdq keeps those values bit for bit, and
+W * s would need quantising again; every INT8 conv reading that tensor is left as it is),
+grouped (not depthwise) convs, channel counts that do not match, tensors of rank < 3.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from rewriter.core.errors import PreconditionError
-from rewriter.core.graph import node_id, own_constant
+from rewriter.core.graph import StoredInt8, node_id, own_constant, stored_int8_weight
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 MIN_SCALE = 1e-4
@@ -91,7 +93,10 @@ class EqualizeChannels(Pass):
         for conv in convs:
             w = conv.inputs[1] if len(conv.inputs) > 1 else None
             if not isinstance(w, gs.Constant):
-                return "weights-not-constant"
+                # A weight stored as int8 (weight-only quantized) keeps its int8 values
+                # under a plan: scaling its input channels would quantise it again.
+                return ("stored-int8-weight" if isinstance(stored_int8_weight(conv), StoredInt8)
+                        else "weights-not-constant")
             group = int(conv.attrs.get("group", 1))
             if w.values.shape[1] * group != c:
                 return "channel-mismatch"

@@ -47,7 +47,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from rewriter.core.errors import PreconditionError
-from rewriter.core.graph import node_id
+from rewriter.core.graph import StoredInt8, node_id, stored_int8_weight
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 QMAX = 127
@@ -236,13 +236,17 @@ class _Site:
         self.current = node_id(node) if node.op == "Conv" else None
         x = node.inputs[0]
         w = node.inputs[1] if len(node.inputs) > 1 else None
-        if not isinstance(w, gs.Constant):
+        stored = stored_int8_weight(node)
+        if isinstance(stored, str):
+            return stored
+        if not isinstance(w, gs.Constant) and stored is None:
             return "weights-not-constant"
-        if w.values.dtype != np.float32 or (x.dtype is not None and np.dtype(x.dtype) != np.float32):
+        wdtype = np.float32 if stored is not None else w.values.dtype
+        if wdtype != np.float32 or (x.dtype is not None and np.dtype(x.dtype) != np.float32):
             return "not-fp32"
         if node.op == "Gemm" and int(node.attrs.get("transA", 0)):
             return "gemm-transposed-activation"
-        if node.op == "MatMul" and w.values.ndim != 2:
+        if node.op == "MatMul" and len((w if stored is None else stored.q).shape) != 2:
             return "matmul-weight-not-2d"
         amax = self.ranges.get(x.name)
         if amax is None:
@@ -261,6 +265,8 @@ class _Site:
             self.res.count("gemm-alpha-folded")
         node.inputs[0] = self.activation(x, amax)
         s_x = self.act_cache[x.name][1]
+        if stored is not None:
+            return self.keep_stored(node, stored, alpha, axis, s_x)
         if self.form == "mul":
             node.inputs[1], s_w = self.weight(w, alpha, axis, unit_scale=True)
             self.scale_after(node, s_w, axis)
@@ -271,6 +277,39 @@ class _Site:
                 and isinstance(node.inputs[2], gs.Constant)):
             self.int32_bias_dq(node, s_x, s_w, per_axis)
         return None
+
+    def keep_stored(self, node, stored: StoredInt8, alpha: float, axis: int,
+                    s_x: float) -> None:
+        """A weight the model stores as int8 (Cast -> Mul or a weight-only DQ): its int8
+        values read as they are by a DequantizeLinear in the pass's weight form, with the
+        stored scale (times a Gemm's alpha). No re-rounding: the values stay bit for bit.
+        A per-tensor scale is a 0-d DQ scale in every form (every version lowers it)."""
+        s = stored.scale
+        if alpha != 1.0:
+            s = (s.astype(np.float64) * alpha).astype(np.float32)
+        per_channel = s.ndim == 1
+        unit = per_channel and self.form != "axis"
+        key = (stored.q.name, s.tobytes(), s.shape, unit)
+        if key not in self.w_cache:
+            if unit:
+                ws = self.shared("unit_scale", np.array(1.0, np.float32))
+            elif per_channel:
+                ws = self.const(f"{stored.q.name}_scale", s)
+            else:
+                ws = self.shared("weight_scale", s)
+            wz = self.shared("zero_point", np.zeros(ws.values.shape, np.int8))
+            attrs = {"axis": axis} if per_channel and not unit else {}
+            wd = self.add_node("DequantizeLinear", f"{stored.q.name}_DequantizeLinear",
+                               [stored.q, ws, wz], f"{stored.q.name}_dequantized", np.float32,
+                               list(stored.q.shape), attrs)
+            self.w_cache[key] = (wd, s)
+            self.res.count("stored-int8-weights-kept")
+        node.inputs[1], s_w = self.w_cache[key]
+        if unit:
+            self.scale_after(node, s_w, axis)
+        elif (self.int32_bias and node.op == "Conv" and len(node.inputs) > 2
+                and isinstance(node.inputs[2], gs.Constant)):
+            self.int32_bias_dq(node, s_x, s_w, axis if per_channel else None)
 
     def activation(self, x: gs.Tensor, amax) -> gs.Variable:
         """One Q->DQ pair per tensor, shared by all its INT8 consumers."""

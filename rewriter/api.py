@@ -953,10 +953,14 @@ class _Rewrite:
 
     def hessians(self, int8: list) -> None:
         """E[x x^T] of every INT8 conv's input patches, for GPTQ rounding in insert-qdq."""
+        import onnx_graphsurgeon as gs
+
         from rewriter.quant.hessian import budget_note, conv_hessians, conv_spec
 
+        # A weight stored as int8 keeps its values: no Hessian, no GPTQ rounding for it.
         specs = [sp for sp in (conv_spec(n, n.inputs[1].shape) for n in int8
-                               if n.op == "Conv" and n.inputs[1].shape is not None) if sp]
+                               if n.op == "Conv" and n.inputs[1].shape is not None
+                               and isinstance(n.inputs[1], gs.Constant)) if sp]
         exported = export(self.graph, self.original, self.base_dir)
         self.ctx.hessians = conv_hessians(exported.model, specs, self.calib_data,
                                           base_dir=exported.source_dir,
@@ -1379,11 +1383,14 @@ def _nearest_int8(graph, outputs: list, precision: dict) -> list:
 
 
 def _weight_constant(node) -> bool:
-    """A layer whose weight insert-qdq can quantise: a constant, not a DequantizeLinear's
-    output (a model quantized already) nor a computed tensor."""
+    """A layer whose weight insert-qdq can quantise, or keep as the int8 the model stores
+    it as (weight-only quantized): not a Q/DQ layer's DequantizeLinear output (a model
+    quantized already) nor a computed tensor."""
     import onnx_graphsurgeon as gs
 
-    return len(node.inputs) > 1 and isinstance(node.inputs[1], gs.Constant)
+    from rewriter.core.graph import StoredInt8, stored_int8_weight
+    return len(node.inputs) > 1 and (isinstance(node.inputs[1], gs.Constant)
+                                     or isinstance(stored_int8_weight(node), StoredInt8))
 
 
 def _int8_levels(graph, outs: set) -> dict:

@@ -1170,3 +1170,45 @@ def test_qdq_forms_migraphx_refuses_compile_once_rewritten(form, tmp_path):
     assert info["status"] == "compiled" and info["ok"], info.get("error") or info["metrics"]
     assert all(m["cosine"] > 0.99999 for m in info["metrics"]), info["metrics"]
     assert {p.name: p.changed for p in report.passes}["qdq-forms"]
+
+
+def test_weights_stored_as_int8_lower_to_int8_kernels_as_stored(tmp_path, migraphx_version):
+    """Weight-only int8 layers (PP-OCRv6's tiny recogniser: Cast(q) -> Mul(c) per output
+    channel; a DequantizeLinear(q, s, 0) per tensor) ran in float on MIGraphX under a plan.
+    Now INT8 like any layer, their int8 values kept bit for bit: every planned INT8 layer
+    lowers to quant_convolution/quant_dot, on 2.16 (scale after the layer) and 2.15 (on
+    the DQ's axis), and MIGraphX agrees with onnxruntime."""
+    import onnx
+    from conftest import make_model
+    rng = np.random.default_rng(11)
+    q1 = rng.integers(-128, 128, (16, 8, 3, 3)).astype(np.int8)
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 8, 8, 8] x) => (float[1, 16, 32] z) {
+        f1 = Cast <to = 1> (q1)
+        w1 = Mul (f1, c1)
+        a = Conv <pads = [1, 1, 1, 1]> (x, w1, b1)
+        r = Relu (a)
+        w2 = DequantizeLinear (q2, s2, z2)
+        b = Conv <pads = [1, 1, 1, 1]> (r, w2, b2)
+        t = Reshape (b, sh)
+        f3 = Cast <to = 1> (q3)
+        w3 = Mul (f3, c3)
+        z = MatMul (t, w3)
+    }""", {"q1": q1, "c1": rng.uniform(0.01, 0.03, (16, 1, 1, 1)).astype(np.float32),
+           "b1": (16,), "q2": rng.integers(-127, 128, (16, 16, 3, 3)).astype(np.int8),
+           "s2": np.array(0.01, np.float32), "z2": np.array(0, np.int8), "b2": (16,),
+           "sh": np.array([1, 16, 64], np.int64),
+           "q3": rng.integers(-127, 128, (64, 32)).astype(np.int8),
+           "c3": rng.uniform(0.01, 0.03, (1, 32)).astype(np.float32)})
+    path = tmp_path / "stored.onnx"
+    onnx.save(m, path)
+    calib = [{"x": rng.standard_normal((1, 8, 8, 8)).astype(np.float32)} for _ in range(16)]
+    report, info = rewrite_on_migraphx(path, tmp_path, plan="int8", calib=calib)
+    kept = next(p for p in report.passes if p.name == "insert-qdq").counts
+    assert kept["stored-int8-weights-kept"] == 3 and kept.get("weights-quantized", 0) == 0
+    assert_plan_on_migraphx(report, info, planned_min=3)
+    assert info["lowering"]["lowered"] == 3
+    out = onnx.load(tmp_path / "out.onnx")
+    q = {t.name: onnx.numpy_helper.to_array(t) for t in out.graph.initializer}
+    assert q["q1"].tobytes() == q1.tobytes()

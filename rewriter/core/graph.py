@@ -709,3 +709,121 @@ def _subgraph_inputs(node: gs.Node) -> list[gs.Tensor]:
                 found.extend(n.inputs)
                 found.extend(_subgraph_inputs(n))
     return found
+
+
+# A layer's weight that the model stores as int8 and dequantises in the graph (weight-only
+# quantized: PP-OCRv6's tiny recogniser, twenty-second round). insert-qdq keeps the int8
+# values as they are and calibrates only the activation; the planner counts the layer as
+# an INT8 candidate like one with a float weight.
+class StoredInt8:
+    """``q`` (an int8 constant, kept bit for bit) times ``scale`` (float32, 0-d per tensor
+    or [K] along ``axis``, the weight's output axis) is the layer's weight."""
+
+    def __init__(self, q: gs.Constant, scale: np.ndarray, axis: int):
+        self.q, self.scale, self.axis = q, scale, axis
+
+
+def weight_out_axis(node: gs.Node, rank: int) -> int | None:
+    """The axis of a Conv/MatMul/Gemm weight (of ``rank``) along its output channels."""
+    if node.op == "Conv":
+        return 0
+    if node.op == "Gemm":
+        return 0 if int(node.attrs.get("transB", 0)) else 1
+    return rank - 1 if node.op == "MatMul" and rank == 2 else None
+
+
+def stored_int8_weight(node) -> StoredInt8 | str | None:
+    """A Conv/MatMul/Gemm weight written ``Cast(q) [-> Mul(c)]`` or ``DequantizeLinear(q, s
+    [, 0])`` with q an integer constant and the layer's input not from a DequantizeLinear
+    (that layer is quantized already): a :class:`StoredInt8` when q is int8, the zero point
+    zero, the scale a non-zero finite float32 constant per tensor or per output channel,
+    and only layers read the weight; else the reason it is not one (kebab-case). None when the weight is not dequantised from a stored integer at all (a
+    constant, a computed tensor). Works on onnx-graphsurgeon nodes; a NodeProto is None."""
+    inputs = getattr(node, "inputs", None)
+    if inputs is None or node.op not in ("Conv", "MatMul", "Gemm") or len(inputs) < 2:
+        return None
+    w = inputs[1]
+    if isinstance(w, gs.Constant) or len(w.inputs) != 1:
+        return None
+    p = w.inputs[0]
+    if p.op == "DequantizeLinear" and p.domain in (None, "", "ai.onnx"):
+        x = inputs[0]
+        if len(x.inputs) == 1 and x.inputs[0].op == "DequantizeLinear":
+            return None
+        q, s = p.inputs[0], p.inputs[1]
+        zp = p.inputs[2] if len(p.inputs) > 2 and p.inputs[2].name else None
+        if not isinstance(q, gs.Constant):
+            return None
+        dq_axis = int(p.attrs.get("axis", 1))
+        if int(p.attrs.get("block_size", 0)):
+            dq_axis = None
+    elif p.op in ("Mul", "Cast"):
+        q, s, zp = _cast_chain(p)
+        if q is None:
+            return None
+        dq_axis = "broadcast"
+        if peek_values(q).dtype.kind not in "iu" and not packed(peek_values(q).dtype):
+            return None     # a float16 weight cast to float32: not an integer one
+    else:
+        return None
+    qv = peek_values(q)
+    if qv.dtype != np.int8:
+        return "stored-weight-not-int8"
+    if zp is not None and (not isinstance(zp, gs.Constant) or np.any(peek_values(zp))):
+        return "stored-weight-zero-point"
+    if s is not None and not isinstance(s, gs.Constant):
+        return "stored-scale-not-constant"
+    sv = np.ones((), np.float32) if s is None else peek_values(s)
+    if sv.dtype != np.float32 or (w.dtype is not None and np.dtype(w.dtype) != np.float32):
+        return "stored-weight-not-fp32"
+    axis = weight_out_axis(node, qv.ndim)
+    if axis is None:
+        return "stored-weight-rank"
+    scale = _channel_scale(sv, qv.shape, axis, dq_axis)
+    if scale is None:
+        return "stored-scale-not-per-channel"
+    if not np.all(np.isfinite(scale)) or np.any(scale == 0):
+        return "stored-scale-zero-or-not-finite"
+    if any(n.op not in ("Conv", "MatMul", "Gemm") or n.inputs.index(w) != 1
+           or sum(t is w for t in n.inputs) != 1 for n in w.outputs):
+        return "stored-weight-read-elsewhere"
+    return StoredInt8(q, scale, axis)
+
+
+def _cast_chain(p: gs.Node):
+    """(q, c, zero point) of ``Cast(q) [-> Sub(z)] [-> Mul(c)]`` to float32 ending at ``p``;
+    (None, None, None) when it is not one."""
+    s = None
+    if p.op == "Mul":
+        cast = [t for t in p.inputs if len(t.inputs) == 1 and t.inputs[0].op in ("Cast", "Sub")]
+        if len(cast) != 1 or len(p.inputs) != 2:
+            return None, None, None
+        s = p.inputs[1] if p.inputs[0] is cast[0] else p.inputs[0]
+        p = cast[0].inputs[0]
+    zp = None
+    if p.op == "Sub" and len(p.inputs[0].inputs) == 1:
+        zp, p = p.inputs[1], p.inputs[0].inputs[0]
+    if p.op != "Cast" or not isinstance(p.inputs[0], gs.Constant):
+        return None, None, None
+    if int(p.attrs.get("to", 0)) != onnx.TensorProto.FLOAT:
+        return None, None, None
+    return p.inputs[0], s, zp
+
+
+def _channel_scale(sv: np.ndarray, shape: tuple, axis: int, dq_axis) -> np.ndarray | None:
+    """The scale as 0-d (one value) or [K] along the weight's output ``axis``; None when it
+    varies along any other axis or has another size. ``dq_axis``: a DequantizeLinear's
+    axis attribute (None: blockwise), or "broadcast" for a Mul's numpy broadcasting."""
+    if sv.size == 1:
+        return sv.reshape(()).astype(np.float32)
+    if dq_axis == "broadcast":
+        if sv.ndim > len(shape):
+            return None
+        full = (1,) * (len(shape) - sv.ndim) + tuple(sv.shape)
+        if any(d != 1 for i, d in enumerate(full) if i != axis) or full[axis] != shape[axis]:
+            return None
+        return sv.reshape(-1).astype(np.float32)
+    if dq_axis is None or sv.ndim != 1:
+        return None
+    dq_axis = dq_axis + len(shape) if dq_axis < 0 else dq_axis
+    return sv.astype(np.float32) if dq_axis == axis and sv.size == shape[axis] else None

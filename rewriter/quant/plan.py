@@ -43,7 +43,7 @@ from typing import Any
 import onnx_graphsurgeon as gs
 
 from rewriter.core.errors import InputError
-from rewriter.core.graph import node_id
+from rewriter.core.graph import StoredInt8, node_id, stored_int8_weight
 from rewriter.quant import METHODS, WEIGHT_FORMS
 from rewriter.verify.metrics import LOSSY_DEFAULT
 
@@ -322,7 +322,7 @@ def resolve(plan: Plan, nodes: list) -> Assignment:
         else:
             prec[i], why[i] = plan.default, "default"
     no_kernel, no_weight = [], []
-    by_hand = {node_id(n) for n in layers if _cast_dequantized(getattr(n, "inputs", [None])[1:2])}
+    stored = {node_id(n): stored_int8_weight(n) for n in layers}
     for i in ids:
         if prec[i] == "int8" and ops[i] not in INT8_OPS:
             no_kernel.append(i)
@@ -338,14 +338,19 @@ def resolve(plan: Plan, nodes: list) -> Assignment:
         kinds = ", ".join(sorted({ops[i] for i in no_kernel}))
         notes.append(f"{_count(no_kernel)} planned int8 ({kinds}) have no int8 kernel in "
                      f"MIGraphX; kept fp32: {_names(no_kernel)}")
-    hand = [i for i in no_weight if i in by_hand]
-    if hand:   # PP-OCRv6 rec tiny's 29 convs: reported as attention before
+    by_reason: dict[str, list] = {}
+    for i in no_weight:
+        if isinstance(stored[i], str):
+            by_reason.setdefault(stored[i], []).append(i)
+    for reason, hand in by_reason.items():
+        # PP-OCRv6 rec tiny's int8 convs were reported as attention before; those with a
+        # symmetric int8 weight and per-channel scales go INT8 now, keeping that weight
         notes.append(f"{_count(hand)} planned int8 have a weight the graph dequantises "
-                     "(Cast of a stored integer weight, then Mul: weight-only quantized "
-                     f"already), which insert-qdq does not quantize again; kept as they "
-                     f"are: {_names(hand)}")
-    if len(hand) < len(no_weight):
-        rest = [i for i in no_weight if i not in by_hand]
+                     f"(stored as an integer, weight-only quantized) that INT8 cannot keep "
+                     f"as it is ({reason}: {_STORED_WHY[reason]}); kept fp32 as they are: "
+                     f"{_names(hand)}")
+    rest = [i for i in no_weight if not isinstance(stored[i], str)]
+    if rest:
         notes.append(f"{_count(rest)} planned int8 have a computed second input, not "
                      "a weight (attention's Q x K^T and attn x V; INT8 needs a constant "
                      f"one); kept fp32: {_names(rest)}")
@@ -418,21 +423,28 @@ def _head_convs(nodes: list, convs: set[str]) -> list[str]:
 
 
 def computed_weight(node) -> bool:
-    """A graph layer (onnx-graphsurgeon) whose second input is not a constant."""
+    """A graph layer (onnx-graphsurgeon) whose second input is not a constant, nor a
+    weight the model stores as int8 and dequantises (:func:`stored_int8_weight`), nor a
+    DequantizeLinear's output read by a Q/DQ layer (a model quantized already)."""
     inputs = getattr(node, "inputs", None)
-    return (inputs is not None and len(inputs) > 1 and not isinstance(inputs[1], gs.Constant)
-            and not _dequantized(inputs[1]))
+    if inputs is None or len(inputs) < 2 or isinstance(inputs[1], gs.Constant):
+        return False
+    stored = stored_int8_weight(node)
+    return not isinstance(stored, StoredInt8) and not (stored is None and _dequantized(inputs[1]))
 
 
-def _cast_dequantized(inputs: list) -> bool:
-    """A layer weight (the one tensor in ``inputs``) computed as Cast(constant) -> Mul(c)
-    or Cast(constant): a weight stored in low precision, dequantised in the graph."""
-    t = inputs[0] if inputs else None
-    p = t.inputs[0] if t is not None and len(getattr(t, "inputs", [])) == 1 else None
-    if p is not None and p.op == "Mul":
-        p = next((x.inputs[0] for x in p.inputs if len(x.inputs) == 1
-                  and x.inputs[0].op == "Cast"), None)
-    return p is not None and p.op == "Cast" and isinstance(p.inputs[0], gs.Constant)
+# Why a weight stored as an integer cannot go INT8 as it is (stored_int8_weight's reasons).
+_STORED_WHY = {
+    "stored-weight-not-int8": "MIGraphX's int8 kernels take int8 weights",
+    "stored-weight-zero-point": "a non-zero zero point; the int8 kernels take symmetric "
+                                "weights",
+    "stored-scale-not-constant": "its scale is computed",
+    "stored-weight-not-fp32": "not dequantised to float32",
+    "stored-weight-rank": "a MatMul weight that is not 2-D",
+    "stored-scale-not-per-channel": "its scale is neither per tensor nor per output channel",
+    "stored-scale-zero-or-not-finite": "a zero or non-finite scale",
+    "stored-weight-read-elsewhere": "the dequantised weight is read by more than layers",
+}
 
 
 def _dequantized(t) -> bool:

@@ -182,16 +182,21 @@ def test_layers_quantized_already_are_neither_calibrated_nor_measured(rng):
     """A conv whose weight is a DequantizeLinear's output (onnxruntime's quantize_static
     wrote it) stays as it is: SSCD's 53 such convs were calibrated and bias-measured for
     640 s under --plan default, then skipped by insert-qdq and correct-bias (twenty-first
-    round). Now a warning says so and only the float conv is measured and corrected."""
+    round). Now a warning says so and only the float conv is measured and corrected.
+    (Its input comes from a DequantizeLinear too: with a float input the weight is a
+    weight-only int8 one, which goes INT8 as stored, tests/passes/test_insert_qdq_stored.py.)"""
     m = make_model("""
     <ir_version: 8, opset_import: ["" : 17]>
     g (float[N, 4, 8, 8] x) => (float[N, 8, 8, 8] y) {
+        xq = QuantizeLinear (x, sx, z1)
+        xd = DequantizeLinear (xq, sx, z1)
         wq = DequantizeLinear (W1q, s1, z1)
-        a = Conv <pads = [1, 1, 1, 1]> (x, wq, B1)
+        a = Conv <pads = [1, 1, 1, 1]> (xd, wq, B1)
         r = Relu (a)
         y = Conv <pads = [1, 1, 1, 1]> (r, W2, B2)
     }""", {"W1q": np.arange(-64, 64, dtype=np.int8).reshape(8, 4, 2, 2).repeat(2, 2)[:, :, :3, :3]
            .copy(), "s1": np.array(0.01, np.float32), "z1": np.array(0, np.int8),
+           "sx": np.array(0.03, np.float32),
            "B1": (8,), "W2": (8, 8, 3, 3), "B2": (8,)}, seed=4)
     calib = [{"x": (rng.standard_normal((1, 4, 8, 8)) + 0.5).astype(np.float32)}
              for _ in range(12)]
