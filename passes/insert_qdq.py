@@ -34,8 +34,19 @@ round(b / (s_x * s_w)) behind a DequantizeLinear with that product as scale (axi
 per-tensor weights only; with ``mul`` the bias is the float Add after the scale, which is
 what MIGraphX makes of an int32 bias DQ anyway, PROFILE.md item 14).
 
-Skips (reasons in the report): weight not constant, not fp32, no calibration range for the
-activation, per-channel axis-form weights on opset < 13 (falls back to per-tensor, noted;
+A weight the model stores as int8 and dequantises in the graph (weight-only quantized:
+``Cast(q) -> Mul(c)`` or ``DequantizeLinear(q, s, 0)`` on a float input,
+``core.graph.stored_int8_weight``) is not quantised again: the DQ reads q itself, bit for
+bit, with c per channel on its axis (``axis``) or after the layer (``mul``, and
+``per-tensor``, which cannot hold c), a per-tensor c as its 0-d scale in every form; a
+Gemm's alpha goes into the scale. No GPTQ for it. Counted ``stored-int8-weights-kept``::
+
+    Cast(q) -> Mul(c[K,1,1,1]) -> Conv(x, ., b)
+    =>  q -> DequantizeLinear(1.0, 0) -> Conv(x_dq, .) -> Mul(c[1,K,1,1]) -> Add(b)
+
+Skips (reasons in the report): weight not constant, a stored integer weight that is not
+symmetric int8 per tensor or per output channel (its ``stored-*`` reason), not fp32, no
+calibration range for the activation, per-channel axis-form weights on opset < 13 (falls back to per-tensor, noted;
 the mul form needs no per-axis DQ).
 The activation Q/DQ pair is shared by every INT8 layer reading the same tensor; an INT8
 weight shared by several layers is quantised once.
