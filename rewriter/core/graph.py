@@ -6,7 +6,8 @@ Protobuf level: :func:`graph_protos` (a graph and every If/Loop/Scan body),
 level: :func:`iter_graphs`, :func:`toposort`, :func:`dead_code`, :func:`bypass` (drop a
 no-op node), :func:`static_shape`, :func:`peek_values` (read a constant without making it
 resident), :class:`Namer` (fresh names), :func:`set_values` and :func:`own_constant` (copy a
-shared constant before editing it).
+shared constant before editing it), :func:`stored_int8_weight` (a layer weight the model
+stores as int8 and dequantises: the plan, the planner and insert-qdq read it alike).
 """
 
 from __future__ import annotations
@@ -737,8 +738,9 @@ def stored_int8_weight(node) -> StoredInt8 | str | None:
     [, 0])`` with q an integer constant and the layer's input not from a DequantizeLinear
     (that layer is quantized already): a :class:`StoredInt8` when q is int8, the zero point
     zero, the scale a non-zero finite float32 constant per tensor or per output channel,
-    and only layers read the weight; else the reason it is not one (kebab-case). None when the weight is not dequantised from a stored integer at all (a
-    constant, a computed tensor). Works on onnx-graphsurgeon nodes; a NodeProto is None."""
+    and only layers read the weight; else the reason it is not one (kebab-case). None
+    when the weight is not dequantised from a stored integer at all (a constant, a
+    computed tensor). Works on onnx-graphsurgeon nodes; a NodeProto is None."""
     inputs = getattr(node, "inputs", None)
     if inputs is None or node.op not in ("Conv", "MatMul", "Gemm") or len(inputs) < 2:
         return None
