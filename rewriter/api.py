@@ -890,6 +890,15 @@ class _Rewrite:
         if self.calib_data is None:
             raise InputError(f"the plan puts {len(int8)} layers in INT8: calibration data is "
                              "needed (--calib DIR), or use a plan without INT8 layers")
+        if self.plan.int8.get("stored_weights") == "requantize":
+            from rewriter.core.graph import dequantize_stored
+            k = dequantize_stored(int8, self.ctx.namer)
+            if k:
+                self.report.warnings.append(
+                    f"{k} INT8 layers have weights the model stores as int8 (weight-only "
+                    "quantized): quantised again from their float values, with equalization "
+                    "and GPTQ rounding (int8.stored_weights: keep holds their int8 values "
+                    "as stored)")
         from rewriter.quant.ranges import collect_ranges
 
         if self.plan.int8.get("equalize"):

@@ -57,7 +57,7 @@ _DEFAULT_INT8 = {"calibration": {"method": "mse", "percentile": 99.999, "num_bin
                                  "samples": 200},
                  "weights": "per-channel", "weight_form": "auto", "bias": "float",
                  "equalize": True, "equalize_alpha": 0.5, "bias_correction": True,
-                 "rounding": "gptq"}
+                 "rounding": "gptq", "stored_weights": "requantize"}
 # The first MIGraphX version whose simplify_qdq throws on a per-axis weight DequantizeLinear
 # (develop after PR #4470; shared/migraphx/PROFILE.md item 9, run on the 2.15 and 2.16 builds).
 PER_AXIS_BREAKS_FROM = (2, 16)
@@ -230,7 +230,10 @@ def from_dict(d: Any, source: str) -> Plan:
               "equalize_alpha": float(int8.get("equalize_alpha", 0.5)),
               "bias_correction": bool(int8.get("bias_correction",
                                                _DEFAULT_INT8["bias_correction"])),
-              "rounding": int8.get("rounding", _DEFAULT_INT8["rounding"])}
+              "rounding": int8.get("rounding", _DEFAULT_INT8["rounding"]),
+              "stored_weights": int8.get("stored_weights", _DEFAULT_INT8["stored_weights"])}
+    if p.int8["stored_weights"] not in ("requantize", "keep"):
+        raise InputError(f"plan {source}: int8.stored_weights must be requantize or keep")
     if p.int8["rounding"] not in ("nearest", "gptq"):
         raise InputError(f"plan {source}: int8.rounding must be nearest or gptq")
     if p.int8["equalize"] not in (True, False, "all"):

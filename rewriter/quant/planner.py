@@ -66,7 +66,7 @@ DEFAULTS = {"alpha": 0.7, "beta": 0.3, "int8_speed": 2176 / 1248, "fp16_speed": 
             "min_top1": None, "min_cosine": 0.995, "max_accuracy_drop": None,
             "refine": 16, "folds": 4, "equalize": True,
             "bias_correction": False, "rounding": "gptq", "strict": False,
-            "selection_correction": False}
+            "selection_correction": False, "stored_weights": "requantize"}
 
 
 @dataclass
@@ -580,6 +580,9 @@ def _prepare(model, calib, base_dir, s, labels, progress, fp32=None):
             ": it is quantized already (" + ", ".join(f"{op} x{k}" for op, k in
                                                       sorted(done.items())) + ")"
             if done else ""))
+    if s["stored_weights"] == "requantize":   # as the rewrite does for its INT8 layers
+        from rewriter.core.graph import dequantize_stored
+        dequantize_stored([n for n in graph.nodes if n.op in LAYER_OPS], Namer(graph))
     if s["equalize"]:
         with samples_blamed(data, original, base_dir):
             _equalize_all(graph, original, base_dir, data, progress)
@@ -732,7 +735,8 @@ def _plan_dict(results: list[LayerResult], s: dict) -> dict:
                                   "num_bins": s["num_bins"], "samples": s["samples"]},
                   "weights": s["weights"], "weight_form": s["weight_form"], "bias": "float",
                   "equalize": "all" if s["equalize"] else False,
-                  "bias_correction": bool(s["bias_correction"]), "rounding": s["rounding"]},
+                  "bias_correction": bool(s["bias_correction"]), "rounding": s["rounding"],
+                  "stored_weights": s["stored_weights"]},
          "verify": {"min_cosine": s["min_cosine"], "min_top1": s["min_top1"],
                     "min_sqnr_db": 0.0}}
     if s.get("max_accuracy_drop") is not None:    # judged where the verifier has labels
