@@ -1175,7 +1175,8 @@ def test_qdq_forms_migraphx_refuses_compile_once_rewritten(form, tmp_path):
 def test_weights_stored_as_int8_lower_to_int8_kernels_as_stored(tmp_path, migraphx_version):
     """Weight-only int8 layers (PP-OCRv6's tiny recogniser: Cast(q) -> Mul(c) per output
     channel; a DequantizeLinear(q, s, 0) per tensor) ran in float on MIGraphX under a plan.
-    Now INT8 like any layer, their int8 values kept bit for bit: every planned INT8 layer
+    Now INT8 like any layer; with int8.stored_weights: keep, their int8 values kept bit for
+    bit (requantized by default, they are ordinary float weights): every planned INT8 layer
     lowers to quant_convolution/quant_dot, on 2.16 (scale after the layer) and 2.15 (on
     the DQ's axis), and MIGraphX agrees with onnxruntime."""
     import onnx
@@ -1204,7 +1205,8 @@ def test_weights_stored_as_int8_lower_to_int8_kernels_as_stored(tmp_path, migrap
     path = tmp_path / "stored.onnx"
     onnx.save(m, path)
     calib = [{"x": rng.standard_normal((1, 8, 8, 8)).astype(np.float32)} for _ in range(16)]
-    report, info = rewrite_on_migraphx(path, tmp_path, plan="int8", calib=calib)
+    plan = {"version": 1, "default": "int8", "int8": {"stored_weights": "keep"}}
+    report, info = rewrite_on_migraphx(path, tmp_path, plan=plan, calib=calib)
     kept = next(p for p in report.passes if p.name == "insert-qdq").counts
     assert kept["stored-int8-weights-kept"] == 3 and kept.get("weights-quantized", 0) == 0
     assert_plan_on_migraphx(report, info, planned_min=3)
@@ -1212,3 +1214,10 @@ def test_weights_stored_as_int8_lower_to_int8_kernels_as_stored(tmp_path, migrap
     out = onnx.load(tmp_path / "out.onnx")
     q = {t.name: onnx.numpy_helper.to_array(t) for t in out.graph.initializer}
     assert q["q1"].tobytes() == q1.tobytes()
+    # The default quantises them again from their values: ordinary INT8 layers, lowered too
+    (tmp_path / "re").mkdir()
+    report, info = rewrite_on_migraphx(path, tmp_path / "re", plan="int8", calib=calib)
+    counts = next(p for p in report.passes if p.name == "insert-qdq").counts
+    assert "stored-int8-weights-kept" not in counts
+    assert_plan_on_migraphx(report, info, planned_min=3)
+    assert info["lowering"]["lowered"] == 3
