@@ -72,6 +72,13 @@ def within_budget(specs: list[ConvSpec], copies: int = 1, budget: int | None = N
     return sorted(kept, key=lambda x: order[x.id]), sorted(left, key=lambda x: order[x.id])
 
 
+def _out_size(size: int, spec: ConvSpec, axis: int) -> int:
+    """The conv's output size along spatial ``axis`` (0: height, 1: width)."""
+    pad = spec.pads[axis] + spec.pads[axis + 2]
+    span = (spec.kernel[axis] - 1) * spec.dilations[axis] + 1
+    return (size + pad - span) // spec.strides[axis] + 1
+
+
 def patches(x: np.ndarray, spec: ConvSpec) -> np.ndarray:
     """im2col of one batch: [group, (C/group)*kh*kw, N*H'*W']."""
     n, c, h, w = x.shape
@@ -87,6 +94,32 @@ def patches(x: np.ndarray, spec: ConvSpec) -> np.ndarray:
     win = win.reshape(n, g, c // g, win.shape[2], win.shape[3], kh, kw)
     return np.ascontiguousarray(win.transpose(1, 2, 5, 6, 0, 3, 4)).reshape(
         g, (c // g) * kh * kw, -1)
+
+
+def patches_at(x: np.ndarray, spec: ConvSpec, cols: np.ndarray | None) -> np.ndarray:
+    """``patches(x, spec)[:, :, cols]`` (all of them when ``cols`` is None), gathering only
+    those columns: the whole im2col of a 64-channel 3x3 conv at 320x320 is 236 MB, built
+    per batch to keep 4096 columns or fewer (U2-Net-p's statistics)."""
+    n, c, h, w = x.shape
+    t, l = spec.pads[:2]
+    kh, kw = spec.kernel
+    dh, dw = spec.dilations
+    sh, sw = spec.strides
+    oh, ow = _out_size(h, spec, 0), _out_size(w, spec, 1)
+    if cols is None:
+        cols = np.arange(n * oh * ow)
+    bi, rest = np.divmod(np.asarray(cols, np.int64), oh * ow)
+    oi, oj = np.divmod(rest, ow)
+    # [K, kh] rows and [K, kw] columns of the input each patch reads; outside is padding
+    rows = (oi * sh - t)[:, None] + np.arange(kh) * dh
+    cl = (oj * sw - l)[:, None] + np.arange(kw) * dw
+    inside = (((rows >= 0) & (rows < h))[:, :, None] & ((cl >= 0) & (cl < w))[:, None, :])
+    got = x[bi[:, None, None], :, np.clip(rows, 0, h - 1)[:, :, None],
+            np.clip(cl, 0, w - 1)[:, None, :]]                # [K, kh, kw, C]
+    got = np.where(inside[..., None], got, np.zeros((), x.dtype))
+    g = spec.group
+    return np.ascontiguousarray(got.reshape(len(bi), kh, kw, g, c // g).transpose(
+        3, 4, 1, 2, 0)).reshape(g, (c // g) * kh * kw, len(bi))
 
 
 # Patches gathered before one x x^T product is added to a conv's sums (see _flush).
@@ -122,10 +155,11 @@ class HessianReducer:
         self.seen[name] = item + 1
         key = self.groups[item] if self.groups is not None else 0
         for spec in self.by_input.get(name, []):
-            x = patches(np.asarray(a, np.float32), spec)
+            a = np.asarray(a, np.float32)
             keep = max(1, self.max_patches // max(1, self.batches))
-            if x.shape[2] > keep:
-                x = x[:, :, self.rng.choice(x.shape[2], keep, replace=False)]
+            total = a.shape[0] * _out_size(a.shape[2], spec, 0) * _out_size(a.shape[3], spec, 1)
+            cols = (self.rng.choice(total, keep, replace=False) if total > keep else None)
+            x = patches_at(a, spec, cols)
             pending = self.pending.setdefault((spec.id, key), [])
             pending.append(x)
             if sum(p.shape[2] for p in pending) >= FLUSH_PATCHES:

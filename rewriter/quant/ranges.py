@@ -159,6 +159,9 @@ def _stream(model, tensors: list[str], data, reducer, chunk: int, base_dir, init
                 outs = sess.run(names, feeds) if sess is not None else []
                 for n, a in zip(names, outs):
                     reducer.update(n, a)
+                # Released before the next batch runs, not once it has returned: a
+                # chunk's outputs (up to 64 activations) were held twice.
+                outs = a = None
                 if first:  # graph-input tensors ride along with the first pass
                     for n in graph_inputs:
                         reducer.update(n, feeds[n])

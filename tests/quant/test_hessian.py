@@ -112,3 +112,31 @@ def test_the_inverse_factor_is_upper_and_factors_the_inverse():
         np.testing.assert_allclose(u.T @ u @ h, np.eye(n), atol=1e-9)
         np.testing.assert_allclose(u, np.linalg.cholesky(np.linalg.inv(h)).T, rtol=1e-9,
                                    atol=1e-12 * np.abs(u).max())
+
+
+def test_gathered_patches_are_the_im2col_columns():
+    """HessianReducer builds only the patches it keeps (patches_at); they must be the same
+    columns of the whole im2col, bit for bit, at any stride, dilation, padding and group,
+    with non-finite values where the input has them and zeros where the padding is."""
+    import itertools
+
+    from rewriter.quant.hessian import patches, patches_at
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 4, 9, 11)).astype(np.float32)
+    x[0, 1, 2, 3], x[1, 3, 8, 10] = np.nan, np.inf
+    done = 0
+    for k, s, d, p, g in itertools.product([(1, 1), (3, 3), (3, 1), (5, 5)],
+                                          [(1, 1), (2, 2), (2, 1)], [(1, 1), (2, 2)],
+                                          [(0, 0, 0, 0), (1, 1, 1, 1), (2, 0, 1, 3)], [1, 2]):
+        if (k[0] - 1) * d[0] + 1 > 9 + p[0] + p[2]:
+            continue
+        spec = ConvSpec("c", "x", k, s, p, d, g, (4 // g) * k[0] * k[1])
+        full = patches(x, spec)
+        cols = rng.choice(full.shape[2], min(13, full.shape[2]), replace=False)
+        got = patches_at(x, spec, cols)
+        assert got.shape == full[:, :, cols].shape and got.flags.c_contiguous
+        assert np.array_equal(got, full[:, :, cols], equal_nan=True), (k, s, d, p, g)
+        assert np.array_equal(patches_at(x, spec, None), full, equal_nan=True)
+        done += 1
+    assert done == 144
