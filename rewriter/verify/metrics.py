@@ -63,10 +63,32 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     """Cosine similarity of two flattened arrays (1 when both are zero, 0 when one is)."""
     a = np.asarray(a, np.float64).ravel()
     b = np.asarray(b, np.float64).ravel()
-    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    return _cosine(float(np.dot(a, b)), float(np.linalg.norm(a)), float(np.linalg.norm(b)))
+
+
+def _cosine(ab: float, na: float, nb: float) -> float:
     if na == 0 or nb == 0:
         return float(na == nb)
-    return float(np.dot(a, b) / (na * nb))
+    return float(ab / (na * nb))
+
+
+class CosineSums:
+    """The cosine of two arrays given in parts (a sample at a time, in the same order): the
+    three float64 sums it needs are kept, not the parts. Equal to :func:`cosine` of the
+    joined arrays up to the order of the additions (about 1e-15)."""
+
+    def __init__(self):
+        self.ab = self.aa = self.bb = 0.0
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> None:
+        a = np.asarray(a, np.float64).ravel()
+        b = np.asarray(b, np.float64).ravel()
+        self.ab += float(np.dot(a, b))
+        self.aa += float(np.dot(a, a))
+        self.bb += float(np.dot(b, b))
+
+    def value(self) -> float:
+        return _cosine(self.ab, float(np.sqrt(self.aa)), float(np.sqrt(self.bb)))
 
 
 def scale_split(ref: np.ndarray, gap_decades: float = 2.0, max_size: int = 256
