@@ -79,27 +79,11 @@ def _out_size(size: int, spec: ConvSpec, axis: int) -> int:
     return (size + pad - span) // spec.strides[axis] + 1
 
 
-def patches(x: np.ndarray, spec: ConvSpec) -> np.ndarray:
-    """im2col of one batch: [group, (C/group)*kh*kw, N*H'*W']."""
-    n, c, h, w = x.shape
-    t, l, b, r = spec.pads
-    xp = np.pad(x, ((0, 0), (0, 0), (t, b), (l, r)))
-    kh, kw = spec.kernel
-    dh, dw = spec.dilations
-    sh, sw = spec.strides
-    eh, ew = (kh - 1) * dh + 1, (kw - 1) * dw + 1
-    win = np.lib.stride_tricks.sliding_window_view(xp, (eh, ew), axis=(2, 3))
-    win = win[:, :, ::sh, ::sw, ::dh, ::dw]                    # [N, C, H', W', kh, kw]
-    g = spec.group
-    win = win.reshape(n, g, c // g, win.shape[2], win.shape[3], kh, kw)
-    return np.ascontiguousarray(win.transpose(1, 2, 5, 6, 0, 3, 4)).reshape(
-        g, (c // g) * kh * kw, -1)
-
-
 def patches_at(x: np.ndarray, spec: ConvSpec, cols: np.ndarray | None) -> np.ndarray:
-    """``patches(x, spec)[:, :, cols]`` (all of them when ``cols`` is None), gathering only
-    those columns: the whole im2col of a 64-channel 3x3 conv at 320x320 is 236 MB, built
-    per batch to keep 4096 columns or fewer (U2-Net-p's statistics)."""
+    """Columns ``cols`` of the im2col of one batch, [group, (C/group)*kh*kw, len(cols)]
+    (column index: (n * H' + i) * W' + j; all of them when ``cols`` is None). Only those
+    are gathered: the whole im2col of a 64-channel 3x3 conv at 320x320 is 236 MB, built
+    per batch to keep 4096 columns or fewer in all (U2-Net-p's statistics)."""
     n, c, h, w = x.shape
     t, l = spec.pads[:2]
     kh, kw = spec.kernel
@@ -154,11 +138,12 @@ class HessianReducer:
         item = self.seen.get(name, 0)
         self.seen[name] = item + 1
         key = self.groups[item] if self.groups is not None else 0
+        a = np.asarray(a, np.float32)
         for spec in self.by_input.get(name, []):
-            a = np.asarray(a, np.float32)
             keep = max(1, self.max_patches // max(1, self.batches))
             total = a.shape[0] * _out_size(a.shape[2], spec, 0) * _out_size(a.shape[3], spec, 1)
-            cols = (self.rng.choice(total, keep, replace=False) if total > keep else None)
+            # the draw the whole im2col was sampled with: the same columns, the same H
+            cols = self.rng.choice(total, keep, replace=False) if total > keep else None
             x = patches_at(a, spec, cols)
             pending = self.pending.setdefault((spec.id, key), [])
             pending.append(x)

@@ -18,6 +18,24 @@ def _model():
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def _im2col(x, spec):
+    """The whole im2col of one batch by sliding windows, [group, (C/group)*kh*kw, N*H'*W']:
+    what hessian.patches_at gathers columns of."""
+    n, c, h, w = x.shape
+    t, l, b, r = spec.pads
+    xp = np.pad(x, ((0, 0), (0, 0), (t, b), (l, r)))
+    kh, kw = spec.kernel
+    dh, dw = spec.dilations
+    sh, sw = spec.strides
+    eh, ew = (kh - 1) * dh + 1, (kw - 1) * dw + 1
+    win = np.lib.stride_tricks.sliding_window_view(xp, (eh, ew), axis=(2, 3))
+    win = win[:, :, ::sh, ::sw, ::dh, ::dw]                    # [N, C, H', W', kh, kw]
+    g = spec.group
+    win = win.reshape(n, g, c // g, win.shape[2], win.shape[3], kh, kw)
+    return np.ascontiguousarray(win.transpose(1, 2, 5, 6, 0, 3, 4)).reshape(
+        g, (c // g) * kh * kw, -1)
+
+
 def test_fold_complements_equal_a_pass_over_the_other_folds():
     rng = np.random.default_rng(1)
     data = [{"x": (rng.standard_normal((1, 3, 6, 6)) * (1 + i)).astype(np.float32)}
@@ -93,7 +111,7 @@ def test_sums_flushed_in_between_equal_one_product(monkeypatch):
     once = conv_hessians(_model(), [spec], data, progress=False)["conv"]
     monkeypatch.setattr(hessian, "FLUSH_PATCHES", 50)   # 36 patches a sample: 4 flushes
     flushed = conv_hessians(_model(), [spec], data, progress=False)["conv"]
-    x = np.concatenate([hessian.patches(d["x"], spec) for d in data], axis=2)
+    x = np.concatenate([_im2col(d["x"], spec) for d in data], axis=2)
     np.testing.assert_allclose(once, x @ x.transpose(0, 2, 1) / x.shape[2], rtol=1e-5,
                                atol=1e-6 * float(np.abs(once).max()))
     np.testing.assert_allclose(flushed, once, rtol=1e-5, atol=1e-6 * float(np.abs(once).max()))
@@ -116,11 +134,11 @@ def test_the_inverse_factor_is_upper_and_factors_the_inverse():
 
 def test_gathered_patches_are_the_im2col_columns():
     """HessianReducer builds only the patches it keeps (patches_at); they must be the same
-    columns of the whole im2col, bit for bit, at any stride, dilation, padding and group,
+    columns of the whole im2col (which it built before), bit for bit, at any stride, dilation, padding and group,
     with non-finite values where the input has them and zeros where the padding is."""
     import itertools
 
-    from rewriter.quant.hessian import patches, patches_at
+    from rewriter.quant.hessian import patches_at
 
     rng = np.random.default_rng(7)
     x = rng.standard_normal((2, 4, 9, 11)).astype(np.float32)
@@ -132,7 +150,7 @@ def test_gathered_patches_are_the_im2col_columns():
         if (k[0] - 1) * d[0] + 1 > 9 + p[0] + p[2]:
             continue
         spec = ConvSpec("c", "x", k, s, p, d, g, (4 // g) * k[0] * k[1])
-        full = patches(x, spec)
+        full = _im2col(x, spec)
         cols = rng.choice(full.shape[2], min(13, full.shape[2]), replace=False)
         got = patches_at(x, spec, cols)
         assert got.shape == full[:, :, cols].shape and got.flags.c_contiguous
