@@ -456,8 +456,9 @@ def layer_divergence(ref_exp, new_exp, names: list[str], feed_sets: list[dict],
     at a time and each tensor's cosine is summed as they go (metrics.CosineSums): what is
     held is one feed set's values of ``chunk`` tensors in each model, however many feed
     sets (keeping every feed set's values in float64, both models, took U2-Net-p's failed
-    plan to 3.4 GB at 8 feed sets of 320x320, 2.4 GB at 5). Returns the layer label and
-    its cosine, or None."""
+    plan to 3.4 GB at 8 feed sets of 320x320, 2.4 GB at 5). The two sessions are open
+    together, so both models' weights are loaded at once (they were one after the other).
+    Returns the layer label and its cosine, or None."""
     def session(exp, chunk_names):
         m = onnx.ModelProto()
         m.CopyFrom(exp.model)
