@@ -65,7 +65,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rewriter.core.graph import bypass, iter_graphs, own_constant, peek_values
+from rewriter.core.graph import bypass, cast_chain, iter_graphs, own_constant, peek_values
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 CONVS = ("Conv", "ConvTranspose")
@@ -594,22 +594,18 @@ def _constant_mul(mul, outs):
 
 
 def _weight_dequantized(conv, outs):
-    """(mul, c, q) when a Conv's weight is ``Cast(q) -> Mul(c)`` read by this conv only, q
-    a constant, c a constant per output channel (or one value), as weight-only int8
-    exports write it (fold-constants keeps it: skip:weight-dequantization); else None."""
+    """(mul, c, q) when a Conv's weight is ``Cast(q) -> Mul(c)`` (:func:`cast_chain`, no
+    zero point) read by this conv only, c a constant per output channel (or one value), as
+    weight-only int8 exports write it (fold-constants keeps it: skip:weight-dequantization);
+    else None."""
     w = conv.inputs[1]
     mul = w.inputs[0] if len(w.inputs) == 1 else None
-    if (conv.op != "Conv" or mul is None or mul.op != "Mul" or len(mul.inputs) != 2
+    if (conv.op != "Conv" or mul is None or mul.op != "Mul"
             or len(w.outputs) != 1 or id(w) in outs):
         return None
-    cast, c = mul.inputs
-    if isinstance(cast, gs.Constant):
-        cast, c = c, cast
-    cast = cast.inputs[0] if len(cast.inputs) == 1 else None
-    if (cast is None or cast.op != "Cast" or not isinstance(c, gs.Constant)
-            or not isinstance(cast.inputs[0], gs.Constant)):
+    q, c, zp = cast_chain(mul)
+    if q is None or zp is not None or not isinstance(c, gs.Constant):
         return None
-    q = cast.inputs[0]
     shape = (1,) * (len(q.shape) - len(c.shape)) + tuple(c.shape)
     if len(shape) != len(q.shape) or any(d != 1 for d in shape[1:]) or shape[0] not in (
             1, q.shape[0]):

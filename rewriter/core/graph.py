@@ -7,14 +7,14 @@ level: :func:`iter_graphs`, :func:`toposort`, :func:`dead_code`, :func:`bypass` 
 no-op node), :func:`static_shape`, :func:`peek_values` (read a constant without making it
 resident), :class:`Namer` (fresh names), :func:`set_values` and :func:`own_constant` (copy a
 shared constant before editing it), :func:`stored_int8_weight` (a layer weight the model
-stores as int8 and dequantises: the plan, the planner and insert-qdq read it alike).
+stores as int8 and dequantises: the plan, the planner and insert-qdq read it alike;
+:func:`cast_chain`, the ``Cast(q) -> Mul(c)`` form of one, fuse-conv-bn's too).
 """
 
 from __future__ import annotations
 
-from typing import Iterator
-
 import math
+from typing import Iterator
 
 import numpy as np
 import onnx
@@ -760,7 +760,7 @@ def stored_int8_weight(node) -> StoredInt8 | str | None:
         if int(p.attrs.get("block_size", 0)):
             dq_axis = None
     elif p.op in ("Mul", "Cast"):
-        q, s, zp = _cast_chain(p)
+        q, s, zp = cast_chain(p)
         if q is None:
             return None
         dq_axis = "broadcast"
@@ -818,7 +818,7 @@ def dequantize_stored(nodes: list, namer: "Namer") -> int:
     return count
 
 
-def _cast_chain(p: gs.Node):
+def cast_chain(p: gs.Node):
     """(q, c, zero point) of ``Cast(q) [-> Sub(z)] [-> Mul(c)]`` to float32 ending at ``p``;
     (None, None, None) when it is not one."""
     s = None
