@@ -779,7 +779,9 @@ def stored_int8_weight(node) -> StoredInt8 | str | None:
     if sv.dtype != np.float32 or (w.dtype is not None and np.dtype(w.dtype) != np.float32):
         return "stored-weight-not-fp32"
     axis = weight_out_axis(node, qv.ndim)
-    if axis is None:
+    if axis is None or (dq_axis == "broadcast" and np.ndim(sv) > qv.ndim):
+        # A scale of more axes than q broadcasts the weight to them (a [1, 1, 1] c makes
+        # a [K, N] MatMul weight [1, K, N], its output 3-D): q alone would drop the axis.
         return "stored-weight-rank"
     scale = _channel_scale(sv, qv.shape, axis, dq_axis)
     if scale is None:

@@ -443,7 +443,7 @@ _STORED_WHY = {
                                 "weights",
     "stored-scale-not-constant": "its scale is computed",
     "stored-weight-not-fp32": "not dequantised to float32",
-    "stored-weight-rank": "a MatMul weight that is not 2-D",
+    "stored-weight-rank": "a MatMul weight that is not 2-D, or a scale of more axes than q",
     "stored-scale-not-per-channel": "its scale is neither per tensor nor per output channel",
     "stored-scale-zero-or-not-finite": "a zero or non-finite scale",
     "stored-weight-read-elsewhere": "the dequantised weight is read by more than layers",

@@ -326,3 +326,28 @@ def test_by_default_they_are_quantised_again_from_their_float_values(rng):
     c1 = onnx.numpy_helper.to_array(next(t for t in m.graph.initializer if t.name == "c1"))
     assert np.array_equal(convs[0].inputs[1].values, q1.astype(np.float32) * c1)
     assert convs[2].inputs[1] is not convs[0].inputs[1]
+
+
+@pytest.mark.parametrize("stored", ["requantize", "keep"])
+def test_a_scale_of_more_axes_than_q_is_not_dropped(stored, rng):
+    """``Mul(Cast(q [K, N]), c [1, 1, 1])`` is a [1, K, N] weight: the MatMul's output is
+    3-D. Read as q times c, it was [K, N] and the written model's output lost its first
+    axis (2-D where the original's is 3-D), kept or quantised again alike."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 48] v) => (float[1, N, 40] y) {
+        f = Cast <to = 1> (q)
+        w = Mul (f, c)
+        y = MatMul (v, w)
+    }""", {"q": _q(rng, (48, 40)), "c": np.array([[[0.013]]], np.float32)})
+    g = to_graph(m)
+    assert stored_int8_weight(next(n for n in g.nodes if n.op == "MatMul")) == (
+        "stored-weight-rank")
+    calib = [{"v": rng.standard_normal((1, 48)).astype(np.float32)} for _ in range(4)]
+    plan = {"version": 1, "default": "int8", "int8": {"stored_weights": stored}}
+    out, rep = rewriter.rewrite(m, plan=plan, calib=calib, target="none")
+    assert any("stored-weight-rank" in w for w in rep.warnings)
+    v = rng.standard_normal((3, 48)).astype(np.float32)
+    ref, got = run_ort(m, {"v": v})[0], run_ort(out, {"v": v})[0]
+    assert got.shape == ref.shape == (1, 3, 40)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
