@@ -35,7 +35,9 @@ it lowers to quant_convolution is unchanged (tests/test_migraphx_models.py).
 Skips (reasons in the report): no channel statistics, weights not constant, a weight the
 model stores as int8 (``stored-int8-weight``: insert-qdq keeps those values bit for bit, and
 W * s would need quantising again; every INT8 conv reading that tensor is left as it is),
-grouped (not depthwise) convs, channel counts that do not match, tensors of rank < 3.
+grouped (not depthwise) convs, channel counts that do not match, tensors of rank < 3, a
+weight or a channel range that is NaN or infinite (``not-finite``: s would carry the NaN to
+every channel of the input, the layers beside it too).
 """
 
 from __future__ import annotations
@@ -116,6 +118,9 @@ class EqualizeChannels(Pass):
         else:
             s = a ** alpha / np.maximum(w_max, 1e-12) ** (1 - alpha)
             s = s / s.max()
+        if not np.all(np.isfinite(s)):
+            # a NaN weight or an infinite range: s would carry it to every channel (x * NaN)
+            return "not-finite"
         s = np.maximum(s, MIN_SCALE)
         if self._fold_into_producer(graph, x, convs, s, ctx, res):
             xs = x

@@ -45,8 +45,9 @@ Gemm's alpha goes into the scale. No GPTQ for it. Counted ``stored-int8-weights-
     =>  q -> DequantizeLinear(1.0, 0) -> Conv(x_dq, .) -> Mul(c[1,K,1,1]) -> Add(b)
 
 Skips (reasons in the report): weight not constant, a stored integer weight that is not
-symmetric int8 per tensor or per output channel (its ``stored-*`` reason), not fp32, no
-calibration range for the activation, per-channel axis-form weights on opset < 13 (falls
+symmetric int8 per tensor or per output channel (its ``stored-*`` reason), not fp32, a
+weight holding NaN or infinity (``weight-not-finite``: int8 has neither, so the layer's
+NaN outputs would become numbers), no calibration range for the activation, per-channel axis-form weights on opset < 13 (falls
 back to per-tensor, noted; the mul form needs no per-axis DQ).
 The activation Q/DQ pair is shared by every INT8 layer reading the same tensor; an INT8
 weight shared by several layers is quantised once.
@@ -259,6 +260,8 @@ class _Site:
             return "gemm-transposed-activation"
         if node.op == "MatMul" and len((w if stored is None else stored.q).shape) != 2:
             return "matmul-weight-not-2d"
+        if stored is None and not np.all(np.isfinite(w.values)):
+            return "weight-not-finite"
         amax = self.ranges.get(x.name)
         if amax is None:
             return "no-calibration-range"

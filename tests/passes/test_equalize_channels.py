@@ -148,3 +148,31 @@ def test_plan_default_with_equalization_lowers_and_helps(rng):
         err = [np.linalg.norm(run_ort(out, f)[0] - run_ort(m, f)[0]) for f in test]
         errs.append(float(np.mean(err)))
     assert errs[1] < errs[0]
+
+
+def test_a_nan_weight_is_neither_equalized_nor_quantized(rng):
+    """A conv weight holding a NaN (a broken export): equalizing its input x put the NaN
+    in x's scale (x * NaN), and the conv beside it that reads x turned NaN everywhere
+    (its output finite in the original); quantised, the NaN weight became int8 numbers and
+    the layer's NaN outputs numbers. Now: skip:not-finite and skip:weight-not-finite, the
+    NaN outputs where the original has them, the others finite."""
+    w1 = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    w1[3, 0, 0, 0] = np.nan
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 8, 6, 6] x) => (float[N, 16, 6, 6] a, float[N, 16, 6, 6] h) {
+        a = Conv <pads = [1, 1, 1, 1]> (x, W1)
+        h = Conv <pads = [1, 1, 1, 1]> (x, W3)
+    }""", {"W1": w1, "W3": (16, 8, 3, 3)})
+    calib = [{"x": rng.standard_normal((1, 8, 6, 6)).astype(np.float32)} for _ in range(8)]
+    out, rep = rewriter.rewrite(m, plan="int8", calib=calib, target="none")
+    counts = {p.name: p.counts for p in rep.passes}
+    assert counts["equalize-channels"]["skip:not-finite"] == 1
+    assert counts["insert-qdq"]["skip:weight-not-finite"] == 1
+    assert counts["insert-qdq"]["int8-conv"] == 1
+    x = rng.standard_normal((2, 8, 6, 6)).astype(np.float32)
+    (ra, rh), (ga, gh) = run_ort(m, {"x": x}), run_ort(out, {"x": x})
+    assert np.array_equal(np.isnan(ga), np.isnan(ra)) and np.isnan(ra).any()
+    assert np.isfinite(gh).all()
+    np.testing.assert_allclose(ga, ra, rtol=1e-5, atol=1e-5)
+    assert np.dot(gh.ravel(), rh.ravel()) / np.linalg.norm(gh) / np.linalg.norm(rh) > 0.99
