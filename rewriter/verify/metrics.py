@@ -287,7 +287,9 @@ def top1_agreement(ref: np.ndarray, out: np.ndarray, real: np.ndarray | None = N
     """Share of positions whose argmax over the last axis agrees (``real``, from
     :func:`real_positions`: of those positions only)."""
     same = np.argmax(ref, axis=-1) == np.argmax(out, axis=-1)
-    return float(np.mean(same if real is None else same.ravel()[real.ravel()]))
+    if real is not None:
+        same = same.ravel()[real.ravel()]
+    return float(np.mean(same)) if same.size else 1.0   # no real position: nothing flips
 
 
 def compare(name: str, ref: np.ndarray, out: np.ndarray, classes: bool | None = None,

@@ -197,3 +197,34 @@ def test_a_tagger_over_sentences_of_other_lengths_is_judged_on_its_real_position
     cv.classes, cv.splits, cv.feeds = [True], {}, [{"x": np.zeros((1, t, 5))} for t in lengths]
     got = cv._judge([0, 2, 4], [[out[k:k + 1, :lengths[k]]] for k in (0, 2, 4)])
     assert got["n"] == 3 and got["top1"] == pytest.approx(2 / 3)
+
+
+def test_an_empty_sentence_among_others_agrees_it_does_not_count_as_a_miss():
+    """Samples of no positions at all (T = 0, an empty sentence) among others: the
+    certificate's top-1, a mean over samples of each one's share of agreeing positions,
+    gave them a share of 0, so two empty sentences of five took a tagger whose every
+    position agreed from 1.0 to 0.6 (every position and the flip-risk bound counted them as
+    agreeing). Now they agree: nothing of theirs can flip."""
+    from rewriter.core.pass_base import Numerics
+    from rewriter.verify.certify import judge_lossy
+    from rewriter.verify.metrics import top1_agreement
+
+    m = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, T, 5] x) => (float[1, T, 5] y) { y = Softmax <axis = -1> (x) }""")
+    rng = np.random.default_rng(8)
+    lengths = (3, 0, 6, 0, 4)
+    v = Verifier(m, None, [{"x": 3 * rng.standard_normal((1, t, 5)).astype(np.float32)}
+                           for t in lengths], lossy={"min_top1": 0.5, "min_cosine": 0.1})
+    ref = v.reference[0]
+    assert ref.shape == (5, 6, 5) and v.classes == [True]
+    assert v.real["y"].sum(axis=1).tolist() == list(lengths)
+    j = judge_lossy("y", ref, ref.copy(), {"min_top1": 0.5}, real=v.real["y"])
+    assert j.top1 == 1.0 and j.every_position == 1.0 and j.n == 5
+    out = ref.copy()
+    out[0, :3] = np.roll(ref[0, :3], 1, -1)   # sentence 0 flips everywhere
+    j = judge_lossy("y", ref, out, {"min_top1": 0.5}, real=v.real["y"])
+    assert j.top1 == pytest.approx(0.8) and j.every_position == pytest.approx(0.8)
+    assert v.judge_output("y", ref, out, True, Numerics.LOSSY).top1 == pytest.approx(10 / 13)
+    # a subset of empty samples only (MIGraphX's first samples): nothing flips, not NaN
+    assert top1_agreement(ref[1:2], out[1:2], v.real["y"][1:2]) == 1.0
