@@ -325,3 +325,33 @@ def test_a_bound_just_under_the_budget_is_not_printed_as_the_budget():
     _decide(j, {"min_top1": 0.99})
     assert "top-1 lower bound 0.989 < 0.99" in j.why, j.why
     assert "[0.989, 1.000]" in j.line() and "flip-risk bound >= 0.989" in j.line()
+
+
+def test_an_infinity_or_nan_both_sides_share_is_agreement_not_cosine_0(rng):
+    """An output with a channel that is -inf in every sample (a bias of -inf: a masked
+    class) or NaN on both sides, equal to the original there, under an INT8 plan: every
+    per-sample norm was inf or NaN, so cosine was judged 0 on every sample and the plan
+    refused (exit 1) though the two agree; metrics.compare already counted such places as
+    agreement. Judged on the finite values now; a NaN on one side only still fails."""
+    import rewriter
+    from conftest import make_model
+    for bad in (-np.inf, np.nan):
+        bias = rng.standard_normal((1, 8, 1, 1)).astype(np.float32)
+        bias[0, 3] = bad
+        m = make_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4, 6, 6] x) => (float[N, 8, 6, 6] y) {
+            a = Conv <pads = [1, 1, 1, 1]> (x, W)
+            y = Add (a, B)
+        }""", {"W": (8, 4, 3, 3), "B": bias})
+        calib = [{"x": rng.standard_normal((1, 4, 6, 6)).astype(np.float32)}
+                 for _ in range(24)]
+        out, rep = rewriter.rewrite(m, plan="int8", calib=calib, target="none", verify=True)
+        cert = rep.verification[0]["certificate"]
+        assert rep.ok and cert["cosine"] > 0.99 and cert["cosine_ci"][0] > 0.99
+    ref = rng.standard_normal((6, 5))
+    ref[:, 2] = np.nan
+    other = ref.copy()
+    other[0, 2] = 1.0
+    assert judge_lossy("y", ref, ref.copy(), {"min_cosine": 0.99}).cosine == 1.0
+    assert judge_lossy("y", ref, other, {"min_cosine": 0.99}).cosine_worst == 0.0
