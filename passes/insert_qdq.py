@@ -47,8 +47,9 @@ Gemm's alpha goes into the scale. No GPTQ for it. Counted ``stored-int8-weights-
 Skips (reasons in the report): weight not constant, a stored integer weight that is not
 symmetric int8 per tensor or per output channel (its ``stored-*`` reason), not fp32, a
 weight holding NaN or infinity (``weight-not-finite``: int8 has neither, so the layer's
-NaN outputs would become numbers), no calibration range for the activation, per-channel axis-form weights on opset < 13 (falls
-back to per-tensor, noted; the mul form needs no per-axis DQ).
+NaN outputs would become numbers), no calibration range for the activation, per-channel
+axis-form weights on opset < 13 (falls back to per-tensor, noted; the mul form needs no
+per-axis DQ).
 The activation Q/DQ pair is shared by every INT8 layer reading the same tensor; an INT8
 weight shared by several layers is quantised once.
 """
