@@ -300,6 +300,7 @@ def resolve(plan: Plan, nodes: list) -> Assignment:
     convs = [i for i in ids if ops[i] in ("Conv", "ConvTranspose")]
     mats = [i for i in ids if ops[i] in ("MatMul", "Gemm")]
     computed = {node_id(n) for n in layers if computed_weight(n)}
+    trans_a = {node_id(n) for n in layers if _transposed_a(n)}
     # The classifier is the last MatMul/Gemm with a weight: an attention's activation x
     # activation MatMul is no classifier (a YOLOv8-seg's backbone one was taken, eighth
     # round). Nodes that cannot say (NodeProto) count as weighted.
@@ -334,11 +335,15 @@ def resolve(plan: Plan, nodes: list) -> Assignment:
             # insert-qdq quantises a layer's constant weight; attention's Q x K^T has none
             no_weight.append(i)
             prec[i], why[i] = "fp32", why[i] + " (computed weight)"
+        elif prec[i] == "int8" and i in trans_a:
+            no_kernel.append(i)
+            prec[i], why[i] = "fp32", why[i] + " (transA=1: no int8 form)"
     # One line per kind, not per layer: a 12-block ViT gave 24 lines of its attention
     # MatMuls, which the user cannot act on (eleventh round).
     notes = []
     if no_kernel:
-        kinds = ", ".join(sorted({ops[i] for i in no_kernel}))
+        kinds = ", ".join(sorted({ops[i] + (" transA=1" if i in trans_a else "")
+                                  for i in no_kernel}))
         notes.append(f"{_count(no_kernel)} planned int8 ({kinds}) have no int8 kernel in "
                      f"MIGraphX; kept fp32: {_names(no_kernel)}")
     by_reason: dict[str, list] = {}
@@ -374,7 +379,18 @@ def int8_capable(node) -> bool:
     attention's Q x K^T or attn x V, which :func:`resolve` keeps FP32: the planner counted
     them as INT8 and credited BERT's plan with 16 INT8 layers for the 12 it had, twelfth
     round)."""
-    return _op(node) in INT8_OPS and not computed_weight(node)
+    return _op(node) in INT8_OPS and not computed_weight(node) and not _transposed_a(node)
+
+
+def _transposed_a(node) -> bool:
+    """A Gemm with transA=1: insert-qdq keeps it float (skip:gemm-transposed-activation),
+    so it is no INT8 layer (the plan and the lowering headline counted it as one)."""
+    if _op(node) != "Gemm":
+        return False
+    attrs = getattr(node, "attrs", None)
+    if attrs is not None:
+        return bool(int(attrs.get("transA", 0)))
+    return any(a.name == "transA" and a.i for a in node.attribute)
 
 
 # Ops that only move or split data, walked through from a DFL to its box conv.

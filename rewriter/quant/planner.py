@@ -521,6 +521,9 @@ def _settings(settings: dict | None) -> dict:
     check_settings(settings)
     s = _defaults()
     s.update({k: v for k, v in (settings or {}).items() if v is not None})
+    if s["stored_weights"] not in ("requantize", "keep"):   # said before minutes of planning
+        raise InputError(f"planner setting stored_weights must be requantize or keep, not "
+                         f"{s['stored_weights']!r}")
     return s
 
 

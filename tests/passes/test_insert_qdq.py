@@ -333,6 +333,29 @@ def test_weight_form_auto_follows_the_migraphx_version():
         plan_mod.load({"int8": {"weight_form": "mull"}})
 
 
+def test_a_gemm_with_transposed_activation_is_not_planned_int8(rng):
+    """insert-qdq keeps a Gemm with transA=1 float (skip:gemm-transposed-activation), yet
+    the plan, and the lowering headline after it, counted it as an INT8 layer (the stored
+    weight attack: 6 such Gemms 'planned' and never lowered). It is kept fp32 with the
+    no-kernel note now, beside a Gemm that goes INT8."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[16, 2] x) => (float[2, 4] y) {
+        a = Gemm <transA = 1, transB = 1> (x, W1)
+        y = Gemm <transB = 1> (a, W2)
+    }""", {"W1": (8, 16), "W2": (4, 8)})
+    calib = [{"x": rng.standard_normal((16, 2)).astype(np.float32)} for _ in range(8)]
+    out, rep = rewriter.rewrite(m, plan="int8", calib=calib, target="none")
+    layers = rep.extra["plan"]["layers"]
+    assert [v["precision"] for v in layers.values()] == ["fp32", "int8"]
+    assert "transA=1" in list(layers.values())[0]["why"]
+    said = [w for w in rep.warnings if "no int8 kernel" in w]
+    assert len(said) == 1 and "(Gemm transA=1)" in said[0], rep.warnings
+    g = rewriter.core.convert.to_graph(m)
+    assert [plan_mod.int8_capable(n) for n in g.nodes] == [False, True]
+    assert ops(out).count("QuantizeLinear") == 1
+
+
 def test_a_layer_whose_second_input_is_computed_is_not_planned_int8(rng):
     """Attention's Q x K^T has no weight for insert-qdq to quantise: the plan keeps it
     fp32 and says why, instead of calling it INT8 while it runs in float (which the

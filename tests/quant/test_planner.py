@@ -586,3 +586,9 @@ def test_a_plan_auto_certified_is_kept_when_the_held_out_third_cannot_decide():
     assert not judged(cert, strict=True).ok
     out[:] = ref + rng.standard_normal(ref.shape).astype(np.float32) * 0.3    # shown missed
     assert judged(cert).certificate["refuted"] and not judged(cert).ok
+
+
+def test_a_bad_stored_weights_setting_is_said_before_planning():
+    with pytest.raises(rewriter.InputError, match="planner setting stored_weights must be "
+                       "requantize or keep, not 'kep'"):
+        plan_auto(MODEL, samples(8), settings={"stored_weights": "kep"})
