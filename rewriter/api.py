@@ -65,7 +65,7 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
             output: str | os.PathLike | None = None,
             verify: bool = False,
             input_shapes: dict[str, list[int]] | None = None,
-            inputs: dict[str, np.ndarray] | None = None,
+            inputs: dict[str, np.ndarray] | list[dict[str, np.ndarray]] | None = None,
             seed: int = 0,
             options: dict[str, Any] | None = None,
             base_dir: str | os.PathLike | None = None,
@@ -98,7 +98,9 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
         fix_shapes: write ``input_shapes`` into the output's graph inputs and fold what
             becomes static (like onnxsim's --overwrite-input-shape). MIGraphX turns
             symbolic dims into 1 on its own; fixing them here is the explicit way.
-        inputs: user inputs for verification instead of random ones.
+        inputs: user inputs for verification instead of random ones: one feed, or a list
+            of feeds (samples; they may differ in size: outputs are compared per sample,
+            MIGraphX runs those of the first one's shape).
         options: pass options, each checked against its default's type
             (rewriter.core.pass_base.Options): ``fold_size_limit`` (1 MiB) and
             ``fold_growth`` (2.0): fold-constants keeps a result over the limit and this
@@ -191,8 +193,10 @@ def _check_arguments(target, migraphx, seed, inputs, input_shapes, labels, calib
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         # numpy's generators take no negative seed (a raw ValueError, exit 3: tenth round)
         raise InputError(f"seed {seed!r}: an integer >= 0")
-    if inputs is not None and not isinstance(inputs, dict):
-        raise InputError(f"inputs: a dict of input name -> array, got {type(inputs).__name__}")
+    if inputs is not None and not isinstance(inputs, dict) and not (
+            isinstance(inputs, list) and inputs and all(isinstance(f, dict) for f in inputs)):
+        raise InputError(f"inputs: a dict of input name -> array, or a non-empty list of "
+                         f"them, got {type(inputs).__name__}")
     for k, v in (input_shapes or {}).items():
         if isinstance(v, (str, bytes)) or not all(
                 isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in v):
@@ -529,6 +533,8 @@ class _Rewrite:
         at_one = False
         if self.inputs is not None:
             feeds, what = self.inputs, "user inputs"
+            if isinstance(feeds, list):
+                what = f"{len(feeds)} user input samples" if len(feeds) > 1 else what
         elif self.held_out:
             feeds, what = self.held_out, f"{len(self.held_out)} held-out calibration samples"
         else:

@@ -1,6 +1,6 @@
 """The `rewrite` command line.
 
-    rewrite MODEL -o OUT [--passes a,b] [--verify] [--inputs F.npz] [--input-shape n:1x3x8x8]
+    rewrite MODEL -o OUT [--passes a,b] [--verify] [--inputs F.npz|DIR] [--input-shape n:1x3x8x8]
                          [--report R.json] [--target migraphx|none] [-q] [-v]
     rewrite check MODEL [--target migraphx] [--input-shape ...] [--json]
     rewrite advise PROFILE [--model M] [--json]
@@ -73,9 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--verify", action="store_true",
                    help="compare outputs with the original in onnxruntime after every pass "
                         "that changed the graph; exit 1 if a tolerance is exceeded")
-    g.add_argument("--inputs", metavar="FILE", help="inputs for --verify (implies it): .npz "
-                   "(keys = input names) or .npy (single-input models); default: seeded "
-                   "random inputs")
+    g.add_argument("--inputs", metavar="FILE|DIR", help="inputs for --verify (implies it): "
+                   ".npz (keys = input names) or .npy (single-input models), or a folder of "
+                   "them, one sample each; default: seeded random inputs")
     g.add_argument("--input-shape", action="append", metavar="NAME:DIMS",
                    help="shape for an input with symbolic dims, e.g. input:1x3x224x224 "
                         "(repeatable, or comma-separated: a:1x16,b:1x16; random inputs put "
@@ -242,7 +242,7 @@ def _run(args) -> int:
     inputs = None
     if args.inputs:
         from rewriter.core.load import load_model
-        inputs = load_inputs(args.inputs, load_model(args.model, check=False))
+        inputs = load_inputs(args.inputs, load_model(args.model, check=False), folder=True)
     from rewriter.migraphx.lowering import parse_version
     version = parse_version(args.migraphx_version)
     if args.migraphx_version and version is None:

@@ -779,6 +779,37 @@ def test_input_shape_and_inputs_files(tmp_path, capfd):
         assert_one_line(err, fragment)
 
 
+def test_a_folder_of_inputs_verifies_every_sample(tmp_path, capfd):
+    """--inputs took one file, so a user's real samples of other sizes (an OCR model's
+    lines of other widths) could not be verified together. A folder of .npz/.npy files
+    is one sample each: every one compared, the report says how many; MIGraphX (where
+    installed) runs those of the first one's shape."""
+    model = _ocr_like(tmp_path / "ocr.onnx")
+    rng = np.random.default_rng(4)
+    (tmp_path / "lines").mkdir()
+    for k, w in enumerate((40, 64, 40)):
+        np.savez(tmp_path / "lines" / f"{k}.npz",
+                 x=rng.standard_normal((1, 1, 32, w)).astype(np.float32))
+    (tmp_path / "lines" / "notes.txt").write_text("not an input")
+    out = tmp_path / "o.onnx"
+    code, _, err = run(capfd, model, "-o", out, "-q", "--inputs", tmp_path / "lines",
+                       "--target", "none", "--report", tmp_path / "r.json")
+    assert code == 0 and err == [], err
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert r["verified_with"].endswith("3 user input samples"), r["verified_with"]
+    from rewriter.migraphx.target import _feed_sets
+    from rewriter.verify import load_inputs
+    feeds = load_inputs(tmp_path / "lines", onnx.load(model), folder=True)
+    assert [f["x"].shape[-1] for f in _feed_sets(None, {}, feeds, 0, [], None, 4)] == [40, 40]
+    (tmp_path / "empty").mkdir()
+    code, _, err = run(capfd, model, "-o", out, "-q", "--inputs", tmp_path / "empty")
+    assert code == 2
+    assert_one_line(err, "a folder without .npz or .npy inputs")
+    import rewriter
+    with pytest.raises(rewriter.InputError, match="non-empty list"):
+        rewriter.rewrite(str(model), inputs=[], target="none")
+
+
 def test_duplicate_node_names_rewrite_and_verify(tmp_path, capfd):
     m = _fuzz().conv_bn_model(17, seed=12)
     for n in m.graph.node:

@@ -766,12 +766,12 @@ def _feed_sets(original, input_shapes, inputs, seed, held_out, plan, samples: in
     calibration samples of one shape (or seeded random ones); else one random sample."""
     from rewriter.verify import make_feeds
 
-    if inputs is not None:
-        return [inputs]
-    if plan is not None and held_out:
-        first = {k: np.shape(v) for k, v in held_out[0].items()}
-        same = [f for f in held_out if {k: np.shape(v) for k, v in f.items()} == first]
-        return same[:max(2, samples)]
+    if inputs is not None or (plan is not None and held_out):
+        # one compiled shape: the samples of the first one's
+        given = held_out if inputs is None else [inputs] if isinstance(inputs, dict) else inputs
+        first = {k: np.shape(v) for k, v in given[0].items()}
+        same = [f for f in given if {k: np.shape(v) for k, v in f.items()} == first]
+        return same[:max(2 if inputs is None else 1, samples)]
     n = max(2, samples) if plan is not None else 1
     return [make_feeds(original, input_shapes, seed + i, fill=fill, ints=ints,
                        fill_batch=fill_batch) for i in range(n)]

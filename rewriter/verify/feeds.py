@@ -499,8 +499,15 @@ def dense_fill(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = Non
                                         zip(got, needs)) else None
 
 
-def load_inputs(path: str | os.PathLike, model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    """Inputs from an .npz (keys = input names) or an .npy (single-input models)."""
+def load_inputs(path: str | os.PathLike, model: onnx.ModelProto, folder: bool = False
+                ) -> dict[str, np.ndarray] | list[dict[str, np.ndarray]]:
+    """Inputs from an .npz (keys = input names) or an .npy (single-input models); with
+    ``folder``, ``path`` may be a folder of them, one sample each (sorted by name): a list."""
+    if folder and os.path.isdir(path):
+        files = sorted(f for f in os.listdir(path) if f.endswith((".npz", ".npy")))
+        if not files:
+            raise InputError(f"{path}: a folder without .npz or .npy inputs")
+        return [load_inputs(os.path.join(path, f), model) for f in files]
     names = [i.name for i in real_inputs(model)]
     try:
         with open(path, "rb") as f:
