@@ -29,6 +29,9 @@ axes computed at run time (MIGraphX needs them constant anyway) - skip:pads-not-
 a crop wider than its axis (onnxruntime then pads as if from a tensor of negative length,
 dim + begin + end) - skip:crop-past-axis, where the axis is static: a symbolic one is
 rewritten, on the assumption that the crop fits.
+A Pad's constant ``axes`` are then written out as pads over every axis (0 on the others),
+where the input's rank is known: 2.15 and 2.16 refuse an edge or reflect Pad with axes
+("number of elements of pads should be equal to 2 * input rank").
 In the default pipeline only when MIGraphX is the target; If/Loop/Scan bodies too.
 """
 
@@ -48,7 +51,8 @@ class CropPads(Pass):
     phase = Phase.FOLD
     numerics = Numerics.EXACT
     summary = ("a Pad's negative pads written as a Slice before it (MIGraphX 2.15 runs out "
-               "of memory parsing an edge Pad that crops, and gets other modes wrong)")
+               "of memory parsing an edge Pad that crops, and gets other modes wrong), its "
+               "axes as pads over every axis (an edge/reflect Pad with axes is refused)")
 
     shape_ops = ("Pad",)
 
@@ -57,8 +61,35 @@ class CropPads(Pass):
         for g in iter_graphs(graph):
             for node in list(g.nodes):
                 if node.op == "Pad" and node.domain in (None, "", "ai.onnx") and node.outputs:
+                    shape = node.inputs[0].shape          # the cropped tensor has none
                     res.outcome(_crop(node, g, ctx.namer), "cropped")
+                    if node.outputs and _axes_written_out(node, shape, ctx.namer):
+                        res.count("axes-written-out")
+                        res.changed = True
         return res
+
+
+def _axes_written_out(pad: gs.Node, shape, namer) -> bool:
+    """A Pad's constant ``axes`` (opset 18) written out as pads over every axis, 0 on the
+    others: MIGraphX 2.15 and 2.16 refuse an edge or reflect Pad with axes ("number of
+    elements of pads should be equal to 2 * input rank", measured on both `ref` builds).
+    Needs the input's rank (``shape``, the Pad input's before any crop)."""
+    if len(pad.inputs) < 4 or not pad.inputs[3].name:
+        return False
+    pads, axes = const_ints(pad, 1, "pads"), const_ints(pad, 3, "axes")
+    if pads is None or axes is None or shape is None or 2 * len(axes) != len(pads):
+        return False
+    r, k = len(shape), len(axes)
+    if any(not -r <= a < r for a in axes) or len({a % r for a in axes}) != k:
+        return False
+    full = [0] * (2 * r)
+    for i, a in enumerate(axes):
+        full[a % r], full[a % r + r] = pads[i], pads[i + k]
+    own_constant(pad, 1, np.array(full, np.int64), namer, "all_axes")
+    pad.inputs.pop()                                  # the axes
+    while len(pad.inputs) > 2 and not pad.inputs[-1].name:
+        pad.inputs.pop()
+    return True
 
 
 def _crop(pad: gs.Node, g: gs.Graph, namer) -> str | None:

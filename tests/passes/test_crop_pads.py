@@ -110,12 +110,39 @@ def test_every_mode_and_form_is_exact(rng, pads, mode, opset, axes, shape):
     m = pad_model(pads, mode, shape, opset, axes, value)
     out, rep = rewriter.rewrite(m, ["crop-pads"])
     onnx.checker.check_model(out, full_check=True)
-    assert ops(out) == ["Slice", "Pad"] and rep.passes[0].counts == {"cropped": 1}
-    assert _pads(out) == [max(p, 0) for p in pads]
+    kept = [max(p, 0) for p in pads]
+    if axes is None:
+        assert ops(out) == ["Slice", "Pad"] and rep.passes[0].counts == {"cropped": 1}
+        assert _pads(out) == kept
+    else:   # the axes written out too, over every axis
+        assert ops(out) == ["Slice", "Pad"]
+        assert rep.passes[0].counts == {"cropped": 1, "axes-written-out": 1}
+        full, r, k = [0] * (2 * len(shape)), len(shape), len(axes)
+        for i, a in enumerate(axes):
+            full[a % r], full[a % r + r] = kept[i], kept[i + k]
+        assert _pads(out) == full
+        assert len(next(n for n in out.graph.node if n.op_type == "Pad").input) <= 3
     x = rng.standard_normal(shape).astype(np.float32)
     want, got = run_ort(m, {"x": x})[0], run_ort(out, {"x": x})[0]
     assert got.shape == want.shape
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("mode", ["constant", "edge", "reflect"])
+def test_a_pads_axes_are_written_out_over_every_axis(rng, mode):
+    """MIGraphX 2.15 and 2.16 refuse an edge or reflect Pad with axes (opset 18): "number
+    of elements of pads should be equal to 2 * input rank". The axes (negative ones too)
+    become pads over every axis, 0 on the others; exact."""
+    m = pad_model([1, 2, 0, 1], mode, ("B", 3, 5), 18, [-1, 1],
+                  0.5 if mode == "constant" else None)
+    out, rep = rewriter.rewrite(m, ["crop-pads"])
+    assert rep.passes[0].counts == {"axes-written-out": 1}
+    assert _pads(out) == [0, 2, 1, 0, 1, 0]
+    (pad,) = [n for n in out.graph.node if n.op_type == "Pad"]
+    assert len(pad.input) == (3 if mode == "constant" else 2)
+    for b in (1, 3):
+        x = rng.standard_normal((b, 3, 5)).astype(np.float32)
+        np.testing.assert_array_equal(run_ort(out, {"x": x})[0], run_ort(m, {"x": x})[0])
 
 
 def test_a_pad_that_only_crops_becomes_the_slice_alone(rng):
@@ -222,6 +249,28 @@ def test_migraphx_compiles_the_rewrite_and_it_matches(rng, tmp_path, migraphx_ve
     np.testing.assert_array_equal(np.reshape(run.outputs[0], want.shape), want)
 
 
+@pytest.mark.migraphx
+@pytest.mark.parametrize("mode", ["edge", "reflect"])
+def test_migraphx_compiles_a_pad_with_axes_once_written_out(rng, tmp_path, migraphx_version,
+                                                            mode):
+    """2.15 and 2.16 refuse an edge or reflect Pad with axes at parse ("number of elements
+    of pads should be equal to 2 * input rank", measured on both): written out, it
+    compiles on ref and equals onnxruntime."""
+    from rewriter.migraphx import backend
+
+    m = pad_model([1, 2, 0, 1], mode, (2, 3, 5), 18, [-1, 1])
+    path = tmp_path / "m.onnx"
+    onnx.save(m, path)
+    x = rng.standard_normal((2, 3, 5)).astype(np.float32)
+    with pytest.raises(backend.MigraphxError, match="2 \\* input rank"):
+        backend.compile_and_run(path, {"x": x}, None, target="ref")
+    out, _ = rewriter.rewrite(m, target="migraphx")
+    onnx.save(out, path)
+    run = backend.compile_and_run(path, {"x": x}, None, target="ref")
+    want = run_ort(m, {"x": x})[0]
+    np.testing.assert_array_equal(np.reshape(run.outputs[0], want.shape), want)
+
+
 # What the shared builds' parsers do with Pad(x[1, 16000], [0, 1, 0, -1], "edge"), measured:
 # 2.15 counts the end copies in a size_t (src/onnx/parse_pad.cpp:160 at rocm-7.2.4) and -1
 # pushes instructions until std::bad_alloc; 2.16 parses one pad op (#4481).
@@ -312,7 +361,8 @@ def random_crop(seed):
 def test_random_crops_are_exact(seed):
     m, x = random_crop(seed)
     out, rep = rewriter.rewrite(m, ["crop-pads"])
-    assert rep.passes[0].counts == {"cropped": 1}
+    counts = rep.passes[0].counts
+    assert counts.pop("cropped") == 1 and set(counts) <= {"axes-written-out"}
     want, got = run_ort(m, {"x": x})[0], run_ort(out, {"x": x})[0]
     assert got.shape == want.shape
     np.testing.assert_array_equal(got, want)
