@@ -968,14 +968,9 @@ class _Rewrite:
 
     def hessians(self, int8: list) -> None:
         """E[x x^T] of every INT8 conv's input patches, for GPTQ rounding in insert-qdq."""
-        import onnx_graphsurgeon as gs
+        from rewriter.quant.hessian import budget_note, conv_hessians, conv_specs
 
-        from rewriter.quant.hessian import budget_note, conv_hessians, conv_spec
-
-        # A weight stored as int8 keeps its values: no Hessian, no GPTQ rounding for it.
-        specs = [sp for sp in (conv_spec(n, n.inputs[1].shape) for n in int8
-                               if n.op == "Conv" and n.inputs[1].shape is not None
-                               and isinstance(n.inputs[1], gs.Constant)) if sp]
+        specs = conv_specs(int8)
         exported = export(self.graph, self.original, self.base_dir)
         self.ctx.hessians = conv_hessians(exported.model, specs, self.calib_data,
                                           base_dir=exported.source_dir,

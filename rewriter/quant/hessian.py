@@ -51,6 +51,17 @@ def conv_spec(node, weight_shape) -> ConvSpec | None:
                     int(node.attrs.get("group", 1)), int(weight_shape[1]) * kh * kw)
 
 
+def conv_specs(nodes: list) -> list[ConvSpec]:
+    """The specs of the Convs among ``nodes`` whose weight GPTQ can round: a constant of
+    known shape (a weight the model stores as int8, kept as stored, is no constant)."""
+    import onnx_graphsurgeon as gs
+
+    specs = (conv_spec(n, n.inputs[1].shape) for n in nodes
+             if n.op == "Conv" and isinstance(n.inputs[1], gs.Constant)
+             and n.inputs[1].shape is not None)
+    return [sp for sp in specs if sp]
+
+
 # The H held at once, all convs (and folds) together: a 1024-channel 3x3 conv's H is 340 MB
 # in float32, and a 2.5 GB model of them asked for 22 GB. Convs beyond it keep nearest
 # rounding (the cheapest first are kept, so as many layers as fit get GPTQ).

@@ -53,7 +53,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
 from rewriter.core.convert import export, shape_info, to_graph, upgrade_opset
 from rewriter.core.errors import InputError
@@ -307,11 +306,8 @@ class _CrossValidator:
         self.hessians = [{} for _ in range(k)]
         self.weight_cache = [{} for _ in range(k)]
         if settings["rounding"] == "gptq":
-            from rewriter.quant.hessian import conv_hessians, conv_spec
-            # a weight stored as int8 is kept as it is: no Hessian for it
-            specs = [sp for sp in (conv_spec(n, n.inputs[1].shape) for n in layers
-                                   if n.op == "Conv" and n.inputs[1].shape is not None
-                                   and isinstance(n.inputs[1], gs.Constant)) if sp]
+            from rewriter.quant.hessian import conv_hessians, conv_specs
+            specs = conv_specs(layers)
             _, self.hessians = conv_hessians(exp.model, specs, data, base_dir=exp.source_dir,
                                              initializers=exp.ort_initializers(),
                                              progress=progress, folds=self.folds)

@@ -57,7 +57,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from rewriter.verify.metrics import cosine, has_classes
+from rewriter.verify.metrics import cosine, has_classes, real_rows
 
 Z = 1.959963984540054     # two-sided 95%
 BOOT = 1000
@@ -374,8 +374,7 @@ def judge_lossy(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
     j.pooled = r2.shape[1] == 1
     j.alpha = alpha
     if classes is None:
-        rows = ref if real is None else ref.reshape(-1, ref.shape[-1])[np.ravel(real)][None]
-        classes = has_classes(rows)
+        classes = has_classes(ref if real is None else real_rows(ref, real))
     classes = classes and ref.ndim >= 2
     if classes:
         j.classes = True

