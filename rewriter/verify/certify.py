@@ -362,9 +362,14 @@ def judge_lossy(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
         cos = np.array([cosine(r2[:, 0], o2[:, 0])])
         boots = _bootstrap(idx, lambda i: cosine(r2[i, 0], o2[i, 0]), reps=reps, seed=seed)
     else:
-        nr, no = np.linalg.norm(r2, axis=1), np.linalg.norm(o2, axis=1)
-        cos = np.where((nr > 0) & (no > 0), np.sum(r2 * o2, 1) / np.maximum(nr * no, 1e-300),
-                       (nr == no).astype(float))
+        with np.errstate(invalid="ignore", over="ignore"):
+            nr, no = np.linalg.norm(r2, axis=1), np.linalg.norm(o2, axis=1)
+            cos = np.where((nr > 0) & (no > 0),
+                           np.sum(r2 * o2, 1) / np.maximum(nr * no, 1e-300),
+                           (nr == no).astype(float))
+        # a NaN or an infinity on one side only (the other a number or another one): no
+        # agreement at all, not a NaN mean that every comparison then calls unmet
+        cos = np.where(np.isfinite(cos), cos, 0.0)
         boots = _bootstrap(cos, np.mean, reps=reps, seed=seed)
     lo = (float(np.percentile(boots, 50 * alpha)) if r2.shape[1] == 1 or n < 2
           else mean_lower(cos, alpha / 2, reps, seed))     # a mean over samples

@@ -355,3 +355,12 @@ def test_an_infinity_or_nan_both_sides_share_is_agreement_not_cosine_0(rng):
     other[0, 2] = 1.0
     assert judge_lossy("y", ref, ref.copy(), {"min_cosine": 0.99}).cosine == 1.0
     assert judge_lossy("y", ref, other, {"min_cosine": 0.99}).cosine_worst == 0.0
+    # an infinity on one side only: cosine inf / inf was NaN (and a RuntimeWarning), a
+    # mean no budget could compare; it is no agreement (0) now
+    ref[:, 2], other = np.inf, ref.copy()
+    other[0, 2] = 1.0
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        j = judge_lossy("y", ref, other, {"min_cosine": 0.99})
+    assert j.cosine_worst == 0.0 and np.isfinite(j.cosine) and not j.met
