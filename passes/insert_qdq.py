@@ -47,7 +47,9 @@ Gemm's alpha goes into the scale. No GPTQ for it. Counted ``stored-int8-weights-
 Skips (reasons in the report): weight not constant, a stored integer weight that is not
 symmetric int8 per tensor or per output channel (its ``stored-*`` reason), not fp32, a
 weight holding NaN or infinity (``weight-not-finite``: int8 has neither, so the layer's
-NaN outputs would become numbers), no calibration range for the activation, per-channel
+NaN outputs would become numbers), no calibration range for the activation, an activation
+range that is not finite (``activation-not-finite``: the input held inf or NaN on the
+calibration data, which int8 would turn into numbers), per-channel
 axis-form weights on opset < 13 (falls back to per-tensor, noted; the mul form needs no
 per-axis DQ).
 The activation Q/DQ pair is shared by every INT8 layer reading the same tensor; an INT8
@@ -266,6 +268,8 @@ class _Site:
         amax = self.ranges.get(x.name)
         if amax is None:
             return "no-calibration-range"
+        if not np.all(np.isfinite(amax)):
+            return "activation-not-finite"   # int8 has no inf or NaN: they became numbers
         if node.op == "Conv":
             axis = 0
         elif node.op == "Gemm":

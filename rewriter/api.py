@@ -923,7 +923,26 @@ class _Rewrite:
         self.report.extra["calibration"] = {"method": cal["method"],
                                             "samples": len(self.calib_data),
                                             "tensors": len(tensors)}
+        self.demote_nonfinite(a, int8)
         return exported
+
+    def demote_nonfinite(self, a, int8: list) -> None:
+        """INT8 layers whose input held inf or NaN on the calibration data run FP32: int8
+        has neither, so the layer's inf or NaN outputs would become numbers, silently (a
+        Log of a zero before a conv: -inf, and NaN after it, in FP32; finite in INT8)."""
+        from rewriter.quant.plan import _count, _names
+
+        bad = [node_id(n) for n in int8 if not np.isfinite(self.ctx.ranges[n.inputs[0].name])]
+        if not bad:
+            return
+        layers = self.report.extra["plan"]["layers"]
+        for i in bad:
+            a.precision[i], a.why[i] = "fp32", a.why[i] + " (input not finite)"
+            layers[i].update(precision="fp32", why=a.why[i])
+        self.report.extra["plan"]["counts"] = a.counts()
+        self.report.warnings.append(
+            f"{_count(bad)} planned int8 read inf or NaN on the calibration data (int8 has "
+            f"neither: they would become numbers); kept fp32: {_names(bad)}")
 
     def fp16_ranges(self, a, exported) -> None:
         """max |x| over the calibration data of the FP16 layers' inputs and outputs (on
@@ -948,7 +967,7 @@ class _Rewrite:
         self.ctx.fp16_ranges = collect_ranges(
             exported.model, tensors, self.calib_data, method="minmax",
             base_dir=exported.source_dir, initializers=exported.ort_initializers(),
-            progress=self.progress)
+            progress=self.progress, nonfinite="drop")
 
     def equalize(self, int8: list) -> None:
         """Per-channel statistics of the INT8 convs' inputs, then equalize-channels (its

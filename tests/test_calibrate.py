@@ -486,7 +486,16 @@ def test_graph_inputs_exported_model_and_non_finite():
     feeds[1]["x"][0, 0] = np.inf
     plain = R.collect_ranges(m, ["x", "r"], feeds, progress=True)  # not a TTY: no bar
     finite = max(float(np.abs(f["x"][np.isfinite(f["x"])]).max()) for f in feeds)
-    assert plain["x"] == finite
+    # int8 has no inf: the range says so (insert-qdq keeps such a layer float); float16
+    # overflow is judged on the finite values (drop)
+    assert plain["x"] == np.inf and plain["r"] == np.inf
+    assert R.collect_ranges(m, ["x"], feeds, nonfinite="drop", progress=False)["x"] == finite
+    for method in ("percentile", "mse"):
+        assert R.collect_ranges(m, ["x"], feeds, method=method, progress=False)["x"] == np.inf
+    feeds[1]["x"][0, 0] = np.nan
+    assert R.collect_ranges(m, ["x"], feeds, progress=False)["x"] == np.inf
+    with pytest.raises(InputError, match="nonfinite must be inf or drop"):
+        R.collect_ranges(m, ["x"], feeds, nonfinite="keep", progress=False)
     # Weights as stubs: onnxruntime gets them as external initializers.
     ex = export(to_graph(mlp()), mlp())
     big = make_model(MLP, {"w1": (4, 300), "w2": (300, 3)})

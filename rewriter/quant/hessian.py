@@ -156,6 +156,8 @@ class HessianReducer:
             # the draw the whole im2col was sampled with: the same columns, the same H
             cols = self.rng.choice(total, keep, replace=False) if total > keep else None
             x = patches_at(a, spec, cols)
+            if not np.isfinite(x).all():   # such a layer stays float (activation-not-finite)
+                x = np.where(np.isfinite(x), x, np.float32(0))
             pending = self.pending.setdefault((spec.id, key), [])
             pending.append(x)
             if sum(p.shape[2] for p in pending) >= FLUSH_PATCHES:

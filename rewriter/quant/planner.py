@@ -301,6 +301,14 @@ class _CrossValidator:
                 percentile=float(settings["percentile"]), num_bins=int(settings["num_bins"]),
                 base_dir=exp.source_dir, initializers=exp.ort_initializers(),
                 progress=progress))
+        # int8 has no inf or NaN: a layer whose input held one on any sample stays out of
+        # INT8 (insert-qdq would keep it float, and the plan would count it INT8)
+        self.nonfinite = {t for r in self.ranges for t, v in r.items() if not np.isfinite(v)}
+        bad = [node_id(n) for n in layers if n.inputs[0].name in self.nonfinite]
+        if bad:
+            from rewriter.quant.plan import _count, _names
+            self.notes.append(f"{_count(bad)} read inf or NaN on the calibration data, kept "
+                              f"out of INT8 (int8 has neither): {_names(bad)}")
         # GPTQ rounding is fitted to its samples too: fold f's weights are rounded with the
         # other folds' statistics, so that no sample judges weights fitted to it.
         self.hessians = [{} for _ in range(k)]
@@ -613,7 +621,8 @@ def _sensitivity(ev, layers, shapes, progress) -> list[LayerResult]:
     for n in layers:
         i = node_id(n)
         m16 = ev.measure({i: "fp16"}, folds=[0])
-        m8 = ev.measure({i: "int8"}, folds=[0]) if int8_capable(n) else None
+        m8 = (ev.measure({i: "int8"}, folds=[0])
+              if int8_capable(n) and n.inputs[0].name not in ev.nonfinite else None)
         results.append(LayerResult(i, n.op, layer_flops(n, shapes),
                                    _harm(m8) if m8 else None, _harm(m16),
                                    m8["top1"] if m8 else None, m16["top1"], None))

@@ -65,7 +65,8 @@ MIN_ENTROPY_BINS = 256
 
 def collect_ranges(model, tensors: list[str], data, method: str = "minmax",
                    percentile: float = 99.999, num_bins: int = 2048, chunk: int = 64,
-                   base_dir=None, initializers=None, progress: bool = True) -> dict[str, float]:
+                   base_dir=None, initializers=None, progress: bool = True,
+                   nonfinite: str = "inf") -> dict[str, float]:
     """The symmetric range ``amax`` (>= 0) of each tensor over the calibration data.
 
     ``model`` is a ModelProto or a :class:`rewriter.core.convert.Exported` (weights as stubs; its
@@ -76,8 +77,11 @@ def collect_ranges(model, tensors: list[str], data, method: str = "minmax",
 
     ``method``: ``minmax``, ``percentile`` (``percentile`` in (0, 100]) or ``entropy``
     (``kl``); ``num_bins`` is the histogram size of the last two (entropy needs an even
-    number >= 256). Non-finite values (e.g. -inf attention masks) are left out; a tensor
-    that is zero everywhere gets 0.0, which the quantiser must not turn into a zero scale.
+    number >= 256). A tensor that held inf or NaN on any sample gets ``inf`` (int8 has
+    neither: insert-qdq keeps its layers float, ``activation-not-finite``), or with
+    ``nonfinite="drop"`` the range of its finite values (what float16 overflow is judged
+    on: float16 holds inf and NaN as they are). A tensor that is zero everywhere gets 0.0,
+    which the quantiser must not turn into a zero scale.
 
     Memory: at most ``chunk`` tensors are exposed per augmented model, and each batch is
     reduced before the next one runs (see the module docstring for the bound and for
@@ -98,10 +102,14 @@ def collect_ranges(model, tensors: list[str], data, method: str = "minmax",
                              f"and equals minmax), got {num_bins}")
     if not isinstance(chunk, int) or chunk < 1:
         raise InputError(f"chunk must be a positive integer, got {chunk!r}")
+    if nonfinite not in ("inf", "drop"):
+        raise InputError(f"nonfinite must be inf or drop, got {nonfinite!r}")
     reducer = _Reducer(method, percentile, num_bins)
     tensors = list(dict.fromkeys(tensors))
     _stream(model, tensors, data, reducer, chunk, base_dir, initializers, progress,
             f"calibrate ({method})")
+    if nonfinite == "inf":
+        return {t: math.inf if t in reducer.nonfinite else reducer.result[t] for t in tensors}
     return {t: reducer.result[t] for t in tensors}
 
 
@@ -274,6 +282,7 @@ class _Reducer:
         self.method, self.percentile, self.num_bins = method, percentile, num_bins
         self.amax: dict[str, float] = {}
         self.result: dict[str, float] = {}
+        self.nonfinite: set[str] = set()   # tensors that held inf or NaN
         self.collector = None
 
     def update(self, name: str, a: np.ndarray) -> None:
@@ -287,6 +296,7 @@ class _Reducer:
         a = a.astype(np.float32, copy=False).ravel()
         m = float(np.max(np.abs(a)))
         if not math.isfinite(m):
+            self.nonfinite.add(name)
             a = a[np.isfinite(a)]
             if a.size == 0:
                 return

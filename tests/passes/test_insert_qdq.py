@@ -149,6 +149,59 @@ def test_skip_reasons_and_missing_range():
     assert "QuantizeLinear" not in ops(out)
 
 
+def test_a_range_that_is_not_finite_keeps_the_layer_float():
+    """A range of inf or NaN (the input held one on the calibration data): int8 has
+    neither, so the layer stays float (activation-not-finite); the other sites, sharing
+    nothing with it, are quantized."""
+    m = make_model(TWO_CONVS, INITS)
+    for bad in (np.inf, np.nan):
+        out, rep = quantize(m, "int8", {"x": bad, "r": 3.0, "f": 2.0})
+        c = rep.passes[0].counts
+        assert c["skip:activation-not-finite"] == 1 and c["int8-conv"] == 2, c
+        assert c["int8-gemm"] == 1, c
+        conv_a = next(n for n in out.graph.node if n.op_type == "Conv" and "x" in n.input)
+        assert conv_a.input[0] == "x"
+
+
+def test_a_layer_reading_inf_or_nan_is_kept_fp32_by_a_plan(rng):
+    """Log of a zero before a conv: -inf there in FP32, NaN after the next conv. In INT8
+    both became numbers, silently (every output finite, the original's 144 and 256
+    non-finite values gone). Now both layers read as planned fp32 with one warning, the
+    conv on the finite branch is INT8, and the non-finite values are where they were."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 8, 6, 6] x) => (float[N, 16, 6, 6] h, float[N, 16, 6, 6] e) {
+        l = Log (x)
+        a = Conv <pads = [1, 1, 1, 1]> (l, W1)
+        r = Relu (a)
+        h = Conv <pads = [1, 1, 1, 1]> (r, W3)
+        e = Conv <pads = [1, 1, 1, 1]> (x, W2)
+    }""", {"W1": (16, 8, 3, 3), "W3": (16, 16, 3, 3), "W2": (16, 8, 3, 3)})
+
+    def sample(zero):
+        x = (np.abs(rng.standard_normal((1, 8, 6, 6))) + 0.1).astype(np.float32)
+        if zero:
+            x[0, 2, 1, 1] = 0.0
+        return {"x": x}
+
+    calib = [sample(i % 2 == 0) for i in range(8)]
+    out, rep = rewriter.rewrite(m, plan="int8", calib=calib, target="none")
+    layers = rep.extra["plan"]["layers"]
+    assert [layers[i]["precision"] for i in ("a", "h", "e")] == ["fp32", "fp32", "int8"]
+    assert rep.extra["plan"]["counts"]["int8"] == 1
+    assert any("read inf or NaN on the calibration data" in w for w in rep.warnings)
+    c = {p.name: p.counts for p in rep.passes}["insert-qdq"]
+    assert c["int8-conv"] == 1, c
+    x = sample(True)
+    (rh, re_), (gh, ge) = run_ort(m, x), run_ort(out, x)
+    assert (~np.isfinite(rh)).sum() > 0
+    assert np.array_equal(np.isnan(gh), np.isnan(rh)) and np.array_equal(np.isinf(gh),
+                                                                          np.isinf(rh))
+    fin = np.isfinite(rh)
+    np.testing.assert_allclose(gh[fin], rh[fin], rtol=1e-4, atol=1e-4)
+    assert np.dot(ge.ravel(), re_.ravel()) / np.linalg.norm(ge) / np.linalg.norm(re_) > 0.99
+
+
 def test_needs_a_plan():
     m = make_model(TWO_CONVS, INITS)
     with pytest.raises(PreconditionError):

@@ -484,6 +484,33 @@ def test_layers_with_a_computed_second_input_are_not_planned_int8():
     assert counts.get("int8", 0) <= 2, counts
 
 
+def test_layers_reading_inf_or_nan_are_not_planned_int8():
+    """A conv after a Log that sees zeros reads -inf: its INT8 trial had insert-qdq keep
+    it float, so it looked free and the plan could count it INT8 (int8 has no inf: in
+    INT8 it would turn the original's -inf and NaN into numbers). With any budget, it
+    never leaves float now, the note names it, and a finite conv beside it can be INT8."""
+    from conftest import make_model
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4, 6, 6] x) => (float[N, 8, 6, 6] h, float[N, 8, 6, 6] e) {
+        l = Log (x)
+        h = Conv <pads = [1, 1, 1, 1]> (l, W1)
+        e = Conv <pads = [1, 1, 1, 1]> (x, W2)
+    }""", {"W1": (8, 4, 3, 3), "W2": (8, 4, 3, 3)})
+    rng = np.random.default_rng(6)
+    calib = []
+    for i in range(16):
+        x = (np.abs(rng.standard_normal((1, 4, 6, 6))) + 0.1).astype(np.float32)
+        x[0, 1, 2, 2] = 0.0 if i % 4 == 0 else x[0, 1, 2, 2]
+        calib.append({"x": x})
+    from rewriter.quant.planner import plan_auto
+    _, rep = plan_auto(m, calib, settings={"min_top1": 0.0, "min_cosine": 0.0})
+    by_id = {r.id: r for r in rep.layers}
+    assert by_id["h"].int8_loss is None and by_id["h"].choice != "int8"
+    assert by_id["e"].int8_loss is not None and by_id["e"].choice == "int8"
+    assert any("1 layer read inf or NaN" in n and "h" in n for n in rep.notes), rep.notes
+
+
 def test_what_a_topk_selects_is_planned_on_what_it_selects_from():
     """An end-to-end detector's boxes, gathered by the TopK of near-equal scores, reorder
     under any quantization, FP16 included (fifteenth round: the planner kept a third of a
