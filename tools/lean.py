@@ -35,7 +35,13 @@ SHAPES = {"silero_vad": {"input": [1, 512]}, "silero_vad_16k_op15": {"input": [1
           "silero_vad_op18_ifless": {"input": [1, 512]},
           "ch_PP-OCRv4_det_infer": {"x": [1, 3, 64, 64]}, "ch_PP-OCRv4_rec_infer": {"x": [1, 3, 48, 80]},
           "ch_ppocr_mobile_v2.0_cls_infer": {"x": [1, 3, 48, 192]},
-          "nudenet_320n": {"images": [1, 3, 64, 64]}, "ddddocr_common_old": {"input1": [1, 1, 64, 64]}}
+          "nudenet_320n": {"images": [1, 3, 64, 64]},
+          "ddddocr_common_old": {"input1": [1, 1, 64, 64]},
+          # TopK 300 of the anchors: 160x160 gives 525; 32 frames for PLCMOS's convs; 1 s of audio.
+          "isbnx_best": {"images": [1, 3, 160, 160]},
+          "speechmos_plcmos_v2": {"degraded_audio": [1, 1, 32, 257]},
+          **{m: {"waveforms": [1, 16000]} for m in ("onnx_asr_gigaam_v2", "onnx_asr_kaldi",
+                                                    "onnx_asr_wespeaker")}}
 
 CHILD = {
     "ours": "import sys; from rewriter.cli import main; sys.exit(main([sys.argv[1], '-o', "
@@ -102,6 +108,8 @@ def feeds_for(path: Path, name: str) -> dict:
             out[vi.name] = np.asarray(rng.random(shape) < 0.5)
         else:
             out[vi.name] = np.asarray(rng.integers(0, 4, size=shape)).astype(dtype)
+    if "waveforms_lens" in out and "waveforms" in out:  # onnx-asr: every sample is audio
+        out["waveforms_lens"] = np.full_like(out["waveforms_lens"], out["waveforms"].shape[1])
     if name.startswith("silero_vad"):
         out = {k: (np.array(16000, np.int64) if k == "sr" else
                    np.zeros((2, 1, 128), np.float32) if k == "state" else v)
