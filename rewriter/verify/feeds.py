@@ -92,13 +92,14 @@ def _is_batch(dims, i: int, batches) -> bool:
 
 
 def symbolic_dims(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = None,
-                  batch: bool = False) -> dict[str, list[int]]:
+                  batch: bool = False,
+                  derived: dict[str, dict[int, int]] | None = None) -> dict[str, list[int]]:
     """{input: positions past the first (or a 1-D input's only one) whose dims are symbolic,
     not named as a batch (``batch``: the batch too), not fixed by a weight and not set by
-    the user}."""
+    the user}. ``derived``: :func:`weight_dims` of the model, when the caller has it."""
     shapes = shapes or {}
     batches = batch_names(model)
-    derived = weight_dims(model)
+    derived = weight_dims(model) if derived is None else derived
     out = {}
     for vi in real_inputs(model):
         if vi.name in shapes or not vi.type.HasField("tensor_type"):
