@@ -46,6 +46,7 @@ class DefaultAttributes(Pass):
     summary = ("attributes MIGraphX 2.15 refuses that only state their default "
                "(Resize keep_aspect_ratio_policy=stretch) dropped; a ConvTranspose's "
                "output_padding (MIGraphX gets it wrong next to pads) moved into its end pads")
+    shape_ops = ()   # attributes only
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()

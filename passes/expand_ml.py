@@ -36,6 +36,7 @@ class ExpandMl(Pass):
     phase = Phase.FOLD
     numerics = Numerics.EXACT
     summary = "ai.onnx.ml's Scaler (MIGraphX parses no ai.onnx.ml op) as Sub and Mul"
+    shape_ops = ("Scaler",)   # its input's dtype and rank
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()
