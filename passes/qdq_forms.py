@@ -67,6 +67,9 @@ class QdqForms(Pass):
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()
+        if not any(n.op in QDQ and n.domain in DOMAINS for g in iter_graphs(graph)
+                   for n in g.nodes):
+            return res   # no Q/DQ: no reader maps to build (0.06 s at 8,000 nodes)
         for g in iter_graphs(graph):
             for node in g.nodes:
                 if node.op not in QDQ or node.domain not in DOMAINS:

@@ -304,3 +304,23 @@ def test_a_quantized_float_weight_becomes_its_constant_bit_exactly(zt, rng):
         x = rng.standard_normal((n, 3, 8, 8)).astype(np.float32)
         for u, v in zip(run_ort(m, {"x": x}), run_ort(out, {"x": x})):
             np.testing.assert_array_equal(u, v)
+
+
+def test_a_model_without_qdq_builds_no_reader_maps(monkeypatch, rng):
+    """With no QuantizeLinear/DequantizeLinear the pass returns after one look at the ops:
+    it built its two maps of every tensor's readers regardless (0.06 s a round on a chain
+    of 4,000 Conv+BN+Relu, in every rewrite with MIGraphX as the target)."""
+    from rewriter.passes import qdq_forms
+
+    def never(graph):
+        raise AssertionError("reader maps built for a model without Q/DQ")
+
+    monkeypatch.setattr(qdq_forms, "_readers", never)
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 4])],
+        [numpy_helper.from_array(rng.standard_normal((3, 4)).astype(np.float32), "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    out, rep = rewriter.rewrite(m, ["qdq-forms"], verify=True)
+    assert not rep.passes[0].changed and len(out.graph.node) == 1
