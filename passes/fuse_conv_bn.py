@@ -32,7 +32,9 @@ Wa + pad(Wb), and Add(Conv(x), BN(x)) puts the BN's scale on each channel's cent
 
 A BatchNormalization over the last axis of a MatMul with a constant weight (directly on a
 2-D MatMul, or through a Flatten that keeps the last axis: timm's LinearNorm) goes into the
-weight's columns and one Add after the MatMul (``fused-bn-after-matmul``).
+weight's columns and one Add after the MatMul (``fused-bn-after-matmul``); after a Gemm
+(torch's Linear then BatchNorm1d) into its weight and bias, no Add. Not when the MatMul's
+output is a graph output too: it would change with the weight.
 
 A BatchNormalization that does not follow a conv (DenseNet's BN after Concat) but is
 followed by per-channel Mul/Add becomes one Mul and one Add with per-channel constants, the
@@ -342,7 +344,8 @@ class FuseConvBn(Pass):
         (MatMul(x, W * s) + t). timm's LinearNorm (LeViT: 46 of them, eleventh round)."""
         z = bn.inputs[0]
         c = _channels(bn)
-        if c is None or len(z.inputs) != 1 or len(z.outputs) != 1:
+        # z also a graph output would change with the weight
+        if c is None or len(z.inputs) != 1 or len(z.outputs) != 1 or id(z) in outs:
             return
         p = z.inputs[0]
         flat = None
@@ -360,6 +363,9 @@ class FuseConvBn(Pass):
             p = y.inputs[0]
         else:
             y = z
+            if p.op == "Gemm":
+                self._bn_into_gemm(bn, p, c, ctx, res)
+                return
             if z.shape is None or len(z.shape) != 2:
                 return   # BN's channel axis is 1: the MatMul's last axis only when 2-D
         if (p.op != "MatMul" or len(p.inputs) != 2 or p.inputs[0] is y
@@ -389,6 +395,47 @@ class FuseConvBn(Pass):
             g.nodes.append(gs.Node("Add", ctx.namer(f"{bn.name or y.name}_add"),
                                    inputs=[raw, t], outputs=[y]))
             bypass(bn, g, outs)   # the BN is an identity now: its readers read z
+        res.count("fused-bn-after-matmul")
+        res.changed = True
+
+    def _bn_into_gemm(self, bn, gemm, c, ctx, res):
+        """Gemm(A, B, C) -> BatchNormalization: torch's Linear then BatchNorm1d (a face
+        embedder's or a landmark regressor's head). Y = alpha A B + beta C is [M, N] and the
+        BN's channel axis is N, so s goes into B's N axis and the bias becomes beta C s + t
+        (beta 1 then, C broadcast to [N] at least); the Gemm writes the BN's output."""
+        a, b = gemm.inputs[0], gemm.inputs[1]
+        bias = gemm.inputs[2] if len(gemm.inputs) > 2 and gemm.inputs[2].name else None
+        if (isinstance(a, gs.Constant) or not isinstance(b, gs.Constant) or b.values.ndim != 2
+                or not (bias is None or isinstance(bias, gs.Constant))):
+            return
+        trans_b = int(gemm.attrs.get("transB", 0))
+        w = b.values
+        if int(w.shape[0 if trans_b else 1]) != c:
+            return
+        st, reason = _bn_affine(bn, c, 0)
+        if reason or w.dtype.kind != "f" or bn.inputs[1].values.dtype != w.dtype:
+            return
+        scale, shift = st
+        wv = w.astype(np.float64) * (scale[:, None] if trans_b else scale[None, :])
+        cv = shift if bias is None else (float(gemm.attrs.get("beta", 1.0)) * scale
+                                         * bias.values.astype(np.float64) + shift)
+        if _near_overflow(wv, w.dtype) or _near_overflow(cv, w.dtype):
+            res.skip("weights-near-overflow")
+            return
+        own_constant(gemm, 1, wv.astype(w.dtype), ctx.namer, "fused")
+        if bias is None:
+            t = gs.Constant(ctx.namer(f"{bn.name or bn.outputs[0].name}_shift"), cv.astype(w.dtype))
+            if len(gemm.inputs) > 2:   # an empty optional C
+                gemm.inputs[2] = t
+            else:
+                gemm.inputs.append(t)
+        else:
+            own_constant(gemm, 2, cv.astype(w.dtype), ctx.namer, "fused")
+        gemm.attrs["beta"] = 1.0
+        out = bn.outputs[0]
+        bn.inputs.clear()
+        bn.outputs.clear()
+        gemm.outputs[0] = out
         res.count("fused-bn-after-matmul")
         res.changed = True
 
