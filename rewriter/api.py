@@ -1243,14 +1243,17 @@ class _Rewrite:
                     "that (cosine still meets its floor)"
                     + (": real inputs (--inputs) check it better" if random else ""))
         for m in metrics:   # a small component under the budget, hidden by a large one
-            low = [g for g in m.groups or [] if g["cosine"] < self.verifier.min_cosine()]
+            low = [g for g in m.groups or [] if not g["ok"]]
             if m.ok and low:
                 g, top = low[0], m.groups[0]
                 total = sum(len(x["index"]) for x in m.groups)
+                what = (f"cosine {g['cosine']:.4f} < {self.verifier.min_cosine():g}"
+                        if "max_abs" not in g else f"max_abs {g['max_abs']:.1e} (below "
+                        f"{TINY_OUTPUT:g} in the original: judged by absolute error)")
                 self.report.warnings.append(
                     f"output '{m.name}': along axis {g['axis']}, {_span(g['index'])} "
-                    f"({len(g['index'])} of {total}) have cosine {g['cosine']:.4f} < "
-                    f"{self.verifier.min_cosine():g}, hidden in the output's {m.cosine:.4f} "
+                    f"({len(g['index'])} of {total}) have {what}, "
+                    f"hidden in the output's {m.cosine:.4f} "
                     f"by {_span(top['index'])}, more than 100x larger (e.g. class scores "
                     "beside box coordinates); --strict refuses it")
         for m in metrics:   # passed on what a TopK/NMS/NonZero selects from (verifier)

@@ -541,6 +541,46 @@ def test_a_small_component_under_budget_is_said_and_refused_with_strict(tmp_path
                          options={"planner": {"strict": True}})
 
 
+def test_a_component_tiny_in_the_original_is_judged_by_absolute_error():
+    """SSR-Net's index offsets (faceplugin's age model, 23rd round): a dead unit's values of
+    ~1e-11 beside ones of 0.4 are a scale group of their own; FP16 gives them 0, cosine 0.
+    Judged as a tiny output is, by absolute error: no warning, and --strict keeps it."""
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 8] x) => (float[N, 3, 4] y) {
+        z = Gemm <transB = 1> (x, W)
+        s = Constant <value = int64[3] {-1, 3, 4}> ()
+        y = Reshape (z, s)
+    }"""
+    w = np.random.default_rng(8).standard_normal((12, 8)).astype(np.float32)
+    w[:4] *= 1e-11
+    calib = [{"x": np.random.default_rng(i).standard_normal((1, 8)).astype(np.float32)}
+             for i in range(12)]
+    opts = {"planner": {"strict": True}}
+    _, report = rewriter.rewrite(make_model(text, {"W": w}), plan="fp16", calib=calib,
+                                 verify=True, options=opts)
+    g0, g1 = sorted(report.verification[0]["groups"], key=lambda g: g["index"])
+    assert g0["index"] == [0] and g0["cosine"] < 0.5 and g0["max_abs"] < 1e-9 and g0["ok"]
+    assert g1["ok"] and not [w for w in report.warnings if "hidden in the output's" in w]
+    # Over the bound (1e-5 at cosine 0.99) it is said, with its absolute error.
+    import rewriter.verify.verifier as vmod
+    v = vmod.Verifier.__new__(vmod.Verifier)
+    v.lossy = None
+    ref = np.zeros((2, 3, 4))
+    ref[:, 1:] = 0.4
+    ref[:, 0] = 1e-4
+    bad = v._component(ref, ref + 2e-5, 1, [0], 0.999)
+    assert not bad["ok"] and bad["max_abs"] == pytest.approx(2e-5)
+    assert v._component(ref, ref + 5e-6, 1, [0], 0.0)["ok"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(vmod.Verifier, "_component", lambda self, r, o, a, i, c: dict(bad, index=i))
+        _, report = rewriter.rewrite(make_model(text, {"W": w}), plan="fp16", calib=calib,
+                                     verify=True)
+    said = [w for w in report.warnings if "hidden in the output's" in w]
+    assert said and "have max_abs 2.0e-05 (below 0.001 in the original: judged by " \
+        "absolute error)" in said[0], report.warnings
+
+
 def test_big_constant_node_passes_the_gate_when_nothing_folds_it():
     """The gate's weight-free copy cannot turn a Constant node's tensor into a graph input:
     such a model is checked with its weights, not refused."""

@@ -343,6 +343,18 @@ LOSSY_DEFAULT = {"min_cosine": 0.99, "min_top1": 0.99, "min_sqnr_db": 15.0,
                  "max_accuracy_drop": None}
 
 
+def tiny_agrees(ref, out, min_cosine: float) -> bool | None:
+    """For a lossy output (or one scale group of it) whose original values are all below
+    TINY_OUTPUT: whether ``out`` is within the absolute error the budget allows there,
+    TINY_OUTPUT * (1 - min_cosine) (1e-5 at 0.99), as :func:`judge` takes a tiny output;
+    None where the original is not tiny (its cosine judges it)."""
+    r = np.asarray(ref, np.float64)
+    if not r.size or not np.isfinite(r).all() or float(np.max(np.abs(r))) >= TINY_OUTPUT:
+        return None
+    err = np.abs(np.asarray(out, np.float64) - r)
+    return bool(np.isfinite(err).all() and float(err.max()) <= TINY_OUTPUT * (1.0 - min_cosine))
+
+
 _LOW_FLOATS = {onnx.TensorProto.FLOAT16: np.float16, onnx.TensorProto.BFLOAT16: 2.0 ** -7}
 
 

@@ -294,6 +294,47 @@ def test_the_judge_takes_components_of_different_scale_apart():
     assert parts["cosine"] < 0.95 and not parts["met"]
 
 
+def test_a_component_tiny_in_the_original_keeps_no_layer_fp32():
+    """A dead unit's ~1e-11 beside values of 0.4 (faceplugin's SSR-Net age model, 23rd
+    round) is a scale group of its own: FP16 gives it 0, cosine 0, and the planner kept the
+    Gemm writing it FP32. Within the budget's absolute error it is met, as --verify has it;
+    the same group with its error over that bound still decides."""
+    from rewriter.quant.planner import _CrossValidator
+    from rewriter.verify.metrics import scale_split
+    from rewriter.verify.feeds import stack_runs
+
+    from conftest import make_model
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 8] x) => (float[N, 3, 4] y) {
+        h = Gemm <transB = 1> (x, W1)
+        a = Relu (h)
+        z = Gemm <transB = 1> (a, W)
+        s = Constant <value = int64[3] {-1, 3, 4}> ()
+        y = Reshape (z, s)
+    }"""
+    w = np.random.default_rng(8).standard_normal((12, 16)).astype(np.float32)
+    w[:4] *= 1e-11
+    m = make_model(text, {"W": w, "W1": (16, 8)})
+    calib = [{"x": np.random.default_rng(i).standard_normal((1, 8)).astype(np.float32)}
+             for i in range(48)]
+    _, rep = rewriter.rewrite(m, plan="auto", calib=calib, verify=True)
+    assert rep.to_dict()["plan"]["counts"]["fp32"] == 0
+
+    rng = np.random.default_rng(5)
+    ref = [[np.concatenate([rng.uniform(-1e-4, 1e-4, (1, 1, 4)), rng.uniform(0, 1, (1, 2, 4))],
+                           axis=1)] for _ in range(30)]
+    cv = object.__new__(_CrossValidator)
+    cv.s, cv.labels, cv.output_names = {"min_top1": 0.99, "min_cosine": 0.99}, None, ["y"]
+    cv.reference, cv.classes = ref, [False]
+    cv.feeds = [{"x": np.zeros((1, 3))}] * 30
+    cv.splits = {0: scale_split(np.asarray(stack_runs(ref)[0]))}
+    for err, met in ((5e-6, True), (5e-5, False)):
+        out = [[r[0] + np.concatenate([np.full((1, 1, 4), err), np.zeros((1, 2, 4))], axis=1)]
+               for r in ref]
+        assert cv._judge(list(range(30)), out)["met"] is met
+
+
 def test_a_model_quantized_already_is_said_so(tmp_path):
     """ddddocr's old model (ConvInteger, MatMulInteger, DynamicQuantizeLSTM) has no float
     layers for a plan; the one-line error says why instead of only that there are none."""
