@@ -180,7 +180,9 @@ class InsertQdq(Pass):
     def requires(self, graph, ctx):
         if ctx.assignment is None:
             raise PreconditionError("insert-qdq needs a plan: use --plan (and --calib)")
-        if graph.opset < 10:
+        # A plan with no INT8 layer (fp16, or what --plan auto chose) needs no Q/DQ: the
+        # api converts the opset only when one is planned INT8.
+        if graph.opset < 10 and "int8" in ctx.assignment.precision.values():
             raise PreconditionError(f"insert-qdq needs opset >= 10 (model has {graph.opset})")
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:

@@ -1049,6 +1049,35 @@ def test_an_opset_9_model_is_converted_for_its_int8_layers(tmp_path, capfd):
     assert len([n for n in q.graph.node if n.op_type == "Gemm"][0].input) == 3
 
 
+def test_an_opset_9_model_takes_a_plan_with_no_int8_layer(tmp_path, capfd):
+    # --plan fp16 (and a --plan auto that chose no INT8 layer: faceplugin's head-pose net,
+    # 23rd round, after 48 s of planning) exited 2, "insert-qdq needs opset >= 10", on every
+    # opset-9 model: no Q/DQ is written, so none is needed; the opset stays 9.
+    m = make_model("""
+    <ir_version: 4, opset_import: ["" : 9]>
+    g (float[N, 4, 8, 8] x) => (float[N, 10] z) {
+        a = Conv <pads = [1, 1, 1, 1]> (x, W1, B1)
+        r = Relu (a)
+        f = Flatten (r)
+        z = Gemm <transB = 1> (f, G, GB)
+    }""", {"W1": (8, 4, 3, 3), "B1": (8,), "G": (10, 512), "GB": (10,)})
+    src, calib = tmp_path / "m.onnx", tmp_path / "calib"
+    onnx.save(m, src)
+    npy_calib(calib, 8, (1, 4, 8, 8), seed=2)
+    out = tmp_path / "h.onnx"
+    code, said, err = run(capfd, src, "-o", out, "--plan", "fp16", "--verify", "--target", "none")
+    assert code == 0, err
+    q = onnx.load(out)
+    assert max(o.version for o in q.opset_import if o.domain in ("", "ai.onnx")) == 9
+    assert "Cast" in [n.op_type for n in q.graph.node]
+    assert not [n for n in q.graph.node if n.op_type == "QuantizeLinear"]
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"default": "fp16", "overrides": {}}))
+    code, said, err = run(capfd, src, "-o", tmp_path / "p.onnx", "--plan", plan, "--calib",
+                          calib, "--verify", "--target", "none")
+    assert code == 0, err
+
+
 def test_int8_options_apply_to_a_named_plan_too(tmp_path, capfd):
     """--method, --samples and --weights with --plan int8 were silently ignored (the report
     said mse, every sample, per-channel; eighth round): they now override the plan's."""
