@@ -32,6 +32,7 @@ _PASSES = [
     ("fuse-space-to-depth", "rewriter.passes.fuse_space_to_depth:FuseSpaceToDepth"),
     ("fuse-matmul-add", "rewriter.passes.fuse_matmul_add:FuseMatmulAdd"),
     ("scan-states", "rewriter.passes.scan_states:ScanStates"),
+    ("bound-loops", "rewriter.passes.bound_loops:BoundLoops"),
     ("pad-channels", "rewriter.passes.pad_channels:PadChannels"),
     ("equalize-channels", "rewriter.passes.equalize_channels:EqualizeChannels"),
     ("insert-qdq", "rewriter.passes.insert_qdq:InsertQdq"),
@@ -54,17 +55,19 @@ _PASSES = [
 # crop-pads writes a Pad's negative pads as a Slice (MIGraphX 2.15 runs out of memory parsing
 # an edge Pad that crops), after fold-constants, which may make its pads constant;
 # scan-states reads a Scan's computed initial states through a Reshape (MIGraphX refuses
-# a state it holds as a strided view), last: collapse-chains drops such Reshapes.
+# a state it holds as a strided view), last: collapse-chains drops such Reshapes;
+# bound-loops writes a Loop's trip count from the counters its condition tests (MIGraphX
+# sizes a loop's outputs for M, 65535 when M is 2^63 - 1), after folding made them constant.
 DEFAULT_PIPELINE = ["expand-contrib", "expand-ml", "default-attributes", "expand-functions",
                     "expand-spectral", "integer-zero-points", "qdq-forms", "weight-scales-after",
                     "fold-shapes", "fold-constants", "crop-pads", "sink-transposes",
                     "collapse-chains", "fuse-conv-bn", "fuse-pad", "fuse-space-to-depth",
-                    "fuse-matmul-add", "merge-duplicates", "scan-states"]
+                    "fuse-matmul-add", "merge-duplicates", "scan-states", "bound-loops"]
 # Fixes for what MIGraphX gets wrong or lacks, not optimisations: in the default pipeline
 # only when MIGraphX is the target.
 MIGRAPHX_ONLY = {"integer-zero-points", "expand-ml", "default-attributes", "expand-functions",
                  "expand-spectral", "qdq-forms", "weight-scales-after", "crop-pads",
-                 "scan-states"}
+                 "scan-states", "bound-loops"}
 
 
 def default_pipeline(target: str | None) -> list[str]:

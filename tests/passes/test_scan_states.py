@@ -106,7 +106,8 @@ def test_kept_through_the_pipeline_and_idempotent(rng):
 
 
 def test_in_the_default_pipeline_for_migraphx_only():
-    assert default_pipeline("migraphx")[-1] == "scan-states"
+    # after every pass that could drop its Reshapes (bound-loops only writes trip counts)
+    assert default_pipeline("migraphx")[-2:] == ["scan-states", "bound-loops"]
     assert "scan-states" not in default_pipeline(None)
 
 
