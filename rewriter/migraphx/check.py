@@ -588,6 +588,15 @@ class _Checker:
             self.add(ctp["severity"], "convtranspose-output-padding", label, op,
                      f"output_padding {list(_attr(node, 'output_padding', []))} next to pads "
                      f"{list(_attr(node, 'pads', []))}: {ctp['reason']}", g.path)
+        ltc = self.profile.get("loop_trip_count")
+        if ltc and op == "Loop" and node.input and node.input[0]:
+            m = _value(g.tensor(node.input[0]))
+            body = next((a.g for a in node.attribute if a.name == "body"), None)
+            scans = len(body.output) - 1 - max(len(node.input) - 2, 0) if body else 0
+            if m is not None and m.size == 1 and int(m.ravel()[0]) >= ltc["limit"] and scans:
+                self.add(ltc["severity"], "loop-trip-count-unbounded", label, op,
+                         f"trip count {int(m.ravel()[0])} and {scans} scan output"
+                         f"{'s' if scans > 1 else ''}: {ltc['reason']}", g.path)
         qcb = self.profile.get("qlinear_conv_bias")
         if qcb and op == "QLinearConv" and len(node.input) > 8 and node.input[8]:
             self.add(qcb["severity"], "qlinear-conv-bias", label, op, qcb["reason"], g.path)

@@ -147,6 +147,21 @@ def test_a_missing_trip_count_gets_one_and_a_shared_one_is_copied():
     assert inits[ms["ys"]] == 3 and inits[ms["ys2"]] == 1
 
 
+def test_the_static_check_says_what_is_left_unbounded():
+    from rewriter.migraphx.check import check_model
+
+    def codes(model):
+        return [f.code for f in check_model(model).findings]
+    m = map_loop()
+    assert codes(m).count("loop-trip-count-unbounded") == 1
+    out, _ = rewriter.rewrite(m, target="migraphx")
+    assert "loop-trip-count-unbounded" not in codes(out)
+    left = map_loop(test="Less(c * 1, n)")        # a condition bound-loops cannot read
+    out, _ = rewriter.rewrite(left, ["bound-loops"])
+    assert codes(out).count("loop-trip-count-unbounded") == 1
+    assert "loop-trip-count-unbounded" not in codes(map_loop(m=65534))
+
+
 def test_in_the_migraphx_pipeline_only():
     assert "bound-loops" in default_pipeline("migraphx")
     assert "bound-loops" not in default_pipeline(None)
