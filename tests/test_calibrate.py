@@ -287,6 +287,16 @@ def test_preprocess_bad(d, message):
     assert message in str(e.value)
 
 
+def test_plan_preprocess_section_checked_at_load():
+    """plans.md: an unknown key is an error. A plan's misspelt preprocess key passed
+    unsaid where the calibration folder held .npy files (the section unused there)."""
+    from rewriter.quant.plan import from_dict
+
+    with pytest.raises(InputError, match="plan p.yaml: preprocess: unknown key 'szie'; did you mean"):
+        from_dict({"version": 1, "preprocess": {"szie": [64, 64]}}, "p.yaml")
+    assert from_dict({"preprocess": {"size": 64}}, "p.yaml").preprocess == {"size": 64}
+
+
 def write_pngs(folder, colours, size=(20, 16)):
     Image = pytest.importorskip("PIL.Image")
     folder.mkdir(exist_ok=True)

@@ -256,6 +256,12 @@ def from_dict(d: Any, source: str) -> Plan:
     if ver.get("max_accuracy_drop") is not None and "min_top1" not in ver:
         p.verify["min_top1"] = None     # the verifier's: 0 where labels judge accuracy
     p.preprocess = d.get("preprocess")
+    if p.preprocess is not None:   # checked now, as every other key: with an .npy folder
+        from rewriter.quant.data import Preprocess   # it is unused, and a typo went unsaid
+        try:
+            Preprocess.from_dict(p.preprocess)
+        except InputError as e:
+            raise InputError(f"plan {source}: {e}") from None
     return p
 
 
