@@ -118,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "has it, else no compilation), gpu, or ref (its slow CPU reference)")
     g.add_argument("--migraphx-version", metavar="X.Y",
                    help="target MIGraphX version for the plan's INT8 weight form and the "
-                        "static check (default: the installed one, else rules of both)")
+                        "static check (default: the installed one, else the rules of every "
+                        "version run)")
     g.add_argument("--migraphx-samples", type=int, default=8, metavar="N",
                    help="plan models are judged on MIGraphX on up to N samples, at least 2 "
                         "(default 8)")
@@ -211,7 +212,7 @@ def _run(args) -> int:
         for name, summary in rows:
             print(f"{'*' if name in default else ' '} {name:<{width}}  {summary}")
         print("* the default pipeline ('default' in --passes), in this order; "
-              f"{' and '.join(sorted(registry.MIGRAPHX_ONLY))} only with --target migraphx")
+              f"{', '.join(sorted(registry.MIGRAPHX_ONLY))} only with --target migraphx")
         return EXIT_OK
     if not args.model:
         raise InputError("no input model given (usage: rewrite MODEL -o OUT)")
@@ -361,6 +362,8 @@ def _planner_args(p) -> None:
                         "the choice; keeps fewer layers INT8")
 
 
+SHAPE_HELP = ("shape for an input with symbolic dims, e.g. input:1x3x224x224 (repeatable, or "
+              "comma-separated: a:1x16,b:1x16)")
 PREPROCESS_HELP = ("how images in --calib become inputs: a YAML/JSON file of preprocess "
                    "settings (size, scale, mean, std, channel_order, ...; or a plan whose "
                    "preprocess section is used); for any plan, auto included (default: "
@@ -382,20 +385,29 @@ def _planner_settings(args) -> dict:
             "strict": args.strict, "selection_correction": args.selection_correction}
 
 
-def _plan_main(argv: list[str]) -> int:
+def plan_parser() -> argparse.ArgumentParser:
+    """`rewrite plan`'s options (tests/test_docs.py checks the docs' flags against them)."""
     p = _Parser(prog="rewrite plan", description=(
         "Measure each layer's sensitivity to INT8 and FP16 on calibration data and write a "
         "mixed-precision plan that keeps the accuracy budget, with a sensitivity table and "
         "plot beside it."))
-    p.add_argument("model")
-    p.add_argument("--calib", required=True, metavar="DIR", help="calibration data")
+    p.add_argument("model", help="input .onnx file (never modified)")
+    p.add_argument("--calib", required=True, metavar="DIR",
+                   help="calibration data: .npy, .npz or images (labels.txt/.json/.npy "
+                        "beside them for --max-accuracy-drop)")
     p.add_argument("--preprocess", metavar="FILE", help=PREPROCESS_HELP)
-    p.add_argument("-o", "--output", required=True, help="plan file to write (.yaml or .json)")
-    p.add_argument("--input-shape", action="append", metavar="NAME:DIMS")
+    p.add_argument("-o", "--output", required=True,
+                   help="plan file to write (.yaml or .json); the sensitivity table "
+                        "(.sensitivity.json) and plot (.sensitivity.png) go beside it")
+    p.add_argument("--input-shape", action="append", metavar="NAME:DIMS", help=SHAPE_HELP)
     _planner_args(p)
-    p.add_argument("-q", "--quiet", action="store_true")
-    p.add_argument("-v", "--verbose", action="store_true")
-    args = _parse(p, argv)
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    p.add_argument("-v", "--verbose", action="store_true", help="tracebacks on errors")
+    return p
+
+
+def _plan_main(argv: list[str]) -> int:
+    args = _parse(plan_parser(), argv)
     if isinstance(args, int):
         return args
     try:
@@ -458,20 +470,27 @@ def _atomic_write(path, text: str) -> None:
         raise
 
 
-def _check_main(argv: list[str]) -> int:
+def check_parser() -> argparse.ArgumentParser:
+    """`rewrite check`'s options."""
     p = _Parser(prog="rewrite check", description=(
         "Static check of a model against MIGraphX: unsupported ops, QDQ it would run in "
         "float, dynamic dims, unaligned channels. Exit 1 if errors were found."))
-    p.add_argument("model")
-    p.add_argument("--target", choices=("migraphx",), default="migraphx")
-    p.add_argument("--input-shape", action="append", metavar="NAME:DIMS")
+    p.add_argument("model", help="the .onnx file to check (its weights are not read)")
+    p.add_argument("--target", choices=("migraphx",), default="migraphx",
+                   help="the only target (default migraphx)")
+    p.add_argument("--input-shape", action="append", metavar="NAME:DIMS",
+                   help=SHAPE_HELP + ": the dims MIGraphX will be given")
     p.add_argument("--migraphx-version", metavar="X.Y",
                    help="check against this MIGraphX version's rules (default: the "
                         "installed one, else the rules of every version run)")
     p.add_argument("--details", action="store_true", help="every finding, not one line per rule")
     p.add_argument("--json", action="store_true", help="print the findings as JSON")
-    p.add_argument("-v", "--verbose", action="store_true")
-    args = _parse(p, argv)
+    p.add_argument("-v", "--verbose", action="store_true", help="tracebacks on errors")
+    return p
+
+
+def _check_main(argv: list[str]) -> int:
+    args = _parse(check_parser(), argv)
     if isinstance(args, int):
         return args
     try:

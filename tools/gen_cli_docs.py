@@ -60,7 +60,8 @@ See also [profiling on ROCm](profiling-rocm.md).
 
 Exit codes: 0 ok; 1 verification failed (in onnxruntime: nothing is written; in the
 MIGraphX step, which runs on the written output: the output stays), `check` found errors, or
-`plan --strict` could not certify its budget; 2 bad input or usage; 3 an internal error in a
+`plan --strict` could not certify its budget; 2 bad input or usage, or a MIGraphX failure
+the original model has too (refused, or computed as far off); 3 an internal error in a
 pass; 130 interrupted (Ctrl-C); 141 stdout was closed (`| head`).
 """
 
