@@ -4,8 +4,8 @@
     model, report = rewriter.rewrite("model.onnx", verify=True)
 
 Importing this package is cheap: onnx, onnxruntime and the passes load only when used.
-The errors ``rewriter.rewrite`` raises (``InputError``, ``PassError``,
-``VerificationError``, all ``RewriteError``) are reachable from here too.
+The errors ``rewriter.rewrite`` raises (``InputError`` and its ``PreconditionError``,
+``PassError``, ``VerificationError``, all ``RewriteError``) are reachable from here too.
 
 Layout (docs/architecture.md): ``core`` (load, convert, save, graph utilities, the pass
 contract, registry, manager, report, onnxruntime), ``passes`` (one module per pass),
@@ -15,8 +15,8 @@ backends, lowering, compile-and-compare), ``advise``; ``api`` and ``cli`` are th
 
 __version__ = "0.1.0"
 
-__all__ = ["rewrite", "RewriteError", "InputError", "PassError", "VerificationError",
-           "__version__"]
+__all__ = ["rewrite", "RewriteError", "InputError", "PreconditionError", "PassError",
+           "VerificationError", "__version__"]
 
 _ERRORS = ("RewriteError", "InputError", "PassError", "VerificationError", "PreconditionError")
 

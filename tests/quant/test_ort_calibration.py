@@ -50,6 +50,15 @@ def test_entropy_histogram_merges_a_wider_batch_symmetrically():
                                                            rtol=1e-4)
 
 
+def test_entropy_at_128_bins_is_minmax():
+    """docs/calibration.md: with quantize_static's 128 bins the KL search has one candidate,
+    and entropy's range is max |x|, minmax's (why num_bins is passed through here)."""
+    h = Histograms("entropy", 128, 99.99, 128)
+    h.add("t", X)
+    lo, hi = h.entropy_threshold(h.pop("t"))
+    assert max(abs(lo), abs(hi)) == pytest.approx(float(np.abs(X).max()), rel=1e-6)
+
+
 def test_refuses_minmax():
     with pytest.raises(ValueError):
         Histograms("minmax", 2048, 99.99, 128)
