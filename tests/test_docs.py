@@ -1,5 +1,8 @@
 """Docs that cannot go stale: the README's commands run, the CLI reference matches --help."""
 
+import contextlib
+import io
+import re
 import shlex
 import subprocess
 import sys
@@ -61,6 +64,162 @@ def test_readme_examples_use_real_options():
         build_parser().parse_args(shlex.split(line)[1:])
         seen += 1
     assert seen >= 5
+
+
+# The pages a new user reads (the long benchmark pages and robustness.md's history aside).
+USER_DOCS = ["README.md"] + [f"docs/{d}.md" for d in (
+    "cli", "plans", "calibration", "architecture", "writing-a-pass", "migraphx",
+    "pad-channels", "profiling-rocm")]
+
+
+def _parsers():
+    from rewriter.cli import build_parser, check_parser, plan_parser
+
+    return {None: build_parser(), "plan": plan_parser(), "check": check_parser()}
+
+
+def _commands():
+    """Every `rewrite ...` command in the user docs, continuation lines joined, comments
+    and placeholders (`[...]`, `...`) out: (doc, argv)."""
+    for doc in USER_DOCS:
+        text = (ROOT / doc).read_text().replace("\\\n", " ")
+        fenced = False
+        for line in text.splitlines():
+            fenced ^= line.startswith("```")
+            code = fenced or line.startswith("    ")   # a command, not prose
+            line = line.split("#")[0].strip()
+            if code and line.startswith("rewrite ") and "[" not in line and "..." not in line:
+                yield doc, shlex.split(line)[1:]
+
+
+def test_doc_commands_parse():
+    """Every `rewrite`, `rewrite plan` and `rewrite check` command the docs show parses
+    with the real CLI (README's were checked, the subcommands and other pages were not)."""
+    parsers, seen = _parsers(), 0
+    for doc, argv in _commands():
+        if argv[0] == "advise":
+            continue
+        sub = argv[0] if argv[0] in parsers else None
+        try:
+            parsers[sub].parse_args(argv[1:] if sub else argv)
+        except SystemExit as e:
+            raise AssertionError(f"{doc}: rewrite {' '.join(argv)}: {e}") from None
+        seen += 1
+    assert seen >= 20
+
+
+def test_docs_name_only_real_options():
+    """A `--flag` in the user docs is one of the CLI's (any subcommand), or belongs to a
+    tool the same passage names (tools/..., migraphx-driver, duplicates)."""
+    from rewriter.advise.advice import main as advise_main
+
+    known = {o for p in _parsers().values() for a in p._actions for o in a.option_strings}
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        advise_main(["-h"])
+    known |= set(re.findall(r"--[a-z][a-z0-9-]+", out.getvalue()))
+    bad = []
+    for doc in USER_DOCS:
+        text = (ROOT / doc).read_text()
+        for m in re.finditer(r"(?<![\w-])--[a-z][a-z0-9-]+", text):
+            before = text[max(0, m.start() - 600):m.start()]
+            if m.group() not in known and not re.search(
+                    r"tools/|migraphx-driver|duplicates|rocprof", before):
+                bad.append(f"{doc}: {m.group()}")
+    assert not bad, bad
+
+
+def _yaml_block(doc: str, after: str) -> dict:
+    import yaml
+
+    text = (ROOT / doc).read_text()
+    return yaml.safe_load(text[text.index(after):].split("```yaml\n", 1)[1].split("```")[0])
+
+
+def test_plan_schema_in_docs_is_what_the_loader_takes():
+    """plans.md's schema: the loader accepts it, it names every key the loader knows, and
+    the values it shows for the int8, fp16 and verify sections are the defaults."""
+    from rewriter.quant.plan import _DEFAULT_INT8, Plan, from_dict
+    from rewriter.verify.metrics import LOSSY_DEFAULT
+
+    doc = _yaml_block("docs/plans.md", "## Schema (version 1)")
+    plan = from_dict(doc, "docs/plans.md")
+    assert set(doc) == {"version", "default", "rules", "overrides", "int8", "fp16", "verify",
+                        "preprocess"}
+    assert set(doc["int8"]) == set(_DEFAULT_INT8)
+    assert set(doc["int8"]["calibration"]) == set(_DEFAULT_INT8["calibration"])
+    assert set(doc["verify"]) == set(LOSSY_DEFAULT)
+    assert {k for r in doc["rules"] for k in r["match"]} == {"name", "regex", "op", "position"}
+    default = Plan()
+    assert (plan.int8, plan.fp16, plan.verify) == (default.int8, default.fp16, default.verify)
+    assert doc["default"] == default.default
+
+
+def test_preprocess_keys_in_docs_are_the_loaders():
+    """calibration.md's preprocess block and key table: every key Preprocess takes, no
+    other, and the block loads."""
+    import dataclasses
+
+    from rewriter.quant.data import Preprocess
+
+    text = (ROOT / "docs" / "calibration.md").read_text()
+    block = _yaml_block("docs/calibration.md", "## Images")["preprocess"]
+    fields = {f.name for f in dataclasses.fields(Preprocess)}
+    assert set(block) == fields
+    Preprocess.from_dict(block)
+    table = text[text.index("| key | default | notes |"):].split("\n\n")[0]
+    named = {k for row in re.findall(r"^\| (`[^|]+)\|", table, re.M)
+             for k in re.findall(r"`(\w+)`", row)}
+    assert named == fields
+
+
+def test_code_names_in_docs_exist():
+    """Every `rewriter...` / `core.` / `quant.` ... name the user docs give in backticks
+    (a function, class or module to read or call) exists."""
+    import importlib
+
+    own = ("rewriter", "core", "verify", "quant", "migraphx", "advise", "api", "cli")
+    # MIGraphX's own Python API, named where the docs say how the backend calls it.
+    theirs = {"migraphx.get_onnx_operators", "migraphx.save"}
+    missing = []
+    for doc in USER_DOCS:
+        text = (ROOT / doc).read_text()
+        for ref in re.findall(r"`([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?:\(\))?`", text):
+            if ref.split(".")[0] not in own or ref in theirs:
+                continue
+            parts = ref.split(".")
+            parts = parts if parts[0] == "rewriter" else ["rewriter"] + parts
+            for i in range(len(parts), 0, -1):
+                try:
+                    obj = importlib.import_module(".".join(parts[:i]))
+                    break
+                except ImportError:
+                    continue
+            for name in parts[i:]:
+                if not hasattr(obj, name):
+                    missing.append(f"{doc}: {ref}")
+                    break
+                obj = getattr(obj, name)
+    assert not missing, missing
+
+
+def test_writing_a_pass_example_runs(tmp_path, monkeypatch):
+    """writing-a-pass.md's minimal pass, run literally on a model with two Identities."""
+    import onnx
+    import onnx.parser
+
+    text = (ROOT / "docs" / "writing-a-pass.md").read_text()
+    code = re.findall(r"```python\n(.*?)```", text, re.S)[-1]
+    onnx.save(onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1,4] x) => (float[1,4] y) { a = Identity(x) b = Relu(a) y = Identity(b) }"""),
+        tmp_path / "m.onnx")
+    monkeypatch.chdir(tmp_path)
+    scope = {}
+    exec(compile(code, "writing-a-pass.md", "exec"), scope)
+    report = scope["report"]
+    row = report.passes[0]
+    assert row.name == "drop-identity"
+    assert dict(row.counts) == {"dropped": 1, "skip:graph-output": 1}
+    assert report.verified
 
 
 def _env():
