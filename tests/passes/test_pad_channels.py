@@ -615,17 +615,24 @@ def test_idempotent(case):
         assert conv_weights(once) == conv_weights(m)
 
 
-def test_opset_9_uses_attribute_forms():
-    text = """<ir_version: 4, opset_import: ["" : 9]>
+@pytest.mark.parametrize("opset", [9, 10])
+def test_old_opsets_use_attribute_forms(opset):
+    """Pad takes its pads as an attribute below opset 11, Slice its starts/ends below 10
+    (pad-channels.md said 'opset 9 and 10: attribute forms of Pad and Slice')."""
+    text = """<ir_version: 5, opset_import: ["" : OPSET]>
     g (float[1, 3, 6, 6] x, float[8, 3, 3, 3] W1, float[6, 8, 1, 1] W2) => (float[1, 96] y) {
         c = Conv (x, W1)
         r = Relu(c)
         d = Conv (r, W2)
         y = Flatten(d)
-    }"""
+    }""".replace("OPSET", str(opset))
     m = make_model(text, {"W1": (8, 3, 3, 3), "W2": (6, 8, 1, 1)})
     out, _, _ = pad(m)
     assert ops(out) == ["Pad", "Gather", "Conv", "Relu", "Conv", "Slice", "Flatten"]
+    node = {n.op_type: n for n in out.graph.node}
+    assert [a.name for a in node["Pad"].attribute if a.name == "pads"] == ["pads"]
+    assert len(node["Pad"].input) == 1
+    assert len(node["Slice"].input) == (1 if opset < 10 else 4)
     same_outputs(m, out, x_feed((1, 3, 6, 6)))
 
 
