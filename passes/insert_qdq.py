@@ -190,6 +190,9 @@ class InsertQdq(Pass):
         assignment, plan = ctx.assignment, ctx.plan
         form, why = (plan.weight_form(ctx.options.migraphx_version) if plan is not None
                      else ("axis", "no plan"))
+        layers = [n for n in graph.nodes if assignment.precision.get(node_id(n)) == "int8"]
+        if not layers:   # `--plan fp16` printed 'nothing to do' and a weight form under it
+            return res
         if form == "axis" and graph.opset < 13:
             form = "per-tensor"
             res.notes.append(f"opset {graph.opset} < 13 has no per-axis DequantizeLinear: "
@@ -199,7 +202,6 @@ class InsertQdq(Pass):
                      plan is not None and plan.int8.get("bias") == "int32")
         from rewriter.core.progress import progress_bar
 
-        layers = [n for n in graph.nodes if assignment.precision.get(node_id(n)) == "int8"]
         # GPTQ rounding can take a minute (a 9216-wide conv): a bar when it runs.
         for node in progress_bar(ctx.progress and bool(ctx.hessians), iterable=layers,
                                  desc="int8 weights", unit="layer"):

@@ -231,6 +231,14 @@ def test_int32_bias():
     assert np.dot(ref.ravel(), got.ravel()) / np.linalg.norm(ref) / np.linalg.norm(got) > 0.99
 
 
+def test_no_int8_layers_nothing_said():
+    """`--plan fp16` printed insert-qdq's 'nothing to do' with a weight-form note under it."""
+    m = make_model(TWO_CONVS, INITS)
+    out, rep = quantize(m, "fp16", {})
+    assert not rep.passes[0].changed and not rep.passes[0].notes
+    assert ops(out) == ops(m)
+
+
 def _plan(form, weights="per-channel", **more):
     return {"rules": [{"match": {"op": ["Conv", "Gemm", "MatMul"]}, "precision": "int8"}],
             "int8": {"weight_form": form, "weights": weights, **more}}
