@@ -221,6 +221,7 @@ def _run(args) -> int:
     if args.calib and not args.plan:
         raise InputError("--calib is for a plan's INT8 layers: add --plan (default, auto, "
                          "int8 or a file)")
+    _planner_flags_need_the_planner(args)
     if args.preprocess and not args.calib:
         raise InputError("--preprocess says how --calib images become inputs: add --calib DIR")
     if args.target == "none" and (args.save_mxr or args.require_backend):
@@ -288,6 +289,31 @@ def _run(args) -> int:
     return EXIT_OK
 
 
+# The planner's own settings (None/False: not given); --method, --percentile, --weights,
+# --samples and --strict apply to every plan.
+PLANNER_ONLY = ("min_top1", "min_cosine", "alpha", "beta", "int8_speed", "fp16_speed",
+                "target_speedup", "max_accuracy_drop", "folds", "selection_correction")
+
+
+def _planner_flags_need_the_planner(args) -> None:
+    """A planner flag without the planner was silently ignored: `--plan default --verify
+    --min-top1 0.95` judged by the plan's own 0.99, and `--min-cosine` with no plan did
+    nothing at all."""
+    from rewriter.core.errors import InputError
+
+    flags = [f"--{k.replace('_', '-')}" for k in PLANNER_ONLY
+             if getattr(args, k) not in (None, False)]
+    if args.plan != "auto" and flags:
+        raise InputError(f"{flags[0]} is a setting of the planner (--plan auto, rewrite plan); "
+                         + ("a fixed plan's budget is its verify: section (docs/plans.md)"
+                            if args.plan else "add --plan auto --calib DIR"))
+    given = [f for f in ("method", "percentile", "weights", "samples")
+             if getattr(args, f) is not None]
+    if given and not args.plan:
+        raise InputError(f"--{given[0]} is for a plan's INT8 layers: add --plan (default, "
+                         "auto, int8 or a file)")
+
+
 def _emit(report, args) -> None:
     if args.report:
         try:
@@ -325,10 +351,10 @@ def _planner_args(p) -> None:
     g.add_argument("--min-top1", type=float, default=None,
                    help="top-1 agreement with FP32 the plan must keep (default 0.99; 0 when "
                         "--max-accuracy-drop is given and the samples have labels)")
-    g.add_argument("--min-cosine", type=float, default=0.995,
+    g.add_argument("--min-cosine", type=float, default=None,
                    help="output cosine with FP32 the plan must keep (default 0.995)")
-    g.add_argument("--alpha", type=float, default=0.7, help="weight of FP16 loss (default 0.7)")
-    g.add_argument("--beta", type=float, default=0.3, help="weight of INT8 loss (default 0.3)")
+    g.add_argument("--alpha", type=float, default=None, help="weight of FP16 loss (default 0.7)")
+    g.add_argument("--beta", type=float, default=None, help="weight of INT8 loss (default 0.3)")
     g.add_argument("--int8-speed", type=float, default=None,
                    help="INT8 speed relative to FP32 for the speed model (default 1.74)")
     g.add_argument("--fp16-speed", type=float, default=None,
@@ -351,7 +377,7 @@ def _planner_args(p) -> None:
     g.add_argument("--samples", type=int, default=None,
                    help="calibration samples used at most (default: the plan's, 200 in the "
                         "named plans; the planner's 256)")
-    g.add_argument("--folds", type=int, default=4,
+    g.add_argument("--folds", type=int, default=None,
                    help="k-fold judgement: ranges from k-1 folds, judged on the k-th (4)")
     g.add_argument("--strict", action="store_true",
                    help="exit 1 when the data cannot certify the budget at 95%% confidence "

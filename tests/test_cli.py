@@ -231,6 +231,29 @@ def test_an_abbreviated_or_misspelt_option_is_named(capfd, tmp_path):
     assert not (tmp_path / "o.onnx").exists()
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--plan", "default", "--calib", "CALIB", "--min-top1", "0.95"],
+     "--min-top1 is a setting of the planner (--plan auto, rewrite plan); a fixed plan's "
+     "budget is its verify: section"),
+    (["--plan", "fp16", "--folds", "2"], "--folds is a setting of the planner"),
+    (["--min-cosine", "0.9"], "--min-cosine is a setting of the planner (--plan auto, "
+     "rewrite plan); add --plan auto --calib DIR"),
+    (["--method", "minmax"], "--method is for a plan's INT8 layers: add --plan"),
+])
+def test_a_flag_nothing_would_read_is_an_error(capfd, tmp_path, argv, message):
+    """The planner's flags were silently ignored without the planner: `--plan default
+    --min-top1 0.95 --verify` was judged by the plan's 0.99, --min-cosine and --method
+    without a plan did nothing (exit 0)."""
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    np.save(calib / "a.npy", np.zeros((1, 3, 64, 64), np.float32))
+    argv = [str(calib) if a == "CALIB" else a for a in argv]
+    code, _, err = run(capfd, RESNET, "-o", tmp_path / "o.onnx", "--target", "none", *argv)
+    assert code == 2
+    assert_one_line(err, message)
+    assert not (tmp_path / "o.onnx").exists()
+
+
 def test_missing_arguments(capfd, tmp_path):
     code, _, err = run(capfd, RESNET)
     assert code == 2
