@@ -1343,12 +1343,13 @@ class _Rewrite:
             msg += _selected(metrics, exported.model.graph)
         missed = [m.name for m in metrics if not m.ok and not m.strict_refused]
         if lossy and self.plan is not None and missed:   # not a --strict refusal: a miss
-            msg += self.remedy(missed)
+            ints = all(m.integer for m in metrics if m.name in missed)
+            msg += self.remedy(missed, "min_top1" if ints else "min_cosine")
         err = VerificationError(msg)
         err.report = self.report
         return err
 
-    def remedy(self, failing: list) -> str:
+    def remedy(self, failing: list, key: str = "min_cosine") -> str:
         """What to do about a plan that misses its budget: the INT8 layers nearest the
         failing outputs (a plan's overrides can keep them FP16), and the planner. The error
         named the output and the bound only (YuNet's objectness heads, nineteenth round)."""
@@ -1366,7 +1367,8 @@ class _Rewrite:
             steps = ["--plan auto (the planner keeps sensitive layers out of INT8)"]
         if keep:
             steps.append(keep)
-        steps.append("or a lower verify min_cosine if this drift is acceptable")
+        # integer outputs are held to min_top1 (their share of equal values), not cosine
+        steps.append(f"or a lower verify {key} if this drift is acceptable")
         return "; to meet the budget: " + ", ".join(steps)
 
     def first_divergence(self, exported) -> str | None:

