@@ -28,6 +28,7 @@ Before -> after::
     x -> Unsqueeze(a) -> Squeeze(a) -> y (and the reverse)  =>  x (the middle may have
                                                                   other readers)
     x -> Unsqueeze(a) -> Unsqueeze(b) -> y                  =>  x -> Unsqueeze(a merged into b)
+    x -> ReduceOp(axes a, keepdims=0) -> Unsqueeze(a) -> y   =>  x -> ReduceOp(a, keepdims=1)
     x -> Reshape(s) -> Unsqueeze(a) / Squeeze(a) -> y        =>  x -> Reshape(s with the 1s
                                                                 at a put in / taken out)
     Concat(a, Concat(b, c)) on one axis, the inner one read only there  =>  Concat(a, b, c)
@@ -59,8 +60,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rewriter.core.graph import (BROADCAST_OPS, SAME_SHAPE_OPS, bypass, const_ints, iter_graphs,
-                                 scan_state_tensors, static_shape)
+from rewriter.core.graph import (BROADCAST_OPS, REDUCE_OPS, SAME_SHAPE_OPS, bypass, const_ints,
+                                 iter_graphs, scan_state_tensors, static_shape)
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
@@ -192,6 +193,22 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
             return None
         node.inputs[0] = prev.inputs[0]
         return _drop_pair(node, g, outs, "removed-squeeze-pair")
+    if (op == "Unsqueeze" and prev is not None and prev.op in REDUCE_OPS
+            and prev.domain in (None, "", "ai.onnx") and id(prev) in members
+            and not int(prev.attrs.get("keepdims", 1)) and len(x.outputs) == 1
+            and id(x) not in outs):
+        # A reduction without its axes, then Unsqueeze putting them back: keepdims
+        a, b = const_ints(prev, 1, "axes"), const_ints(node, 1, "axes")
+        if not a or b is None or _norm_axes(a, prev) is None \
+                or _norm_axes(a, prev) != _norm_axes(b, node):
+            return None
+        shape = node.outputs[0].shape
+        r = bypass(node, g, outs)
+        if r:
+            return f"skip:{r}"
+        prev.attrs["keepdims"] = 1
+        prev.outputs[0].shape = shape
+        return "merged-unsqueeze"
     if (op == "Slice" and prev is not None and prev.op == "Slice" and opset >= 10
             and len(x.outputs) > 1 and id(x) not in outs and id(prev) in members
             and prev.domain in (None, "", "ai.onnx")

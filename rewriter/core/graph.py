@@ -76,6 +76,10 @@ SAME_SHAPE_OPS = frozenset({
     "Softplus", "Softsign", "Mish", "Abs", "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Erf",
     "Floor", "Ceil", "Round", "Sign", "Not", "Cast", "Identity", "Clip", "Sin", "Cos", "IsNaN",
     "Gelu"})
+# Reductions with keepdims (and, from opset 13 or 18 on, axes as an input)
+REDUCE_OPS = frozenset({
+    "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+    "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"})
 BROADCAST_OPS = frozenset({
     "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "PRelu", "Clip", "Where",
     "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "BitShift",
