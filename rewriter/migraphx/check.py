@@ -589,7 +589,10 @@ class _Checker:
                      f"output_padding {list(_attr(node, 'output_padding', []))} next to pads "
                      f"{list(_attr(node, 'pads', []))}: {ctp['reason']}", g.path)
         ltc = self.profile.get("loop_trip_count")
-        if ltc and op == "Loop" and node.input and node.input[0]:
+        if ltc and op == "Loop" and not (node.input and node.input[0]):
+            self.add(ltc["severity"], "loop-trip-count-unbounded", label, op,
+                     f"no trip count: {ltc['absent_reason']}", g.path)
+        elif ltc and op == "Loop":
             m = _value(g.tensor(node.input[0]))
             body = next((a.g for a in node.attribute if a.name == "body"), None)
             scans = len(body.output) - 1 - max(len(node.input) - 2, 0) if body else 0

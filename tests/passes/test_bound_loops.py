@@ -188,3 +188,56 @@ def test_migraphx_gives_the_loops_rows_once_bounded(tmp_path, migraphx_version):
     np.testing.assert_allclose(np.reshape(run.outputs[0], want.shape), want, rtol=1e-6,
                                atol=1e-6)
     assert np.shape(run.outputs[0])[-2] == 3
+
+
+def counted_loop(n=19, readable=True):
+    """Loop(no M, True, acc = 0) { acc' = acc + 1; y_i = x * i; cond' = i < n } (readable)
+    or (i * 1) < n (not read by bound-loops): n + 1 iterations."""
+    vi = h.make_tensor_value_info
+    test = [h.make_node("Less", ["i", "n"], ["go"])] if readable else [
+        h.make_node("Mul", ["i", "one_i"], ["im"]), h.make_node("Less", ["im", "n"], ["go"])]
+    body = h.make_graph(
+        [h.make_node("Add", ["acc", "one"], ["acc2"]), h.make_node("Cast", ["i"], ["fi"],
+                                                                   to=T.FLOAT),
+         h.make_node("Mul", ["x", "fi"], ["y"])] + test, "body",
+        [vi("i", T.INT64, []), vi("c", T.BOOL, []), vi("acc", T.FLOAT, [])],
+        [vi("go", T.BOOL, []), vi("acc2", T.FLOAT, []), vi("y", T.FLOAT, [3])],
+        [numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+         numpy_helper.from_array(np.array(1, np.int64), "one_i")])
+    g = h.make_graph(
+        [h.make_node("Loop", ["", "t", "a0"], ["accN", "ys"], body=body)], "m",
+        [vi("x", T.FLOAT, [3])], [vi("accN", T.FLOAT, []), vi("ys", T.FLOAT, [None, 3])],
+        [numpy_helper.from_array(np.array(n, np.int64), "n"),
+         numpy_helper.from_array(np.array(True), "t"),
+         numpy_helper.from_array(np.array(0.0, np.float32), "a0")])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_the_static_check_warns_of_a_loop_with_no_trip_count():
+    """MIGraphX runs a Loop without M for max_loop_iterations (10): nothing said it."""
+    from rewriter.migraphx.check import check_model
+
+    def codes(model):
+        return [f.code for f in check_model(model).findings]
+    assert codes(counted_loop()).count("loop-trip-count-unbounded") == 1
+    out, _ = rewriter.rewrite(counted_loop(), ["bound-loops"])
+    assert trip_count(out) == 20 and "loop-trip-count-unbounded" not in codes(out)
+    out, _ = rewriter.rewrite(counted_loop(readable=False), ["bound-loops"])
+    assert codes(out).count("loop-trip-count-unbounded") == 1
+
+
+@pytest.mark.migraphx
+def test_migraphx_runs_a_loop_without_trip_count_ten_times(tmp_path, migraphx_version):
+    from rewriter.migraphx import backend
+
+    m, f = counted_loop(), {"x": np.array([1, 2, 3], np.float32)}
+    onnx.save(m, tmp_path / "m.onnx")
+    before = backend.compile_and_run(tmp_path / "m.onnx", f, None, target="ref")
+    assert float(np.ravel(before.outputs[0])[0]) == 10 and run_ort(m, f)[0] == 20
+    out, _ = rewriter.rewrite(m, target="migraphx")
+    onnx.save(out, tmp_path / "out.onnx")
+    run = backend.compile_and_run(tmp_path / "out.onnx", f, None, target="ref")
+    for a, b in zip(run_ort(m, f), run.outputs):
+        np.testing.assert_array_equal(np.reshape(b, a.shape), a)
