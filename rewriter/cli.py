@@ -301,8 +301,9 @@ def _planner_flags_need_the_planner(args) -> None:
     nothing at all."""
     from rewriter.core.errors import InputError
 
+    # `is`, not `in (None, False)`: 0 == False, and --min-top1 0 passed as not given
     flags = [f"--{k.replace('_', '-')}" for k in PLANNER_ONLY
-             if getattr(args, k) not in (None, False)]
+             if getattr(args, k) is not None and getattr(args, k) is not False]
     if args.plan != "auto" and flags:
         raise InputError(f"{flags[0]} is a setting of the planner (--plan auto, rewrite plan); "
                          + ("a fixed plan's budget is its verify: section (docs/plans.md)"

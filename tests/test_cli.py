@@ -239,6 +239,11 @@ def test_an_abbreviated_or_misspelt_option_is_named(capfd, tmp_path):
     (["--min-cosine", "0.9"], "--min-cosine is a setting of the planner (--plan auto, "
      "rewrite plan); add --plan auto --calib DIR"),
     (["--method", "minmax"], "--method is for a plan's INT8 layers: add --plan"),
+    # a value of 0 is given too (0 == False passed it as not given, exit 0)
+    (["--plan", "default", "--calib", "CALIB", "--min-top1", "0"],
+     "--min-top1 is a setting of the planner"),
+    (["--plan", "int8", "--calib", "CALIB", "--alpha", "0"], "--alpha is a setting of the "),
+    (["--target-speedup", "0"], "--target-speedup is a setting of the planner"),
 ])
 def test_a_flag_nothing_would_read_is_an_error(capfd, tmp_path, argv, message):
     """The planner's flags were silently ignored without the planner: `--plan default
