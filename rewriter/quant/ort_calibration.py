@@ -35,7 +35,18 @@ class Histograms:
     def add(self, name: str, values: np.ndarray) -> None:
         """Fold float32 ``values`` (finite, non-empty) into ``name``'s histogram."""
         if self.method == "percentile":
-            self._c.collect_absolute_value({name: values})
+            amax = float(np.max(np.abs(values)))
+            if name not in self._c.histogram_dict and amax > 0:
+                # the first batch's bins span [0, max |x|] here, where onnxruntime's span
+                # [min |x|, max |x|]: a tensor of nearly one magnitude (1/6 everywhere, a
+                # pooled softmax) had no room for 2048 float32 bins (ValueError, exit 3),
+                # or bins so narrow that a later, wider batch added millions of them
+                hist, edges = np.histogram(np.abs(values), bins=self._c.num_bins,
+                                           range=(0.0, amax))
+                self._c.histogram_dict[name] = (hist, edges.astype(values.dtype),
+                                                np.min(values), np.max(values))
+            else:
+                self._c.collect_absolute_value({name: values})
         else:
             self._c.collect_value({name: values})
 
