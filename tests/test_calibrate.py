@@ -463,7 +463,10 @@ def test_percentile_matches_onnxruntime_on_positive_data():
         for f in feeds:
             hc.collect({"x": f["x"]})
         _lo, hi = hc.compute_collection_result()["x"][:2]
-    assert ours == float(hi)
+    # within a bin: the first histogram spans [0, max |x|] here, [min |x|, max |x|] there
+    # (a tensor of nearly one magnitude had no room for its bins, tests/quant)
+    width = max(float(np.abs(f["x"]).max()) for f in feeds) / 1000
+    assert abs(ours - float(hi)) <= width
 
 
 def test_entropy_clips_heavy_tails():
