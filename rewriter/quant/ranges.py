@@ -197,7 +197,8 @@ class _ChannelReducer:
             return
         a = a.reshape(a.shape[0], a.shape[1], -1) if a.ndim >= 2 else a.reshape(1, 1, -1)
         for _ in range(2):
-            s = a.sum(axis=(0, 2), dtype=np.float64)
+            with np.errstate(invalid="ignore", over="ignore"):   # inf - inf: checked below
+                s = a.sum(axis=(0, 2), dtype=np.float64)
             hi, lo = a.max(axis=(0, 2)), a.min(axis=(0, 2))
             # an inf or a nan anywhere leaves one of the three non-finite
             if np.isfinite(s).all() and np.isfinite(hi).all() and np.isfinite(lo).all():

@@ -585,3 +585,25 @@ def test_a_yolov8_dfl_makes_the_box_conv_before_it_a_last_conv():
         fp16 = sorted(k for k, v in a.precision.items() if v == "fp16")
         assert fp16 == ["b", "c", "d", "o", "s", "v"], a.precision   # v: the classifier
         assert a.precision["t"] == "int8"
+
+
+def test_inf_and_minus_inf_in_one_channel_say_nothing_through_the_api(rng):
+    """+inf and -inf in one channel of the calibration data: the channel statistics'
+    sum printed numpy's 'RuntimeWarning: invalid value encountered in reduce' through the
+    API (the CLI hides warnings). Both layers stay fp32 (the inf reaches the second)."""
+    import warnings
+
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 8, 6, 6] x) => (float[N, 16, 6, 6] h) {
+        a = Conv <pads = [1, 1, 1, 1]> (x, W1)
+        r = Relu (a)
+        h = Conv <pads = [1, 1, 1, 1]> (r, W2)
+    }""", {"W1": (16, 8, 3, 3), "W2": (16, 16, 3, 3)})
+    calib = [{"x": rng.standard_normal((1, 8, 6, 6)).astype(np.float32)} for _ in range(8)]
+    calib[0]["x"][0, 3, 1, 1], calib[0]["x"][0, 3, 2, 2] = np.inf, -np.inf
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out, rep = rewriter.rewrite(m, plan="int8", calib=calib, target="none")
+    layers = rep.extra["plan"]["layers"]
+    assert [layers[i]["precision"] for i in ("a", "h")] == ["fp32", "fp32"]
