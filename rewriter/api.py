@@ -1623,6 +1623,8 @@ def _worst(metrics, verifier=None) -> str:
     if why:   # judged by bounds, not by the point values above: say which one missed
         s += f"; {why}"
     from rewriter.verify.metrics import TINY_OUTPUT
+    if m.shape_ok and not m.integer and m.max_abs == float("inf"):
+        s += "; NaN or infinity where the other has a number"
     if m.shape_ok and not m.integer and m.ref_max < TINY_OUTPUT:
         # e.g. a detector's probability map on inputs without objects: float16 subnormals
         # and rounding there are most of the value, whatever the model does on real data

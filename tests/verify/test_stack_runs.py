@@ -228,3 +228,20 @@ def test_an_empty_sentence_among_others_agrees_it_does_not_count_as_a_miss():
     assert v.judge_output("y", ref, out, True, Numerics.LOSSY).top1 == pytest.approx(10 / 13)
     # a subset of empty samples only (MIGraphX's first samples): nothing flips, not NaN
     assert top1_agreement(ref[1:2], out[1:2], v.real["y"][1:2]) == 1.0
+
+
+def test_nan_where_the_original_has_numbers_is_said_and_the_scale_kept():
+    """An INT8 layer gave numbers where the original had NaN (a sample held out of
+    calibration): the error said 'the original's output is below 0.001 everywhere (max
+    0.0e+00)' of outputs near 0.6, and nothing of the NaN."""
+    from rewriter.api import _worst
+    from rewriter.verify.metrics import compare
+
+    ref = np.array([[0.6, -0.2], [np.nan, np.nan]], np.float32)
+    out = np.array([[0.6, -0.2], [2.2, 0.1]], np.float32)
+    for r, o in ((ref, out), (np.where(np.isnan(ref), np.inf, ref), out)):
+        m = compare("y", r, o)
+        assert not m.ok and m.ref_max == pytest.approx(0.6)
+        text = _worst([m])
+        assert "NaN or infinity where the other has a number" in text
+        assert "below 0.001" not in text
