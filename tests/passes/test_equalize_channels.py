@@ -143,7 +143,7 @@ def test_plan_default_with_equalization_lowers_and_helps(rng):
     errs = []
     for eq in (False, True):
         # minmax: mse's clip moves with its histogram's bins (0.6% of this error either
-        # way since the bins start at zero, 7f009a9), more than equalization changes it
+        # way since the bins start at zero, 8928fda), more than equalization changes it
         plan = dict(base, int8={"equalize": eq, "calibration": {"method": "minmax"}})
         out, rep = rewriter.rewrite(m, plan=plan, calib=calib)
         assert ("equalize-channels" in [p.name for p in rep.passes]) == eq
