@@ -292,7 +292,8 @@ def test_plan_preprocess_section_checked_at_load():
     unsaid where the calibration folder held .npy files (the section unused there)."""
     from rewriter.quant.plan import from_dict
 
-    with pytest.raises(InputError, match="plan p.yaml: preprocess: unknown key 'szie'; did you mean"):
+    with pytest.raises(InputError,
+                       match="plan p.yaml: preprocess: unknown key 'szie'; did you mean"):
         from_dict({"version": 1, "preprocess": {"szie": [64, 64]}}, "p.yaml")
     assert from_dict({"preprocess": {"size": 64}}, "p.yaml").preprocess == {"size": 64}
 
