@@ -165,10 +165,11 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
         return _drop_pair(node, g, outs, f"removed-{op.lower()}")
     if op in _ABSORBING and len(node.inputs) == 2 and _absorbing_operand(node):
         return _bypassed(node, g, outs, f"absorbed-{op.lower()}")
-    if op == "Where" and len(node.inputs) == 3 and _where_decided(node) is not None:
+    pick = _where_decided(node) if op == "Where" and len(node.inputs) == 3 else None
+    if pick is not None:
         inputs = list(node.inputs)
         node.inputs.clear()
-        node.inputs.append(_where_decided(node, inputs))
+        node.inputs.append(pick)
         r = bypass(node, g, outs)
         if r:   # kept (a graph input to a graph output): as it was
             node.inputs.clear()
@@ -522,10 +523,10 @@ def _absorbing_operand(node: gs.Node) -> bool:
     return False
 
 
-def _where_decided(node: gs.Node, inputs: list | None = None) -> gs.Tensor | None:
-    """The branch a Where takes when its condition (of ``inputs``, default the node's) is
-    a constant all True (or all False) and that branch already has the output's shape."""
-    c, a, b = inputs or node.inputs
+def _where_decided(node: gs.Node) -> gs.Tensor | None:
+    """The branch a Where takes when its condition is a constant all True (or all False)
+    and that branch already has the output's shape."""
+    c, a, b = node.inputs
     v = c.values if isinstance(c, gs.Constant) else None
     if v is None or v.dtype.kind != "b" or not v.size or (v.any() and not v.all()):
         return None

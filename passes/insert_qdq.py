@@ -62,7 +62,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from rewriter.core.errors import PreconditionError
-from rewriter.core.graph import StoredInt8, node_id, stored_int8_weight
+from rewriter.core.graph import StoredInt8, node_id, stored_int8_weight, weight_out_axis
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 QMAX = 127
@@ -274,12 +274,7 @@ class _Site:
             return "no-calibration-range"
         if not np.all(np.isfinite(amax)):
             return "activation-not-finite"   # int8 has no inf or NaN: they became numbers
-        if node.op == "Conv":
-            axis = 0
-        elif node.op == "Gemm":
-            axis = 0 if int(node.attrs.get("transB", 0)) else 1
-        else:
-            axis = 1
+        axis = weight_out_axis(node, 2)   # Conv's is 0 at any rank, a MatMul's is 2-D here
         alpha = float(node.attrs.get("alpha", 1.0)) if node.op == "Gemm" else 1.0
         if alpha != 1.0:
             # MIGraphX's Gemm builder puts mul(alpha, A) between the DQ and the dot, which

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rewriter.core.graph import iter_graphs, packed, peek_values
+from rewriter.core.graph import iter_graphs, packed, peek_values, weight_out_axis
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 LAYERS = ("Conv", "MatMul", "Gemm")
@@ -95,16 +95,11 @@ def _move(node: gs.Node, site) -> str | None:
     rank = qv.ndim
     axis = int(dq.attrs.get("axis", 1))
     axis = axis + rank if axis < 0 else axis
-    if node.op == "Conv":
-        out_axis = 0
-    elif node.op == "Gemm":
-        out_axis = 0 if int(node.attrs.get("transB", 0)) else 1
-        if float(node.attrs.get("alpha", 1.0)) != 1.0:
-            return "gemm-alpha"
-    else:
-        out_axis = rank - 1
-        if rank != 2:
-            return "matmul-rank"
+    if node.op == "Gemm" and float(node.attrs.get("alpha", 1.0)) != 1.0:
+        return "gemm-alpha"
+    out_axis = weight_out_axis(node, rank)
+    if out_axis is None:
+        return "matmul-rank"
     sv = peek_values(s)
     if axis != out_axis or sv.size != qv.shape[axis]:
         return "not-output-channels"
