@@ -113,7 +113,8 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
             ``preprocess`` (a mapping of docs/calibration.md's keys) apply to any plan,
             ``strict`` (refuse an uncertified result, as --strict) to ``verify`` of any
             plan; the rest only to ``plan="auto"``: ``min_top1``, ``min_cosine``,
-            ``max_accuracy_drop``, ``alpha``, ``beta``, ``int8_speed``, ``fp16_speed``,
+            ``max_accuracy_drop``, ``max_abs`` (a number, or {output: number}),
+            ``min_within`` (0.99), ``alpha``, ``beta``, ``int8_speed``, ``fp16_speed``,
             ``target_speedup``, ``folds`` (4), ``refine`` (16), ``selection_correction``,
             ``equalize`` (True), ``bias_correction`` (False), ``rounding`` ("gptq"),
             ``weight_form``, ``num_bins`` (docs/plans.md); its target MIGraphX is
@@ -1266,6 +1267,7 @@ class _Rewrite:
                     + "), within " + ("the budget" if self.plan is not None else "tolerance")
                     + ", and on its post-processing run on the original's values of those, "
                     + m.selected["replay"] + "; --strict refuses it")
+        from rewriter.verify.certify import modelled_by
         for m in metrics:   # passed, but only because the data cannot decide (verifier)
             c = m.certificate
             if m.selected:
@@ -1280,7 +1282,7 @@ class _Rewrite:
                     + "; more samples, or --strict to make this an error")
             elif m.ok and c is not None and not c["certifiable"]:
                 self.report.warnings.append(
-                    f"output '{m.name}' meets the budget by the flip-risk model only, not "
+                    f"output '{m.name}' meets the budget by {modelled_by(c)} only, not "
                     f"certified on {c['n']} samples ({c['why']}): written; more samples, or "
                     "--strict to make this an error")
         if not self.report.ok:
@@ -1344,7 +1346,12 @@ class _Rewrite:
         missed = [m.name for m in metrics if not m.ok and not m.strict_refused]
         if lossy and self.plan is not None and missed:   # not a --strict refusal: a miss
             ints = all(m.integer for m in metrics if m.name in missed)
-            msg += self.remedy(missed, "min_top1" if ints else "min_cosine")
+            # an error in units missed (certify.judge_abs): its tolerance is the key to change
+            units = any((m.certificate or {}).get("within_lower") is not None
+                        and m.certificate["within_lower"] < m.certificate["budget"].get(
+                            "min_within", 0.99) for m in metrics if m.name in missed)
+            msg += self.remedy(missed, "min_top1" if ints else "max_abs" if units
+                               else "min_cosine")
         err = VerificationError(msg)
         err.report = self.report
         return err
@@ -1368,7 +1375,8 @@ class _Rewrite:
         if keep:
             steps.append(keep)
         # integer outputs are held to min_top1 (their share of equal values), not cosine
-        steps.append(f"or a lower verify {key} if this drift is acceptable")
+        steps.append(f"or a {'higher' if key == 'max_abs' else 'lower'} verify {key} if this "
+                     "drift is acceptable")
         return "; to meet the budget: " + ", ".join(steps)
 
     def first_divergence(self, exported) -> str | None:
@@ -1617,8 +1625,9 @@ def _worst(metrics, verifier=None) -> str:
     if m.sqnr_db != float("inf"):
         s += f", SQNR {m.sqnr_db:.1f} dB"
     if verifier is not None and verifier.lossy:
-        s += " vs budget " + ", ".join(f"{k} {v:.10g}" for k, v in verifier.lossy.items()
-                                       if v is not None)
+        s += " vs budget " + ", ".join(
+            f"{k} " + (",".join(f"{o}={x:g}" for o, x in v.items()) if isinstance(v, dict)
+                       else f"{v:.10g}") for k, v in verifier.lossy.items() if v is not None)
     why = (getattr(m, "certificate", None) or {}).get("why")
     if why:   # judged by bounds, not by the point values above: say which one missed
         s += f"; {why}"

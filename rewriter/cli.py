@@ -292,7 +292,8 @@ def _run(args) -> int:
 # The planner's own settings (None/False: not given); --method, --percentile, --weights,
 # --samples and --strict apply to every plan.
 PLANNER_ONLY = ("min_top1", "min_cosine", "alpha", "beta", "int8_speed", "fp16_speed",
-                "target_speedup", "max_accuracy_drop", "folds", "selection_correction")
+                "target_speedup", "max_accuracy_drop", "folds", "selection_correction",
+                "max_abs", "min_within")
 
 
 def _planner_flags_need_the_planner(args) -> None:
@@ -365,6 +366,13 @@ def _planner_args(p) -> None:
     g.add_argument("--max-accuracy-drop", type=float, default=None, metavar="POINTS",
                    help="with labels beside the calibration data (labels.txt/.json/.npy): "
                         "task accuracy the plan may lose against FP32, in points")
+    g.add_argument("--max-abs", type=_max_abs_arg, default=None, metavar="X|NAME=X,...",
+                   help="error in the outputs' own units (pixels, seconds) every value of a "
+                        "sample must keep against FP32: one number for every output without "
+                        "classes, or per output (boxes=2,landmarks=0.5)")
+    g.add_argument("--min-within", type=float, default=None, metavar="SHARE",
+                   help="share of inputs that must keep every value within --max-abs "
+                        "(default 0.99)")
     # None = not given: the planner's defaults, or the plan file's own (which a given
     # value overrides for any --plan).
     g.add_argument("--method", choices=METHODS, default=None,
@@ -389,6 +397,25 @@ def _planner_args(p) -> None:
                         "the choice; keeps fewer layers INT8")
 
 
+def _max_abs_arg(text: str):
+    """--max-abs: a number, or NAME=X pairs separated by commas."""
+    if "=" not in text:
+        try:
+            return float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number or NAME=X list: {text!r}") from None
+    out = {}
+    for part in filter(None, text.split(",")):
+        name, _, value = part.rpartition("=")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not NAME=X: {part!r}") from None
+        if not name.strip():
+            raise argparse.ArgumentTypeError(f"no output name in {part!r}")
+    return out
+
+
 SHAPE_HELP = ("shape for an input with symbolic dims, e.g. input:1x3x224x224 (repeatable, or "
               "comma-separated: a:1x16,b:1x16)")
 PREPROCESS_HELP = ("how images in --calib become inputs: a YAML/JSON file of preprocess "
@@ -409,6 +436,7 @@ def _planner_settings(args) -> dict:
             "method": args.method, "percentile": args.percentile, "weights": args.weights,
             "samples": args.samples,
             "max_accuracy_drop": args.max_accuracy_drop, "folds": args.folds,
+            "max_abs": args.max_abs, "min_within": args.min_within,
             "strict": args.strict, "selection_correction": args.selection_correction}
 
 

@@ -244,6 +244,13 @@ def test_an_abbreviated_or_misspelt_option_is_named(capfd, tmp_path):
      "--min-top1 is a setting of the planner"),
     (["--plan", "int8", "--calib", "CALIB", "--alpha", "0"], "--alpha is a setting of the "),
     (["--target-speedup", "0"], "--target-speedup is a setting of the planner"),
+    (["--plan", "default", "--calib", "CALIB", "--max-abs", "0.5"],
+     "--max-abs is a setting of the planner"),
+    (["--plan", "auto", "--calib", "CALIB", "--max-abs", "0"],
+     "planner setting: max_abs must be a positive number of the output's units, not 0.0"),
+    (["--plan", "auto", "--calib", "CALIB", "--max-abs", "y=x"], "not NAME=X: 'y=x'"),
+    (["--plan", "auto", "--calib", "CALIB", "--max-abs", "0.5", "--min-within", "1.5"],
+     "planner setting min_within must be in (0, 1], not 1.5"),
 ])
 def test_a_flag_nothing_would_read_is_an_error(capfd, tmp_path, argv, message):
     """The planner's flags were silently ignored without the planner: `--plan default

@@ -23,6 +23,13 @@ it is now (:func:`rewriter.verify.certify.mean_lower`) and the percentile bootst
 replaced. DATA's samples stand for the inputs the model will meet; a 95% bound should be
 above their mean in about 2.5% of draws.
 
+``--max-abs ORIGINAL REWRITTEN DATA``: the largest error of every sample of DATA, per
+float output, then, at tolerances from its 97th percentile to twice its largest, on
+``--draws`` draws of ``--n`` samples (without replacement) how often the bound of the
+share of inputs outside the tolerance (:func:`rewriter.verify.certify.exceed_bounds`) is
+below the share of all DATA's samples, how often it certifies 0.99 within, and the same
+for a log-normal fit of the errors (bootstrapped), the model it was chosen over.
+
 ``--models TASK=PATH ...``: only the draws, for rewritten models already on disk: on
 ``--draws`` random 64-sample draws of the fresh samples, how often the flip-risk bound
 is above the other samples' agreement, its median, and how often it passes 0.99; next to
@@ -50,16 +57,22 @@ def main() -> int:
                    help="only the draws, on these rewritten models")
     p.add_argument("--cosine", nargs=3, metavar=("ORIGINAL", "REWRITTEN", "DATA"),
                    help="how often the mean-cosine bound is above the mean of DATA's samples")
+    p.add_argument("--max-abs", nargs=3, metavar=("ORIGINAL", "REWRITTEN", "DATA"),
+                   help="how often the max_abs share bound is below the share of DATA")
     p.add_argument("--preprocess", help="with --cosine: a YAML file of the plan's preprocess")
-    p.add_argument("--n", type=int, nargs="+", default=[18, 56],
-                   help="with --cosine: samples per draw (18 56)")
+    p.add_argument("--n", type=int, nargs="+", default=None,
+                   help="with --cosine / --max-abs: samples per draw (18 56 / 24 64)")
     p.add_argument("--n-eval", type=int, default=1000)
     p.add_argument("--eval-seed", type=int, default=2)
     p.add_argument("--draws", type=int, default=100)
     p.add_argument("--work", default="/tmp/quant_bound_check")
     a = p.parse_args()
     if a.cosine:
+        a.n = a.n or [18, 56]
         return cosine_draws(a)
+    if a.max_abs:
+        a.n = a.n or [24, 64]
+        return abs_draws(a)
     if a.models:
         return draws_only(a)
     if not a.task:
@@ -190,6 +203,62 @@ def cosine_draws(a) -> int:
             print(f"  {k:24s} mean {c.mean():.6f} worst {c.min():.5f}  n {n:3d}: now "
                   f"{now / a.draws * 100:5.1f}%, percentile bootstrap "
                   f"{before / a.draws * 100:5.1f}%", flush=True)
+    return 0
+
+
+def _lognormal_upper(e: np.ndarray, tol: float, reps: int = 1000, seed: int = 0) -> float:
+    """The model exceed_bounds was chosen over: log-errors normal, bootstrapped."""
+    from statistics import NormalDist
+    x = np.log(np.maximum(e, tol * 1e-12))
+    s = x[np.random.default_rng(seed).integers(0, len(x), (reps, len(x)))]
+    z = (np.log(tol) - s.mean(axis=1)) / np.maximum(s.std(axis=1, ddof=1), 1e-12)
+    p = 1 - np.array([NormalDist().cdf(v) for v in z])
+    return max(float(np.percentile(p, 95)), float(np.mean(e > tol)))
+
+
+def abs_draws(a) -> int:
+    import onnx
+
+    from rewriter.core import ort
+    from rewriter.quant.data import load_calibration
+    from rewriter.verify.certify import exceed_bounds, sample_abs_errors
+
+    orig, new, data = a.max_abs
+    samples = load_calibration(data, onnx.load(orig, load_external_data=False),
+                               limit=10 ** 6)
+    sa, sb = ort.session(orig), ort.session(new)
+    names = [o.name for o in sa.get_outputs()]
+    errs = {k: [] for k in names}
+    for feed in samples:
+        for k, x, y in zip(names, sa.run(None, feed), sb.run(names, feed)):
+            if np.issubdtype(np.asarray(x).dtype, np.floating):
+                errs[k].append(float(sample_abs_errors(np.ravel(x)[None],
+                                                       np.ravel(y)[None])[0]))
+    print(f"{new}: {len(samples)} samples, {a.draws} draws each: share of draws whose bound "
+          "of the share outside max_abs is below that of all samples (under), median "
+          "bound of the share within, share of draws certifying 0.99")
+    for k, e in errs.items():
+        e = np.array(e)
+        if len(e) < 2:
+            continue
+        for q, mult in ((97, 1), (99, 1), (99.5, 1), (99.9, 1), (100, 1), (100, 1.5),
+                        (100, 2)):
+            tol = float(np.percentile(e, q)) * mult
+            if not tol > 0:
+                continue
+            truth = float(np.mean(e > tol))
+            for n in a.n:
+                rng = np.random.default_rng(1)
+                now, old = [], []
+                for r in range(a.draws):
+                    x = e[rng.choice(len(e), min(n, len(e)), replace=False)]
+                    now.append(exceed_bounds(x, tol, seed=r)[1])
+                    old.append(_lognormal_upper(x, tol, seed=r))
+                now, old = np.array(now), np.array(old)
+                print(f"  {k:16s} q{q:<5g}x{mult:<4g} tol {tol:.4g} outside {truth:.4f} n {n:3d}:"
+                      f" under {np.mean(now < truth) * 100:5.1f}% within>= "
+                      f"{1 - np.median(now):.3f} 0.99 in {np.mean(now <= 0.01) * 100:5.1f}%;"
+                      f" log-normal under {np.mean(old < truth) * 100:5.1f}%", flush=True)
     return 0
 
 

@@ -75,7 +75,7 @@ API_NAMES = {
     **{f"--{k.replace('_', '-')}": f'options={{"planner": {{"{k}": ...}}}}' for k in (
         "strict", "preprocess", "samples", "percentile", "method", "weights", "min_top1",
         "min_cosine", "max_accuracy_drop", "target_speedup", "int8_speed", "fp16_speed",
-        "selection_correction", "folds", "alpha", "beta")},
+        "selection_correction", "folds", "alpha", "beta", "max_abs", "min_within")},
 }
 _FLAG = re.compile(r"--[a-z][a-z0-9-]*")
 

@@ -18,7 +18,8 @@ A plan says, per layer (Conv, ConvTranspose, MatMul, Gemm), ``fp32``, ``fp16`` o
                                           # auto (from the target MIGraphX version)
       bias: float                         # or int32
     fp16: {clamp: true}
-    verify: {min_cosine: 0.99, min_top1: 0.99, min_sqnr_db: 15, max_accuracy_drop: 1.0}
+    verify: {min_cosine: 0.99, min_top1: 0.99, min_sqnr_db: 15, max_accuracy_drop: 1.0,
+             max_abs: 0.5, min_within: 0.99}  # max_abs: in the outputs' units, or by output
     preprocess: {...}                    # for image calibration folders (rewriter.calibrate)
 
 Matchers (all given keys must hold): ``name`` (exact node name), ``regex`` (re.search on
@@ -45,7 +46,7 @@ import onnx_graphsurgeon as gs
 from rewriter.core.errors import InputError
 from rewriter.core.graph import StoredInt8, node_id, stored_int8_weight
 from rewriter.quant import METHODS, WEIGHT_FORMS
-from rewriter.verify.metrics import LOSSY_DEFAULT
+from rewriter.verify.metrics import LOSSY_DEFAULT, max_abs_setting
 
 PRECISIONS = ("fp32", "fp16", "int8")
 LAYER_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
@@ -252,7 +253,10 @@ def from_dict(d: Any, source: str) -> Plan:
     ver = d.get("verify", {}) or {}
     _no_unknown(ver, set(LOSSY_DEFAULT), f"plan {source}: verify")
     p.verify = {k: (None if ver.get(k, v) is None else float(ver.get(k, v)))
-                for k, v in LOSSY_DEFAULT.items()}
+                for k, v in LOSSY_DEFAULT.items() if k != "max_abs"}
+    p.verify["max_abs"] = max_abs_setting(ver.get("max_abs"), f"plan {source}: verify")
+    if not 0.0 < p.verify["min_within"] <= 1.0:
+        raise InputError(f"plan {source}: verify.min_within must be in (0, 1]")
     if ver.get("max_accuracy_drop") is not None and "min_top1" not in ver:
         p.verify["min_top1"] = None     # the verifier's: 0 where labels judge accuracy
     p.preprocess = d.get("preprocess")

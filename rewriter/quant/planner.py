@@ -63,6 +63,7 @@ from rewriter.quant.plan import LAYER_OPS, Assignment, Plan, int8_capable
 
 DEFAULTS = {"alpha": 0.7, "beta": 0.3, "int8_speed": 2176 / 1248, "fp16_speed": 1.5,
             "min_top1": None, "min_cosine": 0.995, "max_accuracy_drop": None,
+            "max_abs": None, "min_within": 0.99,
             "refine": 16, "folds": 4, "equalize": True,
             "bias_correction": False, "rounding": "gptq", "strict": False,
             "selection_correction": False, "stored_weights": "requantize"}
@@ -170,10 +171,16 @@ def certificate_line(j: dict, folds: int = 1) -> str:
               f"{j['accuracy_drop']:+.1f} [{lo:+.1f}, {hi:+.1f}] points")
         s += (f", bound {j['accuracy_drop_upper']:.1f})" if j.get("accuracy_drop_upper")
               is not None else ")")
+    if j.get("within") is not None:
+        lo, hi = j["within_ci"]
+        s += (f", within max_abs {j['max_abs']:g} ({j['abs_output']}) on {j['within']:.3f} "
+              f"[{lo:.3f}, {hi:.3f}] of samples, bound {j['within_lower']:.3f}, largest "
+              f"error {j['abs_worst']:.3g}")
     if j.get("met") and j.get("certifiable"):
         return s + "; budget met at 95% confidence"
     if j.get("met"):
-        return s + f"; budget met by the flip-risk model only, not certified: {j['why']}"
+        from rewriter.verify.certify import modelled_by
+        return s + f"; budget met by {modelled_by(j)} only, not certified: {j['why']}"
     return s + f"; budget NOT met: {j['why']}"
 
 
@@ -356,6 +363,8 @@ class _CrossValidator:
         return g
 
     def budget(self) -> dict:
+        """What judge_lossy holds each output to (max_abs is judged by the whole output,
+        in _judge)."""
         b = {"min_top1": self.s["min_top1"], "min_cosine": self.s["min_cosine"]}
         if self.s.get("max_accuracy_drop") is not None and self.labels is not None:
             b["max_accuracy_drop"] = float(self.s["max_accuracy_drop"])
@@ -407,11 +416,12 @@ class _CrossValidator:
     def _judge(self, idx: list[int], outs: list, alpha: float = 0.05) -> dict:
         """One judgement over the samples ``idx``: the first output with classes decides
         top-1/flip risk (else the first output); the worst cosine bound over outputs."""
-        from rewriter.verify.certify import judge_equal, judge_lossy
+        from rewriter.verify.certify import judge_abs, judge_equal, judge_lossy
         from rewriter.verify.feeds import join_runs, stack_runs
-        from rewriter.verify.metrics import real_positions, tiny_agrees
+        from rewriter.verify.metrics import abs_tolerance, real_positions, tiny_agrees
 
         feeds = [self.feeds[j] for j in idx]
+        abs_judged: list[int] = []
         ref, _, padded = join_runs([self.reference[j] for j in idx], feeds)
         got = stack_runs(outs, feeds)
         labels = self.labels[idx] if self.labels is not None else None
@@ -456,15 +466,21 @@ class _CrossValidator:
                     main.cosine, main.cosine_ci, main.cosine_worst = (j.cosine, j.cosine_ci,
                                                                       j.cosine_worst)
                     main.met = main.met and j.met
+            abs_judged.append(k)
+        for k in abs_judged:   # an error in units: each output as a whole, split or not
+            tol = abs_tolerance(self.s, self.output_names[k], classes[k])
+            if tol is not None:
+                judge_abs(main, self.output_names[k], ref[k], got[k], tol,
+                          float(self.s["min_within"]))
         return main.to_dict()
 
 
 def _harm(m: dict) -> float:
     """One layer's harm for ranking: expected flip rate where there are classes, else
-    1 - cosine; both per-sample averages that a few samples estimate stably."""
-    if m.get("flip_risk") is not None:
-        return float(m["flip_risk"]) + (1.0 - float(m["cosine"]))
-    return 1.0 - float(m["cosine"])
+    1 - cosine; both per-sample averages that a few samples estimate stably; with a
+    max_abs budget, plus the estimated share of inputs outside it."""
+    h = 1.0 - float(m["cosine"]) + float(m.get("exceed_risk") or 0.0)
+    return h + float(m["flip_risk"]) if m.get("flip_risk") is not None else h
 
 
 def plan_auto(model, calib, *, input_shapes=None, settings: dict | None = None,
@@ -541,6 +557,10 @@ def _settings(settings: dict | None) -> dict:
     check_settings(settings)
     s = _defaults()
     s.update({k: v for k, v in (settings or {}).items() if v is not None})
+    from rewriter.verify.metrics import max_abs_setting
+    s["max_abs"] = max_abs_setting(s["max_abs"], "planner setting")
+    if not 0.0 < float(s["min_within"]) <= 1.0:
+        raise InputError(f"planner setting min_within must be in (0, 1], not {s['min_within']}")
     if s["stored_weights"] not in ("requantize", "keep"):   # said before minutes of planning
         raise InputError(f"planner setting stored_weights must be requantize or keep, not "
                          f"{s['stored_weights']!r}")
@@ -727,15 +747,15 @@ def _acceptance_tests(results: list, s: dict) -> int:
 
 
 def _certificate_notes(measured: dict, s: dict) -> list[str]:
-    from rewriter.verify.certify import counting_shortfalls
+    from rewriter.verify.certify import counting_shortfalls, modelled_by
 
     if measured.get("certifiable", True):
         return []
     notes = counting_shortfalls(measured["n"], measured.get("budget") or {},
                                 top1=measured.get("top1") is not None,
                                 accuracy=measured.get("accuracy_drop") is not None)
-    notes.append("the choice rests on the flip-risk model's bound (give more calibration "
-                 "samples, or --strict to refuse)")
+    notes.append(f"the choice rests on the bound of {modelled_by(measured)} (give more "
+                 "calibration samples, or --strict to refuse)")
     alpha = measured.get("alpha", 0.05)
     if measured.get("top1_lower") is None:
         return notes
@@ -765,6 +785,9 @@ def _plan_dict(results: list[LayerResult], s: dict) -> dict:
                     "min_sqnr_db": 0.0}}
     if s.get("max_accuracy_drop") is not None:    # judged where the verifier has labels
         d["verify"]["max_accuracy_drop"] = float(s["max_accuracy_drop"])
+    if s.get("max_abs") is not None:
+        d["verify"]["max_abs"] = s["max_abs"]
+        d["verify"]["min_within"] = float(s["min_within"])
     if s["preprocess"]:
         d["preprocess"] = s["preprocess"]
     return d

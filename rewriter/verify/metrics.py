@@ -347,7 +347,43 @@ def compare(name: str, ref: np.ndarray, out: np.ndarray, classes: bool | None = 
 TINY_OUTPUT = 1e-3
 ABS_FLOOR = 1e-6
 LOSSY_DEFAULT = {"min_cosine": 0.99, "min_top1": 0.99, "min_sqnr_db": 15.0,
-                 "max_accuracy_drop": None}
+                 "max_accuracy_drop": None, "max_abs": None, "min_within": 0.99}
+
+
+def max_abs_setting(value, where: str):
+    """A ``max_abs`` budget as given: None, one number (every float output without
+    classes) or a mapping {output name: number}; InputError in one line otherwise."""
+    from rewriter.core.errors import InputError
+
+    def number(v, what):
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            x = float("nan")
+        if isinstance(v, bool) or not (x > 0 and np.isfinite(x)):
+            raise InputError(f"{where}: {what} must be a positive number of the output's "
+                             f"units, not {v!r}")
+        return x
+
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        if not value:
+            raise InputError(f"{where}: max_abs names no output")
+        return {str(k): number(v, f"max_abs of '{k}'") for k, v in value.items()}
+    return number(value, "max_abs")
+
+
+def abs_tolerance(budget: dict | None, name: str, classes: bool) -> float | None:
+    """The ``max_abs`` of output ``name``: a number applies to every output without classes
+    (a classifier's scores are held to top-1 and cosine), a mapping to the outputs it
+    names."""
+    v = (budget or {}).get("max_abs")
+    if v is None:
+        return None
+    if isinstance(v, dict):
+        return float(v[name]) if name in v else None
+    return None if classes else float(v)
 
 
 def tiny_agrees(ref, out, min_cosine: float) -> bool | None:
@@ -404,6 +440,10 @@ def judge(m: OutputMetrics, numerics: Numerics, depth: int = 1,
         t = dict(LOSSY_DEFAULT, **{k: v for k, v in (lossy or {}).items() if v is not None})
         if m.integer:
             return 1.0 - m.mismatch >= t["min_top1"]
+        # one sample (or one run): its every value within the user's error in units
+        tol = abs_tolerance(t, m.name, m.top1 is not None)
+        if tol is not None and not m.max_abs <= tol:
+            return False
         if m.ref_max < TINY_OUTPUT:
             # Tiny everywhere: an absolute error within the budget's share of the tiny
             # threshold (1e-5 at cosine 0.99), a weak check the report says is weak.

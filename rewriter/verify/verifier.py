@@ -339,15 +339,17 @@ class Verifier:
     def certify(self, name: str, ref, out, classes: bool | None = None, real=None):
         """verify.certify's judgement of one output against the plan's budget (labels, when
         the samples have them, for the first classifier output)."""
-        from rewriter.verify.certify import judge_lossy, resolve_budget
-        from rewriter.verify.metrics import LOSSY_DEFAULT
+        from rewriter.verify.certify import judge_abs, judge_lossy, resolve_budget
+        from rewriter.verify.metrics import LOSSY_DEFAULT, abs_tolerance
 
-        budget = resolve_budget(dict(LOSSY_DEFAULT, **(self.lossy or {})),
-                                self.labels is not None)
-        budget = {k: budget[k] for k in ("min_top1", "min_cosine", "max_accuracy_drop")
-                  if k in budget and budget[k] is not None}
-        return judge_lossy(name, ref, out, budget, labels=self.labels, classes=classes,
-                           real=real)
+        full = resolve_budget(dict(LOSSY_DEFAULT, **(self.lossy or {})), self.labels is not None)
+        budget = {k: full[k] for k in ("min_top1", "min_cosine", "max_accuracy_drop")
+                  if k in full and full[k] is not None}
+        j = judge_lossy(name, ref, out, budget, labels=self.labels, classes=classes,
+                        real=real)
+        tol = abs_tolerance(full, name, j.classes)
+        return j if tol is None else judge_abs(j, name, ref, out, tol,
+                                               float(full.get("min_within") or 0.99), real=real)
 
 
 def reference_traits(runs: list[list[np.ndarray]], feed_sets: list[dict],

@@ -698,3 +698,65 @@ def test_an_integer_output_is_judged_by_equal_values_as_verify_judges_it():
     assert j.met and j.top1 == 1.0 and j.cosine == 1.0
     assert judge_equal("s", np.array([["a"], ["b"]], object),
                        np.array([["a"], ["c"]], object), {"min_top1": 0.4}).top1 == 0.5
+
+
+def _regression_head(seed):
+    """Two convs whose output is a feature map in its own units (no classes), and 24
+    calibration samples."""
+    from conftest import make_model
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4, 6, 6] x) => (float[N, 8, 6, 6] y) {
+        a = Conv <pads = [1, 1, 1, 1]> (x, W1)
+        r = Relu (a)
+        y = Conv <pads = [1, 1, 1, 1]> (r, W2)
+    }""", {"W1": (8, 4, 3, 3), "W2": (8, 8, 3, 3)}, seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    return m, [{"x": rng.standard_normal((1, 4, 6, 6)).astype(np.float32)} for _ in range(24)]
+
+
+def test_an_error_in_units_budget_keeps_layers_out_of_int8_that_cosine_lets_in(tmp_path):
+    """A regression head (a feature map in its own units, no classes): with the cosine
+    budget alone both convs go INT8; with max_abs below INT8's error they stay out of it;
+    the budget goes into the plan (so --verify judges it) and the certificate line says
+    the share within it. A generous max_abs keeps the INT8 plan."""
+    m, calib = _regression_head(3)
+    loose = {"min_cosine": 0.99, "min_top1": 0.0}
+    _, base = plan_auto(m, calib, settings=loose)
+    assert [r.choice for r in base.layers] == ["int8", "int8"], base.render()
+    worst = base.measured["cosine_worst"]
+    plan, tight = plan_auto(m, calib, settings=dict(loose, max_abs=1e-3))
+    assert all(r.choice != "int8" for r in tight.layers), tight.render()
+    assert plan.verify["max_abs"] == 1e-3 and plan.verify["min_within"] == 0.99
+    assert "within max_abs 0.001 (y) on" in tight.certificate()
+    assert tight.measured["abs_worst"] <= 1e-3 and worst < 1.0
+    _, wide = plan_auto(m, calib, settings=dict(loose, max_abs=50.0))
+    assert [r.choice for r in wide.layers] == ["int8", "int8"]
+    assert wide.measured["within"] == 1.0 and wide.measured["met"]
+
+
+def test_a_plan_files_max_abs_is_judged_by_verify(tmp_path):
+    """verify: {max_abs: X} in a plan file: --verify holds every sample's values to it
+    (cosine alone passes this INT8 plan), the failure names the output, the share within
+    and the key to change; a generous max_abs passes with the share in the certificate; a
+    bad value is one line at load."""
+    from rewriter.core.errors import InputError, VerificationError
+    m, calib = _regression_head(5)
+    rules = [{"match": {"op": ["Conv"]}, "precision": "int8"}]
+
+    def run(verify):
+        return rewriter.rewrite(m, plan={"rules": rules, "verify": verify}, calib=calib,
+                                target="none", verify=True, materialize=False)
+
+    _, rep = run({"min_cosine": 0.99})
+    assert rep.ok
+    with pytest.raises(VerificationError) as e:
+        run({"min_cosine": 0.99, "max_abs": 1e-4})
+    msg = str(e.value)
+    assert "y: share within max_abs 0.0001, lower bound" in msg and "verify max_abs" in msg
+    assert "\n" not in msg
+    _, rep = run({"min_cosine": 0.99, "max_abs": 100.0, "min_within": 0.9})
+    cert = rep.verification[0]["certificate"]
+    assert rep.ok and cert["within"] == 1.0 and cert["max_abs"] == 100.0
+    with pytest.raises(InputError, match="verify: max_abs must be a positive number"):
+        run({"max_abs": -1})
