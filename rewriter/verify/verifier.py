@@ -169,7 +169,7 @@ class Verifier:
         ``replayed`` from the original's values of those (or ``why`` it did not run),
         against the original's output, or ``against`` (``whose``)."""
         judged = [self.judge_output(t, self._reads[t][0], got[t], self._reads[t][2],
-                                    numerics, depth) for t in reads]
+                                    numerics, depth, units=False) for t in reads]
         name = m["name"] if isinstance(m, dict) else m.name
         k = self.output_names.index(name)
         said = ""
@@ -272,9 +272,11 @@ class Verifier:
         return self._noise
 
     def judge_output(self, name: str, ref, out, classes: bool, numerics: Numerics,
-                     depth: int = 1) -> OutputMetrics:
+                     depth: int = 1, units: bool = True) -> OutputMetrics:
         """One output against its reference, by the rule every backend's run is judged by
-        (onnxruntime's here, MIGraphX's in rewriter.migraphx.target)."""
+        (onnxruntime's here, MIGraphX's in rewriter.migraphx.target). ``units``: False for a
+        tensor that is not a model output (what a selection reads), which a ``max_abs`` in
+        the outputs' units does not apply to."""
         real = self.real.get(name)
         if real is not None:    # the first samples (MIGraphX's one run) or another reference
             n = np.shape(ref)[0]
@@ -287,7 +289,7 @@ class Verifier:
                 and m.ref_max >= TINY_OUTPUT \
                 and np.asarray(ref).ndim >= 1 and np.asarray(ref).shape[0] > 1:
             # Several samples: judged by the conservative ends of 95% intervals.
-            j = self.certify(name, ref, out, classes=classes, real=real)
+            j = self.certify(name, ref, out, classes=classes, real=real, units=units)
             # Too few samples to certify the budget at all (whether the flip-risk
             # model meets it or not, as long as it is not shown missed): the output is
             # kept with a warning (the caller's), unless strict.
@@ -303,7 +305,8 @@ class Verifier:
             m.strict_refused = "uncertified" if lenient and not m.ok else ""
             m.certificate = j.to_dict()
         else:
-            m.ok = m.ok and judge(m, numerics, depth, self.lossy, self.model_eps)
+            lossy = self.lossy if units else dict(self.lossy or {}, max_abs=None)
+            m.ok = m.ok and judge(m, numerics, depth, lossy, self.model_eps)
         split = self.splits.get(name)
         if numerics is Numerics.LOSSY and m.shape_ok and not m.integer and split is not None:
             groups = scale_groups(ref, out, split)
@@ -336,7 +339,8 @@ class Verifier:
         v = (self.lossy or {}).get("min_cosine")
         return float(LOSSY_DEFAULT["min_cosine"] if v is None else v)
 
-    def certify(self, name: str, ref, out, classes: bool | None = None, real=None):
+    def certify(self, name: str, ref, out, classes: bool | None = None, real=None,
+                units: bool = True):
         """verify.certify's judgement of one output against the plan's budget (labels, when
         the samples have them, for the first classifier output)."""
         from rewriter.verify.certify import judge_abs, judge_lossy, resolve_budget
@@ -347,7 +351,7 @@ class Verifier:
                   if k in full and full[k] is not None}
         j = judge_lossy(name, ref, out, budget, labels=self.labels, classes=classes,
                         real=real)
-        tol = abs_tolerance(full, name, j.classes)
+        tol = abs_tolerance(full, name, j.classes) if units else None
         return j if tol is None else judge_abs(j, name, ref, out, tol,
                                                float(full.get("min_within") or 0.99), real=real)
 

@@ -586,6 +586,13 @@ def test_what_a_topk_selects_is_planned_on_what_it_selects_from():
     layers = rep.to_dict()["plan"]["layers"]
     assert sorted(v["precision"] for v in layers.values()) == ["int8"] * 3, layers
     assert rep.ok and rep.verification[0]["selected"]["by"].startswith("TopK")
+    # max_abs is in the outputs' units: not applied to the scores and boxes the TopK reads
+    # (the planner's judged outputs; the verifier's reads), whatever their scale
+    _, rep = rewriter.rewrite(m, plan="auto", calib=calib, target="none", verify=True,
+                              options={"planner": {"max_abs": 1e-9}})
+    layers = rep.to_dict()["plan"]["layers"]
+    assert sorted(v["precision"] for v in layers.values()) == ["int8"] * 3, layers
+    assert rep.ok and rep.verification[0]["selected"]["by"].startswith("TopK")
 
 
 def test_the_plans_judged_leave_no_graphs_piling_up(monkeypatch):
