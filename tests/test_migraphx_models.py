@@ -96,6 +96,31 @@ def test_generated_plans(name, plan, tmp_path, photo_calib):
     assert_plan_on_migraphx(report, info)
 
 
+def test_an_error_in_units_budget_judges_migraphxs_outputs(tmp_path, photo_calib):
+    """A plan's verify max_abs (here for the logits, named) holds MIGraphX's outputs too:
+    one far below INT8's error is missed on MIGraphX's run, with the share within, as in
+    onnxruntime on the same samples (so the step leaves the verdict to --verify, as it
+    does for top-1 and cosine); a generous one passes with it."""
+    rules = [{"match": {"op": ["Conv", "Gemm", "MatMul"]}, "precision": "int8"}]
+
+    def run(tol):
+        plan = {"rules": rules, "verify": {"min_cosine": 0.9, "min_top1": 0.5,
+                                           "max_abs": {"logits": tol}, "min_within": 0.5}}
+        return rewrite_on_migraphx(ROOT / "models" / "resnet_mini.onnx", tmp_path,
+                                   plan=plan, calib=photo_calib)
+
+    report, info = run(1e-6)
+    assert info["status"] == "compiled"
+    (m,), (o,) = info["metrics"], info["onnxruntime"]
+    cert = m["certificate"]
+    assert cert["max_abs"] == 1e-6 and cert["within"] == 0.0 and not cert["met"], cert
+    assert "logits: share within max_abs 1e-06" in cert["why"]
+    assert not o["ok"] and o["certificate"]["within"] == 0.0 and m["as_onnxruntime"]
+    report, info = run(1e3)
+    assert_plan_on_migraphx(report, info)
+    assert info["ok"] and info["metrics"][0]["certificate"]["within"] == 1.0
+
+
 @pytest.mark.parametrize("name", MINI)
 def test_a_model_quantized_elsewhere_is_judged_by_the_lossy_budget(name, tmp_path, photo_calib):
     """A Q/DQ model given to the FP32 pipeline (ours here; onnxruntime's or Quark's alike):
