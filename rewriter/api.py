@@ -1350,7 +1350,7 @@ class _Rewrite:
             units = any((m.certificate or {}).get("within_lower") is not None
                         and m.certificate["within_lower"] < m.certificate["budget"].get(
                             "min_within", 0.99) for m in metrics if m.name in missed)
-            msg += self.remedy(missed, "min_top1" if ints else "max_abs" if units
+            msg += self.remedy(missed, "max_abs" if units else "min_top1" if ints
                                else "min_cosine")
         err = VerificationError(msg)
         err.report = self.report
@@ -1614,6 +1614,9 @@ def _short(m) -> str:
 def _worst(metrics, verifier=None) -> str:
     bad = [m for m in metrics if not m.ok] or metrics
     m = max(bad, key=lambda m: m.max_rel)
+    why = (getattr(m, "certificate", None) or {}).get("why")
+    if m.integer and m.shape_ok and why:   # held to a max_abs (certify.judge_units)
+        return f"output '{m.name}': {1 - m.mismatch:.2%} of its integer values equal; {why}"
     if m.integer and m.shape_ok:   # compared value by value, judged as top-1 agreement
         budget = (verifier.lossy or {}).get("min_top1") if verifier is not None else None
         return (f"output '{m.name}': {1 - m.mismatch:.2%} of its integer values equal"
@@ -1628,7 +1631,6 @@ def _worst(metrics, verifier=None) -> str:
         s += " vs budget " + ", ".join(
             f"{k} " + (",".join(f"{o}={x:g}" for o, x in v.items()) if isinstance(v, dict)
                        else f"{v:.10g}") for k, v in verifier.lossy.items() if v is not None)
-    why = (getattr(m, "certificate", None) or {}).get("why")
     if why:   # judged by bounds, not by the point values above: say which one missed
         s += f"; {why}"
     from rewriter.verify.metrics import TINY_OUTPUT

