@@ -249,6 +249,10 @@ def test_an_abbreviated_or_misspelt_option_is_named(capfd, tmp_path):
     (["--plan", "auto", "--calib", "CALIB", "--max-abs", "0"],
      "planner setting: max_abs must be a positive number of the output's units, not 0.0"),
     (["--plan", "auto", "--calib", "CALIB", "--max-abs", "y=x"], "not NAME=X: 'y=x'"),
+    # a misspelt output name would leave that output unjudged
+    (["--plan", "auto", "--calib", "CALIB", "--max-abs", "logit=1"],
+     "planner setting: max_abs names 'logit', not an output of the model (did you mean "
+     "'logits'?)"),
     (["--plan", "auto", "--calib", "CALIB", "--max-abs", "0.5", "--min-within", "1.5"],
      "planner setting min_within must be in (0, 1], not 1.5"),
 ])

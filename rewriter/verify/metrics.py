@@ -374,6 +374,23 @@ def max_abs_setting(value, where: str):
     return number(value, "max_abs")
 
 
+def check_abs_names(value, outputs: list[str], where: str) -> None:
+    """InputError in one line when a ``max_abs`` mapping names an output the model does not
+    have (a misspelt name would leave that output unjudged, silently)."""
+    import difflib
+
+    from rewriter.core.errors import InputError
+
+    for name in value if isinstance(value, dict) else ():
+        if name not in outputs:
+            lower = {o.lower(): o for o in outputs}
+            close = [lower[c] for c in difflib.get_close_matches(name.lower(), list(lower), n=1)]
+            raise InputError(f"{where}: max_abs names '{name}', not an output of the model ("
+                             + (f"did you mean '{close[0]}'?" if close else
+                                "outputs: " + ", ".join(outputs[:8])
+                                + (", ..." if len(outputs) > 8 else "")) + ")")
+
+
 def abs_tolerance(budget: dict | None, name: str, classes: bool,
                   integer: bool = False) -> float | None:
     """The ``max_abs`` of output ``name``: a number applies to every float output without

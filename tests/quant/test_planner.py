@@ -767,6 +767,9 @@ def test_a_plan_files_max_abs_is_judged_by_verify(tmp_path):
     assert rep.ok and cert["within"] == 1.0 and cert["max_abs"] == 100.0
     with pytest.raises(InputError, match="verify: max_abs must be a positive number"):
         run({"max_abs": -1})
+    with pytest.raises(InputError, match="max_abs names 'Y', not an output of the model "
+                       r"\(did you mean 'y'\?\)"):
+        run({"max_abs": {"Y": 1.0}})
 
 
 def test_an_integer_output_named_by_max_abs_is_held_to_it_not_to_equal_values(tmp_path):
