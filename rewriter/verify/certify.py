@@ -308,7 +308,9 @@ def exceed_bounds(errors: np.ndarray, tol: float, alpha: float = 0.05, reps: int
     counted share, bounded by Wilson; above it a Pareto tail through u: P(E > t) =
     (k/n) (t/u)^(-1/g), g Hill's estimate from the k largest. The bound takes k/n at its
     Wilson upper end and g at the upper percentile of its bootstrap (alpha/2 each,
-    Bonferroni). Errors all zero (an output the plan leaves in FP32): nothing exceeds."""
+    Bonferroni). Errors all zero (an output the plan leaves in FP32): nothing exceeds; the
+    largest ones tied (an integer output's errors of 0 and 1): counted only, a Pareto tail
+    fitted to ties would say nothing lies beyond them."""
     e = np.sort(np.asarray(errors, np.float64).ravel())
     n = len(e)
     counted = float(np.mean(e > tol)) if n else 1.0
@@ -321,8 +323,14 @@ def exceed_bounds(errors: np.ndarray, tol: float, alpha: float = 0.05, reps: int
         return counted, wilson(int(np.sum(e > tol)), n, z)[1]
     if e[-1] <= 0:
         return 0.0, 0.0
-    rng = np.random.default_rng(seed)
-    gb = [_hill(np.sort(e[rng.integers(0, n, n)]), k)[0] for _ in range(reps)]
+    if not g > 0:   # the largest errors tied (discrete errors): no tail to fit, counted only
+        return counted, wilson(int(np.sum(e > tol)), n, z)[1]
+    b = np.sort(e[np.random.default_rng(seed).integers(0, n, (reps, n))], axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):   # resamples' Hill estimates
+        gb = np.mean(np.log(b[:, n - k:]), axis=1) - np.log(b[:, n - k - 1])
+    # no tail seen (threshold 0, an infinite error): the level alone (a huge slope, not inf,
+    # which np.percentile would interpolate to NaN)
+    gb = np.where(~np.isfinite(gb) | (b[:, n - k - 1] <= 0), 1e300, gb)
     g_up = max(float(np.percentile(gb, 100 * (1 - alpha / 2))), g)
 
     def tail(level: float, gamma: float) -> float:

@@ -793,13 +793,14 @@ def test_an_integer_output_named_by_max_abs_is_held_to_it_not_to_equal_values(tm
     assert [r.choice for r in equal.layers] != ["int8"], equal.render()
     _, number = plan_auto(m, calib, settings=dict(loose, max_abs=255.0))
     assert [r.choice for r in number.layers] == [r.choice for r in equal.layers]
+    # integer errors tie: counted, not extrapolated (24 samples show at most 0.86)
     plan, named = plan_auto(m, calib, settings=dict(loose, max_abs={"y": 255.0},
-                                                    min_within=0.9))
+                                                    min_within=0.8))
     assert [r.choice for r in named.layers] == ["int8"], named.render()
     assert named.measured["within"] == 1.0 and plan.verify["max_abs"] == {"y": 255.0}
     rules = [{"match": {"op": ["Conv"]}, "precision": "int8"}]
     _, rep = rewriter.rewrite(m, plan={"rules": rules, "verify": {
-        "max_abs": {"y": 255.0}, "min_within": 0.9}}, calib=calib, target="none",
+        "max_abs": {"y": 255.0}, "min_within": 0.8}}, calib=calib, target="none",
         verify=True, materialize=False)
     cert = rep.verification[0]["certificate"]
     assert rep.ok and cert["within"] == 1.0 and cert["integer"]
