@@ -53,9 +53,10 @@ when the interval's conservative end meets it:
   largest error the counted share, beyond it a power-law (Pareto) tail fitted by Hill's
   estimator, its level and slope each at their conservative end. A power law decays more
   slowly than the tails quantisation errors show, so the bound errs on the safe side; a
-  log-normal fit did not (on a landmark net's FP16, INT8 and mixed plans, 64-sample draws
-  from 184: the bound under the share of the 184 in 25-50% of draws with a log-normal, in
-  13 of 1800 with the power law, docs/calibration.md).
+  log-normal fit did not (a landmark net's FP16, INT8 and mixed plans, draws of 64 from
+  1000 samples: the bound under the share of the 1000 in up to 91% of draws with a
+  log-normal, in at most 6% with the power law; docs/benchmarks_quant.md, "A budget in
+  units"). Tied largest errors (integer outputs) are counted only.
 
 Outputs without classes (detection, masks, regression heads: see
 ``metrics.class_outputs``) are judged by cosine only, unless ``max_abs`` names them.
