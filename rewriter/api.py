@@ -118,7 +118,9 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
             ``target_speedup``, ``folds`` (4), ``refine`` (16), ``selection_correction``,
             ``equalize`` (True), ``bias_correction`` (False), ``rounding`` ("gptq"),
             ``weight_form``, ``num_bins`` (docs/plans.md); its target MIGraphX is
-            ``migraphx_version`` above. An unknown setting is an InputError.
+            ``migraphx_version`` above. An unknown setting is an InputError, and so is one
+            nothing would read: a planner-only one with another plan, any but ``strict``
+            without a plan (None is not given).
         base_dir: folder that resolves external data of an in-memory model.
         data: precomputed facts for the plan passes, for tests and toolchains that run
             them themselves: ``plan``, ``assignment``, ``ranges``, ``channel_stats``,
@@ -178,7 +180,7 @@ MIGRAPHX_KEYS = ("device", "backend", "save_mxr", "require", "samples", "progres
 
 
 def _check_arguments(target, migraphx, seed, inputs, input_shapes, labels, calib,
-                     options) -> None:
+                     options, plan) -> None:
     """The API's arguments, checked before any work: an integrator's mistake is an
     InputError, never a TypeError deep inside nor a value silently ignored (the API
     review: target="MIGraphX" meant no target, a misspelled migraphx key was dropped)."""
@@ -207,6 +209,41 @@ def _check_arguments(target, migraphx, seed, inputs, input_shapes, labels, calib
         raise InputError("labels are the calibration samples' labels: give calib too")
     if not isinstance((options or {}).get("planner", {}) or {}, dict):
         raise InputError("options['planner']: a dict of planner settings")
+    _check_planner_settings(plan, (options or {}).get("planner") or {})
+
+
+# The planner settings any plan reads (its calibration and weights, the images' preprocess,
+# --strict's verification); the others only plan="auto" does.
+ANY_PLAN = ("method", "percentile", "samples", "weights", "preprocess", "strict")
+
+
+def _check_planner_settings(plan, settings: dict) -> None:
+    """A planner setting nothing would read is an InputError, as the CLI's flags are
+    (1c870ba): options={"planner": {"min_top1": 0.95}} with plan="default" was judged by
+    the plan's own 0.99, and with no plan no setting was read at all. None is not given
+    (the CLI's dict), 0 is (b48fcfb); strict or selection_correction False is what happens
+    without them."""
+    given = [k for k, v in settings.items() if v is not None
+             and not (v is False and k in ("strict", "selection_correction"))]
+    if not given:
+        return
+    from rewriter.quant.planner import check_settings
+    check_settings(settings)   # an unknown name first, with its did-you-mean
+    read = ("strict",) if plan is None else given if isinstance(plan, str) and plan == "auto" \
+        else ANY_PLAN
+    unread = [k for k in given if k not in read or k == "migraphx_version"]
+    if not unread:
+        return
+    key = f"options['planner'][{unread[0]!r}]"
+    if unread[0] == "migraphx_version":
+        raise InputError(f"{key} is not read: the target MIGraphX is "
+                         "options['migraphx_version']")
+    if plan is None:
+        raise InputError(f"{key} is for a plan: give plan= ('auto' for the planner's "
+                         "settings; 'default', 'int8' or a file for calibration's)")
+    raise InputError(f"{key} is a setting of the planner (plan='auto'); a fixed plan has "
+                     "its own: the budget in its verify: section, the techniques in int8: "
+                     "(docs/plans.md)")
 
 
 class _Rewrite:
@@ -215,7 +252,8 @@ class _Rewrite:
     def __init__(self, model, passes, output, verify, input_shapes, inputs, seed, options,
                  base_dir, data, plan, calib, progress, target, migraphx, labels=None,
                  fix_shapes=False):
-        _check_arguments(target, migraphx, seed, inputs, input_shapes, labels, calib, options)
+        _check_arguments(target, migraphx, seed, inputs, input_shapes, labels, calib, options,
+                         plan)
         target = None if target == "none" else target
         if isinstance(calib, collections.abc.Iterator):
             calib = list(calib)   # read twice with plan "auto": a generator only once
@@ -384,10 +422,6 @@ class _Rewrite:
     def plan_and_data(self) -> None:
         """The plan (``auto``: chosen by the planner now), its passes, and the calibration
         samples with a held-out part."""
-        if self.plan is not None and self.planner_settings:
-            # With a plan only: without one the planner is not imported, nor its settings used.
-            from rewriter.quant.planner import check_settings
-            check_settings(self.planner_settings)
         if isinstance(self.plan, str) and self.plan == "auto":
             if self.calib is None:
                 raise InputError("--plan auto measures layer sensitivities on data: give "

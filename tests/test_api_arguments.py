@@ -94,6 +94,41 @@ def test_bad_arguments_are_input_errors(kwargs, fragment):
     assert fragment in str(e.value)
 
 
+@pytest.mark.parametrize("plan,setting,fragment", [
+    ("fp16", {"min_top1": 0.95}, "options['planner']['min_top1'] is a setting of the planner "
+     "(plan='auto'); a fixed plan has its own: the budget in its verify: section"),
+    ("fp16", {"min_top1": 0}, "['min_top1'] is a setting of the planner"),   # 0 is given
+    ("fp16", {"folds": 2, "method": "minmax"}, "['folds'] is a setting of the planner"),
+    ("fp16", {"equalize": False}, "['equalize'] is a setting of the planner"),
+    ("fp16", {"selection_correction": True}, "['selection_correction'] is a setting of"),
+    ({"default": "fp16"}, {"max_accuracy_drop": 1.0}, "['max_accuracy_drop'] is a setting"),
+    (None, {"min_cosine": 0.9}, "options['planner']['min_cosine'] is for a plan: give plan="),
+    (None, {"method": "minmax"}, "options['planner']['method'] is for a plan: give plan="),
+    ("fp16", {"migraphx_version": "2.15"}, "is not read: the target MIGraphX is "
+     "options['migraphx_version']"),
+    ("fp16", {"fold": 2, "min_top1": None}, "unknown planner setting 'fold'; did you mean"),
+])
+def test_a_planner_setting_nothing_would_read_is_an_input_error(plan, setting, fragment):
+    """The CLI refused these (1c870ba), the API ignored them: plan="default" with
+    options={"planner": {"min_top1": 0.95}} was judged by the plan's own 0.99, and with no
+    plan no setting was read; 96 of 96 settings x plans were accepted before, 19 read now."""
+    with pytest.raises(InputError) as e:
+        rewriter.rewrite(RESNET, plan=plan, options={"planner": setting}, target="none")
+    assert fragment in str(e.value) and "\n" not in str(e.value)
+
+
+def test_planner_settings_every_plan_reads_are_accepted():
+    """Those any plan reads, given or not (None), and strict without a plan (the FP32
+    check's rounding-noise pass); strict and selection_correction False are not given."""
+    for plan in ("fp16", None):
+        settings = {"strict": True, "min_top1": None, "selection_correction": False}
+        if plan:
+            settings.update(method="minmax", percentile=99.9, samples=8, weights="per-tensor")
+        out, rep = rewriter.rewrite(RESNET, plan=plan, options={"planner": settings},
+                                    target="none")
+        assert rep.ok
+
+
 @pytest.mark.parametrize("model", [None, onnx.GraphProto(), b"not a model"])
 def test_a_model_that_is_no_model_is_an_input_error(model):
     with pytest.raises(InputError):
