@@ -957,7 +957,7 @@ class _Rewrite:
             exported.model, tensors, self.calib_data, method=cal["method"],
             percentile=float(cal["percentile"]), num_bins=int(cal["num_bins"]),
             base_dir=exported.source_dir, initializers=exported.ort_initializers(),
-            progress=self.progress)
+            progress=self.progress, screen=self.held_out)
         self.report.extra["calibration"] = {"method": cal["method"],
                                             "samples": len(self.calib_data),
                                             "tensors": len(tensors)}

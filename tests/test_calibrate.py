@@ -494,6 +494,28 @@ def test_entropy_rebin_keeps_counts_and_zero_edge():
     assert len(e) == len(h) + 1 and t == e[-1]
 
 
+def test_screened_samples_only_find_inf_or_nan_never_move_a_range():
+    """The held-out samples are screened for inf and NaN in the calibration's own sessions
+    (a layer reading -inf on them alone stayed INT8): a non-finite value there makes the
+    range inf, graph inputs and node outputs alike, over several chunks; finite ones,
+    however large, change no range."""
+    m = mlp()
+    feeds, extra = feeds_list(4, seed=1), feeds_list(3, seed=2)
+    plain = R.collect_ranges(m, ["x", "h", "r"], feeds, progress=False)
+    for method in ("minmax", "mse"):
+        big = [{"x": f["x"] * 1e3} for f in extra]
+        assert R.collect_ranges(m, ["x", "h", "r"], feeds, method=method, progress=False,
+                                screen=big) == R.collect_ranges(
+            m, ["x", "h", "r"], feeds, method=method, progress=False)
+    extra[1]["x"][0, 2] = np.inf   # x and h non-finite; r too (Relu of +-inf rows)
+    got = R.collect_ranges(m, ["x", "h", "n"], feeds, chunk=1, screen=extra, progress=False)
+    assert got["x"] == got["h"] == np.inf and got["n"] == np.inf
+    extra[1]["x"][0, 2] = np.nan
+    got = R.collect_ranges(m, ["h", "r"], feeds, screen=extra, progress=False)
+    assert got["h"] == np.inf and got["r"] == np.inf
+    assert plain["h"] < np.inf and plain["r"] < np.inf
+
+
 def test_graph_inputs_exported_model_and_non_finite():
     m = mlp()
     feeds = feeds_list(4)

@@ -66,7 +66,7 @@ MIN_ENTROPY_BINS = 256
 def collect_ranges(model, tensors: list[str], data, method: str = "minmax",
                    percentile: float = 99.999, num_bins: int = 2048, chunk: int = 64,
                    base_dir=None, initializers=None, progress: bool = True,
-                   nonfinite: str = "inf") -> dict[str, float]:
+                   nonfinite: str = "inf", screen=None) -> dict[str, float]:
     """The symmetric range ``amax`` (>= 0) of each tensor over the calibration data.
 
     ``model`` is a ModelProto or a :class:`rewriter.core.convert.Exported` (weights as stubs; its
@@ -81,7 +81,10 @@ def collect_ranges(model, tensors: list[str], data, method: str = "minmax",
     neither: insert-qdq keeps its layers float, ``activation-not-finite``), or with
     ``nonfinite="drop"`` the range of its finite values (what float16 overflow is judged
     on: float16 holds inf and NaN as they are). A tensor that is zero everywhere gets 0.0,
-    which the quantiser must not turn into a zero scale.
+    which the quantiser must not turn into a zero scale. ``screen``: more samples (a list of
+    feeds), run in the same sessions only to find inf or NaN, never read for a range: the
+    held-out ones, where a layer reading -inf on them alone stayed INT8 (only --verify saw
+    it).
 
     Memory: at most ``chunk`` tensors are exposed per augmented model, and each batch is
     reduced before the next one runs (see the module docstring for the bound and for
@@ -107,7 +110,7 @@ def collect_ranges(model, tensors: list[str], data, method: str = "minmax",
     reducer = _Reducer(method, percentile, num_bins)
     tensors = list(dict.fromkeys(tensors))
     _stream(model, tensors, data, reducer, chunk, base_dir, initializers, progress,
-            f"calibrate ({method})")
+            f"calibrate ({method})", screen)
     if nonfinite == "inf":
         return {t: math.inf if t in reducer.nonfinite else reducer.result[t] for t in tensors}
     return {t: reducer.result[t] for t in tensors}
@@ -134,10 +137,11 @@ def channel_stats(model, tensors: list[str], data, chunk: int = 64, base_dir=Non
 
 
 def _stream(model, tensors: list[str], data, reducer, chunk: int, base_dir, initializers,
-            progress: bool, desc: str) -> None:
+            progress: bool, desc: str, screen=None) -> None:
     """Run the model over ``data`` with ``tensors`` exposed, ``chunk`` at a time, and hand
     every batch's values to ``reducer.update(name, array)``; ``reducer.finish(names,
-    progress)`` after each chunk."""
+    progress)`` after each chunk. ``screen``'s feeds go to ``reducer.screen`` in the same
+    sessions."""
     from rewriter.core.convert import Exported
 
     if isinstance(model, Exported):
@@ -174,6 +178,13 @@ def _stream(model, tensors: list[str], data, reducer, chunk: int, base_dir, init
                     for n in graph_inputs:
                         reducer.update(n, feeds[n])
                 bar.update(1)
+            for feeds in screen or ():
+                outs = sess.run(names, feeds) if sess is not None else []
+                for n, a in zip(names, outs):
+                    reducer.screen(n, a)
+                for n in graph_inputs if first else ():
+                    reducer.screen(n, feeds[n])
+                outs = a = None
             del sess
             # Finishing each chunk here frees its histograms before the next chunk runs.
             reducer.finish(names + (graph_inputs if first else []), progress)
@@ -311,6 +322,10 @@ class _Reducer:
             self.collector = Histograms(kind, self.num_bins, self.percentile,
                                         NUM_QUANTIZED_BINS)
         self.collector.add(name, a)
+
+    def screen(self, name: str, a: np.ndarray) -> None:
+        if not np.isfinite(a).all():
+            self.nonfinite.add(name)
 
     def finish(self, names: list[str], progress: bool) -> None:
         todo = names if self.collector is not None else []
