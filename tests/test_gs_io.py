@@ -18,6 +18,7 @@ import onnx
 import onnx_graphsurgeon as gs
 import pytest
 from onnx_graphsurgeon.ir.tensor import LazyValues
+from onnx_graphsurgeon.util import misc as gs_misc
 from conftest import CACHE_MODELS, ONNX_DATA, ROOT
 from onnx import helper, numpy_helper
 
@@ -146,6 +147,38 @@ def test_what_the_fast_path_does_not_cover_goes_to_graphsurgeon():
     assert not supported(m)
     assert_same_import(m)
     assert len(import_model(m).functions) == 1
+
+
+def test_io_lists_keep_no_instance_dict_and_stay_synchronised():
+    """Each node and tensor has two SynchronizedLists; graphsurgeon's hold their parent and
+    field in an instance dict: 36 MB of a 4,000-block chain's 90,666 lists (8 MB in a slot
+    and on the class), 299 -> 269 MB peak of its whole rewrite. They still keep the other
+    side in step, and one of graphsurgeon's own lists sits beside them."""
+    m = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2] x) => (float[2] y) {
+        a = Relu (x)
+        y = Neg (a)
+    }""")
+    g = import_model(m)
+    relu, neg = g.nodes
+    a = relu.outputs[0]
+    lists = [relu.inputs, relu.outputs, neg.inputs, a.inputs, a.outputs]
+    assert all(isinstance(s, gs_misc.SynchronizedList) for s in lists)
+    assert all(not getattr(s, "__dict__", None) for s in lists)
+    assert (relu.inputs.field_name, relu.outputs.field_name) == ("outputs", "inputs")
+    assert a.inputs.parent_obj is a and relu.outputs.parent_obj is relu
+    b = gs.Variable("b", dtype=np.float32, shape=[2])
+    extra = gs.Node("Abs", inputs=[a], outputs=[b])   # graphsurgeon's own lists
+    assert a.outputs == [neg, extra]
+    neg.inputs[0] = b
+    assert a.outputs == [extra] and b.outputs == [neg]
+    neg.inputs.clear()
+    assert b.outputs == [] and list(neg.inputs) == []
+    relu.outputs.append(b)
+    assert b.inputs == [extra, relu]
+    relu.outputs.remove(b)
+    assert b.inputs == [extra]
 
 
 def test_gc_paused_restores_the_collector():

@@ -165,10 +165,30 @@ class FastLazyValues(LazyValues):
         return np.frombuffer(t.raw_data, dtype=dtype).reshape(tuple(t.dims))
 
 
+class _Synced(SynchronizedList):
+    """graphsurgeon's SynchronizedList, its parent in a slot and its field on the class:
+    graphsurgeon's keeps both in an instance dict, 36 MB for the 90,666 lists of a
+    4,000-block Conv+BN+Relu chain, 8 MB so (each node and tensor has two)."""
+
+    __slots__ = ("parent_obj",)
+
+
+class _SyncedInputs(_Synced):
+    field_name = "inputs"
+
+
+class _SyncedOutputs(_Synced):
+    field_name = "outputs"
+
+
+_SYNCED = {"inputs": _SyncedInputs, "outputs": _SyncedOutputs}
+
+
 def _synced(parent, field: str, items: list) -> SynchronizedList:
     """A SynchronizedList holding ``items``, without linking them back (the caller does)."""
-    s = SynchronizedList.__new__(SynchronizedList)
-    s.parent_obj, s.field_name = parent, field
+    cls = _SYNCED[field]
+    s = cls.__new__(cls)
+    s.parent_obj = parent
     list.extend(s, items)
     return s
 
