@@ -204,24 +204,24 @@ def test_a_layer_reading_inf_or_nan_is_kept_fp32_by_a_plan(rng):
 
 def test_a_layer_reading_inf_or_nan_on_held_out_samples_only_is_kept_fp32(rng):
     """The held-out samples (every third of 12 here) are screened as the ranges are
-    collected: a Log of a zero on them alone left the conv after it INT8 under --plan
-    int8, its -inf became numbers, and only --verify saw it (exit 1). Now it is fp32 with
-    the warning, verification holds, and the conv on the finite branch stays INT8."""
+    collected: a Reciprocal of a zero on them alone left the conv after it INT8 under
+    --plan int8, its inf became numbers, and only --verify saw it (exit 1). Now it is fp32
+    with the warning, verification holds, and the conv on the finite branch stays INT8."""
     from rewriter.quant.data import held_out_count
     m = make_model("""
     <ir_version: 8, opset_import: ["" : 17]>
-    g (float[N, 4, 6, 6] x) => (float[N, 8, 6, 6] h, float[N, 8, 6, 6] e) {
-        l = Log (x)
-        h = Conv <pads = [1, 1, 1, 1]> (l, W1)
-        e = Conv <pads = [1, 1, 1, 1]> (x, W2)
-    }""", {"W1": (8, 4, 3, 3), "W2": (8, 4, 3, 3)})
+    g (float[N, 3, 5, 5] x) => (float[N, 6, 5, 5] h, float[N, 6, 3, 3] e) {
+        r = Reciprocal (x)
+        h = Conv <pads = [1, 1, 1, 1]> (r, Wr)
+        e = Conv (x, Wx)
+    }""", {"Wr": (6, 3, 3, 3), "Wx": (6, 3, 3, 3)})
     n = 12
     held = {int((i + 0.5) * n / held_out_count(n)) for i in range(held_out_count(n))}
     calib = []
     for i in range(n):
-        x = (np.abs(rng.standard_normal((1, 4, 6, 6))) + 0.1).astype(np.float32)
-        x[0, 1, 2, 2] = 0.0 if i in held else x[0, 1, 2, 2]
-        calib.append({"x": x})
+        x = (rng.uniform(0.5, 2.0, (1, 3, 5, 5)) * rng.choice([-1, 1], (1, 3, 5, 5)))
+        x[0, 2, 0, 3] = 0.0 if i in held else x[0, 2, 0, 3]
+        calib.append({"x": x.astype(np.float32)})
     out, rep = rewriter.rewrite(m, plan="int8", calib=calib, target="none", verify=True)
     layers = rep.extra["plan"]["layers"]
     assert [layers[i]["precision"] for i in ("h", "e")] == ["fp32", "int8"]
