@@ -61,7 +61,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from rewriter.core.graph import (BROADCAST_OPS, REDUCE_OPS, SAME_SHAPE_OPS, bypass, const_ints,
-                                 iter_graphs, scan_state_tensors, static_shape)
+                                 iter_graphs, standard_view_tensors, static_shape)
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
@@ -79,7 +79,7 @@ class CollapseChains(Pass):
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()
-        states = scan_state_tensors(graph)   # scan-states' Reshapes stay (MIGraphX's)
+        states = standard_view_tensors(graph)   # scan-states', resize-inputs' Reshapes stay
         for g in iter_graphs(graph):
             outs = {id(t) for t in g.outputs}
             members = {id(n) for n in g.nodes}  # a producer in an outer scope is not ours

@@ -100,14 +100,20 @@ def iter_graphs(graph: gs.Graph) -> Iterator[gs.Graph]:
                     yield from iter_graphs(sg)
 
 
-def scan_state_tensors(graph: gs.Graph) -> set[int]:
-    """ids of every Scan's initial states and of its body's state outputs, in ``graph`` and
-    its subgraphs (opset 9+: the states come first among the inputs and the outputs)."""
+def standard_view_tensors(graph: gs.Graph) -> set[int]:
+    """ids of the tensors MIGraphX must read in standard strides, in ``graph`` and its
+    subgraphs: every Scan's initial states and its body's state outputs (opset 9+: the
+    states come first among the inputs and the outputs; scan-states) and every Resize's
+    data input (resize-inputs). The Reshapes those passes put there stay (collapse-chains)."""
     ids = set()
     for g in iter_graphs(graph):
         for node in g.nodes:
+            if node.domain not in (None, "", "ai.onnx"):
+                continue
+            if node.op == "Resize" and node.inputs:
+                ids.add(id(node.inputs[0]))
             body = node.attrs.get("body") if node.op == "Scan" else None
-            if node.domain not in (None, "", "ai.onnx") or not isinstance(body, gs.Graph):
+            if not isinstance(body, gs.Graph):
                 continue
             n = len(node.inputs) - int(node.attrs.get("num_scan_inputs", 0))
             ids.update(id(t) for t in node.inputs[:max(n, 0)] + body.outputs[:max(n, 0)])

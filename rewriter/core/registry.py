@@ -31,6 +31,7 @@ _PASSES = [
     ("fuse-pad", "rewriter.passes.fuse_pad:FusePad"),
     ("fuse-space-to-depth", "rewriter.passes.fuse_space_to_depth:FuseSpaceToDepth"),
     ("fuse-matmul-add", "rewriter.passes.fuse_matmul_add:FuseMatmulAdd"),
+    ("resize-inputs", "rewriter.passes.resize_inputs:ResizeInputs"),
     ("scan-states", "rewriter.passes.scan_states:ScanStates"),
     ("bound-loops", "rewriter.passes.bound_loops:BoundLoops"),
     ("pad-channels", "rewriter.passes.pad_channels:PadChannels"),
@@ -54,20 +55,22 @@ _PASSES = [
 # qdq-forms writes one-block blockwise scales per axis and 0-d or odd-sized int4 as int8;
 # crop-pads writes a Pad's negative pads as a Slice (MIGraphX 2.15 runs out of memory parsing
 # an edge Pad that crops), after fold-constants, which may make its pads constant;
-# scan-states reads a Scan's computed initial states through a Reshape (MIGraphX refuses
-# a state it holds as a strided view), last: collapse-chains drops such Reshapes;
+# resize-inputs reads a Resize's computed input through a Reshape (MIGraphX 2.15 computes
+# one read as a strided view wrongly) and scan-states a Scan's computed initial states
+# (MIGraphX refuses a state it holds as a view), last: collapse-chains drops such Reshapes;
 # bound-loops writes a Loop's trip count from the counters its condition tests (MIGraphX
 # sizes a loop's outputs for M, 65535 when M is 2^63 - 1), after folding made them constant.
 DEFAULT_PIPELINE = ["expand-contrib", "expand-ml", "default-attributes", "expand-functions",
                     "expand-spectral", "integer-zero-points", "qdq-forms", "weight-scales-after",
                     "fold-shapes", "fold-constants", "crop-pads", "sink-transposes",
                     "collapse-chains", "fuse-conv-bn", "fuse-pad", "fuse-space-to-depth",
-                    "fuse-matmul-add", "merge-duplicates", "scan-states", "bound-loops"]
+                    "fuse-matmul-add", "merge-duplicates", "resize-inputs", "scan-states",
+                    "bound-loops"]
 # Fixes for what MIGraphX gets wrong or lacks, not optimisations: in the default pipeline
 # only when MIGraphX is the target.
 MIGRAPHX_ONLY = {"integer-zero-points", "expand-ml", "default-attributes", "expand-functions",
                  "expand-spectral", "qdq-forms", "weight-scales-after", "crop-pads",
-                 "scan-states", "bound-loops"}
+                 "resize-inputs", "scan-states", "bound-loops"}
 
 
 def default_pipeline(target: str | None) -> list[str]:
