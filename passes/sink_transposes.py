@@ -37,9 +37,11 @@ cancels; skipped without constant axes or pads: axes-not-constant, pad-not-const
 Elementwise here: unary activations and math (SAME_SHAPE_OPS) and the broadcasting binary and
 variadic ops (BROADCAST_OPS), whose other inputs are constants of rank at most the Transpose's
 (laid out anew: c' = reshape(c, rank r) transposed by the inverse perm, a copy of at most
-65,536 elements) or outputs of Transposes with the same perm. Skipped with a reason: another
-input that is neither (other-input-not-transposed), a constant of higher rank
-(constant-rank) or a larger one (constant-too-large). A Transpose whose
+65,536 elements; a constant that op alone reads is replaced rather than copied, so it moves
+at any size up to ``fold_max_bytes``: tf2onnx's Keras PReLU with one slope per position,
+[120, 120, 25], between a Transpose pair) or outputs of Transposes with the same perm.
+Skipped with a reason: another input that is neither (other-input-not-transposed), a
+constant of higher rank (constant-rank) or a larger one (constant-too-large). A Transpose whose
 output is a graph output stays where it is; the output keeps its name wherever the
 Transpose moves (the moved Transpose writes it). If/Loop/Scan bodies are processed too.
 """
@@ -246,8 +248,11 @@ def _sink(t: gs.Node, g: gs.Graph, outs: set[int], ctx: Context, members: set[in
             shape = list(inp.shape)   # before reading: a big weight stays on disk
             if len(shape) > r:
                 return "constant-rank"
-            if np.prod(shape, dtype=float) > MAX_LAID_ELEMS:   # a copy laid out anew:
-                return "constant-too-large"   # vectors, not weights a reader shares
+            size = np.prod(shape, dtype=float)
+            sole = len(_readers(inp)) == 1 and id(inp) not in outs   # replaced, not copied
+            if size > MAX_LAID_ELEMS and not (
+                    sole and size * np.dtype(inp.dtype).itemsize <= ctx.options.fold_max_bytes):
+                return "constant-too-large"   # a copy: vectors, not weights a reader shares
             v = np.asarray(inp.values)
             if v.size == 1 and v.ndim <= 1:
                 new_inputs.append(inp)
