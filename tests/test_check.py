@@ -728,3 +728,31 @@ def test_a_float_conv_after_an_int8_conv_scaled_after_it_is_no_hidden_dequantize
     }""", w=w[:, :, None], xs=np.float32(0.05), xz=np.int8(0), one=np.float32(1.0),
         ax=np.array([2], np.int64))
     assert named(check_model(hidden), "qdq-not-looked-through") == ["z_node"]
+
+
+def test_resize_reading_a_computed_tensor_is_a_warning_for_215_and_unknown():
+    """MIGraphX 2.15 computes a Resize that reads a strided view as if it were standard
+    (resize-inputs' docstring); a Resize of a graph input, or of the Reshape resize-inputs
+    writes, reads standard strides."""
+    model = onnx.parser.parse_model(f"""
+    {HEAD}
+    g (float[1, 5, 7, 3] x, float[1, 3, 4, 4] z) => (float[1, 3, 10, 14] y, float[1, 3, 8, 8] w,
+                                                     float[1, 3, 10, 14] v) {{
+        t = Transpose <perm = [0, 3, 1, 2]> (x)
+        y = Resize <mode = "linear"> (t, roi, s2)
+        w = Resize <mode = "linear"> (z, roi, s2)
+        r = Reshape (t, shp)
+        v = Resize <mode = "nearest"> (r, roi, s2)
+    }}""")
+    model.graph.initializer.extend([
+        numpy_helper.from_array(np.zeros(0, np.float32), "roi"),
+        numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "s2"),
+        numpy_helper.from_array(np.array([1, 3, 5, 7], np.int64), "shp")])
+    for i, n in enumerate(model.graph.node):
+        n.name = f"n{i}"
+    for version, want in (((2, 15), ["n1"]), (None, ["n1"]), ((2, 16), [])):
+        found = [f for f in check_model(model, version=version).findings
+                 if f.code == "resize-strided-input"]
+        assert [f.node for f in found] == want, version
+        assert all(f.severity == "warning" and "computed by Transpose" in f.message
+                   for f in found)

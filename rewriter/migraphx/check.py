@@ -30,6 +30,8 @@ What it finds, each naming the node (or its first output when the node has no na
 * ``output-padded``: a NonZero or NonMaxSuppression on computed inputs, whose output MIGraphX
   pads to a fixed size with zeros that read as valid indices (wrong numbers, no error).
 * ``dynamic-input-dim``: a symbolic graph-input dim MIGraphX would silently set to 1.
+* ``resize-strided-input`` (2.15 and unknown versions): a Resize reading a computed tensor,
+  which 2.15 computes wrongly where MIGraphX holds it as a strided view (resize-inputs).
 * ``conv-channels-not-multiple`` (info): C_in per group or C_out off the profile's multiple.
 * ``plan-int8-stays-float``: a node a plan put in INT8 that will not become
   quant_convolution/quant_dot, with the reasons.
@@ -600,6 +602,14 @@ class _Checker:
                 self.add(ltc["severity"], "loop-trip-count-unbounded", label, op,
                          f"trip count {int(m.ravel()[0])} and {scans} scan output"
                          f"{'s' if scans > 1 else ''}: {ltc['reason']}", g.path)
+        rsi = self.profile.get("resize_strided_input")
+        if rsi and op == "Resize" and node.input and node.input[0] \
+                and any(_version_matches(e, self.version) for e in rsi["versions"]):
+            p = g.producer.get(node.input[0])   # computed here, not by resize-inputs' Reshape
+            if p is not None and p.op_type != "Reshape" and not g.is_const(node.input[0]):
+                self.add(rsi["severity"], "resize-strided-input", label, op,
+                         f"input '{node.input[0]}' computed by {p.op_type}: {rsi['reason']}",
+                         g.path)
         qcb = self.profile.get("qlinear_conv_bias")
         if qcb and op == "QLinearConv" and len(node.input) > 8 and node.input[8]:
             self.add(qcb["severity"], "qlinear-conv-bias", label, op, qcb["reason"], g.path)

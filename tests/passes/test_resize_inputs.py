@@ -99,6 +99,7 @@ def test_migraphx_computes_the_rewrite_right(rng, tmp_path, migraphx_version):
     """On 2.15 `ref` the original is off (max |error| 2.4-6.3 measured), the rewrite equal to
     onnxruntime; on 2.16 both are right and the pass writes nothing."""
     from rewriter.migraphx import backend
+    from rewriter.migraphx.check import check_model
 
     m = nhwc_model(batch=1, seed=5)
     feeds = _feeds(rng, 1)
@@ -110,6 +111,12 @@ def test_migraphx_computes_the_rewrite_right(rng, tmp_path, migraphx_version):
     got = backend.compile_and_run(dst, feeds, None, target="ref").outputs
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.reshape(g, w.shape), w, rtol=1e-5, atol=1e-5)
-    if tuple(migraphx_version[:2]) < (2, 16):
+    off = tuple(migraphx_version[:2]) < (2, 16)
+    if off:
         orig = backend.compile_and_run(src, feeds, None, target="ref").outputs
         assert np.abs(np.reshape(orig[0], want[0].shape) - want[0]).max() > 0.1
+    said = {f.node for f in check_model(m, version=migraphx_version).findings
+            if f.code == "resize-strided-input"}
+    assert len(said) == (2 if off else 0)        # the two Resizes of the Relu, not of y
+    assert not any(f.code == "resize-strided-input"
+                   for f in check_model(out, version=migraphx_version).findings)
