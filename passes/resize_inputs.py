@@ -18,12 +18,14 @@ a copy into standard strides, so::
 Which producers give a view is MIGraphX's business (a Transpose, and the elementwise ops
 and convolutions after one keep its layout), so every data input a node computes gets the
 Reshape, as scan-states does for a Scan's states (on a standard tensor MIGraphX's reshape
-is free). None for a graph input, a constant, or an input a Reshape already computes
-(idempotent; collapse-chains leaves these Reshapes alone); one Reshape per tensor, shared
-by the Resizes that read it. The shape is a constant where it is static, else the input's
-own Shape. Nothing when the target is 2.16 or later (``--migraphx-version``, or the
-installed build): each Resize is a ``skip:fixed-in-target-version``. In the default
-pipeline only when MIGraphX is the target, after every pass that could drop the Reshapes.
+is free). None for a graph input, a constant, or an input a Reshape already computes, also
+through Casts (convert-fp16 puts one there when the Resize is FP16; a Cast keeps the
+layout): idempotent, and collapse-chains leaves these Reshapes alone. One Reshape per
+tensor, shared by the Resizes that read it. The shape is a constant where it is static,
+else the input's own Shape. Nothing when the target is 2.16 or later
+(``--migraphx-version``, or the installed build): each Resize is a
+``skip:fixed-in-target-version``. In the default pipeline only when MIGraphX is the target,
+after every pass that could drop the Reshapes.
 """
 
 from __future__ import annotations
@@ -67,7 +69,10 @@ def _reshape_input(node: gs.Node, g: gs.Graph, standard: dict, namer) -> str | N
     x = node.inputs[0]
     if isinstance(x, gs.Constant) or not x.inputs:
         return "input-not-computed"          # a graph input, an initializer or outer value
-    if x.inputs[0].op == "Reshape":
+    p = x.inputs[0]
+    while p.op == "Cast" and p.inputs and p.inputs[0].inputs:   # convert-fp16's, after us:
+        p = p.inputs[0].inputs[0]                                 # a Cast keeps the layout
+    if p.op == "Reshape":
         return "input-already-reshaped"
     if x.shape is None:
         return "input-rank-unknown"

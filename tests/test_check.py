@@ -736,8 +736,8 @@ def test_resize_reading_a_computed_tensor_is_a_warning_for_215_and_unknown():
     writes, reads standard strides."""
     model = onnx.parser.parse_model(f"""
     {HEAD}
-    g (float[1, 5, 7, 3] x, float[1, 3, 4, 4] z) => (float[1, 3, 10, 14] y, float[1, 3, 8, 8] w,
-                                                     float[1, 3, 10, 14] v) {{
+    g (float[1, 5, 7, 3] x, float[1, 3, 4, 4] z)
+      => (float[1, 3, 10, 14] y, float[1, 3, 8, 8] w, float[1, 3, 10, 14] v) {{
         t = Transpose <perm = [0, 3, 1, 2]> (x)
         y = Resize <mode = "linear"> (t, roi, s2)
         w = Resize <mode = "linear"> (z, roi, s2)

@@ -606,6 +606,8 @@ class _Checker:
         if rsi and op == "Resize" and node.input and node.input[0] \
                 and any(_version_matches(e, self.version) for e in rsi["versions"]):
             p = g.producer.get(node.input[0])   # computed here, not by resize-inputs' Reshape
+            while p is not None and p.op_type == "Cast" and p.input[0] in g.producer:
+                p = g.producer[p.input[0]]        # convert-fp16's Cast keeps the layout
             if p is not None and p.op_type != "Reshape" and not g.is_const(node.input[0]):
                 self.add(rsi["severity"], "resize-strided-input", label, op,
                          f"input '{node.input[0]}' computed by {p.op_type}: {rsi['reason']}",

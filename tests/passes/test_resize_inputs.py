@@ -120,3 +120,26 @@ def test_migraphx_computes_the_rewrite_right(rng, tmp_path, migraphx_version):
     assert len(said) == (2 if off else 0)        # the two Resizes of the Relu, not of y
     assert not any(f.code == "resize-strided-input"
                    for f in check_model(out, version=migraphx_version).findings)
+
+
+def test_a_cast_after_the_reshape_counts_as_reshaped(rng):
+    """convert-fp16 puts a Cast between our Reshape and an FP16 Resize: a Cast keeps the
+    standard layout, so no second Reshape (a plan's output rewritten again is unchanged),
+    and the static check says nothing."""
+    from rewriter.migraphx.check import check_model
+
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 13]>
+    g (float[1, 6, 5, 3] x) => (float[1, 3, 12, 10] y) {
+        t = Transpose <perm = [0, 3, 1, 2]> (x)
+        r = Reshape (t, own)
+        h = Cast <to = 10> (r)
+        u = Resize <mode = "linear"> (h, roi, s2)
+        y = Cast <to = 1> (u)
+    }""", {"own": np.array([1, 3, 6, 5], np.int64), "roi": np.zeros(0, np.float32),
+           "s2": np.array([1, 1, 2, 2], np.float32)})
+    out, rep = rewriter.rewrite(m, ["resize-inputs"], options=V15)
+    assert not rep.passes[0].changed
+    assert rep.passes[0].counts.get("skip:input-already-reshaped") == 1
+    assert not any(f.code == "resize-strided-input"
+                   for f in check_model(m, version=(2, 15)).findings)
