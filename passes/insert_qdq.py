@@ -378,7 +378,8 @@ class _Site:
 
     def scale_after(self, node, s_w: np.ndarray, axis: int) -> None:
         """layer -> Mul(per-channel scale) -> Add(bias): the layer keeps its name and the
-        tensor it wrote keeps its name and consumers; its bias moves to the Add."""
+        tensor it wrote keeps its name and consumers; its bias moves to the Add (none for
+        an all-zero bias)."""
         out = node.outputs[0]
         rank = len(out.shape) if out.shape is not None else None
         if node.op == "Conv":
@@ -392,6 +393,8 @@ class _Site:
             node.inputs.pop(2)
         elif node.op == "Gemm" and len(node.inputs) > 2:
             bias = self.gemm_bias(node)
+        if isinstance(bias, gs.Constant) and not np.any(bias.values):
+            bias = None     # tf2onnx's zero biases: an Add of zeros a second run would drop
         if not node.name and not any(n.name == out.name for n in self.graph.nodes):
             # An unnamed layer is known by its output's name (plan.node_id), and that output
             # moves to the Mul: name the layer after it so plans and reports still find it.

@@ -335,6 +335,25 @@ def test_zero_points_and_unit_scales_are_one_constant_each_and_the_output_a_fixe
     assert again.SerializeToString() == out.SerializeToString()
 
 
+def test_mul_form_writes_no_add_for_a_zero_bias_and_the_output_is_a_fixed_point():
+    """tf2onnx writes every conv with a bias, zeros where the layer has none (BlazeFace's
+    depthwise convs): an Add of zeros after the channel scale, which a second rewrite's
+    collapse-chains dropped (open-rppg's BlazeFace, --plan auto: 218 -> 212 nodes on a
+    second run). None is written now; the values are the same."""
+    inits = dict(INITS, B1=np.zeros(8, np.float32), GB=np.zeros(10, np.float32))
+    m = make_model(TWO_CONVS, inits)
+    out, rep = quantize(m, _plan("mul"), RANGES)
+    assert "Add" not in [n.op_type for n in out.graph.node if n.output[0] in ("a", "z")]
+    assert rep.passes[0].counts["channel-scales-after-layer"] == 4
+    x = np.random.default_rng(4).standard_normal((2, 4, 8, 8)).astype(np.float32)
+    with_add, _ = quantize(make_model(TWO_CONVS, dict(inits, B1=np.full(8, 1e-30, np.float32))),
+                           _plan("mul"), RANGES)
+    np.testing.assert_allclose(run_ort(out, {"x": x})[0], run_ort(with_add, {"x": x})[0],
+                               rtol=1e-6, atol=1e-6)
+    again, _ = rewriter.rewrite(out, target="none")
+    assert again.SerializeToString() == out.SerializeToString()
+
+
 def test_mul_form_is_the_axis_form_arithmetic():
     """The same int8 weights and scales: outputs agree to float rounding, two sites with
     different weights, a symbolic batch of 3."""
