@@ -104,14 +104,18 @@ def standard_view_tensors(graph: gs.Graph) -> set[int]:
     """ids of the tensors MIGraphX must read in standard strides, in ``graph`` and its
     subgraphs: every Scan's initial states and its body's state outputs (opset 9+: the
     states come first among the inputs and the outputs; scan-states) and every Resize's
-    data input (resize-inputs). The Reshapes those passes put there stay (collapse-chains)."""
+    data input, and what Casts before it read (resize-inputs). The Reshapes those passes put
+    there stay (collapse-chains)."""
     ids = set()
     for g in iter_graphs(graph):
         for node in g.nodes:
             if node.domain not in (None, "", "ai.onnx"):
                 continue
-            if node.op == "Resize" and node.inputs:
-                ids.add(id(node.inputs[0]))
+            t = node.inputs[0] if node.op == "Resize" and node.inputs else None
+            while t is not None:        # and through convert-fp16's Casts to the Reshape
+                ids.add(id(t))
+                p = t.inputs[0] if len(t.inputs) == 1 else None
+                t = p.inputs[0] if p is not None and p.op == "Cast" and p.inputs else None
             body = node.attrs.get("body") if node.op == "Scan" else None
             if not isinstance(body, gs.Graph):
                 continue

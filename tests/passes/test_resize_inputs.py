@@ -143,3 +143,8 @@ def test_a_cast_after_the_reshape_counts_as_reshaped(rng):
     assert rep.passes[0].counts.get("skip:input-already-reshaped") == 1
     assert not any(f.code == "resize-strided-input"
                    for f in check_model(m, version=(2, 15)).findings)
+    kept, rep = rewriter.rewrite(m, target="migraphx", options=V15)   # collapse-chains too
+    assert [n.op_type for n in kept.graph.node] == [n.op_type for n in m.graph.node]
+    assert not any("still changed" in w for w in rep.warnings), rep.warnings
+    again, _ = rewriter.rewrite(kept, target="migraphx", options=V15)
+    assert again.SerializeToString() == kept.SerializeToString()
