@@ -8,7 +8,9 @@ Before -> after, for a Conv the plan puts in FP16::
 A region starts at each FP16 layer and grows forward through ops that are safe in float16
 (activations, pooling, elementwise, Concat, reshapes) whose float inputs all come from the
 region or are constants. Adjacent FP16 layers therefore share one region and no Cast pair
-stands back to back between them. At the region's edge: one Cast to float16 per incoming
+stands back to back between them. A Transpose read by the region alone is cast before,
+not after (Cast -> Transpose -> Conv, as sink-transposes would move it: a plan's output
+rewritten again stays the same). At the region's edge: one Cast to float16 per incoming
 tensor, one Cast back to float32 per outgoing tensor; the float32 side keeps the original
 tensor name (graph outputs and plans stay valid), the float16 side gets ``<name>_fp16``.
 
@@ -126,14 +128,14 @@ class ConvertFp16(Pass):
                             const16[t.name] = gs.Constant(ctx.namer(f"{t.name}_fp16"), v16)
                     n.inputs[i] = const16[t.name]
                 elif id(producer.get(id(t))) not in region:
-                    if t.name not in to16:
-                        c = gs.Variable(ctx.namer(f"{t.name}_fp16"), dtype=np.float16, shape=t.shape)
-                        graph.nodes.append(gs.Node("Cast", ctx.namer(f"{t.name}_Cast_fp16"),
-                                                   attrs={"to": onnx.TensorProto.FLOAT16},
-                                                   inputs=[t], outputs=[c]))
-                        to16[t.name] = c
-                        res.count("casts-in")
-                    n.inputs[i] = to16[t.name]
+                    p = producer.get(id(t))
+                    if t.name not in to16 and _transposes_into(p, t, region, outputs):
+                        # Cast -> Transpose, not Transpose -> Cast, which sink-transposes
+                        # turns into this on a second run: the output is a fixed point
+                        p.inputs[0] = _cast_in(p.inputs[0], graph, to16, ctx, res)
+                        t.dtype = np.float16
+                        to16[t.name] = t
+                    n.inputs[i] = to16.get(t.name) or _cast_in(t, graph, to16, ctx, res)
         # Outputs: float16 inside; a Cast back to float32 keeps the original name outside.
         for n in members:
             for j, t in enumerate(list(n.outputs)):
@@ -156,6 +158,26 @@ class ConvertFp16(Pass):
                 res.count("casts-out")
         res.changed = True
         return res
+
+
+def _cast_in(t: gs.Tensor, graph: gs.Graph, to16: dict, ctx: Context, res) -> gs.Tensor:
+    """t in float16: one Cast per tensor, shared by every region member reading it."""
+    if t.name not in to16:
+        c = gs.Variable(ctx.namer(f"{t.name}_fp16"), dtype=np.float16, shape=t.shape)
+        graph.nodes.append(gs.Node("Cast", ctx.namer(f"{t.name}_Cast_fp16"),
+                                   attrs={"to": onnx.TensorProto.FLOAT16},
+                                   inputs=[t], outputs=[c]))
+        to16[t.name] = c
+        res.count("casts-in")
+    return to16[t.name]
+
+
+def _transposes_into(p, t: gs.Tensor, region: set[int], outputs: set[int]) -> bool:
+    """t is a Transpose of a float32 activation read by the region alone."""
+    return (p is not None and p.op == "Transpose" and p.domain in (None, "", "ai.onnx")
+            and len(p.inputs) == 1 and not isinstance(p.inputs[0], gs.Constant)
+            and _is_float32(p.inputs[0]) and id(t) not in outputs
+            and all(id(c) in region for c in t.outputs))
 
 
 def _float_inputs(node) -> list:

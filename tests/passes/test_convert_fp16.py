@@ -316,3 +316,30 @@ def test_fp16_ranges_are_measured_after_equalization():
     assert np.isfinite(got).all()
     want = run_ort(m, calib[0])[0]
     assert cos(got, want) > 0.99
+
+
+def test_a_transpose_into_a_region_is_cast_before_it_and_the_output_a_fixed_point(rng):
+    """tf2onnx's NHWC input Transpose -> an FP16 conv: Transpose -> Cast -> Conv was
+    written, and a second rewrite's sink-transposes moved the Transpose past the Cast
+    (open-rppg's BlazeFace, --plan default: the plan's output not a fixed point). The
+    Cast goes before the Transpose now; a Transpose that something outside reads stays."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 8, 8, 3] x) => (float[N, 4, 6, 6] y, float[N, 3, 8, 8] t2) {
+        t = Transpose <perm = [0, 3, 1, 2]> (x)
+        y = Conv (t, W)
+        t2 = Transpose <perm = [0, 3, 1, 2]> (x)
+    }""", {"W": (4, 3, 3, 3)})
+    out, rep = run(m, "fp16")
+    prod = {t: n for n in out.graph.node for t in n.output}
+    conv = next(n for n in out.graph.node if n.op_type == "Conv")
+    chain = [prod[conv.input[0]].op_type, prod[prod[conv.input[0]].input[0]].op_type]
+    assert chain == ["Transpose", "Cast"] and ops(out).count("Cast") == 2, ops(out)
+    assert prod["t2"].op_type == "Transpose" and prod["t2"].input == ["x"]
+    assert rep.passes[0].counts["casts-in"] == 1
+    x = {"x": rng.standard_normal((2, 8, 8, 3)).astype(np.float32)}
+    for a, b in zip(run_ort(m, x), run_ort(out, x)):
+        assert cos(a, b) > 0.9999
+    again, _ = rewriter.rewrite(out, target="none")
+    assert again.SerializeToString() == out.SerializeToString()
+    onnx.checker.check_model(out, full_check=True)
