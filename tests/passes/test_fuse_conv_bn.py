@@ -590,3 +590,22 @@ def test_int8_weight_left_alone(why, kw):
     out, rep = rewriter.rewrite(m, ["fuse-conv-bn"], verify=True)
     assert "BatchNormalization" in ops(out)
     assert rep.passes[0].counts.get("skip:weights-not-constant") == 1
+
+
+def test_a_float16_scale_before_a_conv_stays():
+    """In a plan's FP16 region (equalize-channels' Mul before an FP16 depthwise conv) the
+    weights were rounded to float16 once; folding the Mul rounds them again, which moves a
+    Q/DQ model's QuantizeLinear roundings downstream by whole steps (BlazeFace's --plan
+    auto output rewritten again: max_rel 3.6e-2, --verify exit 1). It stays, with a reason."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 4, 8, 8] x) => (float[1, 4, 6, 6] y) {
+        h = Cast <to = 10> (x)
+        s = Mul (h, c)
+        k = Conv <group = 4> (s, W)
+        y = Cast <to = 1> (k)
+    }""", {"c": np.linspace(1, 9, 4, dtype=np.float16).reshape(1, 4, 1, 1),
+           "W": np.random.default_rng(7).standard_normal((4, 1, 3, 3)).astype(np.float16)})
+    out, rep = rewriter.rewrite(m, ["fuse-conv-bn"])
+    assert rep.passes[0].counts.get("skip:float16-scale") == 1
+    assert [n.op_type for n in out.graph.node] == ["Cast", "Mul", "Conv", "Cast"]
