@@ -673,8 +673,13 @@ def set_values(t: gs.Constant, values: np.ndarray) -> None:
 def own_constant(node: gs.Node, i: int, values: np.ndarray, namer: "Namer", tag: str) -> None:
     """Give ``node``'s input ``i`` (a constant) new values without touching anyone else's:
     in place when this node is its only reader and reads it once, else on a copy named
-    ``<name>_<tag>`` (a weight shared by two convs must not be edited for one of them)."""
+    ``<name>_<tag>`` (a weight shared by two convs must not be edited for one of them).
+    Values equal to the ones it has leave it as it is: a copy would be a duplicate that a
+    second rewrite merges (a zero bias shared by many convs, equalized)."""
     t = node.inputs[i]
+    if isinstance(t, gs.Constant) and t.values.dtype == values.dtype \
+            and t.values.shape == values.shape and np.array_equal(t.values, values):
+        return
     sole = (isinstance(t, gs.Constant) and not t.inputs and len(t.outputs) == 1
             and sum(x is t for x in node.inputs) == 1)
     if sole:

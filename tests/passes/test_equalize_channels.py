@@ -98,6 +98,29 @@ def test_shared_weight_is_copied_not_edited(rng):
     assert y.input[1] != "W"
 
 
+def test_a_shared_zero_bias_is_not_copied(rng):
+    """tf2onnx shares one zero bias among convs (BlazeFace's depthwise convs): its
+    equalized values are the same zeros, and one copy per conv left duplicates that a
+    second rewrite merged (the full-range --plan auto output: 26 constants). Equal values
+    leave the constant as it is (core.graph.own_constant)."""
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4, 8, 8] x) => (float[N, 4, 8, 8] y, float[N, 4, 8, 8] z) {
+        a = Conv <pads = [1, 1, 1, 1]> (x, W1, Z)
+        r = Relu (a)
+        y = Conv <pads = [1, 1, 1, 1], group = 4> (r, W2, Z)
+        z = Conv <pads = [1, 1, 1, 1], group = 4> (x, W3, Z)
+    }"""
+    m = make_model(text, {"W1": (4, 4, 3, 3), "W2": (4, 1, 3, 3), "W3": (4, 1, 3, 3),
+                          "Z": np.zeros(4, np.float32)})
+    feeds = [{"x": (rng.standard_normal((1, 4, 8, 8)) * [[[[1]], [[10]], [[0.1]], [[3]]]]
+                    ).astype(np.float32)}]
+    out, rep = equalize(m, ["y", "z"], feeds)
+    assert rep.ok and rep.passes[0].counts["equalized-tensors"] == 2
+    biases = {n.input[2] for n in out.graph.node if n.op_type == "Conv"}
+    assert biases == {"Z"}, biases
+
+
 @pytest.mark.parametrize("returned", ["r", "a"])
 def test_a_map_the_model_returns_is_not_scaled(setup, returned):
     """conv a -> Relu -> conv b, with the Relu's output (or the conv's, before it) also a
