@@ -118,18 +118,18 @@ def gptq_round(w: np.ndarray, scale: np.ndarray, hessian: np.ndarray, group: int
 
 def _gptq_block(w: np.ndarray, s: np.ndarray, h: np.ndarray, damp: float) -> np.ndarray:
     d = w.shape[1]
-    h = np.array(h, dtype=np.float64)     # stored float32 (hessian.py); solved in float64
-    dead = np.diag(h) <= 0
-    h[dead, dead] = 1.0
+    diag = np.diag(h).astype(np.float64)
+    dead = diag <= 0
     w = w.copy()
     w[:, dead] = 0.0
-    order = np.argsort(-np.diag(h))
-    w, h = w[:, order], h[np.ix_(order, order)]
-    h[np.diag_indices(d)] += damp * float(np.mean(np.diag(h))) + 1e-12
+    order = np.argsort(-np.where(dead, 1.0, diag))
+    w = w[:, order]
     try:
-        hinv = _upper_inverse_factor(h)
+        low = _damped_factor(h, order, ~dead[order], damp)
     except np.linalg.LinAlgError:
         return np.clip(np.rint(w / s[:, None]), -QMAX, QMAX).astype(np.int8)[:, np.argsort(order)]
+    hinv = _lower_inverse(low)[::-1, ::-1]      # U = R L^-1 R (_upper_inverse_factor)
+    del low
     q = np.empty_like(w)
     # Columns in blocks (GPTQ's lazy batch updates): inside a block each rounding error
     # moves the block's later columns; the columns after the block take the block's
@@ -146,6 +146,21 @@ def _gptq_block(w: np.ndarray, s: np.ndarray, h: np.ndarray, damp: float) -> np.
             wb[:, j + 1:] -= np.outer(err[:, j], hb[j, j + 1:])
         w[:, b:] -= err @ hinv[a:b, b:]
     return q[:, np.argsort(order)].astype(np.int8)
+
+
+def _damped_factor(h: np.ndarray, order: np.ndarray, live: np.ndarray,
+                   damp: float) -> np.ndarray:
+    """The lower Cholesky factor of R H' R (R the reversal), H' the stored float32 H in
+    ``order`` as float64, its dead columns (no input energy) unit, damped by ``damp`` of
+    its mean diagonal. The float64 H lives only in here: with LAPACK's copy and the
+    factor, three d x d float64 at the peak (hessian.ConvSpec.solve_bytes)."""
+    hp = np.asarray(h)[np.ix_(order, order)].astype(np.float64)
+    hp[~live, :] = 0.0
+    hp[:, ~live] = 0.0
+    d = len(order)
+    hp[np.diag_indices(d)] = np.where(live, np.diag(hp), 1.0)
+    hp[np.diag_indices(d)] += damp * float(np.mean(np.diag(hp))) + 1e-12
+    return np.linalg.cholesky(hp[::-1, ::-1])
 
 
 def _upper_inverse_factor(h: np.ndarray) -> np.ndarray:

@@ -65,9 +65,17 @@ def test_the_memory_budget_keeps_the_cheapest_convs():
     # 9216 = 1024 channels x 3 x 3: 340 MB of float32 each.
     specs = [spec(0, 9216), spec(1, 288), spec(2, 9216), spec(3, 9216, group=2), spec(4, 576)]
     assert specs[0].bytes() == 9216 * 9216 * 4 and specs[3].bytes(3) == 3 * 2 * specs[0].bytes()
-    kept, left = within_budget(specs, budget=2 * specs[0].bytes() + 10**6)
+    # the largest solve counts on top of every H held (3.3 d x d float64 measured): with
+    # room for one 9216-wide H and its solve, the second H no longer fits
+    one = specs[0].bytes() + specs[0].solve_bytes() + 10**7
+    kept, left = within_budget(specs, budget=one)
     assert [s.id for s in kept] == ["c0", "c1", "c4"] and [s.id for s in left] == ["c2", "c3"]
-    kept, left = within_budget(specs, copies=5, budget=2 * specs[0].bytes())
+    kept, left = within_budget(specs, budget=one + specs[0].bytes())
+    assert [s.id for s in kept] == ["c0", "c1", "c2", "c4"]
+    # H alone would fit twice over; its solve does not
+    kept, left = within_budget(specs, budget=2 * specs[0].bytes() + 10**6)
+    assert [s.id for s in kept] == ["c1", "c4"]
+    kept, left = within_budget(specs, copies=5, budget=one)
     assert [s.id for s in kept] == ["c1", "c4"]
 
 
