@@ -398,21 +398,33 @@ def _planner_args(p) -> None:
 
 
 def _max_abs_arg(text: str):
-    """--max-abs: a number, or NAME=X pairs separated by commas."""
+    """--max-abs: a number, or NAME=X pairs separated by commas; a name may hold a comma
+    or '=' (the value is after the last '=', a piece without one is part of the next name)."""
     if "=" not in text:
         try:
             return float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number or NAME=X list: {text!r}") from None
-    out = {}
-    for part in filter(None, text.split(",")):
-        name, _, value = part.rpartition("=")
+    out, name = {}, ""
+    for part in text.split(","):
+        if not part.strip() and not name:   # 'y=1,' or ',y=1'
+            continue
+        if "=" not in part:    # an output named 'boxes,scores' (or an empty piece)
+            name += part + ","
+            continue
+        head, _, value = part.rpartition("=")
+        name, part = (name + head).strip(), name + part
         try:
-            out[name.strip()] = float(value)
+            x = float(value)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not NAME=X: {part!r}") from None
-        if not name.strip():
+        if not name:
             raise argparse.ArgumentTypeError(f"no output name in {part!r}")
+        if name in out:    # the last silently won
+            raise argparse.ArgumentTypeError(f"output {name!r} given twice")
+        out[name], name = x, ""
+    if name.strip(","):
+        raise argparse.ArgumentTypeError(f"not NAME=X: {name.rstrip(',')!r}")
     return out
 
 

@@ -255,6 +255,10 @@ def test_an_abbreviated_or_misspelt_option_is_named(capfd, tmp_path):
      "'logits'?)"),
     (["--plan", "auto", "--calib", "CALIB", "--max-abs", "0.5", "--min-within", "1.5"],
      "planner setting min_within must be in (0, 1], not 1.5"),
+    # the last of two values silently won
+    (["--plan", "auto", "--calib", "CALIB", "--max-abs", "logits=1,logits=2"],
+     "argument --max-abs: output 'logits' given twice"),
+    (["--plan", "auto", "--calib", "CALIB", "--max-abs", "logits=1,2"], "not NAME=X: '2'"),
 ])
 def test_a_flag_nothing_would_read_is_an_error(capfd, tmp_path, argv, message):
     """The planner's flags were silently ignored without the planner: `--plan default
@@ -268,6 +272,15 @@ def test_a_flag_nothing_would_read_is_an_error(capfd, tmp_path, argv, message):
     assert code == 2
     assert_one_line(err, message)
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_a_max_abs_output_name_may_hold_a_comma_or_an_equals_sign():
+    """--max-abs NAME=X,...: an output named 'boxes,scores' could not be named ("not
+    NAME=X: 'boxes'"): the value is after a pair's last '=', a piece without one is the
+    start of the next name."""
+    from rewriter.cli import _max_abs_arg
+    assert _max_abs_arg("boxes,scores=1,y=2=0.5,,") == {"boxes,scores": 1.0, "y=2": 0.5}
+    assert _max_abs_arg(",u8:0=3") == {"u8:0": 3.0} and _max_abs_arg("0.5") == 0.5
 
 
 def test_missing_arguments(capfd, tmp_path):
