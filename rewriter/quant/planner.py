@@ -455,8 +455,6 @@ class _CrossValidator:
                     main.met = main.met and j.met
                     main.flip_risk = max(main.flip_risk or 0.0, j.flip_risk)
                 continue
-            if not np.isfinite(o).all():
-                o = np.nan_to_num(o, nan=0.0, posinf=0.0, neginf=0.0)
             # Components of different scale in one output (box coordinates beside class
             # scores) are judged as outputs of their own: the whole one's cosine is its
             # largest component's (metrics.scale_split).

@@ -836,3 +836,23 @@ def test_an_integer_output_named_by_max_abs_is_held_to_it_not_to_equal_values(tm
         verify=True, materialize=False)
     cert = rep.verification[0]["certificate"]
     assert rep.ok and cert["within"] == 1.0 and cert["integer"]
+
+
+def test_a_nan_both_models_have_at_one_place_is_agreement_in_the_planner():
+    """An output with NaN where FP32 has NaN too (Log of a negative input): the planner
+    zeroed the rewritten model's NaN only, so the original's NaN met a 0, every sample's
+    cosine was 0, the budget 'not met even in FP32' and every layer stayed FP32; judged as
+    --verify judges it (certify.judge_lossy), the MatMul goes INT8."""
+    from conftest import make_model
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 16] x) => (float[N, 8] y, float[N, 16] lg) {
+        h = MatMul (x, W)
+        y = Relu (h)
+        lg = Log (x)
+    }""", {"W": (16, 8)}, seed=21)
+    rng = np.random.default_rng(22)
+    calib = [{"x": rng.standard_normal((1, 16)).astype(np.float32)} for _ in range(24)]
+    _, rep = plan_auto(m, calib, settings={"min_cosine": 0.99, "min_top1": 0.0})
+    assert [r.choice for r in rep.layers] == ["int8"], rep.render()
+    assert rep.measured["cosine"] > 0.99 and rep.measured["met"]
