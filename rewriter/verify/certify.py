@@ -571,11 +571,12 @@ def judge_abs(j: Judgement, name: str, ref: np.ndarray, out: np.ndarray, tol: fl
                        f"{_down(lower, 3)} < {need}")
     if wilson(k, n)[1] < need:
         j.refuted = True
+    short = (f"counting alone cannot show {need:g} of samples within max_abs on {n} samples "
+             f"({samples_needed(need)} needed): the bound is the tail model's")
     if n / (n + Z * Z) < need:
         j.certifiable = False
-        reasons.append(f"counting alone cannot show {need:g} of samples within max_abs on {n} "
-                       f"samples ({samples_needed(need)} needed): the bound is the tail "
-                       "model's")
+        if short not in j.why:   # said once, not once per output a mapping names
+            reasons.append(short)
     j.why = "; ".join(reasons)
     return j
 

@@ -465,3 +465,14 @@ def test_tied_largest_errors_are_counted_not_extrapolated():
     est, up = exceed_bounds(e, 1.5)
     assert est == 0.0 and up == pytest.approx(wilson(0, 64)[1]) and up > 0.05
     assert exceed_bounds(np.full(64, 0.01), 0.02)[1] > 0.05
+
+
+def test_the_shortfall_of_counting_is_said_once_for_several_outputs():
+    """A mapping naming five outputs repeated 'counting alone cannot show 0.99 ...' five
+    times in the planner's certificate line."""
+    from rewriter.verify.certify import judge_abs
+    ref, out = _landmarks(64, 4)
+    j = judge_lossy("lm", ref, out, {})
+    for name in ("a", "b", "c"):
+        judge_abs(j, name, ref, out, 0.05, 0.99)
+    assert j.why.count("counting alone cannot show") == 1 and not j.certifiable, j.why
