@@ -367,6 +367,14 @@ class _CrossValidator:
         self.notes.append("judged on what the selections read, not on what they select: "
                           + "; ".join(f"{o} by {n.op_type} from " + ", ".join(r)
                                       for o, (n, r) in reads.items()))
+        # a max_abs naming what a selection selects went unjudged here, unsaid
+        v = self.s.get("max_abs")
+        named = [o for o in reads if isinstance(v, dict) and o in v]
+        for o in named:
+            self.notes.append(f"max_abs of '{o}' not judged by the planner ({reads[o][0].op_type}"
+                              " selects it; what it selects from is judged): --verify holds "
+                              "it to it, or where it misses to what it selects from, with a "
+                              "warning (--strict refuses that)")
         return g
 
     def budget(self) -> dict:

@@ -856,3 +856,27 @@ def test_a_nan_both_models_have_at_one_place_is_agreement_in_the_planner():
     _, rep = plan_auto(m, calib, settings={"min_cosine": 0.99, "min_top1": 0.0})
     assert [r.choice for r in rep.layers] == ["int8"], rep.render()
     assert rep.measured["cosine"] > 0.99 and rep.measured["met"]
+
+
+def test_a_max_abs_naming_what_a_selection_selects_is_said_not_judged_by_the_planner():
+    """max_abs {nz: 0.5} on a NonZero's output: the planner judges what NonZero reads
+    (y), so the output the user named went unjudged and unmentioned (its INT8 plan 'met at
+    95% confidence'; --verify then found nz within 0.5 on 0.958 of samples). Now a note
+    says so; an output judged as it is gets none."""
+    from conftest import make_model
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 16] x) => (float[N, 8] y, int64[2, K] nz) {
+        h = MatMul (x, W)
+        y = Relu (h)
+        nz = NonZero (y)
+    }""", {"W": (16, 8)}, seed=31)
+    rng = np.random.default_rng(9)
+    calib = [{"x": rng.standard_normal((1, 16)).astype(np.float32)} for _ in range(12)]
+    _, rep = plan_auto(m, calib, settings={"max_abs": {"nz": 0.5, "y": 1.0}, "folds": 2})
+    said = [n for n in rep.notes if n.startswith("max_abs of")]
+    assert said == ["max_abs of 'nz' not judged by the planner (NonZero selects it; what it "
+                    "selects from is judged): --verify holds it to it, or where it misses to "
+                    "what it selects from, with a warning (--strict refuses that)"], rep.notes
+    _, rep = plan_auto(m, calib, settings={"max_abs": {"y": 1.0}, "folds": 2})
+    assert not [n for n in rep.notes if n.startswith("max_abs of")]
