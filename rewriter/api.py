@@ -445,8 +445,8 @@ class _Rewrite:
         from rewriter.quant import plan as plan_mod
         self.plan = plan_mod.load(self.plan)
         from rewriter.verify.metrics import check_abs_names
-        check_abs_names(self.plan.verify.get("max_abs"),
-                        [o.name for o in self.original.graph.output], "the plan's verify")
+        check_abs_names(self.plan.verify.get("max_abs"), self.original.graph.output,
+                        "the plan's verify")
         self.int8_settings_given()
         pre = (self.planner_settings or {}).get("preprocess")
         if pre:

@@ -631,7 +631,7 @@ def _prepare(model, calib, base_dir, s, labels, progress, fp32=None):
     else:
         original = model
     from rewriter.verify.metrics import check_abs_names
-    check_abs_names(s["max_abs"], [o.name for o in original.graph.output], "planner setting")
+    check_abs_names(s["max_abs"], original.graph.output, "planner setting")
     fp32 = fp32 or {}
     passes = fp32.get("passes")
     if passes is None:

