@@ -1322,6 +1322,13 @@ class _Rewrite:
                     f"output '{m.name}' meets the budget by {modelled_by(c)} only, not "
                     f"certified on {c['n']} samples ({c['why']}): written; more samples, or "
                     "--strict to make this an error")
+        v = (self.verifier.lossy or {}).get("max_abs") if self.plan is not None else None
+        if isinstance(v, float) and all(m.integer or m.top1 is not None for m in metrics):
+            # a number holds float outputs without classes: here none, which went unsaid
+            self.report.warnings.append(
+                f"max_abs {v:g} holds no output: a number is for float outputs without "
+                "classes, and these have classes or integer values; name them to hold "
+                f"them (verify max_abs: {{{metrics[0].name}: {v:g}}})")
         if not self.report.ok:
             self.report.failed_pass = self.report.failed_pass or "(final model)"
             self.report.seconds = self.seconds

@@ -259,6 +259,9 @@ def test_an_abbreviated_or_misspelt_option_is_named(capfd, tmp_path):
     (["--plan", "auto", "--calib", "CALIB", "--max-abs", "logits=1,logits=2"],
      "argument --max-abs: output 'logits' given twice"),
     (["--plan", "auto", "--calib", "CALIB", "--max-abs", "logits=1,2"], "not NAME=X: '2'"),
+    # the share within max_abs, read by nothing without it
+    (["--plan", "auto", "--calib", "CALIB", "--min-within", "0.9"],
+     "planner setting min_within is the share of samples within max_abs: give max_abs too"),
 ])
 def test_a_flag_nothing_would_read_is_an_error(capfd, tmp_path, argv, message):
     """The planner's flags were silently ignored without the planner: `--plan default

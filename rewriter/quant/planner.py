@@ -344,6 +344,14 @@ class _CrossValidator:
         _, self.classes, splits, _ = reference_traits(
             self.reference, self.feeds, self.original if self.graph is graph else exp.model)
         self.splits = dict(enumerate(splits))
+        v = self.s.get("max_abs")
+        if isinstance(v, float) and not any(
+                not c and np.issubdtype(np.asarray(r).dtype, np.floating)
+                for c, r in zip(self.classes, self.reference[0])):   # it went unsaid
+            self.notes.append(f"max_abs {v:g} holds no output: a number is for float outputs "
+                              "without classes, and these have classes or integer values; "
+                              f"name them to hold them (--max-abs {self.output_names[0]}="
+                              f"{v:g})")
         self.count = 0
         self.alpha = 0.05   # plan_auto divides it by the number of plans it may compare
 
@@ -588,6 +596,9 @@ def _settings(settings: dict | None) -> dict:
                 raise InputError(f"planner setting {k} must be a number, not {s[k]!r}") from None
     from rewriter.verify.metrics import max_abs_setting
     s["max_abs"] = max_abs_setting(s["max_abs"], "planner setting")
+    if (settings or {}).get("min_within") is not None and s["max_abs"] is None:
+        raise InputError("planner setting min_within is the share of samples within max_abs: "
+                         "give max_abs too")   # read by nothing without it, unsaid
     if not 0.0 < s["min_within"] <= 1.0:
         raise InputError(f"planner setting min_within must be in (0, 1], not {s['min_within']}")
     if s["stored_weights"] not in ("requantize", "keep"):   # said before minutes of planning

@@ -907,3 +907,29 @@ def test_a_max_abs_naming_an_output_without_units_is_one_line():
     with pytest.raises(rewriter.InputError, match="'q', a sequence output"):
         check_abs_names({"q": 1.0}, seq.graph.output, "p")
     check_abs_names({"y": 1.0}, m.graph.output, "p")   # a tensor of numbers: fine
+
+
+def test_a_max_abs_that_holds_no_output_is_said(tmp_path):
+    """A number holds float outputs without classes: on a classifier alone, --max-abs 0.5
+    held nothing and nothing said so (the plan, the certificate and --verify as without
+    it). Now the planner's note and --verify's warning say it and how to name them; and
+    min_within without max_abs, read by nothing, is an error (a plan file's too)."""
+    from rewriter.quant import plan as plan_mod
+    calib = samples(8)
+    _, rep = plan_auto(MODEL, calib, settings={"max_abs": 0.5, "folds": 2, "min_top1": 0.5})
+    assert ("max_abs 0.5 holds no output: a number is for float outputs without classes, "
+            "and these have classes or integer values; name them to hold them (--max-abs "
+            "logits=0.5)") in rep.notes, rep.notes
+    rules = [{"match": {"op": ["Conv", "Gemm"]}, "precision": "int8"}]
+    _, rep = rewriter.rewrite(MODEL, plan={"rules": rules, "verify": {
+        "max_abs": 0.5, "min_top1": 0.5, "min_cosine": 0.9}}, calib=calib, target="none",
+        inputs=samples(8, seed=1), verify=True, materialize=False)
+    assert any(w.startswith("max_abs 0.5 holds no output") and "{logits: 0.5}" in w
+               for w in rep.warnings), rep.warnings
+    with pytest.raises(rewriter.InputError, match="min_within is the share of samples "
+                       "within max_abs: give max_abs too"):
+        plan_auto(MODEL, calib, settings={"min_within": 0.9})
+    path = tmp_path / "p.yaml"
+    path.write_text("version: 1\ndefault: int8\nverify: {min_within: 0.9}\n")
+    with pytest.raises(rewriter.InputError, match="verify.min_within is the share"):
+        plan_mod.load(str(path))
