@@ -391,6 +391,12 @@ class _CrossValidator:
                               "from is judged): --verify holds it to it, or where it misses "
                               "to what it selects from, with a warning (--strict refuses "
                               "that)")
+        scores = [n for k, n in enumerate(self.output_names) if n in self.model_outputs
+                  and n in floats and self.classes[k]]
+        if not isinstance(v, dict) and held and scores:   # which ones went unsaid
+            self.notes.append(f"max_abs {v:g} holds {', '.join(held)}; not "
+                              f"{', '.join(scores)}, taken for class scores (name them to "
+                              f"hold them: --max-abs {scores[-1]}={v:g})")
         if not isinstance(v, dict) and not held and not skipped:
             self.notes.append(f"max_abs {v:g} holds no output: a number is for float outputs "
                               "without classes, and these have classes or integer values; "
