@@ -269,7 +269,10 @@ def from_dict(d: Any, source: str) -> Plan:
     p.verify = {k: _number(ver.get(k, v), f"plan {source}: verify.{k}")
                 for k, v in LOSSY_DEFAULT.items() if k != "max_abs"}
     p.verify["max_abs"] = max_abs_setting(ver.get("max_abs"), f"plan {source}: verify")
-    if ver.get("min_within") is not None and p.verify["max_abs"] is None:
+    if p.verify["min_within"] is None:   # null: the default (it was a TypeError, exit 3)
+        p.verify["min_within"] = LOSSY_DEFAULT["min_within"]
+    # read by nothing without max_abs (its default, as the schema in plans.md shows it, is)
+    if p.verify["min_within"] != LOSSY_DEFAULT["min_within"] and p.verify["max_abs"] is None:
         raise InputError(f"plan {source}: verify.min_within is the share of samples within "
                          "max_abs: give max_abs too")
     if not 0.0 < p.verify["min_within"] <= 1.0:

@@ -947,6 +947,8 @@ def test_a_max_abs_that_holds_no_output_is_said(tmp_path):
     path.write_text("version: 1\ndefault: int8\nverify: {min_within: 0.9}\n")
     with pytest.raises(rewriter.InputError, match="verify.min_within is the share"):
         plan_mod.load(str(path))
+    path.write_text("version: 1\ndefault: int8\nverify: {min_within: null, max_abs: 1}\n")
+    assert plan_mod.load(str(path)).verify["min_within"] == 0.99   # was a TypeError
 
 
 def test_a_number_max_abs_says_which_outputs_it_holds_where_some_look_like_scores():
