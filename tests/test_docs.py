@@ -260,3 +260,22 @@ def test_imports_follow_the_documented_layers():
                             and (rel, top) not in _UPWARD):
                         bad.append(f"{rel}: {name}")
     assert not bad, bad
+
+
+def test_pass_lists_in_docs_are_the_default_pipeline():
+    """README's picture and architecture.md's layer list name the default pipeline in its
+    order, and README marks exactly the MIGraphX-only passes; architecture.md put crop_pads
+    before fold_shapes and scan_states twice once resize_inputs came in."""
+    from rewriter.core.registry import DEFAULT_PIPELINE, MIGRAPHX_ONLY
+
+    rows = re.findall(r"^   │  ([a-z][a-z0-9-]*(?:, [a-z][a-z0-9-]*)*)\s+(.*)$",
+                      (ROOT / "README.md").read_text(), re.M)
+    named = [(n.strip(), rest) for row, rest in rows for n in row.split(",")]
+    readme = [n for n, _ in named]
+    assert readme[:len(DEFAULT_PIPELINE)] == DEFAULT_PIPELINE
+    marked = {n for n, rest in named if rest.startswith("(MIGraphX target")}
+    assert marked == MIGRAPHX_ONLY
+    arch = (ROOT / "docs" / "architecture.md").read_text()
+    block = arch[arch.index("the FP32 default"):arch.index("pad_channels, and the plan's")]
+    listed = [n.replace("_", "-") for n in re.findall(r"\b[a-z]+(?:_[a-z0-9]+)+\b", block)]
+    assert listed == DEFAULT_PIPELINE
