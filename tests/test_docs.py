@@ -279,3 +279,19 @@ def test_pass_lists_in_docs_are_the_default_pipeline():
     block = arch[arch.index("the FP32 default"):arch.index("pad_channels, and the plan's")]
     listed = [n.replace("_", "-") for n in re.findall(r"\b[a-z]+(?:_[a-z0-9]+)+\b", block)]
     assert listed == DEFAULT_PIPELINE
+
+
+def test_planner_only_settings_in_plans_md_are_the_codes():
+    """plans.md's lists of the flags (and API settings) a fixed plan refuses and those any
+    plan reads are cli.PLANNER_ONLY and api.ANY_PLAN: both grew with --max-abs."""
+    from rewriter.api import ANY_PLAN
+    from rewriter.cli import PLANNER_ONLY
+
+    text = " ".join((ROOT / "docs" / "plans.md").read_text().split())
+    flags = text[text.index("The planner's flags ("):].split(")", 1)[0]
+    assert set(re.findall(r"`--([a-z0-9-]+)`", flags)) == \
+        {k.replace("_", "-") for k in PLANNER_ONLY}
+    every = text[text.index("are an error with a fixed plan"):].split("apply to every", 1)[0]
+    assert set(re.findall(r"`--([a-z0-9-]+)`", every)) == set(ANY_PLAN) - {"preprocess"}
+    api = text[text.index("a setting other than"):].split("with `plan=`", 1)[0]
+    assert set(re.findall(r"`([a-z_0-9]+)`", api)) == set(ANY_PLAN)
