@@ -1394,7 +1394,9 @@ class _Rewrite:
             units = any((m.certificate or {}).get("within_lower") is not None
                         and m.certificate["within_lower"] < m.certificate["budget"].get(
                             "min_within", 0.99) for m in metrics if m.name in missed)
-            msg += self.remedy(missed, "max_abs" if units else "min_top1" if ints
+            # top-1 missed where cosine held: min_cosine was suggested, which changes nothing
+            flips = all(_missed_top1_only(m.certificate) for m in metrics if m.name in missed)
+            msg += self.remedy(missed, "max_abs" if units else "min_top1" if ints or flips
                                else "min_cosine")
         err = VerificationError(msg)
         err.report = self.report
@@ -1655,6 +1657,13 @@ def _short(m) -> str:
     return f"cosine {m['cosine']:.4f}"
 
 
+def _missed_top1_only(c: dict | None) -> bool:
+    """A certificate whose top-1 bound misses its budget while its cosine bound keeps it."""
+    b = (c or {}).get("budget") or {}
+    return (c or {}).get("top1_lower") is not None and c["top1_lower"] < b.get("min_top1", 0) \
+        and c["cosine_ci"][0] >= b.get("min_cosine", 0)
+
+
 def _worst(metrics, verifier=None) -> str:
     bad = [m for m in metrics if not m.ok] or metrics
     m = max(bad, key=lambda m: m.max_rel)
@@ -1674,7 +1683,8 @@ def _worst(metrics, verifier=None) -> str:
     if verifier is not None and verifier.lossy:
         s += " vs budget " + ", ".join(
             f"{k} " + (",".join(f"{o}={x:g}" for o, x in v.items()) if isinstance(v, dict)
-                       else f"{v:.10g}") for k, v in verifier.lossy.items() if v is not None)
+                       else f"{v:.10g}") for k, v in verifier.lossy.items() if v is not None
+            and (k != "min_within" or verifier.lossy.get("max_abs") is not None))
     if why:   # judged by bounds, not by the point values above: say which one missed
         s += f"; {why}"
     from rewriter.verify.metrics import TINY_OUTPUT

@@ -449,6 +449,31 @@ def _failing_plan(tmp_path):
     return e
 
 
+def test_a_plan_missing_top1_alone_suggests_min_top1_not_min_cosine():
+    """An INT8 plan that flips 10 of 400 classifier samples at cosine 0.9994: the error
+    suggested 'a lower verify min_cosine', which the run already kept, and listed
+    min_within in a budget without max_abs. Now min_top1, the bound that missed."""
+    from conftest import make_model
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 16] x) => (float[N, 10] y) {
+        h = Gemm <transB = 1> (x, W1)
+        r = Relu (h)
+        y = Gemm <transB = 1> (r, W2)
+    }""", {"W1": (32, 16), "W2": (10, 32)}, seed=7)
+    rng = np.random.default_rng(8)
+    calib = [{"x": rng.standard_normal((1, 16)).astype(np.float32)} for _ in range(24)]
+    inputs = [{"x": rng.standard_normal((1, 16)).astype(np.float32)} for _ in range(400)]
+    plan = {"default": "int8", "verify": {"min_cosine": 0.9, "min_top1": 0.99}}
+    with pytest.raises(rewriter.VerificationError) as e:
+        rewriter.rewrite(m, plan=plan, calib=calib, inputs=inputs, target="none",
+                         verify=True, materialize=False)
+    msg = str(e.value)
+    assert "top-1 lower bound" in msg and "cosine lower bound" not in msg, msg
+    assert "or a lower verify min_top1 if this drift is acceptable" in msg, msg
+    assert "min_within" not in msg, msg
+
+
 def test_a_failing_plan_names_all_its_passes_and_lists_them(tmp_path):
     """A plan is judged as a whole after its last pass. The error blamed convert-fp16 for
     what the INT8 part lost, and the failure's pass table left out insert-qdq (tenth
