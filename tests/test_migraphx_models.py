@@ -116,6 +116,8 @@ def test_an_error_in_units_budget_judges_migraphxs_outputs(tmp_path, photo_calib
     assert cert["max_abs"] == 1e-6 and cert["within"] == 0.0 and not cert["met"], cert
     assert "logits: share within max_abs 1e-06" in cert["why"]
     assert not o["ok"] and o["certificate"]["within"] == 0.0 and m["as_onnxruntime"]
+    from rewriter.migraphx.target import render
+    assert "within max_abs 1e-06 on 0.000 of samples (onnxruntime 0.000)" in render(info)
     report, info = run(1e3)
     assert_plan_on_migraphx(report, info)
     assert info["ok"] and info["metrics"][0]["certificate"]["within"] == 1.0

@@ -498,6 +498,11 @@ def _metric_line(m: dict, ort: dict | None) -> str:
                                             if ort else "")
         s += f", max_rel {m['max_rel']:.2e} {'ok' if m['ok'] else 'NOT OK'}"
     c = m.get("certificate")
+    if c is not None and c.get("within") is not None:   # a max_abs (certify.judge_abs)
+        oc = (ort or {}).get("certificate") or {}
+        s += (f", within max_abs {c['max_abs']:g} on {c['within']:.3f} of samples"
+              + (f" (onnxruntime {oc['within']:.3f})" if oc.get("within") is not None
+                 else "") + f", largest error {c['abs_worst']:.3g}")
     if m.get("tied_order"):
         s += f" (not comparable element by element: {m['tied_order']})"
     elif m.get("selected") and m["ok"]:
