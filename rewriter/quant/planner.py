@@ -519,7 +519,25 @@ class _CrossValidator:
             if tol is not None and self.output_names[k] in self.model_outputs:
                 judge_abs(main, self.output_names[k], ref[k], got[k], tol,
                           float(self.s["min_within"]))
+        # A NaN or an infinity where FP32 has a number fails --verify outright
+        # (metrics.compare), whatever the budget: no plan with one is met (the planner
+        # counted it as one sample's cosine 0, kept such a plan, and --verify then refused it).
+        new = [self.output_names[k] for k in abs_judged if _new_nonfinite(ref[k], got[k])]
+        if new:
+            main.met = False
+            main.why = "; ".join([x for x in (main.why,) if x] + [
+                "NaN or infinity where FP32 has a number in " + ", ".join(new)])
         return main.to_dict()
+
+
+def _new_nonfinite(ref, out) -> bool:
+    """Whether ``out`` holds a NaN or an infinity where ``ref`` does not hold the same."""
+    r, o = np.asarray(ref, np.float64), np.asarray(out, np.float64)
+    if r.shape != o.shape:
+        return False
+    bad = ~np.isfinite(o)
+    same = (r == o) | (np.isnan(r) & np.isnan(o))
+    return bool((bad & ~same).any())
 
 
 def _harm(m: dict) -> float:

@@ -1000,3 +1000,31 @@ def test_a_number_max_abs_says_which_outputs_it_holds_where_some_look_like_score
     _, rep = plan_auto(m, calib, settings={"max_abs": {"y": 0.2, "box": 0.2}, "folds": 2,
                                            "min_top1": 0.5})
     assert not [n for n in rep.notes if n.startswith("max_abs")]
+
+
+def test_a_plan_making_nan_or_inf_where_fp32_has_a_number_is_never_met():
+    """INT8 moves some small positive MatMul outputs to or below 0, and the Log after
+    their Relu gives -inf where FP32 has a number: --verify refuses that whatever the budget
+    (metrics.compare), but the planner counted it as a cosine of 0 on those samples, and
+    with a budget that allows it kept the plan. No plan with one is met now: the MatMul
+    stays out of INT8 and the judgement says why."""
+    from conftest import make_model
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 16] x) => (float[N, 64] y) {
+        h = MatMul (x, W)
+        r = Relu (h)
+        y = Log (r)
+    }""", {"W": (16, 64)}, seed=41)
+    rng = np.random.default_rng(42)
+    calib = [{"x": rng.standard_normal((1, 16)).astype(np.float32)} for _ in range(24)]
+    from rewriter.quant.planner import _CrossValidator, _prepare, _settings
+    s = _settings({"min_cosine": 0.0, "min_top1": 0.0})
+    graph, original, base_dir, data = _prepare(m, calib, None, s, None, False)
+    ev = _CrossValidator(graph, original, base_dir, data, s, False)
+    lid = [r for r in ev.graph.nodes if r.op == "MatMul"][0]
+    from rewriter.core.graph import node_id
+    j = ev.measure({node_id(lid): "int8"})
+    assert not j["met"] and "NaN or infinity where FP32 has a number in y" in j["why"]
+    _, rep = plan_auto(m, calib, settings={"min_cosine": 0.0, "min_top1": 0.0})
+    assert [r.choice for r in rep.layers] != ["int8"], rep.render()
