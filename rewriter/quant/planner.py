@@ -342,8 +342,10 @@ class _CrossValidator:
         self.model_outputs = {o.name for o in original.graph.output}
         self.reference = [ort.run(sess, f) for f in self.feeds]
         from rewriter.verify.verifier import reference_traits
+        named = settings.get("max_abs")
         _, self.classes, splits, _ = reference_traits(
-            self.reference, self.feeds, self.original if self.graph is graph else exp.model)
+            self.reference, self.feeds, self.original if self.graph is graph else exp.model,
+            set(named) if isinstance(named, dict) else ())
         self.splits = dict(enumerate(splits))
         self._abs_notes()
         self.count = 0

@@ -71,8 +71,10 @@ class Verifier:
         except Exception as e:
             raise InputError(f"onnxruntime cannot load the original model: {_line(e)}") from None
         try:
+            named = (self.lossy or {}).get("max_abs")
             self.reference, self.classes, splits, real = reference_traits(
-                [ort.run(sess, f) for f in self.feed_sets], self.feed_sets, original)
+                [ort.run(sess, f) for f in self.feed_sets], self.feed_sets, original,
+                set(named) if isinstance(named, dict) else ())
             self.splits = dict(zip(self.output_names, splits))
             self.real = dict(zip(self.output_names, real))
         except Exception as e:
@@ -370,15 +372,18 @@ class Verifier:
 
 
 def reference_traits(runs: list[list[np.ndarray]], feed_sets: list[dict],
-                     model: onnx.ModelProto) -> tuple[list[np.ndarray], list[bool], list]:
+                     model: onnx.ModelProto, quantities=()
+                     ) -> tuple[list[np.ndarray], list[bool], list]:
     """The reference outputs joined one sample per row (:func:`feeds.join_runs`), which of
-    them have classes (:func:`metrics.class_outputs`, the model's linear heads seen),
-    for those without, their components of different scale (:func:`metrics.scale_split`),
-    and for those padded to the longest run, their real positions
-    (:func:`metrics.real_positions`): found once, on the reference, by the verifier and the
-    planner alike."""
+    them have classes (:func:`metrics.class_outputs`, the model's linear heads seen; never
+    one of ``quantities``, the outputs a ``max_abs`` mapping names: a tolerance in units
+    says they are not class scores), for those without, their components of different
+    scale (:func:`metrics.scale_split`), and for those padded to the longest run, their
+    real positions (:func:`metrics.real_positions`): found once, on the reference, by the
+    verifier and the planner alike."""
     joined, batched, ragged = join_runs(runs, feed_sets)
     classes = class_outputs(joined, head_features(model), batched, ragged)
+    classes = [c and o.name not in quantities for c, o in zip(classes, model.graph.output)]
     return (joined, classes, [None if c else scale_split(r) for r, c in zip(joined, classes)],
             [real_positions(g) if c else None for g, c in zip(ragged, classes)])
 

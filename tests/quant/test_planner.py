@@ -1028,3 +1028,29 @@ def test_a_plan_making_nan_or_inf_where_fp32_has_a_number_is_never_met():
     assert not j["met"] and "NaN or infinity where FP32 has a number in y" in j["why"]
     _, rep = plan_auto(m, calib, settings={"min_cosine": 0.0, "min_top1": 0.0})
     assert [r.choice for r in rep.layers] != ["int8"], rep.render()
+
+
+def test_an_output_named_in_max_abs_is_judged_as_a_quantity_not_as_class_scores():
+    """A regression head [N, 8] out of a Gemm looks like logits and was held to top-1 too,
+    even when named in max_abs (the box head of the attack, BlazeFace-like heads): the argmax
+    of coordinates is no class. Named in a max_abs mapping, it is judged by cosine and its
+    tolerance only, in the planner and in --verify; unnamed, it keeps top-1."""
+    from conftest import make_model
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 16] x) => (float[N, 8] y) {
+        y = Gemm (x, W, B)
+    }""", {"W": (16, 8), "B": (8,)}, seed=51)
+    rng = np.random.default_rng(52)
+    calib = [{"x": rng.standard_normal((1, 16)).astype(np.float32)} for _ in range(24)]
+    _, plain = plan_auto(m, calib, settings={"min_cosine": 0.9})
+    assert plain.measured["top1"] is not None
+    _, named = plan_auto(m, calib, settings={"min_cosine": 0.9, "max_abs": {"y": 10.0},
+                                             "min_within": 0.8})
+    assert named.measured["top1"] is None and named.measured["within"] == 1.0
+    rules = [{"match": {"op": ["Gemm"]}, "precision": "int8"}]
+    _, rep = rewriter.rewrite(m, plan={"rules": rules, "verify": {
+        "max_abs": {"y": 10.0}, "min_within": 0.8}}, calib=calib, target="none",
+        verify=True, materialize=False)
+    cert = rep.verification[0]["certificate"]
+    assert cert["top1"] is None and cert["within"] == 1.0
