@@ -32,9 +32,8 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
-from rewriter.core.graph import iter_graphs
+from rewriter.core.graph import iter_graphs, shape_of
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
-from rewriter.passes.scan_states import _shape_of
 
 
 class ResizeInputs(Pass):
@@ -79,7 +78,7 @@ def _reshape_input(node: gs.Node, g: gs.Graph, standard: dict, namer) -> str | N
     if id(x) not in standard:
         y = gs.Variable(namer(f"{x.name}_standard"), dtype=x.dtype, shape=x.shape)
         g.nodes.append(gs.Node("Reshape", namer(f"{x.name}_Standard"),
-                               inputs=[x, _shape_of(x, g, namer)], outputs=[y]))
+                               inputs=[x, shape_of(x, g, namer)], outputs=[y]))
         standard[id(x)] = y
     node.inputs[0] = standard[id(x)]
     return None

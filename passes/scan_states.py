@@ -32,10 +32,9 @@ after.
 
 from __future__ import annotations
 
-import numpy as np
 import onnx_graphsurgeon as gs
 
-from rewriter.core.graph import iter_graphs, static_shape
+from rewriter.core.graph import iter_graphs, shape_of
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 
@@ -72,15 +71,6 @@ class ScanStates(Pass):
         return res
 
 
-def _shape_of(x: gs.Tensor, g: gs.Graph, namer) -> gs.Tensor:
-    """x's shape: a constant where it is static, else Shape(x) added to ``g``."""
-    if static_shape(x):
-        return gs.Constant(namer(f"{x.name}_shape"), np.array(x.shape, np.int64))
-    shape = gs.Variable(namer(f"{x.name}_shape"), dtype=np.int64, shape=[len(x.shape)])
-    g.nodes.append(gs.Node("Shape", namer(f"{x.name}_Shape"), inputs=[x], outputs=[shape]))
-    return shape
-
-
 def _reshape_state(node: gs.Node, i: int, g: gs.Graph, namer) -> str | None:
     """The Scan's i-th initial state read through a Reshape to its own shape."""
     x = node.inputs[i]
@@ -92,7 +82,7 @@ def _reshape_state(node: gs.Node, i: int, g: gs.Graph, namer) -> str | None:
         return "state-rank-unknown"
     y = gs.Variable(namer(f"{x.name}_standard"), dtype=x.dtype, shape=x.shape)
     g.nodes.append(gs.Node("Reshape", namer(f"{x.name}_Standard"),
-                           inputs=[x, _shape_of(x, g, namer)], outputs=[y]))
+                           inputs=[x, shape_of(x, g, namer)], outputs=[y]))
     node.inputs[i] = y
     return None
 
@@ -111,5 +101,5 @@ def _reshape_next(body: gs.Graph, i: int, namer) -> str | None:
     v = gs.Variable(namer(f"{y.name}_view"), dtype=y.dtype, shape=y.shape)
     producer.outputs[producer.outputs.index(y)] = v
     body.nodes.append(gs.Node("Reshape", namer(f"{y.name}_Standard"),
-                              inputs=[v, _shape_of(v, body, namer)], outputs=[y]))
+                              inputs=[v, shape_of(v, body, namer)], outputs=[y]))
     return None

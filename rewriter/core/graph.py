@@ -605,6 +605,16 @@ def static_shape(t: gs.Tensor) -> bool:
                                        for d in t.shape)
 
 
+def shape_of(x: gs.Tensor, g: gs.Graph, namer) -> gs.Tensor:
+    """x's shape: a constant where it is static, else Shape(x) added to ``g`` (what a
+    Reshape of x to its own shape reads: scan-states, resize-inputs)."""
+    if static_shape(x):
+        return gs.Constant(namer(f"{x.name}_shape"), np.array(x.shape, np.int64))
+    shape = gs.Variable(namer(f"{x.name}_shape"), dtype=np.int64, shape=[len(x.shape)])
+    g.nodes.append(gs.Node("Shape", namer(f"{x.name}_Shape"), inputs=[x], outputs=[shape]))
+    return shape
+
+
 def bypass(node: gs.Node, g: gs.Graph, graph_outputs: set[int]) -> str | None:
     """Remove a node whose first output equals its first input (Identity, a no-op Cast or
     Reshape): its readers read the input. When the output is a graph output its name must
