@@ -53,3 +53,62 @@ def test_an_error_beyond_it_still_fails(monkeypatch):
     monkeypatch.setattr(fuse_conv_bn.FuseConvBn, "run", wrong)
     with pytest.raises(VerificationError):
         rewriter.rewrite(model(), ["fuse-conv-bn"], verify=True)
+
+
+# A Q/DQ model whose sums land on quantizer ties: x and the weights are multiples of sx
+# and sw, so every odd integer sum is a tie of the next QuantizeLinear (scale 2 sx sw) in
+# real arithmetic and float rounding decides it; Sin(K y) makes each step large. Moving
+# the weight scales after the MatMul (weight-scales-after, exact in real arithmetic) flips
+# some of them, as any float change before that quantizer would (Smart Turn v3.2, whose
+# own Q/DQ layers move its probability by 0.15 under one-ulp changes).
+TIES = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 16] x) => (float[N, 16] y) {
+    xq = QuantizeLinear (x, sx, z)
+    xd = DequantizeLinear (xq, sx, z)
+    wd = DequantizeLinear <axis = 1> (wq, sw, zw)
+    m = MatMul (xd, wd)
+    mq = QuantizeLinear (m, sy, z)
+    md = DequantizeLinear (mq, sy, z)
+    k = Mul (md, K)
+    y = Sin (k)
+}
+"""
+
+
+def ties_model(k=200.0, sx=0.37, sw=0.011):
+    rng = np.random.default_rng(3)
+    return make_model(TIES, {
+        "sx": np.array(sx, np.float32), "z": np.array(0, np.int8),
+        "wq": rng.integers(-20, 21, (16, 16)).astype(np.int8),
+        "sw": np.full(16, sw, np.float32), "zw": np.zeros(16, np.int8),
+        "sy": np.array(2 * sx * sw, np.float32), "K": np.array(k, np.float32)})
+
+
+def test_a_qdq_models_drift_within_its_own_requantization_noise_passes_with_a_warning():
+    """Before: exit 1, 'drift beyond tolerance after weight-scales-after' (cosine 0.77)."""
+    out, rep = rewriter.rewrite(ties_model(), ["weight-scales-after"], verify=True,
+                                input_shapes={"x": [8, 16]})
+    m = rep.verification[0]
+    assert rep.passes[0].counts["weight-scales-moved"] == 1
+    assert m["ok"] and m["noise_at"] == "quantizers" and m["cosine"] < 0.99, m
+    assert m["max_rel"] <= 8 * m["noise"], m
+    assert any("QuantizeLinear nodes move by one ulp" in w for w in rep.warnings), rep.warnings
+
+
+def test_a_qdq_models_real_error_still_fails(monkeypatch):
+    """Weight scales of the wrong sign on a model whose requantization moves it little."""
+    from rewriter.passes import weight_scales_after
+    real = weight_scales_after.WeightScalesAfter.run
+
+    def wrong(self, graph, ctx):
+        res = real(self, graph, ctx)
+        for node in graph.nodes:
+            if node.op == "Mul" and node.inputs[1].values.size == 16:   # the moved scale
+                node.inputs[1].values = node.inputs[1].values * np.float32(-1)
+        return res
+
+    monkeypatch.setattr(weight_scales_after.WeightScalesAfter, "run", wrong)
+    with pytest.raises(VerificationError):
+        rewriter.rewrite(ties_model(k=1.0), ["weight-scales-after"],
+                         verify=True, input_shapes={"x": [8, 16]})
