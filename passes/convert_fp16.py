@@ -10,7 +10,8 @@ A region starts at each FP16 layer and grows forward through ops that are safe i
 region or are constants. Adjacent FP16 layers therefore share one region and no Cast pair
 stands back to back between them. A Transpose read by the region alone is cast before,
 not after (Cast -> Transpose -> Conv, as sink-transposes would move it: a plan's output
-rewritten again stays the same). At the region's edge: one Cast to float16 per incoming
+rewritten again stays the same); one that ends a region runs in float32 after the Cast
+back, for the same reason. At the region's edge: one Cast to float16 per incoming
 tensor, one Cast back to float32 per outgoing tensor; the float32 side keeps the original
 tensor name (graph outputs and plans stay valid), the float16 side gets ``<name>_fp16``.
 
@@ -91,6 +92,14 @@ class ConvertFp16(Pass):
             ) and any(not isinstance(t, gs.Constant) for t in fp):
                 region.add(id(node))
                 res.count("fp16-follower")
+        for node in reversed(graph.nodes):
+            if id(node) in region and node.op == "Transpose" and not any(
+                    id(c) in region for t in node.outputs for c in t.outputs):
+                # A Transpose ending a region runs after the Cast back, not before it (as
+                # sink-transposes moves it on a second run: the output stays a fixed point;
+                # a Keras BERT's attention heads, twenty-sixth round)
+                region.discard(id(node))
+                res.counts["fp16-follower"] -= 1
         if too_big:
             one = len(too_big) == 1
             res.notes.append(

@@ -343,3 +343,28 @@ def test_a_transpose_into_a_region_is_cast_before_it_and_the_output_a_fixed_poin
     again, _ = rewriter.rewrite(out, target="none")
     assert again.SerializeToString() == out.SerializeToString()
     onnx.checker.check_model(out, full_check=True)
+
+
+def test_a_transpose_ending_a_region_runs_after_the_cast_back_and_the_output_a_fixed_point(rng):
+    """A Keras BERT's attention (g2p-id 0.4.2, --plan auto): MatMul in FP16 -> Transpose ->
+    an op outside the region was written Transpose(float16) -> Cast, and a second rewrite's
+    sink-transposes moved the Transpose past the Cast (moved 3). Cast -> Transpose now."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 6, 8] x, float[N, 4, 6] v) => (float[N, 4, 6] y) {
+        h = MatMul (x, W)
+        t = Transpose <perm = [0, 2, 1]> (h)
+        y = Add (t, v)
+    }""", {"W": (8, 4)})
+    out, rep = run(m, "fp16")
+    prod = {t: n for n in out.graph.node for t in n.output}
+    assert prod["t"].op_type == "Transpose" and prod[prod["t"].input[0]].op_type == "Cast", \
+        ops(out)
+    assert rep.passes[0].counts["fp16-follower"] == 0, rep.passes[0].counts
+    x = {"x": rng.standard_normal((2, 6, 8)).astype(np.float32),
+         "v": rng.standard_normal((2, 4, 6)).astype(np.float32)}
+    for a, b in zip(run_ort(m, x), run_ort(out, x)):
+        assert cos(a, b) > 0.9999
+    again, _ = rewriter.rewrite(out, target="none")
+    assert again.SerializeToString() == out.SerializeToString()
+    onnx.checker.check_model(out, full_check=True)
