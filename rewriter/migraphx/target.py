@@ -683,7 +683,7 @@ def _compile_output(report, checked, exported, original, base_dir, output, mgx, 
         # A model quantized elsewhere: MIGraphX and onnxruntime legitimately round its Q/DQ
         # differently (docs/migraphx.md), so FP32 tolerances would fail a correct compile.
         from rewriter.verify.metrics import LOSSY_DEFAULT
-        lossy, budget = dict(LOSSY_DEFAULT), "the lossy budget (a Q/DQ model)"
+        lossy, budget = dict(LOSSY_DEFAULT), "lossy budget (a Q/DQ model)"
 
     made: list = []
 
