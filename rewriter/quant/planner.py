@@ -459,7 +459,8 @@ class _CrossValidator:
     def _judge(self, idx: list[int], outs: list, alpha: float = 0.05) -> dict:
         """One judgement over the samples ``idx``: the first output with classes decides
         top-1/flip risk (else the first output); the worst cosine bound over outputs."""
-        from rewriter.verify.certify import judge_abs, judge_equal, judge_lossy, judge_units
+        from rewriter.verify.certify import (judge_abs, judge_equal, judge_lossy, judge_units,
+                                             sample_abs_errors)
         from rewriter.verify.feeds import join_runs, stack_runs
         from rewriter.verify.metrics import abs_tolerance, real_positions, tiny_agrees
 
@@ -521,25 +522,16 @@ class _CrossValidator:
             if tol is not None and self.output_names[k] in self.model_outputs:
                 judge_abs(main, self.output_names[k], ref[k], got[k], tol,
                           float(self.s["min_within"]))
-        # A NaN or an infinity where FP32 has a number fails --verify outright
-        # (metrics.compare), whatever the budget: no plan with one is met (the planner
-        # counted it as one sample's cosine 0, kept such a plan, and --verify then refused it).
-        new = [self.output_names[k] for k in abs_judged if _new_nonfinite(ref[k], got[k])]
+        # A NaN or an infinity on one side only (certify.sample_abs_errors: inf) fails
+        # --verify outright (metrics.compare), whatever the budget: no plan with one is met
+        # (counted as one sample's cosine 0, such a plan was kept and --verify refused it).
+        new = [self.output_names[k] for k in abs_judged if np.shape(ref[k]) == np.shape(got[k])
+               and np.isinf(sample_abs_errors(ref[k], got[k])).any()]
         if new:
             main.met = False
             main.why = "; ".join([x for x in (main.why,) if x] + [
-                "NaN or infinity where FP32 has a number in " + ", ".join(new)])
+                "NaN or infinity on one side only (FP32 or the plan) in " + ", ".join(new)])
         return main.to_dict()
-
-
-def _new_nonfinite(ref, out) -> bool:
-    """Whether ``out`` holds a NaN or an infinity where ``ref`` does not hold the same."""
-    r, o = np.asarray(ref, np.float64), np.asarray(out, np.float64)
-    if r.shape != o.shape:
-        return False
-    bad = ~np.isfinite(o)
-    same = (r == o) | (np.isnan(r) & np.isnan(o))
-    return bool((bad & ~same).any())
 
 
 def _harm(m: dict) -> float:
