@@ -30,3 +30,8 @@ def __getattr__(name):
         from rewriter.core import errors
         return getattr(errors, name)
     raise AttributeError(f"module 'rewriter' has no attribute {name!r}")
+
+
+def __dir__():
+    # What help() and tab completion show: the lazy names too.
+    return sorted({*globals(), *__all__})
