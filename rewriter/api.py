@@ -308,6 +308,7 @@ class _Rewrite:
         self.verify_seconds = 0.0
         self.random_shapes: dict = {}   # sizes random inputs took in every dim (last resort)
         self.extra_records: list = []   # passes the plan step runs before its own passes
+        self.early_warnings: list[str] = []   # said before the report exists
 
     @property
     def path(self) -> str | None:
@@ -322,6 +323,7 @@ class _Rewrite:
         self.plan_and_data()
         self.report = Report(input=self.path or "<model>",
                              output=str(self.output) if self.output else None)
+        self.report.warnings += self.early_warnings
         self.describe_input()
         self.import_graph()
         self.seconds["load"] = time.perf_counter() - t0 - self.seconds.get("plan", 0.0)
@@ -426,7 +428,7 @@ class _Rewrite:
             if self.calib is None:
                 raise InputError("--plan auto measures layer sensitivities on data: give "
                                  "--calib DIR")
-            from rewriter.quant.planner import plan_auto
+            from rewriter.quant.planner import NothingToPlan, plan_auto
             t = time.perf_counter()
             settings = dict(self.planner_settings or {},
                             migraphx_version=self.options.migraphx_version)
@@ -434,10 +436,14 @@ class _Rewrite:
                 if self.fix_shapes else None
             fp32 = {"passes": [p for p in self.pipeline if p.name not in _QUANTIZE],
                     "options": self.options, "fixed": fixed}
-            self.plan, self.planner_report = plan_auto(
-                self.original, self.calib, base_dir=self.base_dir,
-                input_shapes=self.input_shapes, settings=settings, progress=self.progress,
-                labels=self.labels, fp32=fp32)
+            try:
+                self.plan, self.planner_report = plan_auto(
+                    self.original, self.calib, base_dir=self.base_dir,
+                    input_shapes=self.input_shapes, settings=settings,
+                    progress=self.progress, labels=self.labels, fp32=fp32)
+            except NothingToPlan as e:   # as --plan default on such a model: said, written
+                self.plan = None
+                self.early_warnings.append(f"--plan auto: {e}: nothing is quantized")
             self.seconds["plan"] = time.perf_counter() - t
         if self.plan is None:
             self.plan = self.data.get("plan")

@@ -1251,6 +1251,37 @@ def test_a_plan_that_matches_no_layer_says_so(tmp_path, capfd):
     assert "the plan puts no layer in INT8 or FP16 (of 0 Conv/MatMul/Gemm layers)" in out
 
 
+def test_plan_auto_on_a_model_with_no_layer_to_plan_writes_it_as_default_does(
+        tmp_path, capfd):
+    # g2p-id's LSTM encoder (twenty-sixth round): --plan default wrote it with a warning,
+    # --plan auto stopped with exit 2, so a toolchain running auto on every model had to
+    # special-case it. `rewrite plan` still stops: there is no plan to write.
+    src = tmp_path / "m.onnx"
+    rng = np.random.default_rng(4)
+    onnx.save(make_model("""
+    <ir_version: 8, opset_import: ["" : 14]>
+    g (float[5, 1, 4] x) => (float[1, 1, 8] h) { y, h = LSTM <hidden_size = 8> (x, W, R) }""",
+                         {"W": rng.standard_normal((1, 32, 4)).astype(np.float32),
+                          "R": 0.3 * rng.standard_normal((1, 32, 8)).astype(np.float32)}), src)
+    calib = tmp_path / "c"
+    calib.mkdir()
+    for i in range(8):
+        np.save(calib / f"{i}.npy", rng.standard_normal((5, 1, 4)).astype(np.float32))
+    code, out, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--plan", "auto",
+                         "--calib", calib, "--target", "none", "--verify")
+    assert code == 0, err
+    assert "--plan auto: the model has no Conv/MatMul/Gemm layers to plan: nothing is " \
+           "quantized" in out
+    feed = {"x": rng.standard_normal((5, 1, 4)).astype(np.float32)}
+    want = ort.session(onnx.load(src)).run(None, feed)[0]
+    got = ort.session(onnx.load(tmp_path / "o.onnx")).run(None, feed)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    code, _, err = run(capfd, "plan", src, "--calib", calib, "-o", tmp_path / "p.yaml")
+    assert code == 2
+    assert_one_line(err, "the model has no Conv/MatMul/Gemm layers to plan")
+    assert not (tmp_path / "p.yaml").exists()
+
+
 def test_a_plan_asking_for_int8_that_gets_none_says_so(tmp_path, capfd):
     # DeepFilterNet3's DF decoder (two convs and a MatMul): --plan default made its first
     # conv, last conv and classifier FP16, which is every layer, and said nothing: exit 0,

@@ -542,6 +542,12 @@ def _harm(m: dict) -> float:
     return h + float(m["flip_risk"]) if m.get("flip_risk") is not None else h
 
 
+class NothingToPlan(InputError):
+    """The model has no layer a plan could quantize (an LSTM alone; quantized already).
+    `rewrite plan` stops there (exit 2); a rewrite with --plan auto writes the model
+    without a plan and says so, as --plan default does on such a model."""
+
+
 def plan_auto(model, calib, *, input_shapes=None, settings: dict | None = None,
               base_dir=None, progress: bool = False, labels=None, fp32: dict | None = None
               ) -> tuple[Plan, PlannerReport]:
@@ -691,7 +697,7 @@ def _prepare(model, calib, base_dir, s, labels, progress, fp32=None):
     if not any(n.op in LAYER_OPS for n in graph.nodes):
         from collections import Counter
         done = Counter(n.op for n in graph.nodes if n.op in QUANTIZED_OPS)
-        raise InputError("the model has no Conv/MatMul/Gemm layers to plan" + (
+        raise NothingToPlan("the model has no Conv/MatMul/Gemm layers to plan" + (
             ": it is quantized already (" + ", ".join(f"{op} x{k}" for op, k in
                                                       sorted(done.items())) + ")"
             if done else ""))
