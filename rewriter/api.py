@@ -898,7 +898,7 @@ class _Rewrite:
     def calibrate(self):
         """Every layer's precision into the context, and the INT8 layers' input ranges;
         returns the export calibration ran on (None without INT8 layers)."""
-        from rewriter.quant.plan import resolve
+        from rewriter.quant.plan import body_layers, resolve
 
         a = resolve(self.plan, list(self.graph.nodes))
         self.ctx.assignment = a
@@ -906,13 +906,18 @@ class _Rewrite:
             i: {"op": a.op[i], "precision": a.precision[i], "why": a.why[i]} for i in a.order},
             "counts": a.counts()}
         self.report.warnings.extend(a.notes)
-        if not any(p in ("int8", "fp16") for p in a.precision.values()) and any(
-                p in ("int8", "fp16") for p in self.plan_asks()):
+        asks = any(p in ("int8", "fp16") for p in self.plan_asks())
+        inside = body_layers(self.graph)
+        if asks and inside:   # Silero VAD v5: all 12 in the If branches of its two rates
+            self.report.warnings.append(
+                f"{inside} Conv/MatMul/Gemm layer(s) inside If/Loop/Scan bodies are not "
+                "planned: plans reach the main graph's layers only (they stay FP32)")
+        if not any(p in ("int8", "fp16") for p in a.precision.values()) and asks:
             # e.g. --plan default on a model quantized already (ConvInteger): no Conv,
             # MatMul or Gemm left for the recipe, which said nothing (eighth round)
             self.report.warnings.append(
                 f"the plan puts no layer in INT8 or FP16 (of {len(a.order)} Conv/MatMul/Gemm "
-                "layers): nothing is quantized")
+                "layers" + (" in the main graph" if inside else "") + "): nothing is quantized")
         elif (a.order and "int8" in self.plan_asks()
               and "int8" not in a.precision.values()):
             # DeepFilterNet3's DF decoder: its first conv, last conv and classifier MatMul

@@ -1282,6 +1282,36 @@ def test_plan_auto_on_a_model_with_no_layer_to_plan_writes_it_as_default_does(
     assert not (tmp_path / "p.yaml").exists()
 
 
+def test_a_plan_says_which_layers_it_does_not_reach_inside_bodies(tmp_path, capfd):
+    # Silero VAD v5: its 12 layers sit in the If branches of its two sample rates, and
+    # --plan fp16 said "of 0 Conv/MatMul/Gemm layers", as if it had none.
+    rng = np.random.default_rng(5)
+    out = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
+
+    def branch(k):
+        w = onnx.numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32),
+                                         f"w{k}")
+        return helper.make_graph([helper.make_node("MatMul", ["x", f"w{k}"], ["y"])],
+                                 f"b{k}", [], [out], [w])
+    top = [helper.make_node("If", ["c"], ["o"], then_branch=branch(0), else_branch=branch(1)),
+           helper.make_node("MatMul", ["o", "w"], ["z"])]
+    g = helper.make_graph(
+        top, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4]),
+                   helper.make_tensor_value_info("c", onnx.TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [2, 4])],
+        [onnx.numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "w")])
+    src = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
+    code, out, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--plan", "fp16",
+                         "--target", "none", "--verify")
+    assert code == 0, err
+    assert "2 Conv/MatMul/Gemm layer(s) inside If/Loop/Scan bodies are not planned" in out
+    assert "the plan puts no layer" not in out      # the main graph's MatMul is FP16
+    m = onnx.load(tmp_path / "o.onnx")
+    assert [n for n in m.graph.node if n.op_type == "If"][0].attribute[0].g.node[0].op_type \
+        == "MatMul"
+
+
 def test_a_plan_asking_for_int8_that_gets_none_says_so(tmp_path, capfd):
     # DeepFilterNet3's DF decoder (two convs and a MatMul): --plan default made its first
     # conv, last conv and classifier FP16, which is every layer, and said nothing: exit 0,

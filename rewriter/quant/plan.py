@@ -44,7 +44,7 @@ from typing import Any
 import onnx_graphsurgeon as gs
 
 from rewriter.core.errors import InputError
-from rewriter.core.graph import StoredInt8, node_id, stored_int8_weight
+from rewriter.core.graph import StoredInt8, iter_graphs, node_id, stored_int8_weight
 from rewriter.quant import METHODS, WEIGHT_FORMS
 from rewriter.verify.metrics import LOSSY_DEFAULT, max_abs_setting
 
@@ -402,6 +402,11 @@ def _count(names: list) -> str:
 def _names(names: list, shown: int = 3) -> str:
     return ", ".join(names[:shown]) + (f" and {len(names) - shown} more"
                                       if len(names) > shown else "")
+
+
+def body_layers(graph: gs.Graph) -> int:
+    """How many layers sit inside If/Loop/Scan bodies, where plans do not reach."""
+    return sum(n.op in LAYER_OPS for g in list(iter_graphs(graph))[1:] for n in g.nodes)
 
 
 def int8_capable(node) -> bool:

@@ -59,7 +59,7 @@ from rewriter.core.errors import InputError
 from rewriter.core.graph import Namer, node_id, weight_free_copy
 from rewriter.core.load import load_model
 from rewriter.quant.data import samples_blamed
-from rewriter.quant.plan import LAYER_OPS, Assignment, Plan, int8_capable
+from rewriter.quant.plan import LAYER_OPS, Assignment, Plan, body_layers, int8_capable
 
 DEFAULTS = {"alpha": 0.7, "beta": 0.3, "int8_speed": 2176 / 1248, "fp16_speed": 1.5,
             "min_top1": None, "min_cosine": 0.995, "max_accuracy_drop": None,
@@ -697,10 +697,12 @@ def _prepare(model, calib, base_dir, s, labels, progress, fp32=None):
     if not any(n.op in LAYER_OPS for n in graph.nodes):
         from collections import Counter
         done = Counter(n.op for n in graph.nodes if n.op in QUANTIZED_OPS)
+        inside = body_layers(graph)
         raise NothingToPlan("the model has no Conv/MatMul/Gemm layers to plan" + (
             ": it is quantized already (" + ", ".join(f"{op} x{k}" for op, k in
                                                       sorted(done.items())) + ")"
-            if done else ""))
+            if done else "") + (f" ({inside} inside If/Loop/Scan bodies, which plans do not "
+                                "reach)" if inside else ""))
     if s["stored_weights"] == "requantize":   # as the rewrite does for its INT8 layers
         from rewriter.core.graph import dequantize_stored
         dequantize_stored([n for n in graph.nodes if n.op in LAYER_OPS], Namer(graph))
