@@ -3,6 +3,7 @@ Hessians, computed in one pass; they must equal a pass over those folds alone.""
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper
 
 from rewriter.quant.hessian import ConvSpec, conv_hessians
@@ -106,6 +107,36 @@ def test_blocked_gptq_is_the_column_by_column_arithmetic():
     q = _gptq_block(w, s, h, 0.01)
     assert np.array_equal(q, by_column(w, s, h, 0.01))
     assert not np.array_equal(q, np.clip(np.rint(w / s[:, None]), -QMAX, QMAX))  # not nearest
+
+
+def test_depthwise_gptq_in_one_go_rounds_as_group_by_group():
+    """gptq_round solves a grouped conv's small groups stacked (_gptq_groups): the same
+    int8 values as _gptq_block per group, dead input columns and a group whose Hessian
+    does not factor (then every group alone, that one by nearest rounding) included."""
+    from rewriter.passes.insert_qdq import QMAX, _gptq_block, _gptq_groups, gptq_round
+
+    rng = np.random.default_rng(7)
+    for g, rows, d, dead in ((48, 1, 9, False), (32, 2, 25, True), (6, 3, 4, True)):
+        x = rng.standard_normal((g, d, 80)) * rng.uniform(0.01, 3, (g, d, 1))
+        h = (x @ x.transpose(0, 2, 1) / 80).astype(np.float32)
+        if dead:
+            gone = rng.random((g, d)) < 0.3
+            h[gone[:, :, None] | gone[:, None, :]] = 0
+        w = rng.standard_normal((g * rows, 1, d)).astype(np.float32)
+        s = np.abs(w).reshape(g * rows, -1).max(axis=1) / QMAX
+        want = np.concatenate([
+            _gptq_block(w[k * rows:(k + 1) * rows, 0].astype(np.float64),
+                        s[k * rows:(k + 1) * rows], h[k], 0.01) for k in range(g)])
+        got = gptq_round(w, s, h, g)
+        assert np.array_equal(got.reshape(g * rows, d), want)
+        assert not np.array_equal(got.reshape(g * rows, d),
+                                  np.clip(np.rint(w[:, 0] / s[:, None]), -QMAX, QMAX))
+    h[2] = 3 * np.eye(d, dtype=np.float32) - 2   # indefinite: no Cholesky factor
+    with pytest.raises(np.linalg.LinAlgError):
+        _gptq_groups(w.reshape(6, 3, d).astype(np.float64), s.reshape(6, 3), h, 0.01)
+    want = np.concatenate([_gptq_block(w[k * 3:(k + 1) * 3, 0].astype(np.float64),
+                                       s[k * 3:(k + 1) * 3], h[k], 0.01) for k in range(6)])
+    assert np.array_equal(gptq_round(w, s, h, 6).reshape(18, d), want)
 
 
 def test_sums_flushed_in_between_equal_one_product(monkeypatch):
