@@ -133,8 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, *, freeze_graph: bool = False) -> int:
     """The CLI. ``freeze_graph`` (the console script's): this process does one FP32
     rewrite, so its imported graph is frozen out of the cycle collector's scans
-    (core.gs_io.freeze_next_import). Not with --plan: the planner's graph is imported first
-    and would stay frozen, unfreed, through the rewrite that follows."""
+    (core.gs_io.freeze_next_import), and its threads share one malloc arena (the exit
+    gate's onnxruntime load reuses what the main thread freed). Not with --plan: the
+    planner's graph is imported first and would stay frozen, unfreed, through the rewrite
+    that follows."""
     from rewriter.core.errors import CALLER
 
     token = CALLER.set("cli")   # messages in the CLI's flags, not the API's names
@@ -160,9 +162,10 @@ def _main(argv: list[str], freeze_graph: bool) -> int:
             return EXIT_INPUT
         return EXIT_OK if e.code in (0, None) else EXIT_INPUT
     if freeze_graph and not args.plan:
-        from rewriter.core.gs_io import freeze_next_import
+        from rewriter.core.gs_io import freeze_next_import, single_malloc_arena
 
         freeze_next_import()
+        single_malloc_arena()
     try:
         with warnings.catch_warnings():
             if not args.verbose:

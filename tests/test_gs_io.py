@@ -239,6 +239,32 @@ def test_freeze_next_import_freezes_once():
         gc.unfreeze()
 
 
+def test_collect_frozen_frees_a_dropped_frozen_graph():
+    """The CLI's graph, frozen at import, is garbage the collector never sees once dropped:
+    collect_frozen frees it (and does nothing when no import froze)."""
+    import weakref
+
+    from rewriter.core import gs_io
+
+    m = onnx.load(str(ROOT / "models" / "resnet_mini.onnx"))
+    try:
+        gs_io.freeze_next_import()
+        graph = import_model(m)
+        node = weakref.ref(graph.nodes[0])
+        del graph
+        gc.collect()
+        assert node() is not None   # frozen: a plain collection does not see it
+        gs_io.collect_frozen()
+        assert node() is None and gc.get_freeze_count() == 0
+        graph = import_model(m)   # no freeze asked: nothing to collect, nothing unfrozen
+        gc.freeze()
+        frozen = gc.get_freeze_count()
+        gs_io.collect_frozen()
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+
+
 def test_pipeline_needs_shapes_agrees_with_asking_every_pass():
     """One op count for the whole pipeline gives each pass's own answer (backend-data
     models and the generated ones; at least one model needs shapes, one does not)."""

@@ -106,10 +106,13 @@ def import_model(model: onnx.ModelProto) -> gs.Graph:
     if _FREEZE_NEXT:
         _FREEZE_NEXT = False
         gc.freeze()
+        global _FROZEN
+        _FROZEN = True
     return graph
 
 
 _FREEZE_NEXT = False
+_FROZEN = False   # import_model froze a graph: collect_frozen has something to do
 
 
 def freeze_next_import() -> None:
@@ -122,6 +125,51 @@ def freeze_next_import() -> None:
     own: cyclic garbage among frozen objects waits for the process to end."""
     global _FREEZE_NEXT
     _FREEZE_NEXT = True
+
+
+def collect_frozen() -> None:
+    """Once the process dropped the graph :func:`freeze_next_import` froze: the frozen
+    objects back under the collector, one full collection, and glibc's free pages handed
+    back (``malloc_trim``). Nothing when no import froze (a library caller's graphs are
+    collected when its call returns).
+
+    The CLI calls it before the exit gate's onnxruntime load, its memory peak: on the
+    4,000-block chain the graph, the original and the passes' dropped nodes are 37 MB of
+    RSS there (181 -> 144 MB), 35 of them cyclic garbage that waited frozen for the
+    process to end; the collection takes about 0.08 s."""
+    global _FROZEN
+    if not _FROZEN:
+        return
+    _FROZEN = False
+    gc.unfreeze()
+    gc.collect()
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+def single_malloc_arena() -> None:
+    """glibc's malloc with one arena for every thread (``mallopt(M_ARENA_MAX, 1)``), for
+    the CLI's one-rewrite process: the exit gate loads onnxruntime in a thread, which
+    otherwise allocates from an arena of its own and cannot reuse what the main thread
+    freed before it (:func:`collect_frozen`); the 4,000-block chain peaked 9 MB higher.
+    Nothing where the C library is not glibc."""
+    libc = _glibc()
+    if libc is not None:
+        libc.mallopt(-8, 1)   # M_ARENA_MAX (malloc.h)
+
+
+def _glibc():
+    """The C library through ctypes where it is glibc (it has malloc_trim), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
+    except OSError:
+        return None
 
 
 @contextlib.contextmanager

@@ -108,6 +108,11 @@ def migraphx_step(output_path: str | os.PathLike, verifier, feed_sets: list[dict
     return info
 
 
+def backend_available(mgx: dict) -> bool:
+    """Whether the backend ``mgx`` names (the API's ``migraphx=`` settings) imports."""
+    return _backend(mgx.get("backend", "migraphx")).available()[0]
+
+
 def _backend(name: str):
     if name == "migraphx":
         from rewriter.migraphx import backend as be
