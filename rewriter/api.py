@@ -1077,10 +1077,11 @@ class _Rewrite:
             # releases the GIL.
             import onnxruntime  # noqa: F401
             # Serialised here: the static checks below edit `light`.
-            light_bytes = None if light is None else light.SerializeToString()
-            self.release()
-            self.pending_gate = _Background(self.ort_problem, exported, light_bytes,
+            self.pending_gate = _Background(self.ort_problem, exported,
+                                            None if light is None else light.SerializeToString(),
                                             self.fix_shapes)
+            # While it loads (on the other core): its memory peak then finds theirs free.
+            self.release()
         problem = self.static_problem(exported, light)
         if problem:
             if self.pending_gate is not None:
