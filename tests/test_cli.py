@@ -196,6 +196,28 @@ def test_no_written_file_may_be_an_input_file_or_another_written_one(ext_model, 
     assert code == 0 and err == [] and json.loads((tmp_path / "r.json").read_text())["passes"]
 
 
+def test_a_model_without_external_data_is_not_parsed_for_it(ext_model, tmp_path,
+                                                             monkeypatch):
+    """check_distinct looks for external data only in a model whose bytes name a
+    location: parsing chain4000 for it cost 48 ms of every run whose output existed."""
+    from rewriter.core import save
+    from rewriter.core.errors import InputError
+
+    parsed = []
+    load = onnx.load
+    monkeypatch.setattr(onnx, "load", lambda *a, **k: parsed.append(a[0]) or load(*a, **k))
+    src = tmp_path / "m.onnx"
+    src.write_bytes(RESNET.read_bytes())
+    out = tmp_path / "o.onnx"
+    out.write_bytes(b"previous output")
+    save.check_distinct(src, [("-o", out)])
+    assert parsed == []
+    data = ext_model.parent / "model.onnx.data"
+    with pytest.raises(InputError, match="would overwrite the input's external data"):
+        save.check_distinct(ext_model, [("-o", out), ("--report", data)])
+    assert parsed == [str(ext_model)]
+
+
 @pytest.mark.parametrize("argv,fragment", [
     (["--passes", "fold-constant"], "did you mean 'fold-constants'"),
     (["--passes", "fuse-bn-conv"], "did you mean 'fuse-conv-bn'"),

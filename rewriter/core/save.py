@@ -8,6 +8,7 @@ around them, so no serialized copy of the weights is ever made.
 
 from __future__ import annotations
 
+import mmap
 import os
 import shutil
 import tempfile
@@ -94,7 +95,7 @@ def check_distinct(model: str | os.PathLike, writes: list[tuple[str, str | None]
 
     inputs = [(str(model), "the input model")]
     if any(p and os.path.exists(p) for _, p in writes) and os.path.isfile(model) \
-            and os.path.getsize(model) <= EXTERNAL_SCAN_BYTES:
+            and os.path.getsize(model) <= EXTERNAL_SCAN_BYTES and _names_a_location(model):
         try:
             m = onnx.load(str(model), load_external_data=False)
         except Exception:  # noqa: BLE001 - an unreadable model is refused later, with its reason
@@ -112,6 +113,18 @@ def check_distinct(model: str | os.PathLike, writes: list[tuple[str, str | None]
             if same(path, other):
                 raise InputError(f"{flag} {path}: would overwrite {what}; choose another path")
         written.append((path, f"the file of {flag}"))
+
+
+def _names_a_location(path: str | os.PathLike) -> bool:
+    """Whether the file holds the bytes every external-data entry starts with (its key,
+    "location", as protobuf writes it): a model without them has no external data to
+    parse for. Searching chain4000's 12 MB: 8 ms; parsing it and walking its 21,335
+    tensors: 48 ms, on every run whose output existed."""
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            return m.find(b"\n\x08location") >= 0
+    except (OSError, ValueError):   # an empty file (mmap refuses it), unreadable: parsed
+        return True
 
 
 # check_distinct parses a model up to this size to find its external data files (a model
