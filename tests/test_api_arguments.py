@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import ROOT
+from conftest import ROOT, run_ort
 from onnx.external_data_helper import convert_model_to_external_data
 
 import rewriter
@@ -237,6 +237,46 @@ def test_the_pipeline_runs_rounds_until_nothing_changes(k, warned):
     left = [n.op_type for n in out.graph.node].count("Identity")
     assert left == max(0, k - ROUNDS), left
     assert any("still changed the graph in its last round" in w for w in rep.warnings) == warned
+
+
+class _Looks(Pass):
+    """Changes nothing; counts its runs."""
+    name = "looks"
+    phase = Phase.CLEANUP
+    shape_ops = ()
+
+    def __init__(self, name):
+        self.name, self.runs = name, 0
+
+    def run(self, graph, ctx):
+        self.runs += 1
+        return PassResult()
+
+
+@pytest.mark.parametrize("shapes", [False, True])
+def test_a_later_round_skips_a_pass_that_found_nothing_in_the_same_graph(shapes):
+    """A pass whose last run changed nothing, with no change since, reads the graph it
+    found nothing in: a later round skips it (the 4,000-block chain's second round ran
+    all 21 passes again, 0.16-0.18 s). A pass before the one that changed runs again, and
+    so does every pass when shapes are inferred again between rounds (new shapes)."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    names = ["x", "i0", "i1"]
+    g = h.make_graph([h.make_node("Identity", [a], [b]) for a, b in zip(names, names[1:])]
+                     + [h.make_node("Relu", [names[-1]], ["y"])], "g",
+                     [h.make_tensor_value_info("x", T.FLOAT, [2])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [2])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    first, last = _Looks("looks-first"), _Looks("looks-last")
+    changer = _OneIdentityARound()
+    changer.shape_ops = None if shapes else ()
+    out, rep = rewriter.rewrite(m, [first, changer, last], verify=True)
+    # rounds: 1 and 2 remove an Identity each, 3 finds none and ends the run
+    assert [n.op_type for n in out.graph.node] == ["Relu"] and rep.ok
+    assert (first.runs, last.runs) == (3, 3 if shapes else 2)
+    x = np.random.default_rng(5).standard_normal(2).astype(np.float32)
+    np.testing.assert_array_equal(run_ort(out, {"x": x})[0], np.maximum(x, 0))
 
 
 def test_api_messages_name_the_api_arguments_and_the_cli_keeps_its_flags(tmp_path, capsys):

@@ -45,8 +45,11 @@ def cleanup(graph: gs.Graph) -> None:
 
 def run_pipeline(graph: gs.Graph, passes: list[Pass], ctx: Context,
                  after_change: Callable[[Pass, PassRecord, list[PassRecord]], None] | None = None,
-                 before: list[str] | None = None) -> list[PassRecord]:
-    """Run ``passes`` in order; ``before`` names passes that already ran (for errors)."""
+                 before: list[str] | None = None, idle: set[int] | None = None
+                 ) -> list[PassRecord]:
+    """Run ``passes`` in order; ``before`` names passes that already ran (for errors).
+    ``idle`` (run_rounds'): the indices of the passes whose last run changed nothing and
+    after which nothing changed: each is skipped, kept up to date here."""
     check_order(passes)
     records: list[PassRecord] = []
     before = list(before or [])
@@ -54,6 +57,8 @@ def run_pipeline(graph: gs.Graph, passes: list[Pass], ctx: Context,
     # (76 counts, 0.1 s of a chain of 4,000 Conv+BN+Relu's two rounds).
     nodes = count_nodes(graph)
     for i, p in enumerate(passes):
+        if idle is not None and i in idle:
+            continue
         nodes_before = nodes
         t0 = time.perf_counter()
         try:
@@ -71,6 +76,11 @@ def run_pipeline(graph: gs.Graph, passes: list[Pass], ctx: Context,
         rec = PassRecord(p.name, seconds, nodes_before, nodes, result.changed,
                          dict(result.counts), list(result.notes), list(result.rows))
         records.append(rec)
+        if idle is not None:
+            if result.changed:
+                idle.clear()   # every other pass now reads a graph it has not seen
+            else:
+                idle.add(i)
         if result.changed and after_change is not None:
             after_change(p, rec, records)
     return records
@@ -90,18 +100,26 @@ def run_rounds(graph: gs.Graph, passes: list[Pass], ctx: Context,
     more, so a rewritten model rewritten again is unchanged. ``refresh(k)`` runs before
     round k > 1 (shape inference again). The records are the first round's and the
     later rounds' passes that changed the graph, marked with their round;
-    ``after_change`` sees them all."""
-    records = run_pipeline(graph, passes, ctx, after_change)
+    ``after_change`` sees them all.
+
+    A later round skips a pass whose last run changed nothing when no pass changed the
+    graph since: it would read the graph it found nothing in. On the 4,000-block chain,
+    where only fuse-conv-bn changes, the second round's 0.16-0.18 s ran all 21 passes
+    again. With ``refresh`` (shapes inferred again) every pass runs: new shapes are news."""
+    idle: set[int] = set()
+    records = run_pipeline(graph, passes, ctx, after_change, idle=idle)
     last = records
     for k in range(2, ROUNDS + 1):
         if not any(r.changed for r in last):
             break
         if refresh is not None:
             refresh(k)
+            idle.clear()
         done = list(records)
         after = None if after_change is None else \
             (lambda p, rec, recs: after_change(p, rec, done + recs))
-        last = run_pipeline(graph, passes, ctx, after, before=[r.name for r in done])
+        last = run_pipeline(graph, passes, ctx, after, before=[r.name for r in done],
+                            idle=idle)
         for r in last:
             r.round = k
         records = done + [r for r in last if r.changed]
