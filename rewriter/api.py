@@ -1077,11 +1077,11 @@ class _Rewrite:
             # releases the GIL.
             import onnxruntime  # noqa: F401
             # Serialised here: the static checks below edit `light`.
-            self.pending_gate = _Background(self.ort_problem, exported,
-                                            None if light is None else light.SerializeToString(),
-                                            self.fix_shapes)
-            # While it loads (on the other core): its memory peak then finds theirs free.
+            light_bytes = None if light is None else light.SerializeToString()
+            # Before its load, the run's memory peak: its allocations then find theirs free.
             self.release()
+            self.pending_gate = _Background(self.ort_problem, exported, light_bytes,
+                                            self.fix_shapes)
         problem = self.static_problem(exported, light)
         if problem:
             if self.pending_gate is not None:
