@@ -1183,7 +1183,8 @@ class _Rewrite:
         from rewriter.core import ort
         try:
             if light_bytes is not None:
-                ort.session(light_bytes, exported.source_dir, optimize=optimize)
+                ort.session(light_bytes, exported.source_dir, optimize=optimize,
+                            custom_ops=ort.needs_custom_ops(exported.model))
             else:
                 ort.session(exported.model, exported.source_dir, optimize=optimize,
                             initializers=exported.ort_initializers())

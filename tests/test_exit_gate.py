@@ -90,8 +90,8 @@ def _conv_bn_chain_file(tmp_path):
 def test_the_gates_onnxruntime_load_runs_with_the_graph_and_the_original_released(
         tmp_path, monkeypatch):
     """Its load is the run's memory peak (the 4,000-block chain 264 -> 214 MiB): without
-    a final verification, nothing reads the graph or the original after the export, and
-    they go while it runs (it started: its thread is pending)."""
+    a final verification, nothing reads the graph or the original after the export: they
+    go before it starts (its thread is pending when the static checks run)."""
     from rewriter import api
     m, path = _conv_bn_chain_file(tmp_path)
     seen = []

@@ -748,6 +748,39 @@ def test_the_extensions_library_is_found_without_importing_its_package():
     assert out.stdout.split() == [get_library_path(), "False"]
 
 
+def test_the_extensions_ops_are_registered_only_for_a_model_that_declares_their_domain(
+        monkeypatch, tmp_path):
+    """Their library cost the exit gate's load 7-9 MB at the run's peak: a model of
+    onnxruntime's own domains runs without it, one declaring ai.onnx.contrib with it."""
+    pytest.importorskip("onnxruntime_extensions")
+    registered = []
+    real = ort._custom_ops
+    monkeypatch.setattr(ort, "_custom_ops", lambda so: registered.append(1) or real(so))
+    plain = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])]),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)])
+    x = np.array([-1, 2, -3], np.float32)
+    out, rep = rewriter.rewrite(plain, output=tmp_path / "o.onnx")   # the gate's load
+    assert registered == [] and rep.ok
+    assert ort.run(ort.session(plain), {"x": x})[0].tolist() == [0, 2, 0]
+    assert registered == []
+    contrib = onnx.ModelProto()
+    contrib.CopyFrom(plain)
+    contrib.graph.node[0].CopyFrom(helper.make_node("Inverse", ["x"], ["y"],
+                                                    domain="ai.onnx.contrib"))
+    contrib.graph.input[0].type.tensor_type.shape.dim.add(dim_value=3)
+    contrib.graph.output[0].type.tensor_type.shape.dim.add(dim_value=3)
+    contrib.opset_import.add(domain="ai.onnx.contrib", version=1)
+    rewriter.rewrite(contrib, output=tmp_path / "c.onnx")
+    assert registered == [1]
+    eye = np.diag([2, 4, 8]).astype(np.float32)
+    np.testing.assert_allclose(ort.run(ort.session(contrib), {"x": eye})[0],
+                               np.diag([0.5, 0.25, 0.125]))
+    assert ort.session(plain.SerializeToString()) and registered == [1, 1, 1]
+
+
 @pytest.mark.parametrize("op", ["TreeEnsembleClassifier", "TreeEnsembleRegressor"])
 def test_the_weight_free_copy_leaves_a_tree_ensembles_lists_out(op):
     """A 194 MB LightGBM classifier (luscinia) spent 2.7 s per shape inference on, and
