@@ -37,8 +37,12 @@ class ConvSpec:
     def solve_bytes(self) -> int:
         """What rounding this conv's weights holds on top of its H, one group at a time:
         3.3 d x d float64 at the peak, measured with tracemalloc at d = 1024 and 2048 (the
-        float64 H, LAPACK's copy of it, the Cholesky factor; passes/insert_qdq.py)."""
-        return int(3.5 * 8 * self.depth * self.depth)
+        float64 H, LAPACK's copy of it, the Cholesky factor; passes/insert_qdq.py). Small
+        groups (d <= GPTQ_BLOCK) are solved stacked, up to STACK_BYTES at a time."""
+        from rewriter.passes.insert_qdq import GPTQ_BLOCK, STACK_BYTES
+
+        stacked = STACK_BYTES if self.group > 1 and self.depth <= GPTQ_BLOCK else 0
+        return max(int(3.5 * 8 * self.depth * self.depth), stacked)
 
 
 def conv_spec(node, weight_shape) -> ConvSpec | None:

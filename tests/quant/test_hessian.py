@@ -139,6 +139,30 @@ def test_depthwise_gptq_in_one_go_rounds_as_group_by_group():
     assert np.array_equal(gptq_round(w, s, h, 6).reshape(18, d), want)
 
 
+def test_stacked_gptq_holds_a_bounded_stack(monkeypatch):
+    """The stacked solve held ~34 d^2 bytes a group all at once (131 MiB for 256 groups of
+    d = 126, not in hessian.within_budget's count): stacks of STACK_BYTES, the same int8."""
+    import tracemalloc
+
+    from rewriter.passes import insert_qdq
+    from rewriter.quant.hessian import ConvSpec
+
+    rng = np.random.default_rng(11)
+    g, d = 64, 72
+    x = rng.standard_normal((g, d, 96)) * rng.uniform(0.1, 2, (g, d, 1))
+    h = (x @ x.transpose(0, 2, 1) / 96).astype(np.float32)
+    w = rng.standard_normal((2 * g, 8, 3, 3)).astype(np.float32)
+    s = np.abs(w).reshape(2 * g, -1).max(axis=1) / insert_qdq.QMAX
+    whole = insert_qdq.gptq_round(w, s, h, g)
+    monkeypatch.setattr(insert_qdq, "STACK_BYTES", 1 << 20)
+    tracemalloc.start()
+    got = insert_qdq.gptq_round(w, s, h, g)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert np.array_equal(got, whole) and peak < 3 << 20, peak   # all at once: ~12 MiB
+    assert ConvSpec("c", "x", (3, 3), (1, 1), (0,) * 4, (1, 1), g, d).solve_bytes() == 1 << 20
+
+
 def test_sums_flushed_in_between_equal_one_product(monkeypatch):
     """Patches are gathered and added to H in products of FLUSH_PATCHES (a product of a few
     dozen patches wrote a whole 9216 x 9216 result each batch): flushing every few
