@@ -455,8 +455,10 @@ class _Rewrite:
                     self.original, self.calib, base_dir=self.base_dir,
                     input_shapes=self.input_shapes, settings=settings,
                     progress=self.progress, labels=self.labels, fp32=fp32)
-            except NothingToPlan as e:   # as --plan default on such a model: said, written
-                self.plan = None
+            except NothingToPlan as e:   # as --plan default on such a model: said, written,
+                from rewriter.quant.plan import Plan   # and an all-FP32 plan in the report
+
+                self.plan = Plan(source="auto: nothing to plan")
                 self.early_warnings.append(f"--plan auto: {e}: nothing is quantized")
             self.seconds["plan"] = time.perf_counter() - t
         if self.plan is None:

@@ -1289,11 +1289,18 @@ def test_plan_auto_on_a_model_with_no_layer_to_plan_writes_it_as_default_does(
     calib.mkdir()
     for i in range(8):
         np.save(calib / f"{i}.npy", rng.standard_normal((5, 1, 4)).astype(np.float32))
-    code, out, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--plan", "auto",
-                         "--calib", calib, "--target", "none", "--verify")
-    assert code == 0, err
+    reports = {}
+    for plan in ("default", "auto"):   # the report's plan: null for auto, as if none given
+        code, out, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--plan", plan,
+                             "--calib", calib, "--target", "none", "--verify",
+                             "--report", tmp_path / f"{plan}.json")
+        assert code == 0, err
+        reports[plan] = json.loads((tmp_path / f"{plan}.json").read_text())
     assert "--plan auto: the model has no Conv/MatMul/Gemm layers to plan: nothing is " \
            "quantized" in out
+    assert reports["auto"]["plan"] == dict(reports["default"]["plan"],
+                                           source="auto: nothing to plan")
+    assert reports["auto"]["verified_with"] == reports["default"]["verified_with"]
     feed = {"x": rng.standard_normal((5, 1, 4)).astype(np.float32)}
     want = ort.session(onnx.load(src)).run(None, feed)[0]
     got = ort.session(onnx.load(tmp_path / "o.onnx")).run(None, feed)[0]
