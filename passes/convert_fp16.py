@@ -20,7 +20,8 @@ copy); values beyond the float16 range (|x| > 65504) are clamped and counted, be
 they would otherwise become inf. An FP16 layer whose input or output exceeds a quarter of
 the float16 range on the calibration data (``Context.fp16_ranges``, max |x|) stays
 float32 (``range-beyond-fp16``): onnxruntime's CPU computes a float16 region in float32, so
---verify would not see the overflow. Q/DQ nodes are never in a region: next to INT8 layers the
+--verify would not see the overflow; so does one whose weights hold finite values beyond
+float16's range (``weight-beyond-fp16``: clamped, they make another layer). Q/DQ nodes are never in a region: next to INT8 layers the
 Q/DQ and their scales stay float32, with the Casts around them (MIGraphX PR #3053 pattern;
 from opset 19 a float16 input with a float32 scale does not even parse). So run it after
 insert-qdq. Subgraphs (If/Loop bodies) are left in float32.
@@ -48,6 +49,16 @@ SAFE = {
     "GlobalAveragePool", "GlobalMaxPool", "Concat", "Flatten", "Reshape", "Transpose",
     "Squeeze", "Unsqueeze", "Identity", "Neg", "Abs", "Pad", "Slice", "Split",
 }
+
+
+def _beyond_fp16(t) -> bool:
+    """A constant with finite values float16 cannot hold (clamping them to 65504 made a
+    conv of weights ~2e5 on inputs ~1e-3 a new layer: cosine 0.87, written without
+    --verify; inf and NaN are the same in float16)."""
+    if not isinstance(t, gs.Constant) or t.values.dtype != np.float32:
+        return False
+    v = np.abs(t.values)
+    return bool(np.any(np.isfinite(v) & (v > FP16_MAX)))
 
 
 class ConvertFp16(Pass):
@@ -85,11 +96,16 @@ class ConvertFp16(Pass):
                     res.skip("range-beyond-fp16")
                     too_big.append(f"{node_id(node)} ({big:.3g})")
                     continue
+                if any(_beyond_fp16(t) for t in node.inputs[1:]):   # clamped, a new layer
+                    res.skip("weight-beyond-fp16")
+                    too_big.append(f"{node_id(node)} (weights)")
+                    continue
                 region.add(id(node))
                 res.count(f"fp16-{node.op.lower()}")
             elif node.op in SAFE and typed and fp and all(
                     isinstance(t, gs.Constant) or id(producer.get(id(t))) in region for t in fp
-            ) and any(not isinstance(t, gs.Constant) for t in fp):
+            ) and any(not isinstance(t, gs.Constant) for t in fp) and not any(
+                    _beyond_fp16(t) for t in fp):
                 region.add(id(node))
                 res.count("fp16-follower")
         for node in reversed(graph.nodes):
@@ -106,7 +122,7 @@ class ConvertFp16(Pass):
                 f"{len(too_big)} FP16 layer{'' if one else 's'} stay{'s' if one else ''} "
                 f"float32: {'its' if one else 'their'} activations reach more "
                 f"than {FP16_SAFE:.0f} (a quarter of float16's range) on the calibration "
-                "data: " + ", ".join(too_big[:3]) + (f" and {len(too_big) - 3} more"
+                f"data, or weights more than {FP16_MAX:.0f}: " + ", ".join(too_big[:3]) + (f" and {len(too_big) - 3} more"
                                                      if len(too_big) > 3 else ""))
         if not region:
             return res

@@ -115,18 +115,36 @@ def test_shared_activation_feeds_fp16_and_fp32_consumers_and_shared_constant_is_
     assert cos(r[0], o[0]) > 0.9999
 
 
-def test_out_of_range_weights_are_clamped_and_counted():
-    w = np.random.default_rng(0).standard_normal((8, 4, 3, 3)).astype(np.float32)
-    w[0, 0, 0, 0] = 1e6
+def test_layers_and_followers_with_constants_float16_cannot_hold_stay_float32():
+    """Weights of ~2e5 (a conv folded with a BN of tiny variance) on small inputs: the
+    activations fit float16, but the weights were clamped to 65504, another layer (cosine
+    0.87, written without --verify); a Mul by 1e5 after it likewise. Both stay float32,
+    the conv after them goes float16."""
+    rng = np.random.default_rng(61206)
     text = """
     <ir_version: 8, opset_import: ["" : 17]>
     g (float[N, 4, 8, 8] x) => (float[N, 8, 8, 8] y) {
-        y = Conv <pads = [1, 1, 1, 1]> (x, W)
+        a = Conv <pads = [1, 1, 1, 1]> (x, W)
+        r = Relu (a)
+        b = Conv <pads = [1, 1, 1, 1]> (r, W2)
+        m = Mul (b, K)
+        y = Conv <pads = [1, 1, 1, 1]> (m, W3)
     }"""
-    out, rep = run(make_model(text, {"W": w}), "fp16")
-    assert rep.passes[0].counts["fp16-clamped-values"] == 1
-    v = onnx.numpy_helper.to_array([t for t in out.graph.initializer if t.name == "W"][0])
-    assert np.isfinite(v).all() and v.max() == np.float16(65504)
+    inits = {"W": (rng.standard_normal((8, 4, 3, 3)) * 2e5).astype(np.float32),
+             "W2": (rng.standard_normal((8, 8, 3, 3)) * 3e-3).astype(np.float32),
+             "K": np.full((1, 8, 1, 1), 1e5, np.float32),
+             "W3": (rng.standard_normal((8, 8, 3, 3)) * 0.1).astype(np.float32)}
+    m = make_model(text, inits)
+    out, rep = run(m, "fp16")
+    rec = rep.passes[0]
+    assert rec.counts.get("skip:weight-beyond-fp16") == 1 and "fp16-clamped-values" not in \
+        rec.counts, rec.counts
+    assert any("(weights)" in n for n in rec.notes), rec.notes
+    inits = {t.name: t.data_type for t in out.graph.initializer}
+    assert inits["W"] == inits["K"] == onnx.TensorProto.FLOAT
+    assert inits["W3"] == onnx.TensorProto.FLOAT16
+    feed = {"x": (rng.standard_normal((2, 4, 8, 8)) * 1e-6).astype(np.float32)}
+    assert cos(run_ort(out, feed)[0], run_ort(m, feed)[0]) > 0.999
 
 
 def test_no_fp16_layers_changes_nothing_and_is_idempotent():
