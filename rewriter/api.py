@@ -838,8 +838,11 @@ class _Rewrite:
         t = time.perf_counter()
         from rewriter.quant.plan import resolve
         need, why = self.plan.qdq_opset(self.options.migraphx_version)
-        if (self.graph.opset < need
-                and "int8" in resolve(self.plan, list(self.graph.nodes)).precision.values()):
+        int8 = "int8" in resolve(self.plan, list(self.graph.nodes)).precision.values()
+        if int8 and self.calib is not None:
+            from rewriter.core.ort import require_qdq
+            require_qdq(self.graph.opset, self.original.ir_version or 8)
+        if self.graph.opset < need and int8:
             # Converting first is exact (shared FACTS.md).
             self.graph, self.original = upgrade_opset(self.graph, self.original,
                                                       self.base_dir, need)

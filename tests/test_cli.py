@@ -1518,3 +1518,34 @@ def test_the_installed_package_lists_every_subpackage_and_its_data():
             assert list(base.glob(pattern)), (pkg, pattern)
     import rewriter
     assert set(rewriter.__all__) <= set(dir(rewriter))
+
+
+@pytest.mark.parametrize("plan", ["int8", "auto"])
+def test_int8_at_an_opset_onnxruntime_has_no_qdq_kernel_for_is_bad_input(
+        tmp_path, capfd, monkeypatch, plan):
+    # Fuzzing --plan int8 --calib (seed 61209): a model at opset 28 (onnx 1.23) had
+    # QuantizeLinear(28), which onnxruntime 1.32 does not implement: exit 3 'pass
+    # insert-qdq failed' with --verify, the planner's internal error with --plan auto.
+    rng = np.random.default_rng(61209)
+    top = onnx.defs.onnx_opset_version()
+    src = tmp_path / "m.onnx"
+    onnx.save(make_model(f"""
+    <ir_version: 10, opset_import: ["" : {top}]>
+    g (float[1, 3, 8, 8] x) => (float[1, 4, 8, 8] y) {{
+        c = Conv <pads = [1, 1, 1, 1]> (x, W)
+        y = Relu (c)
+    }}""", {"W": rng.standard_normal((4, 3, 3, 3)).astype(np.float32)}), src)
+    calib = tmp_path / "c"
+    calib.mkdir()
+    for i in range(8):
+        np.save(calib / f"{i}.npy", rng.standard_normal((1, 3, 8, 8)).astype(np.float32))
+    argv = [src, "-o", tmp_path / "o.onnx", "--plan", plan, "--calib", calib, "--target",
+            "none", "--verify", "-q"]
+    code, _, err = run(capfd, *argv)   # whatever this onnxruntime implements: never exit 3
+    assert code == (2 if ort.qdq_unsupported(top, 10) else 0), err
+    monkeypatch.setattr(ort, "qdq_unsupported", lambda opset, ir: "NOT_IMPLEMENTED: Q(28)")
+    argv[2] = tmp_path / "o2.onnx"
+    code, _, err = run(capfd, *argv)
+    assert code == 2 and not argv[2].exists()
+    assert_one_line(err, f"cannot run QuantizeLinear/DequantizeLinear at the model's opset "
+                         f"{top} (NOT_IMPLEMENTED: Q(28)): INT8 layers cannot be calibrated")

@@ -58,6 +58,45 @@ def session(model, base_dir: str | os.PathLike | None = None, optimize: bool = F
     return sess
 
 
+def require_qdq(opset: int, ir_version: int) -> None:
+    """InputError when onnxruntime, which calibrates and verifies INT8 layers, has no
+    QuantizeLinear/DequantizeLinear kernel at ``opset``: a fuzzed model at opset 28 was
+    exit 3 ('pass insert-qdq failed', or the planner's internal error), exit 2 only when
+    bias correction met it first."""
+    problem = qdq_unsupported(opset, ir_version)
+    if problem:
+        import onnxruntime
+
+        from rewriter.core.errors import InputError
+        raise InputError(f"onnxruntime {onnxruntime.__version__} cannot run QuantizeLinear/"
+                         f"DequantizeLinear at the model's opset {opset} ({problem[:120]}): "
+                         "INT8 layers cannot be calibrated; --plan fp16, or the model at "
+                         "an older opset")
+
+
+@functools.lru_cache(maxsize=None)
+def qdq_unsupported(opset: int, ir_version: int) -> str | None:
+    """None when onnxruntime runs QuantizeLinear -> DequantizeLinear at ``opset``, else
+    its error's first line: onnx knows opsets onnxruntime has no kernel for yet (opset 28
+    with onnx 1.23 and onnxruntime 1.32: QuantizeLinear(28) is not implemented)."""
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+         helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])], "qdq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+        [helper.make_tensor("s", TensorProto.FLOAT, [], [1.0]),
+         helper.make_tensor("z", TensorProto.INT8, [], [0])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)],
+                          ir_version=ir_version)
+    try:
+        session(m)
+    except Exception as e:  # noqa: BLE001 - whatever onnxruntime says, in one line
+        return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return None
+
+
 def _ort_value(ort, a: np.ndarray):
     """An OrtValue of ``a``; ml_dtypes' bfloat16 and float8 arrays (numpy dtype kind V,
     which ortvalue_from_numpy refuses) as their bits with the ONNX type."""
