@@ -839,9 +839,6 @@ class _Rewrite:
         from rewriter.quant.plan import resolve
         need, why = self.plan.qdq_opset(self.options.migraphx_version)
         int8 = "int8" in resolve(self.plan, list(self.graph.nodes)).precision.values()
-        if int8 and self.calib is not None:
-            from rewriter.core.ort import require_qdq
-            require_qdq(self.graph.opset, self.original.ir_version or 8)
         if self.graph.opset < need and int8:
             # Converting first is exact (shared FACTS.md).
             self.graph, self.original = upgrade_opset(self.graph, self.original,
@@ -849,6 +846,9 @@ class _Rewrite:
             self.ctx.namer = Namer(self.graph)
             self.last_metrics = None  # the graph changed outside a pass: check it again
             self.report.warnings.append(f"model converted to opset {need} for {why}")
+        if int8 and self.calib is not None:
+            from rewriter.core.ort import require_qdq
+            require_qdq(self.graph.opset, self.original.ir_version or 8)
         fp32_exported = self.calibrate()
         self.seconds["calibrate"] = time.perf_counter() - t
         if self.verifier is not None:

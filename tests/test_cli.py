@@ -1529,12 +1529,17 @@ def test_int8_at_an_opset_onnxruntime_has_no_qdq_kernel_for_is_bad_input(
     rng = np.random.default_rng(61209)
     top = onnx.defs.onnx_opset_version()
     src = tmp_path / "m.onnx"
-    onnx.save(make_model(f"""
-    <ir_version: 10, opset_import: ["" : {top}]>
-    g (float[1, 3, 8, 8] x) => (float[1, 4, 8, 8] y) {{
-        c = Conv <pads = [1, 1, 1, 1]> (x, W)
-        y = Relu (c)
-    }}""", {"W": rng.standard_normal((4, 3, 3, 3)).astype(np.float32)}), src)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+
+    def save(opset: int):
+        onnx.save(make_model(f"""
+        <ir_version: {10 if opset > 9 else 4}, opset_import: ["" : {opset}]>
+        g (float[1, 3, 8, 8] x) => (float[1, 4, 8, 8] y) {{
+            c = Conv <pads = [1, 1, 1, 1]> (x, W)
+            y = Relu (c)
+        }}""", {"W": w}), src)
+
+    save(top)
     calib = tmp_path / "c"
     calib.mkdir()
     for i in range(8):
@@ -1549,3 +1554,8 @@ def test_int8_at_an_opset_onnxruntime_has_no_qdq_kernel_for_is_bad_input(
     assert code == 2 and not argv[2].exists()
     assert_one_line(err, f"cannot run QuantizeLinear/DequantizeLinear at the model's opset "
                          f"{top} (NOT_IMPLEMENTED: Q(28)): INT8 layers cannot be calibrated")
+    monkeypatch.undo()   # below opset 10 there is no QuantizeLinear: probed after converting
+    save(9)
+    argv[2] = tmp_path / "o9.onnx"
+    code, _, err = run(capfd, *argv)
+    assert code == 0, err
