@@ -1064,3 +1064,23 @@ def test_a_selected_output_refused_by_strict_only_is_said_so():
     said = _selected([bad], m.graph)
     assert "run on the original's values of those, equal; --strict refuses" in said, said
     assert "without its post-processing" not in said, said
+
+
+def test_strict_inference_of_a_declaration_inference_contradicts_is_a_problem_not_a_crash():
+    """Fuzzing --plan default (seed 61211): an IR-3 model whose BN bias, an initializer
+    listed as input, was declared [-7]. Strict inference failed, and the lenient pass the
+    exit gate then runs (for STFT) raised the same error: 'internal error', exit 3."""
+    from types import SimpleNamespace
+
+    from rewriter.api import _Rewrite
+
+    g = helper.make_graph([helper.make_node("Add", ["x", "b"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4]),
+                           helper.make_tensor_value_info("b", onnx.TensorProto.FLOAT, [-7])],
+                          [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4])],
+                          [numpy_helper.from_array(np.arange(4, dtype=np.float32), "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 7)], ir_version=3)
+    problem, inferred = _Rewrite.strict_inference(
+        SimpleNamespace(report=SimpleNamespace(warnings=[])), m)
+    assert inferred is None and problem.startswith("onnx's full check (strict shape "
+                                                   "inference) fails:"), problem
