@@ -17,6 +17,12 @@ from dataclasses import dataclass
 import numpy as np
 
 
+# passes/insert_qdq.py's GPTQ_BLOCK and STACK_BYTES (quant does not import passes; a test
+# holds them equal): groups this narrow are solved stacked, this many bytes at a time.
+STACKED_DEPTH = 128
+STACK_BYTES = 16 << 20
+
+
 @dataclass(frozen=True)
 class ConvSpec:
     """What im2col needs of one Conv (2-D only; others are skipped)."""
@@ -38,10 +44,8 @@ class ConvSpec:
         """What rounding this conv's weights holds on top of its H, one group at a time:
         3.3 d x d float64 at the peak, measured with tracemalloc at d = 1024 and 2048 (the
         float64 H, LAPACK's copy of it, the Cholesky factor; passes/insert_qdq.py). Small
-        groups (d <= GPTQ_BLOCK) are solved stacked, up to STACK_BYTES at a time."""
-        from rewriter.passes.insert_qdq import GPTQ_BLOCK, STACK_BYTES
-
-        stacked = STACK_BYTES if self.group > 1 and self.depth <= GPTQ_BLOCK else 0
+        groups (d <= STACKED_DEPTH) are solved stacked, up to STACK_BYTES at a time."""
+        stacked = STACK_BYTES if self.group > 1 and self.depth <= STACKED_DEPTH else 0
         return max(int(3.5 * 8 * self.depth * self.depth), stacked)
 
 

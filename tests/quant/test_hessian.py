@@ -154,13 +154,17 @@ def test_stacked_gptq_holds_a_bounded_stack(monkeypatch):
     w = rng.standard_normal((2 * g, 8, 3, 3)).astype(np.float32)
     s = np.abs(w).reshape(2 * g, -1).max(axis=1) / insert_qdq.QMAX
     whole = insert_qdq.gptq_round(w, s, h, g)
+    stack = insert_qdq.STACK_BYTES
     monkeypatch.setattr(insert_qdq, "STACK_BYTES", 1 << 20)
     tracemalloc.start()
     got = insert_qdq.gptq_round(w, s, h, g)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert np.array_equal(got, whole) and peak < 3 << 20, peak   # all at once: ~12 MiB
-    assert ConvSpec("c", "x", (3, 3), (1, 1), (0,) * 4, (1, 1), g, d).solve_bytes() == 1 << 20
+    from rewriter.quant import hessian
+
+    assert (hessian.STACK_BYTES, hessian.STACKED_DEPTH) == (stack, insert_qdq.GPTQ_BLOCK)
+    assert ConvSpec("c", "x", (3, 3), (1, 1), (0,) * 4, (1, 1), g, d).solve_bytes() == stack
 
 
 def test_sums_flushed_in_between_equal_one_product(monkeypatch):
