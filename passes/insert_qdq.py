@@ -137,12 +137,11 @@ def _gptq_block(w: np.ndarray, s: np.ndarray, h: np.ndarray, damp: float) -> np.
     w[:, dead] = 0.0
     order = np.argsort(-np.where(dead, 1.0, diag))
     w = w[:, order]
-    try:
-        low = _damped_factor(h, order, ~dead[order], damp)
+    try:   # U = R L^-1 R (_upper_inverse_factor), or nearest rounding
+        hinv = _check_inverse(_lower_inverse(_damped_factor(h, order, ~dead[order],
+                                                            damp))[::-1, ::-1])
     except np.linalg.LinAlgError:
         return np.clip(np.rint(w / s[:, None]), -QMAX, QMAX).astype(np.int8)[:, np.argsort(order)]
-    hinv = _lower_inverse(low)[::-1, ::-1]      # U = R L^-1 R (_upper_inverse_factor)
-    del low
     q = np.empty_like(w)
     # Columns in blocks (GPTQ's lazy batch updates): inside a block each rounding error
     # moves the block's later columns; the columns after the block take the block's
@@ -181,7 +180,7 @@ def _gptq_groups(w: np.ndarray, s: np.ndarray, h: np.ndarray, damp: float) -> np
     hp[:, idx, idx] = np.where(live, hp[:, idx, idx], 1.0)
     hp[:, idx, idx] += damp * np.mean(hp[:, idx, idx], axis=1, keepdims=True) + 1e-12
     low = np.linalg.cholesky(hp[:, ::-1, ::-1])
-    hinv = np.tril(np.linalg.inv(low))[:, ::-1, ::-1]
+    hinv = _check_inverse(np.tril(np.linalg.inv(low))[:, ::-1, ::-1])
     q = np.empty_like(w)
     for j in range(d):
         qj = np.clip(np.rint(w[:, :, j] / s), -QMAX, QMAX)
@@ -190,6 +189,16 @@ def _gptq_groups(w: np.ndarray, s: np.ndarray, h: np.ndarray, damp: float) -> np
         w[:, :, j + 1:] -= err[:, :, None] * hinv[:, None, j, j + 1:]
     back = np.argsort(order, axis=1)
     return np.take_along_axis(q, back[:, None, :], axis=2).astype(np.int8)
+
+
+def _check_inverse(hinv: np.ndarray) -> np.ndarray:
+    """``hinv`` if GPTQ can divide by its diagonal, else LinAlgError. An H holding inf
+    (activations beyond float32's square root: a fuzzed ResNet's BN variance) factored
+    but its inverse raised 'Singular matrix' out of insert-qdq (exit 3) or had zeros and
+    NaN on its diagonal (NaN rounded to int8)."""
+    if not (np.isfinite(hinv).all() and (np.diagonal(hinv, axis1=-2, axis2=-1) > 0).all()):
+        raise np.linalg.LinAlgError("H^-1 is not finite")
+    return hinv
 
 
 def _damped_factor(h: np.ndarray, order: np.ndarray, live: np.ndarray,

@@ -167,6 +167,36 @@ def test_stacked_gptq_holds_a_bounded_stack(monkeypatch):
     assert ConvSpec("c", "x", (3, 3), (1, 1), (0,) * 4, (1, 1), g, d).solve_bytes() == stack
 
 
+def test_gptq_on_an_h_holding_inf_rounds_to_nearest():
+    """Activations beyond float32's square root (a fuzzed ResNet's BN variance) put inf in
+    H: its factor's inverse raised 'Singular matrix' out of insert-qdq (exit 3) or had
+    zeros on its diagonal (a division by zero, NaN rounded to int8). Nearest rounding."""
+    import warnings
+
+    from rewriter.passes.insert_qdq import QMAX, gptq_round
+
+    rng = np.random.default_rng(61212)
+    x = rng.standard_normal((144, 200)) * rng.uniform(0.1, 2, (144, 1))
+    h = (x @ x.T / 200).astype(np.float32)
+    big = [3, 40, 99]
+    with np.errstate(over="ignore"):
+        h[big, :] *= 1e20
+        h[:, big] *= 1e20
+    h[np.ix_(big, big)] = np.inf
+    w = rng.standard_normal((16, 16, 3, 3)).astype(np.float32)
+    s = np.abs(w).reshape(16, -1).max(axis=1) / QMAX
+    nearest = np.clip(np.rint(w / s[:, None, None, None]), -QMAX, QMAX).astype(np.int8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.array_equal(gptq_round(w, s, h[None], 1), nearest)
+        stacked = np.stack([h[10:19, 10:19]] * 16)   # and stacked: every group alone
+        stacked[4, 2, 2] = np.inf
+        w1 = w[:, :1]
+        got = gptq_round(w1, s, stacked, 16)
+    near = np.clip(np.rint(w1 / s[:, None, None, None]), -QMAX, QMAX).astype(np.int8)
+    assert np.array_equal(got[4], near[4]) and not np.array_equal(got, near)
+
+
 def test_sums_flushed_in_between_equal_one_product(monkeypatch):
     """Patches are gathered and added to H in products of FLUSH_PATCHES (a product of a few
     dozen patches wrote a whole 9216 x 9216 result each batch): flushing every few
