@@ -21,7 +21,8 @@ they would otherwise become inf. An FP16 layer whose input or output exceeds a q
 the float16 range on the calibration data (``Context.fp16_ranges``, max |x|) stays
 float32 (``range-beyond-fp16``): onnxruntime's CPU computes a float16 region in float32, so
 --verify would not see the overflow; so does one whose weights hold finite values beyond
-float16's range (``weight-beyond-fp16``: clamped, they make another layer). Q/DQ nodes are never in a region: next to INT8 layers the
+float16's range (``weight-beyond-fp16``: clamped, they make another layer). Q/DQ nodes
+are never in a region: next to INT8 layers the
 Q/DQ and their scales stay float32, with the Casts around them (MIGraphX PR #3053 pattern;
 from opset 19 a float16 input with a float32 scale does not even parse). So run it after
 insert-qdq. Subgraphs (If/Loop bodies) are left in float32.
@@ -122,8 +123,8 @@ class ConvertFp16(Pass):
                 f"{len(too_big)} FP16 layer{'' if one else 's'} stay{'s' if one else ''} "
                 f"float32: {'its' if one else 'their'} activations reach more "
                 f"than {FP16_SAFE:.0f} (a quarter of float16's range) on the calibration "
-                f"data, or weights more than {FP16_MAX:.0f}: " + ", ".join(too_big[:3]) + (f" and {len(too_big) - 3} more"
-                                                     if len(too_big) > 3 else ""))
+                f"data, or weights more than {FP16_MAX:.0f}: " + ", ".join(too_big[:3])
+                + (f" and {len(too_big) - 3} more" if len(too_big) > 3 else ""))
         if not region:
             return res
         members = [n for n in graph.nodes if id(n) in region]
