@@ -696,6 +696,34 @@ def test_input_untouched_and_output_deterministic_and_idempotent(tmp_path, capfd
         assert c.read_bytes() == a.read_bytes()  # a rewritten model is a fixed point
 
 
+def test_a_loop_reading_an_outer_tensor_of_invented_dims_is_a_fixed_point(tmp_path, capfd):
+    """chars2vec (tf2onnx, two Loops): the second Loop's body read the first's scan output,
+    whose length onnx's inference names unk__N afresh in every run; the body's copy of that
+    shape was written, and the output rewritten again differed (unk__4, then unk__9)."""
+    src, a, b = tmp_path / "m.onnx", tmp_path / "a.onnx", tmp_path / "b.onnx"
+    onnx.save(make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4] x, int64 m) => (float y) {
+        nz = NonZero (x)
+        c = Cast <to = 1> (nz)
+        t = Mul (c, w)
+        y = Loop (m, "", s0) <body = b (int64 i, bool cin, float s) => (bool cout, float s2) {
+            cout = Identity (cin)
+            r = ReduceSum <keepdims = 0> (t)
+            s2 = Add (s, r)
+        }>
+    }""", {"w": np.array([[0.5], [-1.5]], np.float32), "s0": np.array(0.25, np.float32)}),
+              src)
+    feeds = tmp_path / "f.npz"
+    np.savez(feeds, x=np.array([[1, 0, 2, 0], [0, 3, 0, 0], [4, 0, 0, 5]], np.float32),
+             m=np.array(3, np.int64))
+    assert run(capfd, src, "-o", a, "-q", "--target", "none", "--inputs", feeds)[0] == 0
+    assert run(capfd, a, "-o", b, "-q", "--target", "none", "--inputs", feeds)[0] == 0
+    assert b.read_bytes() == a.read_bytes()
+    body = next(at.g for n in onnx.load(str(a)).graph.node for at in n.attribute if at.g.node)
+    assert [vi.name for vi in body.value_info] == ["r"]     # what the body computes only
+
+
 def _static_if_model(stale: bool) -> onnx.ModelProto:
     """akiki-vad's GRU input: If(Equal(Gather(Shape(c), -1), 1)) squeezes a [1, 8, 1] conv
     output, then a Relu and a Reshape to [1, 8]. With ``stale``, each branch carries the value_info

@@ -479,6 +479,14 @@ def to_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
     vis = [vi for vi in model.graph.value_info if vi.name in keep_vi]
     del model.graph.value_info[:]
     model.graph.value_info.extend(vis)
+    for body in list(graph_protos(model.graph))[1:]:
+        # A body describes only what it computes: its copy of an outer tensor's shape kept
+        # dims onnx names afresh in every run (unk__4, then unk__9), so an output rewritten
+        # again differed (chars2vec's two Loops, twenty-seventh round).
+        made = {o for n in body.node for o in n.output}
+        vis = [vi for vi in body.value_info if vi.name in made]
+        del body.value_info[:]
+        body.value_info.extend(vis)
     # gs types every value as a tensor: a sequence, map or optional (scikit-learn's ZipMap
     # output, seq(map(int64, float))) keeps the original's type.
     typed = {vi.name: vi.type for g in (original.graph,)
