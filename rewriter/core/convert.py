@@ -479,12 +479,14 @@ def to_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
     vis = [vi for vi in model.graph.value_info if vi.name in keep_vi]
     del model.graph.value_info[:]
     model.graph.value_info.extend(vis)
+    # Bodies alike, and each describes only what it computes: a body's copy of an outer
+    # tensor's shape kept dims onnx names afresh in every run (unk__4, then unk__9), and an
+    # outer constant that the export moves into the body lets the next run infer shapes
+    # this one could not: an output rewritten again differed (chars2vec, 27th round).
+    keep_vi = {vi.name for g in graph_protos(original.graph) for vi in g.value_info}
     for body in list(graph_protos(model.graph))[1:]:
-        # A body describes only what it computes: its copy of an outer tensor's shape kept
-        # dims onnx names afresh in every run (unk__4, then unk__9), so an output rewritten
-        # again differed (chars2vec's two Loops, twenty-seventh round).
         made = {o for n in body.node for o in n.output}
-        vis = [vi for vi in body.value_info if vi.name in made]
+        vis = [vi for vi in body.value_info if vi.name in made and vi.name in keep_vi]
         del body.value_info[:]
         body.value_info.extend(vis)
     # gs types every value as a tensor: a sequence, map or optional (scikit-learn's ZipMap
