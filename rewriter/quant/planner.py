@@ -165,11 +165,14 @@ def certificate_line(j: dict, folds: int = 1) -> str:
     level = ("95% intervals" if alpha >= 0.05 else
              f"95% after choosing among up to {round(0.05 / alpha)} plans: bounds at "
              f"{100 * (1 - alpha):.2f}%")
-    s = f"judged on {j['n']} held-out samples ({how}{level}): "
+    parts = []
     if j.get("top1") is not None:
-        s += (f"top-1 agreement {j['top1']:.3f} [{j['top1_ci'][0]:.3f}, {j['top1_ci'][1]:.3f}]"
-              f", flip-risk bound {j['top1_lower']:.3f}, ")
-    s += f"cosine {j['cosine']:.4f} [{j['cosine_ci'][0]:.4f}, {j['cosine_ci'][1]:.4f}]"
+        parts.append(f"top-1 agreement {j['top1']:.3f} [{j['top1_ci'][0]:.3f}, "
+                     f"{j['top1_ci'][1]:.3f}], flip-risk bound {j['top1_lower']:.3f}")
+    if not j.get("integer"):  # an integer output's cosine is a 1 that nothing measured
+        parts.append(f"cosine {j['cosine']:.4f} [{j['cosine_ci'][0]:.4f}, "
+                     f"{j['cosine_ci'][1]:.4f}]")
+    s = f"judged on {j['n']} held-out samples ({how}{level}): " + ", ".join(parts)
     if j.get("accuracy") is not None:
         lo, hi = j["accuracy_drop_ci"]
         s += (f", accuracy {j['accuracy_fp32']:.3f} -> {j['accuracy']:.3f} (loss "

@@ -1054,3 +1054,20 @@ def test_an_output_named_in_max_abs_is_judged_as_a_quantity_not_as_class_scores(
         verify=True, materialize=False)
     cert = rep.verification[0]["certificate"]
     assert cert["top1"] is None and cert["within"] == 1.0
+
+
+def test_the_certificate_of_an_integer_output_claims_no_cosine():
+    """sudachi-c-imitator (ALBERT tagger, ArgMax ids out; twenty-seventh round): the plan's
+    line read "cosine 1.0000 [1.0000, 1.0000]" for the ids, a 1 nothing measured."""
+    from rewriter.quant.planner import certificate_line
+    from rewriter.verify.certify import judge_equal, judge_lossy
+    rng = np.random.default_rng(7)
+    ref = rng.integers(0, 18, (40, 256))
+    out = ref.copy()
+    out[3, 5] = (out[3, 5] + 1) % 18
+    line = certificate_line(judge_equal("403", ref, out, {"min_top1": 0.99}).to_dict())
+    assert "top-1 agreement" in line and "cosine" not in line, line
+    logits = rng.standard_normal((40, 18)).astype(np.float32)
+    j = judge_lossy("logits", logits, logits + 1e-3 * rng.standard_normal((40, 18)),
+                    {"min_top1": 0.99})
+    assert "cosine" in certificate_line(j.to_dict())
