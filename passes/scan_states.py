@@ -28,13 +28,20 @@ Scan (a sequence_lens input first, batched) is skipped. In the default pipeline 
 MIGraphX is the target, and last. onnx-asr's WeSpeaker front-end (a Kaldi fbank as a Scan
 over frames): refused by MIGraphX 2.15 and 2.16 before, compiled and equal to onnxruntime
 after.
+
+A Loop's states get the same: its initial states follow the trip count and the condition,
+its body's next states the condition output. MIGraphX's `loop` op wants every input in
+standard strides (op/loop.hpp), and refuses a Loop that starts from a Slice ("loop: Shapes
+are not in standard layout"), as it refused chars2vec's two tf2onnx LSTM Loops; with the
+Reshapes a Loop from a Slice compiles on 2.15 and 2.16. A Transpose stays refused on 2.16:
+its Reshape to the same shape is kept there as a view.
 """
 
 from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
-from rewriter.core.graph import iter_graphs, shape_of
+from rewriter.core.graph import carried_states, iter_graphs, shape_of
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 
@@ -42,32 +49,31 @@ class ScanStates(Pass):
     name = "scan-states"
     phase = Phase.LAYOUT
     numerics = Numerics.EXACT
-    summary = ("a Scan's computed initial states and its body's next states through a "
-               "Reshape to their own shape (MIGraphX refuses states it holds as views)")
+    summary = ("a Scan's or Loop's computed initial states and its body's next states through "
+               "a Reshape to their own shape (MIGraphX refuses states it holds as views)")
 
-    shape_ops = ("Scan",)
+    shape_ops = ("Scan", "Loop")
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()
-        if (graph.opset or 0) < 9:
-            for g in iter_graphs(graph):
-                for node in g.nodes:
-                    if node.op == "Scan" and node.domain in (None, "", "ai.onnx"):
-                        res.skip("opset-8-scan")
-            return res
         for g in iter_graphs(graph):
             for node in list(g.nodes):
-                if node.op != "Scan" or node.domain not in (None, "", "ai.onnx"):
+                if node.op not in ("Scan", "Loop") or node.domain not in (None, "", "ai.onnx"):
                     continue
-                body = node.attrs.get("body")
-                states = len(node.inputs) - int(node.attrs.get("num_scan_inputs", 0))
-                if not isinstance(body, gs.Graph) or not 0 <= states <= len(node.inputs) \
-                        or len(body.outputs) < states:
-                    res.skip("malformed-scan")
+                if node.op == "Scan" and (graph.opset or 0) < 9:
+                    res.skip("opset-8-scan")
                     continue
-                for i in range(states):
-                    res.outcome(_reshape_state(node, i, g, ctx.namer), "reshaped-states")
-                    res.outcome(_reshape_next(body, i, ctx.namer), "reshaped-next-states")
+                states = carried_states(node)
+                if states is None:
+                    res.skip(f"malformed-{node.op.lower()}")
+                    continue
+                body = node.attrs["body"]
+                first_in, first_out = (2, 1) if node.op == "Loop" else (0, 0)
+                for i in range(len(states[0])):
+                    res.outcome(_reshape_state(node, first_in + i, g, ctx.namer),
+                                "reshaped-states")
+                    res.outcome(_reshape_next(body, first_out + i, ctx.namer),
+                                "reshaped-next-states")
         return res
 
 

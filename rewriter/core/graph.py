@@ -116,12 +116,27 @@ def standard_view_tensors(graph: gs.Graph) -> set[int]:
                 ids.add(id(t))
                 p = t.inputs[0] if len(t.inputs) == 1 else None
                 t = p.inputs[0] if p is not None and p.op == "Cast" and p.inputs else None
-            body = node.attrs.get("body") if node.op == "Scan" else None
-            if not isinstance(body, gs.Graph):
-                continue
-            n = len(node.inputs) - int(node.attrs.get("num_scan_inputs", 0))
-            ids.update(id(t) for t in node.inputs[:max(n, 0)] + body.outputs[:max(n, 0)])
+            states = carried_states(node)
+            if states is not None:
+                ids.update(id(t) for t in states[0] + states[1])
     return ids
+
+
+def carried_states(node: gs.Node) -> tuple[list[gs.Tensor], list[gs.Tensor]] | None:
+    """A Scan's or Loop's loop-carried states: (the node's initial-state inputs, its body's
+    next-state outputs), in the same order; None for other nodes or a malformed body. A
+    Scan's states come first among its inputs and outputs (opset 9+); a Loop's follow the
+    trip count and condition, and the body's condition output."""
+    body = node.attrs.get("body") if node.op in ("Scan", "Loop") else None
+    if not isinstance(body, gs.Graph):
+        return None
+    if node.op == "Scan":
+        n, first_in, first_out = len(node.inputs) - int(node.attrs.get("num_scan_inputs", 0)), 0, 0
+    else:
+        n, first_in, first_out = len(node.inputs) - 2, 2, 1
+    if n < 0 or len(body.outputs) < first_out + n:
+        return None
+    return node.inputs[first_in:first_in + n], body.outputs[first_out:first_out + n]
 
 
 def cut_model(model: onnx.ModelProto, outputs: list[str], reads: dict) -> onnx.ModelProto:

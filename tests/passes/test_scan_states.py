@@ -247,3 +247,68 @@ def test_random_scans_compile_on_migraphx_once_rewritten(tmp_path, migraphx_vers
         for got, want in zip(run.outputs, onnx.reference.ReferenceEvaluator(m).run(None, feeds)):
             np.testing.assert_allclose(np.reshape(got, want.shape), want, rtol=1e-5, atol=1e-5)
     assert refused >= 10, refused
+
+
+def loop_model(rng):
+    """A Loop of 4 steps whose initial state is a Slice of the input ([2, 5] -> [2, 3]: a
+    strided view for MIGraphX) and whose body's next state is Tanh(s * w)[:, :3] of a
+    wider product: chars2vec's tf2onnx LSTM Loops start from such computed states."""
+    w = rng.standard_normal((2, 4)).astype(np.float32)
+    return onnx.parser.parse_model(f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2, 5] x) => (float[2, 3] y, float[4, 2, 4] ys) {{
+        m = Constant <value = int64 {{4}}> ()
+        st = Constant <value = int64[1] {{1}}> ()
+        en = Constant <value = int64[1] {{4}}> ()
+        ax = Constant <value = int64[1] {{1}}> ()
+        xs = Slice (x, st, en, ax)
+        y, ys = Loop (m, "", xs) <body = b (int64 i, bool cin, float[2, 3] s) => (bool cout,
+                                                            float[2, 3] s2, float[2, 4] o) {{
+            cout = Identity (cin)
+            w = Constant <value = float[2, 4] {{{", ".join(map(str, w.ravel()))}}}> ()
+            z = Constant <value = float[2, 1] {{0.25, -0.5}}> ()
+            c = Concat <axis = 1> (s, z)
+            o = Mul (c, w)
+            t = Tanh (o)
+            s0 = Constant <value = int64[1] {{0}}> ()
+            s3 = Constant <value = int64[1] {{3}}> ()
+            a1 = Constant <value = int64[1] {{1}}> ()
+            s2 = Slice (t, s0, s3, a1)
+        }}>
+    }}""")
+
+
+def test_loop_states_and_next_states_reshaped_exactly(rng):
+    m = loop_model(rng)
+    out, rep = rewriter.rewrite(m, ["scan-states"], verify=True)
+    counts = rep.passes[0].counts
+    assert counts.get("reshaped-states") == 1 and counts.get("reshaped-next-states") == 1
+    loop = next(n for n in out.graph.node if n.op_type == "Loop")
+    prod = {o: n for n in out.graph.node for o in n.output}
+    assert prod[loop.input[2]].op_type == "Reshape" and not loop.input[1]
+    body = loop.attribute[0].g
+    assert next(n for n in body.node if n.output[0] == body.output[1].name).op_type == "Reshape"
+    onnx.checker.check_model(out)
+    feeds = {"x": rng.standard_normal((2, 5)).astype(np.float32)}
+    for a, b in zip(run_ort(m, feeds), run_ort(out, feeds)):
+        np.testing.assert_array_equal(a, b)
+    again, rep2 = rewriter.rewrite(out, ["scan-states"])
+    assert not rep2.passes[0].changed
+
+
+@pytest.mark.migraphx
+def test_migraphx_refuses_a_loop_from_a_slice_and_runs_the_rewrite(rng, tmp_path,
+                                                                  migraphx_version):
+    from rewriter.migraphx import backend
+
+    m = loop_model(rng)
+    src, dst = tmp_path / "m.onnx", tmp_path / "out.onnx"
+    onnx.save(m, src)
+    feeds = {"x": rng.standard_normal((2, 5)).astype(np.float32)}
+    with pytest.raises(backend.MigraphxError, match="not in standard layout"):
+        backend.compile_and_run(src, feeds, None, target="ref")
+    out, _ = rewriter.rewrite(m, target="migraphx")
+    onnx.save(out, dst)
+    run = backend.compile_and_run(dst, feeds, None, target="ref")
+    for got, want in zip(run.outputs, run_ort(m, feeds)):
+        np.testing.assert_allclose(np.reshape(got, want.shape), want, rtol=1e-5, atol=1e-5)
