@@ -303,12 +303,18 @@ class _Site:
         return gs.Constant(self.ctx.namer(base), np.asarray(values))
 
     def shared(self, base: str, values) -> gs.Constant:
-        """A zero point or a unit scale: one constant per value, type and shape for the
-        whole pass. One per tensor left equal constants that a second run's
-        merge-duplicates merged, so a plan's output was not a fixed point (83 -> 54
-        initializers on resnet_mini, docs audit)."""
+        """A zero point, a unit scale or a weight's channel scales: one constant per value,
+        type and shape for the whole pass, and a scalar the model already has is used as it
+        is. One per tensor, or a second 1.0 beside the model's, left equal constants that
+        a second run's merge-duplicates merged, so a plan's output was not a fixed point
+        (83 -> 54 initializers on resnet_mini, docs audit; an ALBERT's weights read by 4
+        layers each: 83 -> 64, twenty-seventh round)."""
         values = np.asarray(values)
         key = (values.dtype.str, values.shape, values.tobytes())
+        if not self.shared_cache:
+            self.shared_cache.update({(t.values.dtype.str, (), t.values.tobytes()): t
+                                      for t in reversed(self.graph.tensors().values())
+                                      if isinstance(t, gs.Constant) and not len(t.shape)})
         if key not in self.shared_cache:
             self.shared_cache[key] = self.const(base, values)
         return self.shared_cache[key]
@@ -470,8 +476,8 @@ class _Site:
         raw = gs.Variable(self.ctx.namer(f"{out.name}_int8_acc"), dtype=np.float32,
                           shape=out.shape)
         node.outputs[0] = raw
-        scale = self.const(f"{node.inputs[1].name}_channel_scale",
-                           s_w.astype(np.float32).reshape(shape))
+        scale = self.shared(f"{node.inputs[1].name}_channel_scale",
+                            s_w.astype(np.float32).reshape(shape))
         last = out if bias is None else gs.Variable(
             self.ctx.namer(f"{out.name}_scaled"), dtype=np.float32, shape=out.shape)
         self.graph.nodes.append(gs.Node("Mul", self.ctx.namer(f"{node.name or out.name}_scale"),

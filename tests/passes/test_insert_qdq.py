@@ -335,6 +335,41 @@ def test_zero_points_and_unit_scales_are_one_constant_each_and_the_output_a_fixe
     assert again.SerializeToString() == out.SerializeToString()
 
 
+def test_a_shared_weight_and_a_model_scalar_one_leave_the_output_a_fixed_point():
+    """sudachi-c-imitator (an ALBERT: every weight read by 4 layers; 1 - mask with the
+    model's own 1.0), --plan default: 83 initializers, 64 after a second run. The
+    mul form wrote one channel-scale constant per layer, four equal ones per weight, and a
+    unit scale beside the model's 1.0; a second rewrite merged them. One of each now."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 6] x) => (float[N, 6] y) {
+        a = MatMul (x, W)
+        r = Relu (a)
+        b = MatMul (r, W)
+        d = Sub (one, b)
+        y = MatMul (d, W)
+    }""", {"W": (6, 6), "one": np.array(1.0, np.float32)})
+    x = np.random.default_rng(5).uniform(-3, 3, (4, 6)).astype(np.float32)
+    probe = onnx.helper.make_tensor_value_info
+    m2 = onnx.ModelProto()
+    m2.CopyFrom(m)
+    m2.graph.output.extend([probe(t, onnx.TensorProto.FLOAT, None) for t in ("r", "d")])
+    amax = [float(np.abs(v).max()) for v in run_ort(m2, {"x": x})[1:]]
+    out, rep = quantize(m, _plan("mul"), {"x": 3.0, "r": amax[0], "d": amax[1]})
+    assert rep.passes[0].counts["channel-scales-after-layer"] == 3
+    init = by_name(out)
+    muls = [n for n in out.graph.node if n.op_type == "Mul"]
+    assert len(muls) == 3 and len({n.input[1] for n in muls}) == 1
+    units = {n.input[1] for n in out.graph.node if n.op_type == "DequantizeLinear"
+             and init.get(n.input[1]) is not None and init[n.input[1]].shape == ()
+             and init[n.input[1]] == 1.0}
+    assert units == {"one"}
+    again, _ = rewriter.rewrite(out, target="none")
+    assert again.SerializeToString() == out.SerializeToString()
+    want, got = run_ort(m, {"x": x})[0], run_ort(out, {"x": x})[0]
+    np.testing.assert_allclose(got, want, atol=0.05 * np.abs(want).max())
+
+
 def test_mul_form_writes_no_add_for_a_zero_bias_and_the_output_is_a_fixed_point():
     """tf2onnx writes every conv with a bias, zeros where the layer has none (BlazeFace's
     depthwise convs): an Add of zeros after the channel scale, which a second rewrite's
