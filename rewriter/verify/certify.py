@@ -275,12 +275,21 @@ def sample_abs_errors(ref: np.ndarray, out: np.ndarray, real: np.ndarray | None 
     """Per sample (axis 0), its largest |out - ref|: 0 where both hold the same infinity or
     a NaN, inf where only one side does; ``real`` ([n, positions]): padded positions left
     out."""
-    ref, out = np.asarray(ref, np.float64), np.asarray(out, np.float64)
+    ref, out = np.asarray(ref), np.asarray(out)
     n = ref.shape[0] if ref.ndim else 1
-    with np.errstate(invalid="ignore"):
-        err = np.abs(out - ref)
-    same = ~np.isfinite(ref) & ((ref == out) | (np.isnan(ref) & np.isnan(out)))
-    err = np.where(same, 0.0, np.where(np.isnan(err), np.inf, err)).reshape(max(n, 1), -1)
+    if (ref.dtype.kind == out.dtype.kind == "f" and np.isfinite(ref).all()
+            and np.isfinite(out).all()):
+        # Every value finite (the common case): the same errors without the full-size
+        # passes for infinities and NaNs. sudachi's logits [64, 256, 3788]: 9.4 s a call,
+        # called for every plan the error-in-units planner judges (1202 s planning).
+        err = np.subtract(out, ref, dtype=np.float64).reshape(max(n, 1), -1)
+        np.abs(err, out=err)
+    else:
+        ref, out = ref.astype(np.float64), out.astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            err = np.abs(out - ref)
+        same = ~np.isfinite(ref) & ((ref == out) | (np.isnan(ref) & np.isnan(out)))
+        err = np.where(same, 0.0, np.where(np.isnan(err), np.inf, err)).reshape(max(n, 1), -1)
     if real is not None:     # [n, positions] of an output [n, positions, ...]
         w = np.asarray(real, bool).reshape(max(n, 1), -1)
         if w.shape[1] and err.shape[1] % w.shape[1] == 0:

@@ -428,10 +428,10 @@ def tiny_agrees(ref, out, min_cosine: float) -> bool | None:
     TINY_OUTPUT: whether ``out`` is within the absolute error the budget allows there,
     TINY_OUTPUT * (1 - min_cosine) (1e-5 at 0.99), as :func:`judge` takes a tiny output;
     None where the original is not tiny (its cosine judges it)."""
-    r = np.asarray(ref, np.float64)
+    r = np.asarray(ref)     # checked as it is: a float64 copy first cost 1 s a call on
     if not r.size or not np.isfinite(r).all() or float(np.max(np.abs(r))) >= TINY_OUTPUT:
-        return None
-    err = np.abs(np.asarray(out, np.float64) - r)
+        return None         # sudachi's [64, 256, 3788] logits, for every plan judged
+    err = np.abs(np.asarray(out, np.float64) - r.astype(np.float64))
     return bool(np.isfinite(err).all() and float(err.max()) <= TINY_OUTPUT * (1.0 - min_cosine))
 
 

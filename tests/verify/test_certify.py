@@ -476,3 +476,23 @@ def test_the_shortfall_of_counting_is_said_once_for_several_outputs():
     for name in ("a", "b", "c"):
         judge_abs(j, name, ref, out, 0.05, 0.99)
     assert j.why.count("counting alone cannot show") == 1 and not j.certifiable, j.why
+
+
+def test_sample_abs_errors_of_finite_float32_outputs_are_exact_and_fast():
+    """sudachi-c-imitator's logits [64, 256, 3788] under --plan auto --max-abs: 9.4 s a
+    call (float64 copies, then full-size passes for infinities and NaNs), for every plan
+    judged: 1202 s of planning. Finite outputs now take one float64 subtraction: the same
+    errors (a float32 difference computed in float64 is exact), 0.31 s; padding as before."""
+    from rewriter.verify.certify import sample_abs_errors
+    rng = np.random.default_rng(11)
+    ref = rng.standard_normal((16, 64, 1000)).astype(np.float32)
+    out = ref + np.float32(1e-3) * rng.standard_normal(ref.shape).astype(np.float32)
+    want = np.abs(out.astype(np.float64) - ref.astype(np.float64)).reshape(16, -1).max(1)
+    np.testing.assert_array_equal(sample_abs_errors(ref, out), want)
+    real = np.ones((16, 64), bool)
+    real[:, 32:] = False
+    want_real = np.abs(out[:, :32].astype(np.float64) - ref[:, :32]).reshape(16, -1).max(1)
+    np.testing.assert_array_equal(sample_abs_errors(ref, out, real), want_real)
+    out[3, 5, 7] = np.nan                  # one sample NaN on one side: inf, the rest alike
+    got = sample_abs_errors(ref, out)
+    assert got[3] == np.inf and np.array_equal(np.delete(got, 3), np.delete(want, 3))
