@@ -86,6 +86,8 @@ def _reshape_state(node: gs.Node, i: int, g: gs.Graph, namer) -> str | None:
         return "state-already-reshaped"
     if x.shape is None:
         return "state-rank-unknown"
+    if not len(x.shape):
+        return "state-scalar"        # no strides to fix; 2.15 refuses a Reshape to []
     y = gs.Variable(namer(f"{x.name}_standard"), dtype=x.dtype, shape=x.shape)
     g.nodes.append(gs.Node("Reshape", namer(f"{x.name}_Standard"),
                            inputs=[x, shape_of(x, g, namer)], outputs=[y]))
@@ -104,6 +106,8 @@ def _reshape_next(body: gs.Graph, i: int, namer) -> str | None:
         return "next-state-already-reshaped"
     if y.shape is None:
         return "next-state-rank-unknown"
+    if not len(y.shape):
+        return "next-state-scalar"
     v = gs.Variable(namer(f"{y.name}_view"), dtype=y.dtype, shape=y.shape)
     producer.outputs[producer.outputs.index(y)] = v
     body.nodes.append(gs.Node("Reshape", namer(f"{y.name}_Standard"),

@@ -471,8 +471,9 @@ def render(info: dict[str, Any]) -> str:
     elif info["status"] == "failed":
         lines.append(f"{head}: {info['error']}")
     else:
-        lines.append(f"{head}: compiled, {info['samples']} sample(s), judged by "
-                     f"{info['judged_by']}:")
+        lines.append(f"{head}: compiled, {info['samples']} sample(s)" + (
+            f" ({info['other_shapes']} given of other shapes not run: one compiled shape)"
+            if info.get("other_shapes") else "") + f", judged by {info['judged_by']}:")
         ort = {m["name"]: m for m in info.get("onnxruntime", [])}
         for m in info.get("metrics", []):
             lines.append("  " + _metric_line(m, ort.get(m["name"])))
@@ -719,6 +720,11 @@ def _compile_output(report, checked, exported, original, base_dir, output, mgx, 
             progress=bool(mgx.get("progress")),
             unknown=(_unknown_in_original(result, original), result.profile.get("ops_source")))
         info = report.extra["compile"]
+        given = [inputs] if isinstance(inputs, dict) else inputs or []
+        first = {k: np.shape(v) for k, v in feed_sets[0].items()} if feed_sets else {}
+        other = sum({k: np.shape(v) for k, v in f.items()} != first for f in given)
+        if other:   # chars2vec's words of other lengths: "1 sample(s)" of 8, unsaid
+            info["other_shapes"] = other
         if info.get("status") == "failed" and info.get("stage") in ("parse", "compile") \
                 and model_path is not None and backend == "migraphx" \
                 and not info.get("original_refused"):

@@ -312,3 +312,49 @@ def test_migraphx_refuses_a_loop_from_a_slice_and_runs_the_rewrite(rng, tmp_path
     run = backend.compile_and_run(dst, feeds, None, target="ref")
     for got, want in zip(run.outputs, run_ort(m, feeds)):
         np.testing.assert_allclose(np.reshape(got, want.shape), want, rtol=1e-5, atol=1e-5)
+
+
+SCALAR_LOOP = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, T] x) => (float y, float[3] ys) {
+        m = Constant <value = int64 {3}> ()
+        s0 = ReduceSum <keepdims = 0> (x)
+        y, ys = Loop (m, "", s0) <body = b (int64 i, bool cin, float s) => (bool cout, float s2,
+                                                                          float o) {
+            cout = Identity (cin)
+            h = Constant <value = float {0.75}> ()
+            t = Mul (s, h)
+            s2 = Tanh (t)
+            o = Identity (t)
+        }>
+    }"""
+
+
+def test_scalar_states_are_left_alone(rng):
+    """chars2vec's Loops carry 0-d counters and lengths: a Reshape to [] made MIGraphX 2.15
+    refuse the model ("Reshape: ... reshape has 0 elements whereas the input has 1") and
+    2.16 fail at "MULTIBROADCAST: input dimensions should be > 0". A 0-d tensor has no
+    strides to fix: skipped."""
+    m = onnx.parser.parse_model(SCALAR_LOOP)
+    out, rep = rewriter.rewrite(m, ["scan-states"])
+    counts = rep.passes[0].counts
+    assert counts.get("skip:state-scalar") == 1 and counts.get("skip:next-state-scalar") == 1
+    assert not rep.passes[0].changed
+
+
+@pytest.mark.migraphx
+def test_a_loop_of_scalar_states_compiles_and_other_shapes_are_said(tmp_path, capfd,
+                                                                   migraphx_version):
+    from rewriter.cli import main
+
+    src, feeds = tmp_path / "m.onnx", tmp_path / "feeds"
+    onnx.save(onnx.parser.parse_model(SCALAR_LOOP), src)
+    feeds.mkdir()
+    for k, t in enumerate((5, 5, 7)):
+        np.save(feeds / f"{k}.npy", np.linspace(-1, 1, t, dtype=np.float32)[None] * (k + 1))
+    code = main([str(src), "-o", str(tmp_path / "o.onnx"), "--inputs", str(feeds),
+                 "--migraphx-target", "ref"])
+    out = capfd.readouterr().out
+    assert code == 0, out
+    assert "compiled, 2 sample(s) (1 given of other shapes not run: one compiled shape)" \
+        in out, out
