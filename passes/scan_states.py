@@ -33,8 +33,9 @@ A Loop's states get the same: its initial states follow the trip count and the c
 its body's next states the condition output. MIGraphX's `loop` op wants every input in
 standard strides (op/loop.hpp), and refuses a Loop that starts from a Slice ("loop: Shapes
 are not in standard layout"), as it refused chars2vec's two tf2onnx LSTM Loops; with the
-Reshapes a Loop from a Slice compiles on 2.15 and 2.16. A Transpose stays refused on 2.16:
-its Reshape to the same shape is kept there as a view.
+Reshapes a Loop from a Slice, and chars2vec, compile on 2.15 and 2.16. A Transpose stays
+refused on 2.16: its Reshape to the same shape is kept there as a view. 0-d states are
+skipped (no strides to fix; a Reshape to [] is refused by 2.15 and breaks 2.16's parse).
 """
 
 from __future__ import annotations
