@@ -90,6 +90,12 @@ class EqualizeChannels(Pass):
         c = len(a)
         if x.shape is not None and len(x.shape) < 3:
             return "rank-below-3"
+        if x.dtype is not None and np.dtype(x.dtype) != np.float32 or any(
+                isinstance(c.inputs[1], gs.Constant) and c.inputs[1].values.dtype != np.float32
+                for c in convs):
+            # insert-qdq quantises float32 layers only: ISNet's float16 ones got a float32
+            # Mul beside a float16 tensor, a model onnxruntime cannot load (exit 3)
+            return "not-fp32"
         w_max = np.zeros(c)
         depthwise = True
         for conv in convs:

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import load_script, make_model
+from conftest import load_script, make_model, run_ort
 from onnx import helper
 
 from rewriter.cli import main
@@ -1590,3 +1590,42 @@ def test_int8_at_an_opset_onnxruntime_has_no_qdq_kernel_for_is_bad_input(
     argv[2] = tmp_path / "o9.onnx"
     code, _, err = run(capfd, *argv)
     assert code == 0, err
+
+
+def test_a_plan_on_float16_layers_leaves_them_exact(tmp_path, capfd):
+    """ISNet from @imgly/background-removal-data ('medium': float16 layers between Casts),
+    --plan default: exit 3, "pass 'equalize-channels' failed: ... Mul bound to different
+    types (tensor(float16) and tensor(float))": equalize-channels (and correct-bias after it)
+    wrote float32 constants beside float16 tensors of layers insert-qdq then leaves alone
+    (not-fp32). Both skip those layers now: the plan changes nothing there."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+    rng = np.random.default_rng(21)
+    ws = [nh.from_array((rng.standard_normal(s) * 0.3).astype(np.float16), n) for n, s in
+          (("W1", (8, 3, 3, 3)), ("W2", (8, 8, 3, 3)), ("W3", (4, 8, 1, 1)))]
+    nodes = [h.make_node("Cast", ["x"], ["x16"], to=T.FLOAT16),
+             h.make_node("Conv", ["x16", "W1"], ["c1"], pads=[1, 1, 1, 1]),
+             h.make_node("Relu", ["c1"], ["r1"]),
+             h.make_node("Conv", ["r1", "W2"], ["c2"], pads=[1, 1, 1, 1]),
+             h.make_node("Add", ["c2", "r1"], ["a"]), h.make_node("Relu", ["a"], ["r2"]),
+             h.make_node("Conv", ["r2", "W3"], ["c3"]),
+             h.make_node("Cast", ["c3"], ["y"], to=T.FLOAT)]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 16, 16])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 16, 16])], ws)
+    src, calib, out = tmp_path / "m.onnx", tmp_path / "calib", tmp_path / "o.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8), src)
+    calib.mkdir()
+    for k in range(16):
+        np.save(calib / f"{k}.npy", rng.standard_normal((1, 3, 16, 16)).astype(np.float32))
+    code, _, err = run(capfd, src, "-o", out, "-q", "--target", "none", "--plan", "default",
+                       "--calib", calib, "--report", tmp_path / "r.json")
+    assert code == 0, err
+    counts = {p["name"]: p["counts"] for p in json.loads((tmp_path / "r.json").read_text())[
+        "passes"]}
+    for name in ("equalize-channels", "insert-qdq", "correct-bias"):
+        assert counts[name].get("skip:not-fp32") == 1, counts
+        assert not any(v for k, v in counts[name].items() if not k.startswith("skip:"))
+    x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+    np.testing.assert_array_equal(run_ort(onnx.load(str(out)), {"x": x})[0],
+                                  run_ort(onnx.load(str(src)), {"x": x})[0])
