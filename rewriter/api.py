@@ -25,7 +25,7 @@ import onnx
 
 from rewriter.core import registry
 from rewriter.core.convert import (check_fixed_shapes, export, to_graph, upgrade_opset,
-                                   write_input_dims, wrong_stfts)
+                                   unknown_negative_dims, write_input_dims, wrong_stfts)
 from rewriter.core.errors import (CALLER, InputError, PassError, RewriteError, VerificationError,
                                    api_words, in_api_words)
 from rewriter.core.graph import (SMALL_TENSOR, Namer, copy_fields, graph_protos,
@@ -1208,6 +1208,7 @@ class _Rewrite:
         data contradicts is reported as the input's, not failed. Returns (the problem or
         None, the inferred copy or None)."""
         declared = {}
+        unknown_negative_dims(copy)
         for o in copy.graph.output:
             if o.type.HasField("tensor_type") and o.type.tensor_type.HasField("shape"):
                 declared[o.name] = [d.dim_value if d.HasField("dim_value") else None

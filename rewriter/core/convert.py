@@ -37,7 +37,7 @@ def shape_info(model: onnx.ModelProto, fixed: dict[str, list[int]] | None = None
     graph inputs static dims first (--fix-shapes); the model's own value_info, written for
     the symbolic shapes, is dropped then so that nothing stale survives.
     """
-    stub = weight_free_copy(model)
+    stub = unknown_negative_dims(weight_free_copy(model))
     if fixed:
         write_input_dims(stub, fixed)
         del stub.graph.value_info[:]
@@ -66,6 +66,20 @@ def shape_info(model: onnx.ModelProto, fixed: dict[str, list[int]] | None = None
                     stack.extend(a.graphs)
     _distrust_wrong_stft(inferred.graph, out)
     return out
+
+
+def unknown_negative_dims(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Declared dims below zero (graph inputs, outputs, value_info) made unknown, in place;
+    returns ``model``. A negative dim is no size: onnxruntime reads it as unknown, while
+    onnx's inference fails the whole model on it where an initializer or a broadcast gives
+    the real size (an IR-3 weight input declared [-7], an input [1,-7,4,4] read by a Mul
+    per channel), and passes then saw no dtypes at all (fuzz round, 2026-12-07)."""
+    g = model.graph
+    for vi in (*g.input, *g.output, *g.value_info):
+        for d in vi.type.tensor_type.shape.dim:
+            if d.HasField("dim_value") and d.dim_value < 0:
+                d.Clear()
+    return model
 
 
 def write_input_dims(model: onnx.ModelProto, fixed: dict[str, list[int]]) -> onnx.ModelProto:
