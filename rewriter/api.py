@@ -977,6 +977,10 @@ class _Rewrite:
 
         if self.plan.int8.get("equalize"):
             self.equalize(int8)
+            # Its cleanup drops the layers nothing reads (a dead Conv no FP32 pass removed,
+            # when none changed the graph): GPTQ then read the emptied node (fuzz, 61302).
+            live = {id(n) for n in self.graph.nodes}
+            int8 = [n for n in int8 if id(n) in live]
         if self.plan.int8.get("rounding") == "gptq":
             self.hessians(int8)
         cal = self.plan.int8["calibration"]

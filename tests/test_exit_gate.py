@@ -1133,3 +1133,28 @@ def test_regression_a_negative_declared_dim_is_unknown_not_a_pass_bug(tmp_path, 
     if plan == "default":   # the first and last layers really run in float16
         assert onnx.load(out).graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
         assert any(n.op_type == "Cast" for n in onnx.load(out).graph.node)
+
+
+def test_regression_a_dead_int8_conv_dropped_by_equalization_is_not_rounded(tmp_path, capfd):
+    """Fuzzing --plan int8 --calib (seed 61302, cases 1468, 1560): a Conv nothing reads,
+    kept because no FP32 pass changed the graph, was planned INT8; equalize-channels'
+    cleanup dropped it, and GPTQ read its emptied inputs: IndexError, exit 3."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 13]>
+    g (float[1, 4, 5, 5] x) => (float[1, 4, 5, 5] y) {
+        dead = Conv <pads = [1, 1, 1, 1]> (x, D)
+        y = Conv <pads = [1, 1, 1, 1]> (x, W, B)
+    }""", {"D": (4, 4, 3, 3), "W": (4, 4, 3, 3), "B": (4,)}, seed=5)
+    src, out, calib = tmp_path / "m.onnx", tmp_path / "out.onnx", tmp_path / "calib"
+    onnx.save(m, src)
+    calib.mkdir()
+    feeds = [{"x": np.random.default_rng(i).standard_normal((1, 4, 5, 5)).astype(np.float32)}
+             for i in range(8)]
+    for i, f in enumerate(feeds):
+        np.savez(calib / f"{i}.npz", **f)
+    code, _, err = run(capfd, src, "-o", out, "--plan", "int8", "--calib", calib,
+                       "--target", "none", "-q")
+    assert code == 0 and not err, err
+    assert [n.op_type for n in onnx.load(out).graph.node].count("Conv") == 1
+    got, want = outputs_of(out, feeds[0])[0], run_ort(m, feeds[0])[0]
+    assert cosine(got, want) > 0.99
