@@ -75,3 +75,21 @@ def test_entropy_at_128_bins_is_minmax():
 def test_refuses_minmax():
     with pytest.raises(ValueError):
         Histograms("minmax", 2048, 99.99, 128)
+
+
+@pytest.mark.parametrize("method", ["percentile", "entropy"])
+def test_a_batch_far_wider_than_the_first_merges_bins_instead_of_adding_millions(method):
+    """Fuzz seed 61302 case 481 (--plan int8, weights made huge by an overwritten byte run):
+    a later batch 3.8e5 times wider than the first asked onnxruntime for 770 million bins
+    (5.7 GiB): the process was killed. Here 1000x: 2 million bins without the merge."""
+    from rewriter.quant.ort_calibration import MAX_BINS
+
+    h = Histograms(method, 2048, 99.99, 128)
+    h.add("t", X)
+    h.add("t", 1000 * X)
+    h.add("t", X)
+    hist, edges = h.pop("t")[:2]
+    assert hist.sum() == 3 * X.size and len(hist) <= MAX_BINS and len(edges) == len(hist) + 1
+    far = 1000 * float(np.abs(X).max())
+    assert far <= edges[-1] <= far * 1.01 and np.all(np.diff(edges) > 0)
+    assert np.isclose(edges[0], -edges[-1]) if method == "entropy" else edges[0] == 0
