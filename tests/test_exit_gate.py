@@ -1087,6 +1087,19 @@ def test_strict_inference_of_a_declaration_inference_contradicts_is_a_problem_no
                                                    "inference) fails:"), problem
 
 
+def _with_calib(tmp_path, m, shape):
+    """``m`` saved, and 8 seeded samples of its input ``x`` in a calibration folder: the
+    model's path, the output's, the folder and the samples."""
+    src, out, calib = tmp_path / "m.onnx", tmp_path / "out.onnx", tmp_path / "calib"
+    onnx.save(m, src)
+    calib.mkdir()
+    feeds = [{"x": np.random.default_rng(i).standard_normal(shape).astype(np.float32)}
+             for i in range(8)]
+    for i, f in enumerate(feeds):
+        np.savez(calib / f"{i}.npz", **f)
+    return src, out, calib, feeds
+
+
 _CONV_BN_FC = """
 <ir_version: 8, opset_import: ["" : 17]>
 g (float[1, 4, 4, 4] x) => (float[1, 3] y) {
@@ -1118,13 +1131,7 @@ def test_regression_a_negative_declared_dim_is_unknown_not_a_pass_bug(tmp_path, 
                 t.name, t.data_type, [-7] if t.name == "b" else list(t.dims)))
     else:
         m.graph.input[0].type.tensor_type.shape.dim[1].dim_value = -7
-    src, out, calib = tmp_path / "m.onnx", tmp_path / "out.onnx", tmp_path / "calib"
-    onnx.save(m, src)
-    calib.mkdir()
-    feeds = [{"x": np.random.default_rng(i).standard_normal((1, 4, 4, 4)).astype(np.float32)}
-             for i in range(8)]
-    for i, f in enumerate(feeds):
-        np.savez(calib / f"{i}.npz", **f)
+    src, out, calib, feeds = _with_calib(tmp_path, m, (1, 4, 4, 4))
     code, _, err = run(capfd, src, "-o", out, "--plan", plan, "--calib", calib, "--verify",
                        "--target", "none", "-q")
     assert code == 0 and not err, err
@@ -1145,13 +1152,7 @@ def test_regression_a_dead_int8_conv_dropped_by_equalization_is_not_rounded(tmp_
         dead = Conv <pads = [1, 1, 1, 1]> (x, D)
         y = Conv <pads = [1, 1, 1, 1]> (x, W, B)
     }""", {"D": (4, 4, 3, 3), "W": (4, 4, 3, 3), "B": (4,)}, seed=5)
-    src, out, calib = tmp_path / "m.onnx", tmp_path / "out.onnx", tmp_path / "calib"
-    onnx.save(m, src)
-    calib.mkdir()
-    feeds = [{"x": np.random.default_rng(i).standard_normal((1, 4, 5, 5)).astype(np.float32)}
-             for i in range(8)]
-    for i, f in enumerate(feeds):
-        np.savez(calib / f"{i}.npz", **f)
+    src, out, calib, feeds = _with_calib(tmp_path, m, (1, 4, 5, 5))
     code, _, err = run(capfd, src, "-o", out, "--plan", "int8", "--calib", calib,
                        "--target", "none", "-q")
     assert code == 0 and not err, err
