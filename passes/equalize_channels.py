@@ -46,7 +46,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from rewriter.core.errors import PreconditionError
-from rewriter.core.graph import StoredInt8, node_id, own_constant, stored_int8_weight
+from rewriter.core.graph import (StoredInt8, float32_layer, node_id, own_constant,
+                                 stored_int8_weight)
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 MIN_SCALE = 1e-4
@@ -83,6 +84,11 @@ class EqualizeChannels(Pass):
         return res
 
     def _equalize(self, graph, x, convs, ctx, alpha, res) -> str | None:
+        if not all(float32_layer(conv) for conv in convs):
+            # insert-qdq quantises float32 layers only: ISNet's float16 ones got a float32
+            # Mul beside a float16 tensor, a model onnxruntime cannot load (exit 3); their
+            # inputs are not calibrated either
+            return "not-fp32"
         stats = ctx.channel_stats.get(x.name)
         if stats is None:
             return "no-channel-statistics"
@@ -90,12 +96,6 @@ class EqualizeChannels(Pass):
         c = len(a)
         if x.shape is not None and len(x.shape) < 3:
             return "rank-below-3"
-        if x.dtype is not None and np.dtype(x.dtype) != np.float32 or any(
-                isinstance(c.inputs[1], gs.Constant) and c.inputs[1].values.dtype != np.float32
-                for c in convs):
-            # insert-qdq quantises float32 layers only: ISNet's float16 ones got a float32
-            # Mul beside a float16 tensor, a model onnxruntime cannot load (exit 3)
-            return "not-fp32"
         w_max = np.zeros(c)
         depthwise = True
         for conv in convs:

@@ -62,7 +62,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from rewriter.core.errors import PreconditionError
-from rewriter.core.graph import StoredInt8, node_id, stored_int8_weight, weight_out_axis
+from rewriter.core.graph import (StoredInt8, float32_layer, node_id, stored_int8_weight,
+                                 weight_out_axis)
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 QMAX = 127
@@ -334,8 +335,7 @@ class _Site:
             return stored
         if not isinstance(w, gs.Constant) and stored is None:
             return "weights-not-constant"
-        wdtype = np.float32 if stored is not None else w.values.dtype
-        if wdtype != np.float32 or (x.dtype is not None and np.dtype(x.dtype) != np.float32):
+        if not float32_layer(node):
             return "not-fp32"
         if node.op == "Gemm" and int(node.attrs.get("transA", 0)):
             return "gemm-transposed-activation"

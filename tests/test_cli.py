@@ -1621,11 +1621,69 @@ def test_a_plan_on_float16_layers_leaves_them_exact(tmp_path, capfd):
     code, _, err = run(capfd, src, "-o", out, "-q", "--target", "none", "--plan", "default",
                        "--calib", calib, "--report", tmp_path / "r.json")
     assert code == 0, err
-    counts = {p["name"]: p["counts"] for p in json.loads((tmp_path / "r.json").read_text())[
-        "passes"]}
-    for name in ("equalize-channels", "insert-qdq", "correct-bias"):
-        assert counts[name].get("skip:not-fp32") == 1, counts
-        assert not any(v for k, v in counts[name].items() if not k.startswith("skip:"))
+    report = json.loads((tmp_path / "r.json").read_text())
+    counts = {p["name"]: p["counts"] for p in report["passes"]}
+    # not calibrated at all (twenty-eighth round): no statistics, so no equalizing and no
+    # bias correction to skip
+    assert "calibration" not in report and "bias_correction" not in report, report.keys()
+    assert "equalize-channels" not in counts and "correct-bias" not in counts, counts
+    assert counts["insert-qdq"].get("skip:not-fp32") == 1, counts
+    assert not any(v for k, v in counts["insert-qdq"].items() if not k.startswith("skip:"))
+    assert any("1 of the plan's INT8 layers do not compute in float32" in w
+               for w in report["warnings"]), report["warnings"]
     x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
     np.testing.assert_array_equal(run_ort(onnx.load(str(out)), {"x": x})[0],
                                   run_ort(onnx.load(str(src)), {"x": x})[0])
+
+
+def test_calibration_skips_layers_int8_leaves_alone(tmp_path, capfd, monkeypatch):
+    """ISNet medium (1024x1024, float16 layers between Casts), --plan default: equalization,
+    GPTQ statistics, ranges and bias correction ran over its 112 float16 INT8 convs for
+    more than 18 minutes at a 16.8 GB peak, and insert-qdq then skipped every one
+    (not-fp32). Only the tensors of float32 INT8 layers are asked for now; the float32
+    layers still get everything (equalized, GPTQ-rounded, bias-corrected)."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    import rewriter.quant.ranges as ranges
+    rng = np.random.default_rng(28)
+    ws = [nh.from_array((rng.standard_normal(s) * 0.3).astype(d), n) for n, s, d in
+          (("W1", (8, 3, 3, 3), np.float32), ("W2", (8, 8, 3, 3), np.float32),
+           ("W3", (8, 8, 3, 3), np.float16), ("W4", (8, 8, 3, 3), np.float32),
+           ("W5", (4, 8, 1, 1), np.float32))]
+    nodes = [h.make_node("Conv", ["x", "W1"], ["c1"], pads=[1, 1, 1, 1]),
+             h.make_node("Relu", ["c1"], ["r1"]),
+             h.make_node("Conv", ["r1", "W2"], ["c2"], pads=[1, 1, 1, 1]),
+             h.make_node("Relu", ["c2"], ["r2"]),
+             h.make_node("Cast", ["r2"], ["h"], to=T.FLOAT16),
+             h.make_node("Conv", ["h", "W3"], ["c3"], pads=[1, 1, 1, 1]),
+             h.make_node("Relu", ["c3"], ["r3"]),
+             h.make_node("Cast", ["r3"], ["f"], to=T.FLOAT),
+             h.make_node("Conv", ["f", "W4"], ["c4"], pads=[1, 1, 1, 1]),
+             h.make_node("Relu", ["c4"], ["r4"]),
+             h.make_node("Conv", ["r4", "W5"], ["y"])]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 16, 16])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 16, 16])], ws)
+    src, calib, out = tmp_path / "m.onnx", tmp_path / "calib", tmp_path / "o.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8), src)
+    calib.mkdir()
+    for k in range(16):
+        np.save(calib / f"{k}.npy", rng.standard_normal((1, 3, 16, 16)).astype(np.float32))
+    asked, stream = [], ranges._stream
+    monkeypatch.setattr(ranges, "_stream", lambda model, tensors, *a, **k: (
+        asked.extend(tensors), stream(model, tensors, *a, **k))[1])
+    code, _, err = run(capfd, src, "-o", out, "-q", "--target", "none", "--plan", "default",
+                       "--calib", calib, "--report", tmp_path / "r.json")
+    assert code == 0, err
+    # c2 and c4 are INT8 (first and last conv FP16; their tensors are asked for too), c3
+    # reads float16: its input h and its output c3 (bias correction) are never asked for
+    assert {"r1", "f", "c2", "c4"} <= set(asked) and not {"h", "c3"} & set(asked), asked
+    report = json.loads((tmp_path / "r.json").read_text())
+    counts = {p["name"]: p["counts"] for p in report["passes"]}
+    assert counts["insert-qdq"]["int8-conv"] == 2 and counts["insert-qdq"]["skip:not-fp32"] == 1
+    assert counts["correct-bias"].get("corrected-layers") == 2, counts
+    assert report["calibration"]["tensors"] == 2
+    x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+    got, want = (run_ort(onnx.load(str(p)), {"x": x})[0] for p in (out, src))
+    assert np.corrcoef(got.ravel(), want.ravel())[0, 1] > 0.99

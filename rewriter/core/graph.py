@@ -838,6 +838,18 @@ def stored_int8_weight(node) -> StoredInt8 | str | None:
     return StoredInt8(q, scale, axis)
 
 
+def float32_layer(node: gs.Node) -> bool:
+    """Whether a Conv/MatMul/Gemm computes in float32: its activation float32 (or of unknown
+    type) and its weight a float32 constant, a computed tensor, or stored as int8. INT8 is
+    for these only: insert-qdq leaves any other (a float16 layer between Casts, ISNet's)
+    as it is (not-fp32), so calibrating its tensors would be wasted (twenty-seventh round)."""
+    x = node.inputs[0]
+    if x.dtype is not None and np.dtype(x.dtype) != np.float32:
+        return False
+    w = node.inputs[1] if len(node.inputs) > 1 else None
+    return not isinstance(w, gs.Constant) or np.dtype(w.dtype) == np.float32
+
+
 def dequantize_stored(nodes: list, namer: "Namer") -> int:
     """Each layer of ``nodes`` whose weight is stored as int8 (:func:`stored_int8_weight`)
     reads that weight as a float32 constant instead (q times its scale, the values the
