@@ -1592,6 +1592,21 @@ def test_int8_at_an_opset_onnxruntime_has_no_qdq_kernel_for_is_bad_input(
     assert code == 0, err
 
 
+def _x_to_y_with_calib(tmp_path, nodes, weights, rng):
+    """(model, calibration folder, output path): ``nodes`` from x [1, 3, 16, 16] to y
+    [1, 4, 16, 16] (float32) saved, and 16 random samples of x."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 16, 16])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 16, 16])], weights)
+    src, calib, out = tmp_path / "m.onnx", tmp_path / "calib", tmp_path / "o.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8), src)
+    calib.mkdir()
+    for k in range(16):
+        np.save(calib / f"{k}.npy", rng.standard_normal((1, 3, 16, 16)).astype(np.float32))
+    return src, calib, out
+
+
 def test_a_plan_on_float16_layers_leaves_them_exact(tmp_path, capfd):
     """ISNet from @imgly/background-removal-data ('medium': float16 layers between Casts),
     --plan default: exit 3, "pass 'equalize-channels' failed: ... Mul bound to different
@@ -1611,13 +1626,7 @@ def test_a_plan_on_float16_layers_leaves_them_exact(tmp_path, capfd):
              h.make_node("Add", ["c2", "r1"], ["a"]), h.make_node("Relu", ["a"], ["r2"]),
              h.make_node("Conv", ["r2", "W3"], ["c3"]),
              h.make_node("Cast", ["c3"], ["y"], to=T.FLOAT)]
-    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 16, 16])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 16, 16])], ws)
-    src, calib, out = tmp_path / "m.onnx", tmp_path / "calib", tmp_path / "o.onnx"
-    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8), src)
-    calib.mkdir()
-    for k in range(16):
-        np.save(calib / f"{k}.npy", rng.standard_normal((1, 3, 16, 16)).astype(np.float32))
+    src, calib, out = _x_to_y_with_calib(tmp_path, nodes, ws, rng)
     code, _, err = run(capfd, src, "-o", out, "-q", "--target", "none", "--plan", "default",
                        "--calib", calib, "--report", tmp_path / "r.json")
     assert code == 0, err
@@ -1663,13 +1672,7 @@ def test_calibration_skips_layers_int8_leaves_alone(tmp_path, capfd, monkeypatch
              h.make_node("Conv", ["f", "W4"], ["c4"], pads=[1, 1, 1, 1]),
              h.make_node("Relu", ["c4"], ["r4"]),
              h.make_node("Conv", ["r4", "W5"], ["y"])]
-    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 16, 16])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 16, 16])], ws)
-    src, calib, out = tmp_path / "m.onnx", tmp_path / "calib", tmp_path / "o.onnx"
-    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8), src)
-    calib.mkdir()
-    for k in range(16):
-        np.save(calib / f"{k}.npy", rng.standard_normal((1, 3, 16, 16)).astype(np.float32))
+    src, calib, out = _x_to_y_with_calib(tmp_path, nodes, ws, rng)
     asked, stream = [], ranges._stream
     monkeypatch.setattr(ranges, "_stream", lambda model, tensors, *a, **k: (
         asked.extend(tensors), stream(model, tensors, *a, **k))[1])
