@@ -115,11 +115,11 @@ def gptq_round(w: np.ndarray, scale: np.ndarray, hessian: np.ndarray, group: int
         if np.ndim(scale) else np.full(k, float(scale))
     w2 = w.reshape(k, d).astype(np.float64)
     if group > 1 and d <= GPTQ_BLOCK:   # depthwise: thousands of tiny solves, stacked
-        w3, s2, h3 = w2.reshape(group, per_group, d), s.reshape(group, per_group), hessian
+        w3, s2 = w2.reshape(group, per_group, d), s.reshape(group, per_group)
         step = max(1, STACK_BYTES // (34 * d * d))
         try:
             return np.concatenate([_gptq_groups(w3[a:a + step], s2[a:a + step],
-                                                np.asarray(h3[a:a + step]), damp)
+                                                np.asarray(hessian[a:a + step]), damp)
                                    for a in range(0, group, step)]).reshape(w.shape)
         except np.linalg.LinAlgError:
             pass   # one group's factor failed: each on its own below, as it handles that

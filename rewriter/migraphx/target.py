@@ -675,7 +675,7 @@ def _compile_output(report, checked, exported, original, base_dir, output, mgx, 
                     ints=(0, 4), fill_batch: bool = False) -> None:
     result, int8, what = checked
     backend = mgx.get("backend", "migraphx")
-    if not _backend(backend).available()[0]:   # skipped: no inputs to make, nothing to save
+    if not backend_available(mgx):   # skipped: no inputs to make, nothing to save
         report.extra["compile"] = migraphx_step(
             output, None, [], input_shapes, planned_int8=int8, backend=backend,
             require=bool(mgx.get("require")), what=what)

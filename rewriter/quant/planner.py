@@ -697,9 +697,6 @@ def _prepare(model, calib, base_dir, s, labels, progress, fp32=None):
     need = form_plan.qdq_opset(s["migraphx_version"])[0]
     if graph.opset < need and any(n.op in LAYER_OPS for n in graph.nodes):
         graph, original = upgrade_opset(graph, original, base_dir, need)
-    if any(n.op in LAYER_OPS for n in graph.nodes):
-        from rewriter.core.ort import require_qdq
-        require_qdq(graph.opset, original.ir_version or 8)
     if not any(n.op in LAYER_OPS for n in graph.nodes):
         from collections import Counter
         done = Counter(n.op for n in graph.nodes if n.op in QUANTIZED_OPS)
@@ -709,6 +706,8 @@ def _prepare(model, calib, base_dir, s, labels, progress, fp32=None):
                                                       sorted(done.items())) + ")"
             if done else "") + (f" ({inside} inside If/Loop/Scan bodies, which plans do not "
                                 "reach)" if inside else ""))
+    from rewriter.core.ort import require_qdq
+    require_qdq(graph.opset, original.ir_version or 8)
     if s["stored_weights"] == "requantize":   # as the rewrite does for its INT8 layers
         from rewriter.core.graph import dequantize_stored
         dequantize_stored([n for n in graph.nodes if n.op in LAYER_OPS], Namer(graph))

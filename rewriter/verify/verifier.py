@@ -281,12 +281,16 @@ class Verifier:
                         v = np.nextafter(v, way.astype(v.dtype)).astype(v.dtype)
                     g[k] = v
                 moved.append(ort.run(sess, g))
-            outs = stack_runs(moved, self.feed_sets)
-            self._noise = {}
-            for name, r, o in zip(self.output_names, self.reference, outs):
-                if np.issubdtype(np.asarray(r).dtype, np.floating) and np.shape(r) == np.shape(o):
-                    self._noise[name] = compare(name, r, o).max_rel
+            self._noise = {k: m.max_rel for k, m in
+                           self._float_moves(stack_runs(moved, self.feed_sets)).items()}
         return self._noise
+
+    def _float_moves(self, outs: list) -> dict[str, OutputMetrics]:
+        """{float output: the reference compared with ``outs``, the same model's outputs
+        under a one-ulp change} (rounding_noise, requantize_noise)."""
+        return {name: compare(name, r, o)
+                for name, r, o in zip(self.output_names, self.reference, outs)
+                if np.issubdtype(np.asarray(r).dtype, np.floating) and np.shape(r) == np.shape(o)}
 
     def requantize_noise(self) -> dict[str, OutputMetrics]:
         """{output: the original's outputs compared with themselves when the input of every
@@ -304,9 +308,7 @@ class Verifier:
                 outs = stack_runs([ort.run(sess, f) for f in self.feed_sets], self.feed_sets)
             except Exception:  # noqa: BLE001 - e.g. float16 quantizer inputs: no allowance
                 return self._requant
-            for name, r, o in zip(self.output_names, self.reference, outs):
-                if np.issubdtype(np.asarray(r).dtype, np.floating) and np.shape(r) == np.shape(o):
-                    self._requant[name] = compare(name, r, o)
+            self._requant = self._float_moves(outs)
         return self._requant
 
     def judge_output(self, name: str, ref, out, classes: bool, numerics: Numerics,
