@@ -25,7 +25,8 @@ float16's range (``weight-beyond-fp16``: clamped, they make another layer). Q/DQ
 are never in a region: next to INT8 layers the
 Q/DQ and their scales stay float32, with the Casts around them (MIGraphX PR #3053 pattern;
 from opset 19 a float16 input with a float32 scale does not even parse). So run it after
-insert-qdq. Subgraphs (If/Loop bodies) are left in float32.
+insert-qdq. Inside If/Loop/Scan bodies the same holds per body: its Casts go into the body,
+its outputs and what it reads from outside stay float32 (the node's types do not change).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from rewriter.core.errors import PreconditionError
-from rewriter.core.graph import node_id, set_values
+from rewriter.core.graph import iter_graphs, node_id, set_values
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 FP16_MAX = float(np.finfo(np.float16).max)
@@ -74,10 +75,25 @@ class ConvertFp16(Pass):
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()
+        too_big: list[str] = []
+        bodies = list(iter_graphs(graph))
+        for g in bodies:   # a body's Casts go into that body: its outer reads stay float32
+            res.changed |= self._convert(g, ctx, res, too_big)
+        if too_big:
+            one = len(too_big) == 1
+            res.notes.append(
+                f"{len(too_big)} FP16 layer{'' if one else 's'} stay{'s' if one else ''} "
+                f"float32: {'its' if one else 'their'} activations reach more "
+                f"than {FP16_SAFE:.0f} (a quarter of float16's range) on the calibration "
+                f"data, or weights more than {FP16_MAX:.0f}: " + ", ".join(too_big[:3])
+                + (f" and {len(too_big) - 3} more" if len(too_big) > 3 else ""))
+        return res
+
+    def _convert(self, graph: gs.Graph, ctx: Context, res: PassResult, too_big: list) -> bool:
+        """One graph's regions (the main graph's or one body's); whether it changed."""
         assignment, plan = ctx.assignment, ctx.plan
         clamp = plan.fp16.get("clamp", True) if plan is not None else True
         region: set[int] = set()
-        too_big: list[str] = []
         producer = {id(t): n for n in graph.nodes for t in n.outputs}
         for node in graph.nodes:  # topological: one forward sweep grows every region
             fp = _float_inputs(node)
@@ -117,16 +133,8 @@ class ConvertFp16(Pass):
                 # a Keras BERT's attention heads, twenty-sixth round)
                 region.discard(id(node))
                 res.counts["fp16-follower"] -= 1
-        if too_big:
-            one = len(too_big) == 1
-            res.notes.append(
-                f"{len(too_big)} FP16 layer{'' if one else 's'} stay{'s' if one else ''} "
-                f"float32: {'its' if one else 'their'} activations reach more "
-                f"than {FP16_SAFE:.0f} (a quarter of float16's range) on the calibration "
-                f"data, or weights more than {FP16_MAX:.0f}: " + ", ".join(too_big[:3])
-                + (f" and {len(too_big) - 3} more" if len(too_big) > 3 else ""))
         if not region:
-            return res
+            return False
         members = [n for n in graph.nodes if id(n) in region]
         to16: dict[str, gs.Tensor] = {}
         const16: dict[str, gs.Constant] = {}
@@ -182,8 +190,7 @@ class ConvertFp16(Pass):
                                            attrs={"to": onnx.TensorProto.FLOAT},
                                            inputs=[t16], outputs=[t]))
                 res.count("casts-out")
-        res.changed = True
-        return res
+        return True
 
 
 def _cast_in(t: gs.Tensor, graph: gs.Graph, to16: dict, ctx: Context, res) -> gs.Tensor:

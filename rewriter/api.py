@@ -29,8 +29,8 @@ from rewriter.core.convert import (check_fixed_shapes, export, to_graph, upgrade
 from rewriter.core.errors import (CALLER, InputError, PassError, RewriteError, VerificationError,
                                    api_words, in_api_words)
 from rewriter.core.graph import (SMALL_TENSOR, Namer, copy_fields, float32_layer,
-                                 graph_protos, iter_model_tensors, node_id, tensor_nbytes,
-                                 weight_free_copy)
+                                 graph_protos, iter_graphs, iter_model_tensors, node_id,
+                                 tensor_nbytes, weight_free_copy)
 from rewriter.core.load import first_line, load_model, validate_model
 from rewriter.core.manager import ROUNDS, check_order, run_pipeline, run_rounds
 from rewriter.core.pass_base import Context, Numerics, Options, pipeline_needs_shapes
@@ -572,11 +572,14 @@ class _Rewrite:
         self.graph_inferred = infer
         # Nodes sharing a name get the names the export gives them (core.graph.
         # unique_node_names) now: a plan names nodes (node_id), and with 'dup' in it every
-        # node called so went FP16, a TopK's Gather and Reshape included.
-        names = [n.name for n in self.graph.nodes if n.name]
+        # node called so went FP16, a TopK's Gather and Reshape included. Across bodies
+        # too, the main graph's names first: plans reach the layers inside If/Loop/Scan
+        # bodies, and two If branches exported from one module share their node names.
+        nodes = [n for g in iter_graphs(self.graph) for n in g.nodes]
+        names = [n.name for n in nodes if n.name]
         if len(names) != len(set(names)):
             used, seen = set(names), set()
-            for n in self.graph.nodes:
+            for n in nodes:
                 if n.name and n.name in seen:
                     i = 1
                     while f"{n.name}_{i}" in used:
@@ -837,9 +840,10 @@ class _Rewrite:
         """Resolve the plan on the FP32-rewritten graph, calibrate, run its passes."""
         self.done = list(records)
         t = time.perf_counter()
-        from rewriter.quant.plan import resolve
+        from rewriter.quant.plan import body_nodes, resolve
         need, why = self.plan.qdq_opset(self.options.migraphx_version)
-        int8 = "int8" in resolve(self.plan, list(self.graph.nodes)).precision.values()
+        int8 = "int8" in resolve(self.plan, list(self.graph.nodes),
+                                 body_nodes(self.graph)).precision.values()
         if self.graph.opset < need and int8:
             # Converting first is exact (shared FACTS.md).
             self.graph, self.original = upgrade_opset(self.graph, self.original,
@@ -918,37 +922,42 @@ class _Rewrite:
     def calibrate(self):
         """Every layer's precision into the context, and the INT8 layers' input ranges;
         returns the export calibration ran on (None without INT8 layers)."""
-        from rewriter.quant.plan import body_layers, resolve
+        from rewriter.quant.plan import body_nodes, resolve
 
-        a = resolve(self.plan, list(self.graph.nodes))
+        a = resolve(self.plan, list(self.graph.nodes), body_nodes(self.graph))
         self.ctx.assignment = a
         self.report.extra["plan"] = {"source": self.plan.source, "layers": {
             i: {"op": a.op[i], "precision": a.precision[i], "why": a.why[i]} for i in a.order},
             "counts": a.counts()}
         self.report.warnings.extend(a.notes)
         asks = any(p in ("int8", "fp16") for p in self.plan_asks())
-        inside = body_layers(self.graph)
-        if asks and inside:   # Silero VAD v5: all 12 in the If branches of its two rates
+        main = [i for i in a.order if i not in set(a.inside)]
+        kept = [i for i in a.inside if a.why[i] == "default" and a.precision[i] == "fp32"]
+        if asks and kept:
+            # chars2vec's LSTM in a Loop: --plan auto names main-graph layers only
             self.report.warnings.append(
-                f"{inside} Conv/MatMul/Gemm layer(s) inside If/Loop/Scan bodies are not "
-                "planned: plans reach the main graph's layers only (they stay FP32)")
+                f"{len(kept)} Conv/MatMul/Gemm layer(s) inside If/Loop/Scan bodies stay FP32 "
+                "by the plan's default (the planner measures the main graph's layers; a "
+                "rule by op or name puts them in FP16)")
         if not any(p in ("int8", "fp16") for p in a.precision.values()) and asks:
             # e.g. --plan default on a model quantized already (ConvInteger): no Conv,
             # MatMul or Gemm left for the recipe, which said nothing (eighth round)
             self.report.warnings.append(
                 f"the plan puts no layer in INT8 or FP16 (of {len(a.order)} Conv/MatMul/Gemm "
-                "layers" + (" in the main graph" if inside else "") + "): nothing is quantized")
-        elif (a.order and "int8" in self.plan_asks()
+                "layers): nothing is quantized")
+        elif (main and "int8" in self.plan_asks()
               and "int8" not in a.precision.values()):
             # DeepFilterNet3's DF decoder: its first conv, last conv and classifier MatMul
             # are all its layers, --plan default made every one FP16 and said nothing
-            # (twentieth round): the user asked for INT8 and got none.
-            c = a.counts()
+            # (twentieth round): the user asked for INT8 and got none. (Layers in bodies
+            # have their own note.)
+            c = collections.Counter(a.precision[i] for i in main)
             self.report.warnings.append(
-                f"the plan asks for INT8 but puts none of the {len(a.order)} Conv/MatMul/Gemm "
-                f"layers in it (fp16 {c.get('fp16', 0)}, fp32 {c.get('fp32', 0)}: the rules "
-                "before its INT8 rule took them all): nothing is INT8; --plan int8 or a "
-                "plan file with overrides for INT8 layers")
+                f"the plan asks for INT8 but puts none of the {len(main)} Conv/MatMul/Gemm "
+                f"layers{' of the main graph' if a.inside else ''} in it (fp16 "
+                f"{c.get('fp16', 0)}, fp32 {c.get('fp32', 0)}: the rules before its INT8 rule "
+                "took them all): nothing is INT8; --plan int8 or a plan file with overrides "
+                "for INT8 layers")
         int8 = [n for n in self.graph.nodes if a.precision.get(node_id(n)) == "int8"]
         done = [n for n in int8 if not _weight_constant(n)]
         if done:
@@ -1034,13 +1043,19 @@ class _Rewrite:
         samples (a MobileOne with activations of 1e16: MIGraphX NaN logits, eleventh
         round)."""
         fp16 = [n for n in self.graph.nodes if a.precision.get(node_id(n)) == "fp16"]
-        if not fp16:
-            return
-        if self.calib_data is None:
+        inside = sum(a.precision[i] == "fp16" for i in a.inside)
+        if self.calib_data is None and (fp16 or inside):
             self.report.warnings.append(
-                f"{len(fp16)} FP16 layers: their activations' range is unknown without "
-                "calibration data (--calib), so a float16 overflow is ruled out only on "
-                "the inputs --verify runs")
+                f"{len(fp16) + inside} FP16 layers: their activations' range is unknown "
+                "without calibration data (--calib), so a float16 overflow is ruled out only "
+                "on the inputs --verify runs")
+            return
+        if inside:   # onnxruntime returns no tensor of a body
+            self.report.warnings.append(
+                f"{inside} FP16 layer(s) inside If/Loop/Scan bodies: calibration does not "
+                "reach into bodies, so a float16 overflow there is ruled out only on the "
+                "inputs --verify runs")
+        if not fp16:
             return
         from rewriter.quant.ranges import collect_ranges
         tensors = sorted({t.name for n in fp16 for t in (n.inputs[:1] + n.outputs[:1])
@@ -1564,7 +1579,6 @@ def _int8_levels(graph, outs: set) -> dict:
     The graph is in topological order (the manager's cleanup sorts it)."""
     import onnx_graphsurgeon as gs
 
-    from rewriter.core.graph import iter_graphs
     level: dict[str, int] = {}
     for node in graph.nodes:
         reads = [t.name for t in node.inputs]

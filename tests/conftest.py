@@ -58,6 +58,45 @@ def make_model(text: str, inits: dict | None = None, seed: int = 0) -> onnx.Mode
     return model
 
 
+def bodies_model(path, rng) -> None:
+    """MatMul -> If (a MatMul named "mm" in each branch, as two branches exported from one
+    module are) -> Loop (a MatMul whose weight the main graph's MatMul shares) -> Neg;
+    inputs x [2, 4] and the If's condition c."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    def w(name):
+        return nh.from_array((rng.standard_normal((4, 4)) * 0.5).astype(np.float32), name)
+
+    def branch(k, act):
+        y = h.make_tensor_value_info(f"y{k}", T.FLOAT, None)
+        return h.make_graph([h.make_node("MatMul", ["a", f"w{k}"], [f"m{k}"], "mm"),
+                             h.make_node(act, [f"m{k}"], [f"y{k}"])],
+                            f"b{k}", [], [y], [w(f"w{k}")])
+    body = h.make_graph(
+        [h.make_node("MatMul", ["s", "w"], ["sm"], "loop_mm"), h.make_node("Tanh", ["sm"], ["s2"]),
+         h.make_node("Identity", ["lc"], ["c2"])],
+        "body", [h.make_tensor_value_info("i", T.INT64, []),
+                 h.make_tensor_value_info("lc", T.BOOL, []),
+                 h.make_tensor_value_info("s", T.FLOAT, [2, 4])],
+        [h.make_tensor_value_info("c2", T.BOOL, []),
+         h.make_tensor_value_info("s2", T.FLOAT, [2, 4])])
+    g = h.make_graph(
+        [h.make_node("MatMul", ["x", "w"], ["a"], "first"),
+         h.make_node("If", ["c"], ["o"], "branch", then_branch=branch(0, "Relu"),
+                     else_branch=branch(1, "Sigmoid")),
+         h.make_node("Loop", ["n", "", "o"], ["z"], "loop", body=body),
+         h.make_node("Neg", ["z"], ["out"])],
+        "g", [h.make_tensor_value_info("x", T.FLOAT, [2, 4]),
+              h.make_tensor_value_info("c", T.BOOL, [])],
+        [h.make_tensor_value_info("out", T.FLOAT, [2, 4])],
+        [w("w"), nh.from_array(np.array(3, np.int64), "n")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    onnx.checker.check_model(m, full_check=True)
+    onnx.save(m, path)
+
+
 def run_ort(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
     from rewriter.core import ort
 

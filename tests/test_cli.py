@@ -20,11 +20,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import load_script, make_model, run_ort
+from conftest import bodies_model, load_script, make_model, run_ort
 from onnx import helper
 
 from rewriter.cli import main
 from rewriter.core import ort, registry
+from rewriter.core.graph import graph_protos
 
 ROOT = Path(__file__).resolve().parents[1]
 RESNET = ROOT / "models" / "resnet_mini.onnx"
@@ -1342,34 +1343,74 @@ def test_plan_auto_on_a_model_with_no_layer_to_plan_writes_it_as_default_does(
     assert not (tmp_path / "p.yaml").exists()
 
 
-def test_a_plan_says_which_layers_it_does_not_reach_inside_bodies(tmp_path, capfd):
-    # Silero VAD v5: its 12 layers sit in the If branches of its two sample rates, and
-    # --plan fp16 said "of 0 Conv/MatMul/Gemm layers", as if it had none.
-    rng = np.random.default_rng(5)
-    out = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
+def body_ops(model: onnx.ModelProto) -> dict:
+    """Each body's (node name, op, first input) in order, by body name."""
+    return {g.name: [(n.name, n.op_type, n.input[0] if n.input else "") for n in g.node]
+            for g in list(graph_protos(model.graph))[1:]}
 
-    def branch(k):
-        w = onnx.numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32),
-                                         f"w{k}")
-        return helper.make_graph([helper.make_node("MatMul", ["x", f"w{k}"], ["y"])],
-                                 f"b{k}", [], [out], [w])
-    top = [helper.make_node("If", ["c"], ["o"], then_branch=branch(0), else_branch=branch(1)),
-           helper.make_node("MatMul", ["o", "w"], ["z"])]
-    g = helper.make_graph(
-        top, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4]),
-                   helper.make_tensor_value_info("c", onnx.TensorProto.BOOL, [])],
-        [helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [2, 4])],
-        [onnx.numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "w")])
+
+def test_a_plan_puts_the_layers_inside_bodies_in_fp16(tmp_path, capfd):
+    # Silero VAD v5 keeps all 12 of its layers in the If branches of its two sample rates,
+    # chars2vec its LSTM's MatMuls in a Loop: --plan fp16 left them all float32.
+    rng = np.random.default_rng(5)
     src = tmp_path / "m.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
+    bodies_model(src, rng)
     code, out, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--plan", "fp16",
-                         "--target", "none", "--verify")
+                         "--target", "none", "--verify", "--report", tmp_path / "r.json")
     assert code == 0, err
-    assert "2 Conv/MatMul/Gemm layer(s) inside If/Loop/Scan bodies are not planned" in out
-    assert "the plan puts no layer" not in out      # the main graph's MatMul is FP16
+    layers = json.loads((tmp_path / "r.json").read_text())["plan"]["layers"]
+    # the branches' two "mm" are told apart (the main graph's names first)
+    assert {k: v["precision"] for k, v in layers.items()} == {
+        "first": "fp16", "mm": "fp16", "mm_1": "fp16", "loop_mm": "fp16"}
     m = onnx.load(tmp_path / "o.onnx")
-    assert [n for n in m.graph.node if n.op_type == "If"][0].attribute[0].g.node[0].op_type \
-        == "MatMul"
+    for g in list(graph_protos(m.graph))[1:]:   # each MatMul reads a Cast in its own body
+        made = {o: n.op_type for n in g.node for o in n.output}
+        assert [made.get(n.input[0]) for n in g.node if n.op_type == "MatMul"] == ["Cast"]
+    typed = {vi.name: vi.type.tensor_type.elem_type for g in [m.graph] for vi in
+             list(g.input) + list(g.output)}
+    assert typed == {"x": onnx.TensorProto.FLOAT, "c": onnx.TensorProto.BOOL,
+                     "out": onnx.TensorProto.FLOAT}    # the interface stays float32
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    for c in (True, False):    # both branches, against the original
+        feed = {"x": x, "c": np.array(c)}
+        want = ort.session(onnx.load(src)).run(None, feed)[0]
+        got = ort.session(m).run(None, feed)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
+        assert not np.array_equal(got, want)     # float16 ran: not the float32 bytes
+    code, _, err = run(capfd, tmp_path / "o.onnx", "-o", tmp_path / "o2.onnx", "--plan",
+                       "fp16", "--target", "none")
+    assert code == 0, err
+    assert body_ops(onnx.load(tmp_path / "o2.onnx")) == body_ops(m)   # no Casts added twice
+
+
+def test_int8_layers_inside_bodies_stay_fp32_and_say_why(tmp_path, capfd):
+    rng = np.random.default_rng(6)
+    src = tmp_path / "m.onnx"
+    bodies_model(src, rng)
+    code, out, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--plan", "default",
+                         "--target", "none", "--verify", "--report", tmp_path / "r.json")
+    assert code == 0, err
+    assert "3 layers planned int8 sit inside If/Loop/Scan bodies, where calibration does " \
+           "not reach (FP16 does); kept fp32: mm, mm_1, loop_mm" in out
+    layers = json.loads((tmp_path / "r.json").read_text())["plan"]["layers"]
+    assert layers["mm"]["precision"] == "fp32"
+    assert layers["mm"]["why"] == "rule 4 (inside a body: not calibrated)"
+    assert layers["first"]["precision"] == "fp16"      # the classifier, as the recipe says
+    assert "of the main graph" in out     # the main graph has no layer for INT8 either
+    for nodes in body_ops(onnx.load(tmp_path / "o.onnx")).values():
+        assert "Cast" not in [op for _, op, _ in nodes] and "QuantizeLinear" not in [
+            op for _, op, _ in nodes]
+    # a plan file reaches a body's layer by name, the default by op
+    plan = tmp_path / "p.json"
+    plan.write_text(json.dumps({"version": 1, "default": "fp32",
+                                "overrides": {"loop_mm": "fp16"}}))
+    code, out, err = run(capfd, src, "-o", tmp_path / "o3.onnx", "--plan", plan,
+                         "--target", "none", "--verify", "--report", tmp_path / "r3.json")
+    assert code == 0, err
+    layers = json.loads((tmp_path / "r3.json").read_text())["plan"]["layers"]
+    assert [k for k, v in layers.items() if v["precision"] == "fp16"] == ["loop_mm"]
+    assert "2 Conv/MatMul/Gemm layer(s) inside If/Loop/Scan bodies stay FP32 by the " \
+           "plan's default" in out
 
 
 def test_a_plan_asking_for_int8_that_gets_none_says_so(tmp_path, capfd):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ONNX_DATA, ROOT, load_script
+from conftest import ONNX_DATA, ROOT, bodies_model, load_script
 
 import rewriter
 
@@ -263,6 +263,20 @@ def test_rewrite_adds_no_migraphx_failure_to_silero(tmp_path):
         assert original_error is not None and "unordered nodes" in info["error"]
     else:
         assert_fp32_ok(info)
+
+
+def test_fp16_layers_inside_bodies_compile_and_match(tmp_path):
+    """--plan fp16 reaches the layers of If branches and of a Loop body, with their Casts
+    inside the bodies: MIGraphX parses and runs that, and agrees with the original."""
+    src = tmp_path / "m.onnx"
+    bodies_model(src, np.random.default_rng(8))
+    x = np.random.default_rng(9).standard_normal((2, 4)).astype(np.float32)
+    for c in (True, False):
+        report, info = rewrite_on_migraphx(src, tmp_path, plan="fp16",
+                                           inputs={"x": x, "c": np.array(c)})
+        assert report.extra["plan"]["counts"]["fp16"] == 4
+        assert info["status"] == "compiled", info.get("error")
+        assert info["ok"], info["metrics"]
 
 
 def _save_text(tmp_path, text: str, **inits) -> Path:

@@ -313,6 +313,7 @@ class Assignment:
     order: list[str]                    # layers in graph order
     op: dict[str, str]                  # node id -> op type
     notes: list[str] = field(default_factory=list)
+    inside: list[str] = field(default_factory=list)   # layers inside If/Loop/Scan bodies
 
     def counts(self) -> dict[str, int]:
         c = {p: 0 for p in PRECISIONS}
@@ -321,16 +322,21 @@ class Assignment:
         return c
 
 
-def resolve(plan: Plan, nodes: list) -> Assignment:
-    """Precision of every layer among ``nodes`` (topological order), by the plan's rules."""
+def resolve(plan: Plan, nodes: list, inside: list = ()) -> Assignment:
+    """Precision of every layer among ``nodes`` (topological order), by the plan's rules,
+    and of those among ``inside`` (the nodes of If/Loop/Scan bodies): positions (first
+    conv, classifier...) are the main graph's; names, ops and the default reach the bodies
+    too, in FP16 or FP32 only, since calibration does not reach into a body."""
     layers = [n for n in nodes if _op(n) in LAYER_OPS]
-    ids = [node_id(n) for n in layers]
-    ops = {i: _op(n) for i, n in zip(ids, layers)}
-    all_names = [node_id(n) for n in nodes]
-    convs = [i for i in ids if ops[i] in ("Conv", "ConvTranspose")]
-    mats = [i for i in ids if ops[i] in ("MatMul", "Gemm")]
-    computed = {node_id(n) for n in layers if computed_weight(n)}
-    trans_a = {node_id(n) for n in layers if _transposed_a(n)}
+    body = [n for n in inside if _op(n) in LAYER_OPS]
+    main_ids = [node_id(n) for n in layers]
+    ids = main_ids + [node_id(n) for n in body]
+    ops = {node_id(n): _op(n) for n in layers + body}
+    all_names = [node_id(n) for n in list(nodes) + list(inside)]
+    convs = [i for i in main_ids if ops[i] in ("Conv", "ConvTranspose")]
+    mats = [i for i in main_ids if ops[i] in ("MatMul", "Gemm")]
+    computed = {node_id(n) for n in layers + body if computed_weight(n)}
+    trans_a = {node_id(n) for n in layers + body if _transposed_a(n)}
     # The classifier is the last MatMul/Gemm with a weight: an attention's activation x
     # activation MatMul is no classifier (a YOLOv8-seg's backbone one was taken, eighth
     # round). Nodes that cannot say (NodeProto) count as weighted.
@@ -355,10 +361,13 @@ def resolve(plan: Plan, nodes: list) -> Assignment:
                 break
         else:
             prec[i], why[i] = plan.default, "default"
-    no_kernel, no_weight = [], []
-    stored = {node_id(n): stored_int8_weight(n) for n in layers}
+    no_kernel, no_weight, in_body, main = [], [], [], set(main_ids)
+    stored = {node_id(n): stored_int8_weight(n) for n in layers + body}
     for i in ids:
-        if prec[i] == "int8" and ops[i] not in INT8_OPS:
+        if prec[i] == "int8" and i not in main:
+            in_body.append(i)
+            prec[i], why[i] = "fp32", why[i] + " (inside a body: not calibrated)"
+        elif prec[i] == "int8" and ops[i] not in INT8_OPS:
             no_kernel.append(i)
             prec[i], why[i] = "fp32", why[i] + " (no int8 kernel)"
         elif prec[i] == "int8" and i in computed:
@@ -392,7 +401,10 @@ def resolve(plan: Plan, nodes: list) -> Assignment:
         notes.append(f"{_count(rest)} planned int8 have a computed second input, not "
                      "a weight (attention's Q x K^T and attn x V; INT8 needs a constant "
                      f"one); kept fp32: {_names(rest)}")
-    return Assignment(prec, why, ids, ops, notes)
+    if in_body:   # Silero VAD v5: all 12 of its layers in the If branches of its two rates
+        notes.append(f"{_count(in_body)} planned int8 sit inside If/Loop/Scan bodies, where "
+                     f"calibration does not reach (FP16 does); kept fp32: {_names(in_body)}")
+    return Assignment(prec, why, ids, ops, notes, ids[len(main_ids):])
 
 
 def _count(names: list) -> str:
@@ -404,9 +416,14 @@ def _names(names: list, shown: int = 3) -> str:
                                       if len(names) > shown else "")
 
 
+def body_nodes(graph: gs.Graph) -> list:
+    """The nodes inside If/Loop/Scan bodies, outermost bodies first."""
+    return [n for g in list(iter_graphs(graph))[1:] for n in g.nodes]
+
+
 def body_layers(graph: gs.Graph) -> int:
-    """How many layers sit inside If/Loop/Scan bodies, where plans do not reach."""
-    return sum(n.op in LAYER_OPS for g in list(iter_graphs(graph))[1:] for n in g.nodes)
+    """How many layers sit inside If/Loop/Scan bodies, where the planner does not reach."""
+    return sum(n.op in LAYER_OPS for n in body_nodes(graph))
 
 
 def int8_capable(node) -> bool:

@@ -704,8 +704,9 @@ def _prepare(model, calib, base_dir, s, labels, progress, fp32=None):
         raise NothingToPlan("the model has no Conv/MatMul/Gemm layers to plan" + (
             ": it is quantized already (" + ", ".join(f"{op} x{k}" for op, k in
                                                       sorted(done.items())) + ")"
-            if done else "") + (f" ({inside} inside If/Loop/Scan bodies, which plans do not "
-                                "reach)" if inside else ""))
+            if done else "") + (f" ({inside} inside If/Loop/Scan bodies, which the planner "
+                                "does not measure: a plan file or --plan fp16 reaches them)"
+                                if inside else ""))
     from rewriter.core.ort import require_qdq
     require_qdq(graph.opset, original.ir_version or 8)
     if s["stored_weights"] == "requantize":   # as the rewrite does for its INT8 layers
