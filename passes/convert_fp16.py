@@ -85,7 +85,8 @@ class ConvertFp16(Pass):
                 f"{len(too_big)} FP16 layer{'' if one else 's'} stay{'s' if one else ''} "
                 f"float32: {'its' if one else 'their'} activations reach more "
                 f"than {FP16_SAFE:.0f} (a quarter of float16's range) on the calibration "
-                f"data, or weights more than {FP16_MAX:.0f}: " + ", ".join(too_big[:3])
+                f"data (else --verify's inputs), or weights more than {FP16_MAX:.0f}: "
+                + ", ".join(too_big[:3])
                 + (f" and {len(too_big) - 3} more" if len(too_big) > 3 else ""))
         return res
 

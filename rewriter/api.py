@@ -1041,15 +1041,24 @@ class _Rewrite:
         ``exported``, the graph as it is, or a new export), for convert-fp16 to keep in
         float32 what float16 cannot hold: --verify sees an overflow only on its own
         samples (a MobileOne with activations of 1e16: MIGraphX NaN logits, eleventh
-        round)."""
+        round). Without calibration data, on --verify's inputs: a conv whose outputs float16
+        cannot hold before an FP16 Gemm made --plan fp16 exit 1 (inf), where keeping that
+        Gemm float32 verifies (fuzz, seed 61401)."""
         fp16 = [n for n in self.graph.nodes if a.precision.get(node_id(n)) == "fp16"]
         inside = sum(a.precision[i] == "fp16" for i in a.inside)
-        if self.calib_data is None and (fp16 or inside):
+        data = self.calib_data
+        if data is None and (fp16 or inside):
+            feeds = self.verifier.feed_sets if self.verifier is not None else []
             self.report.warnings.append(
                 f"{len(fp16) + inside} FP16 layers: their activations' range is unknown "
                 "without calibration data (--calib), so a float16 overflow is ruled out only "
-                "on the inputs --verify runs")
-            return
+                "on the inputs --verify runs" + (
+                    f" (measured on its {len(feeds)} input set(s): layers float16 cannot "
+                    "hold there stay float32)" if feeds and fp16 else
+                    "" if feeds else "; without --verify, not at all"))
+            if not feeds or not fp16:
+                return
+            data, inside = feeds, 0
         if inside:   # onnxruntime returns no tensor of a body
             self.report.warnings.append(
                 f"{inside} FP16 layer(s) inside If/Loop/Scan bodies: calibration does not "
@@ -1063,7 +1072,7 @@ class _Rewrite:
                           and t.dtype is not None and np.dtype(t.dtype) == np.float32})
         exported = exported or export(self.graph, self.original, self.base_dir)
         self.ctx.fp16_ranges = collect_ranges(
-            exported.model, tensors, self.calib_data, method="minmax",
+            exported.model, tensors, data, method="minmax",
             base_dir=exported.source_dir, initializers=exported.ort_initializers(),
             progress=self.progress, nonfinite="drop")
 

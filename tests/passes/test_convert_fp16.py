@@ -300,7 +300,17 @@ def test_fp16_layers_whose_activations_float16_cannot_hold_stay_float32(rng):
     assert kinds == [onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT], kinds
     # Without calibration data the range is unknown: said, not guessed.
     _, rep = rewriter.rewrite(m, plan="fp16", target="none")
-    assert any("float16 overflow is ruled out only on the inputs" in w for w in rep.warnings)
+    assert any("float16 overflow is ruled out only on the inputs --verify runs; without "
+               "--verify, not at all" in w for w in rep.warnings), rep.warnings
+    # With --verify, measured on its inputs: the layer float16 cannot hold there stays
+    # float32 and the rewrite verifies (it was exit 1, inf, in the fuzz round of seed 61401).
+    out, rep = rewriter.rewrite(m, plan="fp16", verify=True, target="none")
+    rec = [p for p in rep.passes if p.name == "convert-fp16"][0]
+    assert rec.counts.get("skip:range-beyond-fp16") == 1, rec.counts
+    assert any("measured on its 1 input set(s)" in w for w in rep.warnings), rep.warnings
+    kinds = [inits[c.input[1]].data_type for c in out.graph.node if c.op_type == "Conv"
+             for inits in [{t.name: t for t in out.graph.initializer}]]
+    assert kinds == [onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT], kinds
 
 
 def test_fp16_ranges_are_measured_after_equalization():
