@@ -528,6 +528,10 @@ def judge_lossy(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,
         j.flip_risk = flip_risk(m.ravel()[on], d.ravel(), w.ravel())
         j.flip_risk_upper = _risk_upper(margin_cdf_upper(m.ravel()[on], n, alpha), d, None,
                                         alpha, reps, seed, at=w)
+        if not (np.isfinite(j.flip_risk) and np.isfinite(j.flip_risk_upper)):
+            # inf or NaN outputs have no margin to measure: the worst risk, not NaN (the
+            # line said "flip-risk bound >= nan"; fuzz, seed 61403)
+            j.flip_risk = j.flip_risk_upper = 1.0
         # With labels, accuracy can only be lost on samples FP32 gets right: the loss is at
         # most their share times the flip risk of their margins (same drops, same draws).
         labelled = labels is not None and per == 1 and len(labels) == n
@@ -643,12 +647,17 @@ def modelled_by(j: dict) -> str:
 
 def _down(x: float, digits: int) -> str:
     """A lower bound as printed: rounded down, so that 0.98996 is not shown as 0.990 beside
-    "< 0.99" (eleventh round)."""
+    "< 0.99" (eleventh round). NaN and inf as they are (an output of inf and NaN has a
+    NaN flip risk: rendering its line was exit 3, fuzz seed 61403)."""
+    if not math.isfinite(x):
+        return f"{x}"
     return f"{math.floor(x * 10 ** digits + 1e-9) / 10 ** digits:.{digits}f}"   # 0.29: 28.99..
 
 
 def _up(x: float, digits: int) -> str:
-    """An upper bound as printed: rounded up."""
+    """An upper bound as printed: rounded up; NaN and inf as they are."""
+    if not math.isfinite(x):
+        return f"{x}"
     return f"{math.ceil(x * 10 ** digits - 1e-9) / 10 ** digits:.{digits}f}"
 
 

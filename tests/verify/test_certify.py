@@ -496,3 +496,18 @@ def test_sample_abs_errors_of_finite_float32_outputs_are_exact_and_fast():
     out[3, 5, 7] = np.nan                  # one sample NaN on one side: inf, the rest alike
     got = sample_abs_errors(ref, out)
     assert got[3] == np.inf and np.array_equal(np.delete(got, 3), np.delete(want, 3))
+
+
+def test_outputs_of_inf_and_nan_take_the_worst_flip_risk_and_their_line_renders():
+    # Fuzz, seed 61403: a plan whose logits came out inf had a NaN flip risk, and printing
+    # the verification line (math.floor of NaN) was exit 3 unless -q hid it.
+    rng = np.random.default_rng(2)
+    ref = rng.standard_normal((6, 5))
+    out = ref.copy()
+    out[:, 0] = np.inf
+    out[2, 1] = np.nan
+    j = judge_lossy("logits", ref, out, {"min_cosine": 0.99, "min_top1": 0.99})
+    assert j.flip_risk == 1.0 and j.flip_risk_upper == 1.0 and j.top1_lower == 0.0
+    assert not j.met
+    line = j.line()
+    assert "flip-risk bound >= 0.000" in line and "nan" not in line, line
