@@ -76,9 +76,13 @@ class ConvertFp16(Pass):
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()
         too_big: list[str] = []
-        bodies = list(iter_graphs(graph))
-        for g in bodies:   # a body's Casts go into that body: its outer reads stay float32
-            res.changed |= self._convert(g, ctx, res, too_big)
+        # The main graph's float16 twins of float32 tensors (Cast in, or the region's value
+        # before its Cast back): a body region reading such a tensor from outside reads the
+        # twin, not a Cast of a Cast (float16 -> float32 -> float16 is exact). A body's own
+        # twins are not shared: a sibling branch cannot see them.
+        twins: dict[str, gs.Tensor] = {}
+        for g in list(iter_graphs(graph)):   # a body's Casts go into that body
+            res.changed |= self._convert(g, ctx, res, too_big, twins, g is graph)
         if too_big:
             one = len(too_big) == 1
             res.notes.append(
@@ -90,8 +94,10 @@ class ConvertFp16(Pass):
                 + (f" and {len(too_big) - 3} more" if len(too_big) > 3 else ""))
         return res
 
-    def _convert(self, graph: gs.Graph, ctx: Context, res: PassResult, too_big: list) -> bool:
-        """One graph's regions (the main graph's or one body's); whether it changed."""
+    def _convert(self, graph: gs.Graph, ctx: Context, res: PassResult, too_big: list,
+                 twins: dict, main: bool) -> bool:
+        """One graph's regions (the main graph's, which fills ``twins``, or one body's,
+        which reads them); whether it changed."""
         assignment, plan = ctx.assignment, ctx.plan
         clamp = plan.fp16.get("clamp", True) if plan is not None else True
         region: set[int] = set()
@@ -170,6 +176,9 @@ class ConvertFp16(Pass):
                         p.inputs[0] = _cast_in(p.inputs[0], graph, to16, ctx, res)
                         t.dtype = np.float16
                         to16[t.name] = t
+                    if not main and p is None and t.name in twins:
+                        to16[t.name] = twins[t.name]    # an outer-scope read of the twin
+                        res.count("outer-fp16-reads")
                     n.inputs[i] = to16.get(t.name) or _cast_in(t, graph, to16, ctx, res)
         # Outputs: float16 inside; a Cast back to float32 keeps the original name outside.
         for n in members:
@@ -191,6 +200,10 @@ class ConvertFp16(Pass):
                                            attrs={"to": onnx.TensorProto.FLOAT},
                                            inputs=[t16], outputs=[t]))
                 res.count("casts-out")
+                if main:
+                    twins[t.name] = t16
+        if main:
+            twins.update(to16)
         return True
 
 
