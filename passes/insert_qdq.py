@@ -473,15 +473,21 @@ class _Site:
             # An unnamed layer is known by its output's name (plan.node_id), and that output
             # moves to the Mul: name the layer after it so plans and reports still find it.
             node.name = out.name
-        raw = gs.Variable(self.ctx.namer(f"{out.name}_int8_acc"), dtype=np.float32,
-                          shape=out.shape)
-        node.outputs[0] = raw
-        scale = self.shared(f"{node.inputs[1].name}_channel_scale",
-                            s_w.astype(np.float32).reshape(shape))
         last = out if bias is None else gs.Variable(
             self.ctx.namer(f"{out.name}_scaled"), dtype=np.float32, shape=out.shape)
-        self.graph.nodes.append(gs.Node("Mul", self.ctx.namer(f"{node.name or out.name}_scale"),
-                                        inputs=[raw, scale], outputs=[last]))
+        if np.all(s_w == 1.0):
+            # weights on the int8 grid already (scale 1 on every channel): a Mul by 1, which
+            # a second rewrite's collapse-chains removed (not a fixed point; fuzz, 61404)
+            node.outputs[0] = last
+        else:
+            raw = gs.Variable(self.ctx.namer(f"{out.name}_int8_acc"), dtype=np.float32,
+                              shape=out.shape)
+            node.outputs[0] = raw
+            scale = self.shared(f"{node.inputs[1].name}_channel_scale",
+                                s_w.astype(np.float32).reshape(shape))
+            self.graph.nodes.append(gs.Node(
+                "Mul", self.ctx.namer(f"{node.name or out.name}_scale"),
+                inputs=[raw, scale], outputs=[last]))
         if bias is not None:
             if isinstance(bias, gs.Constant) and node.op == "Conv":
                 bias = self.const(f"{bias.name}_channel", bias.values.reshape(shape))

@@ -389,6 +389,29 @@ def test_mul_form_writes_no_add_for_a_zero_bias_and_the_output_is_a_fixed_point(
     assert again.SerializeToString() == out.SerializeToString()
 
 
+def test_mul_form_writes_no_mul_for_unit_scales_and_the_output_is_a_fixed_point():
+    """Weights on the int8 grid already (integers, 127 at most on each channel: scale 1
+    everywhere) got a Mul by 1 after the layer, which a second rewrite's collapse-chains
+    removed (fuzz, --plan int8 --calib, seed 61404: mobilenet_mini, 97 -> 96 nodes)."""
+    rng = np.random.default_rng(7)
+    w1 = rng.integers(-126, 127, (8, 4, 3, 3)).astype(np.float32)
+    w1[:, 0, 0, 0] = 127.0
+    inits = dict(INITS, W1=w1)
+    m = make_model(TWO_CONVS, inits)
+    out, rep = quantize(m, _plan("mul"), RANGES)
+    first = [n for n in out.graph.node if n.op_type == "Conv"][0]
+    readers = [n.op_type for n in out.graph.node if first.output[0] in n.input]
+    assert readers == ["Add"], readers       # the bias, no Mul by 1 before it
+    assert rep.passes[0].counts["channel-scales-after-layer"] == 4
+    x = np.random.default_rng(4).standard_normal((2, 4, 8, 8)).astype(np.float32)
+    want, _ = quantize(make_model(TWO_CONVS, dict(inits, W1=w1 * np.float32(1 + 2 ** -20))),
+                       _plan("mul"), RANGES)     # the same values but for a Mul ~1
+    np.testing.assert_allclose(run_ort(out, {"x": x})[0], run_ort(want, {"x": x})[0],
+                               rtol=1e-4, atol=1e-4)
+    again, _ = rewriter.rewrite(out, target="none")
+    assert again.SerializeToString() == out.SerializeToString()
+
+
 def test_mul_form_is_the_axis_form_arithmetic():
     """The same int8 weights and scales: outputs agree to float rounding, two sites with
     different weights, a symbolic batch of 3."""
