@@ -170,45 +170,58 @@ def _float16_honoured(model):
     between two ops, rounded (and overflowing) as float16 storage does on the GPU; which
     op sits between the entry Cast and a Conv (a Transpose an exact pass moved there, the
     twenty-first round) then no longer changes the arithmetic. Two Identities, because
-    onnxruntime runs a lone float16 op between two float32 ones in float32 too."""
+    onnxruntime runs a lone float16 op between two float32 ones in float32 too.
+    The same inside If/Loop/Scan bodies, whose regions convert-fp16 writes too (a Loop's
+    LSTM MatMuls in float16 verified exactly equal to float32: the rounding never ran), a
+    body's float16 values being its own Casts' and those of the main graph it reads."""
     import onnx
 
-    g = model.graph
-    entries = _float16_entries(g)
-    if not entries:
+    from rewriter.core.graph import graph_protos
+
+    if not has_float16_region(model):
         return model, None
-    fp16 = set(entries)
-    for n in g.node:   # exported graphs are in topological order
-        if n.op_type == "Cast" or n.op_type in ("QuantizeLinear", "DequantizeLinear"):
-            continue
-        if any(i in fp16 for i in n.input):
-            fp16.update(o for o in n.output if o)
     m = onnx.ModelProto()
     m.CopyFrom(model)
-    taken = {o for n in m.graph.node for o in n.output} | {i.name for i in m.graph.input}
-    taken |= {t.name for t in m.graph.initializer}
-    stored, nodes = {}, []
-    for n in m.graph.node:
-        for k, i in enumerate(n.input):
-            if i in fp16:
-                if i not in stored:
-                    name, j = f"{i}__fp16_stored", 0
-                    while name in taken or name + "_" in taken:
-                        j += 1
-                        name = f"{i}__fp16_stored{j}"
-                    taken.update((name, name + "_"))
-                    stored[i] = name
-                    nodes += [onnx.helper.make_node("Identity", [i], [name + "_"]),
-                              onnx.helper.make_node("Identity", [name + "_"], [name])]
-                n.input[k] = stored[i]
-        nodes.append(n)
-    del m.graph.node[:]
-    m.graph.node.extend(nodes)
-    return m, [o.name for o in g.output]
+    graphs = list(graph_protos(m.graph))          # outermost first
+    taken = {t.name for g in graphs for t in g.initializer}
+    taken |= {x for g in graphs for n in g.node for x in list(n.output) + list(n.input)}
+    taken |= {i.name for g in graphs for i in g.input}
+    outer: set[str] = set()
+    halves = []
+    for g in graphs:
+        fp16 = _float16_entries(g) | outer
+        for n in g.node:   # exported graphs are in topological order
+            if n.op_type == "Cast" or n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+                continue
+            if any(i in fp16 for i in n.input):
+                fp16.update(o for o in n.output if o)
+        if g is graphs[0]:
+            outer = set(fp16)
+        halves.append(fp16)
+    # Innermost first: a graph's nodes are copied when it is rewritten, its bodies with them.
+    for g, fp16 in reversed(list(zip(graphs, halves))):
+        stored, nodes = {}, []
+        for n in g.node:
+            for k, i in enumerate(n.input):
+                if i in fp16:
+                    if i not in stored:
+                        name, j = f"{i}__fp16_stored", 0
+                        while name in taken or name + "_" in taken:
+                            j += 1
+                            name = f"{i}__fp16_stored{j}"
+                        taken.update((name, name + "_"))
+                        stored[i] = name
+                        nodes += [onnx.helper.make_node("Identity", [i], [name + "_"]),
+                                  onnx.helper.make_node("Identity", [name + "_"], [name])]
+                    n.input[k] = stored[i]
+            nodes.append(n)
+        del g.node[:]
+        g.node.extend(nodes)
+    return m, [o.name for o in model.graph.output]
 
 
 def _float16_entries(g) -> set[str]:
-    """The outputs of the main graph's Casts to float16: where float16 regions start."""
+    """The outputs of a graph's own Casts to float16: where its float16 regions start."""
     import onnx
 
     half = onnx.TensorProto.FLOAT16
@@ -218,8 +231,10 @@ def _float16_entries(g) -> set[str]:
 
 def has_float16_region(model) -> bool:
     """Whether a session of ``model`` from its file would skip the float16 rounding that a
-    session of the ModelProto keeps (_float16_honoured)."""
-    return bool(_float16_entries(model.graph))
+    session of the ModelProto keeps (_float16_honoured): a Cast to float16 in any graph."""
+    from rewriter.core.graph import graph_protos
+
+    return any(_float16_entries(g) for g in graph_protos(model.graph))
 
 
 # The domains onnxruntime implements itself.

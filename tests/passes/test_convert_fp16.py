@@ -215,6 +215,43 @@ def test_float16_regions_run_as_float16_in_onnxruntime():
     assert len(y) == 1 and np.isinf(y[0]).any(), y[0].max()
 
 
+def test_float16_regions_inside_bodies_run_as_float16_in_onnxruntime():
+    """The same inside a Loop body and an If branch (the Loop reading the main graph's
+    float16 value from outside): chars2vec's LSTM MatMuls in float16 verified exactly equal
+    to float32, the rounding of the body's regions never ran."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    from rewriter.core import ort
+    w = np.full((4, 4), 100.0, np.float16)
+    body = h.make_graph(
+        [h.make_node("Cast", ["s"], ["s16"], to=T.FLOAT16),
+         h.make_node("MatMul", ["s16", "w"], ["m16"]),
+         h.make_node("Add", ["m16", "x16"], ["a16"]),       # the outer float16 value
+         h.make_node("Cast", ["a16"], ["s2"], to=T.FLOAT),
+         h.make_node("Identity", ["lc"], ["c2"])],
+        "body", [h.make_tensor_value_info("i", T.INT64, []),
+                 h.make_tensor_value_info("lc", T.BOOL, []),
+                 h.make_tensor_value_info("s", T.FLOAT, [1, 4])],
+        [h.make_tensor_value_info("c2", T.BOOL, []),
+         h.make_tensor_value_info("s2", T.FLOAT, [1, 4])])
+    g = h.make_graph(
+        [h.make_node("Cast", ["x"], ["x16"], to=T.FLOAT16),
+         h.make_node("Loop", ["n", "", "x"], ["y"], body=body)],
+        "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 4])],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, 4])],
+        [onnx.numpy_helper.from_array(w, "w"),
+         onnx.numpy_helper.from_array(np.array(1, np.int64), "n")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    onnx.checker.check_model(m, full_check=True)
+    x = np.full((1, 4), 200.0, np.float32)   # 4 * 200 * 100 = 80000 > 65504: inf in float16
+    y = ort.run(ort.session(m), {"x": x})
+    assert len(y) == 1 and np.isinf(y[0]).all(), y[0]
+    import onnxruntime
+    plain = onnxruntime.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert np.isfinite(plain.run(None, {"x": x})[0]).all()   # what the verifier saw before
+
+
 def test_float16_values_read_as_stored_at_a_region_entry_and_between_convs():
     """The graph outputs of the first remedy did not keep the rounding the readers saw
     (onnxruntime 1.32): the entry Cast -> Conv read the float32 input, and the second of two
