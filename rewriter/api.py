@@ -30,7 +30,7 @@ from rewriter.core.errors import (CALLER, InputError, PassError, RewriteError, V
                                    api_words, in_api_words)
 from rewriter.core.graph import (SMALL_TENSOR, Namer, copy_fields, float32_layer,
                                  graph_protos, iter_graphs, iter_model_tensors, node_id,
-                                 tensor_nbytes, weight_free_copy)
+                                 tensor_nbytes, unique_names, weight_free_copy)
 from rewriter.core.load import first_line, load_model, validate_model
 from rewriter.core.manager import ROUNDS, check_order, run_pipeline, run_rounds
 from rewriter.core.pass_base import Context, Numerics, Options, pipeline_needs_shapes
@@ -570,23 +570,9 @@ class _Rewrite:
                     + " (their dims share names with the inputs given)")
         self.graph = to_graph(self.original, self.base_dir, infer=infer, fixed=self.fixed)
         self.graph_inferred = infer
-        # Nodes sharing a name get the names the export gives them (core.graph.
-        # unique_node_names) now: a plan names nodes (node_id), and with 'dup' in it every
-        # node called so went FP16, a TopK's Gather and Reshape included. Across bodies
-        # too, the main graph's names first: plans reach the layers inside If/Loop/Scan
-        # bodies, and two If branches exported from one module share their node names.
-        nodes = [n for g in iter_graphs(self.graph) for n in g.nodes]
-        names = [n.name for n in nodes if n.name]
-        if len(names) != len(set(names)):
-            used, seen = set(names), set()
-            for n in nodes:
-                if n.name and n.name in seen:
-                    i = 1
-                    while f"{n.name}_{i}" in used:
-                        i += 1
-                    n.name = f"{n.name}_{i}"
-                    used.add(n.name)
-                seen.add(n.name)
+        # A plan names nodes (node_id): with 'dup' in it every node called so went FP16, a
+        # TopK's Gather and Reshape included
+        unique_names(self.graph)
 
     def make_verifier(self) -> None:
         if not self.verify:
@@ -934,11 +920,11 @@ class _Rewrite:
         main = [i for i in a.order if i not in set(a.inside)]
         kept = [i for i in a.inside if a.why[i] == "default" and a.precision[i] == "fp32"]
         if asks and kept:
-            # chars2vec's LSTM in a Loop: --plan auto names main-graph layers only
+            # chars2vec's LSTM in a Loop, by a plan file naming main-graph layers only
             self.report.warnings.append(
                 f"{len(kept)} Conv/MatMul/Gemm layer(s) inside If/Loop/Scan bodies stay FP32 "
-                "by the plan's default (the planner measures the main graph's layers; a "
-                "rule by op or name puts them in FP16)")
+                "by the plan's default (a rule by op or name, or an override, puts them in "
+                "FP16)")
         if not any(p in ("int8", "fp16") for p in a.precision.values()) and asks:
             # e.g. --plan default on a model quantized already (ConvInteger): no Conv,
             # MatMul or Gemm left for the recipe, which said nothing (eighth round)

@@ -3,12 +3,13 @@
 Protobuf level: :func:`graph_protos` (a graph and every If/Loop/Scan body),
 :func:`iter_model_tensors`, :func:`node_id` (the one node label), :func:`weight_free_copy`
 (the one copy without weight bytes), node-name dedupe, :func:`copy_fields`. onnx-graphsurgeon
-level: :func:`iter_graphs`, :func:`toposort`, :func:`dead_code`, :func:`bypass` (drop a
-no-op node), :func:`static_shape`, :func:`peek_values` (read a constant without making it
-resident), :class:`Namer` (fresh names), :func:`set_values` and :func:`own_constant` (copy a
-shared constant before editing it), :func:`stored_int8_weight` (a layer weight the model
-stores as int8 and dequantises: the plan, the planner and insert-qdq read it alike;
-:func:`cast_chain`, the ``Cast(q) -> Mul(c)`` form of one, fuse-conv-bn's too).
+level: :func:`iter_graphs`, :func:`unique_names` (across bodies), :func:`toposort`,
+:func:`dead_code`, :func:`bypass` (drop a no-op node), :func:`static_shape`,
+:func:`peek_values` (read a constant without making it resident), :class:`Namer` (fresh
+names), :func:`set_values` and :func:`own_constant` (copy a shared constant before editing
+it), :func:`stored_int8_weight` (a layer weight the model stores as int8 and dequantises:
+the plan, the planner and insert-qdq read it alike; :func:`cast_chain`, the
+``Cast(q) -> Mul(c)`` form of one, fuse-conv-bn's too).
 """
 
 from __future__ import annotations
@@ -493,6 +494,26 @@ def duplicate_node_names(model: onnx.ModelProto) -> bool:
         if len(names) != len(set(names)):
             return True
     return False
+
+
+def unique_names(graph: gs.Graph) -> None:
+    """Nodes sharing a name across the graph and its bodies get the names the export gives
+    them (``name_1`` ...), the main graph's first: plans name nodes (node_id) and reach
+    the layers inside If/Loop/Scan bodies, where two branches exported from one module
+    share their node names. The rewrite and the planner both name nodes so."""
+    nodes = [n for g in iter_graphs(graph) for n in g.nodes]
+    names = [n.name for n in nodes if n.name]
+    if len(names) == len(set(names)):
+        return
+    used, seen = set(names), set()
+    for n in nodes:
+        if n.name and n.name in seen:
+            i = 1
+            while f"{n.name}_{i}" in used:
+                i += 1
+            n.name = f"{n.name}_{i}"
+            used.add(n.name)
+        seen.add(n.name)
 
 
 def unique_node_names(model: onnx.ModelProto) -> int:

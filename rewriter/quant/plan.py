@@ -421,10 +421,6 @@ def body_nodes(graph: gs.Graph) -> list:
     return [n for g in list(iter_graphs(graph))[1:] for n in g.nodes]
 
 
-def body_layers(graph: gs.Graph) -> int:
-    """How many layers sit inside If/Loop/Scan bodies, where the planner does not reach."""
-    return sum(n.op in LAYER_OPS for n in body_nodes(graph))
-
 
 def int8_capable(node) -> bool:
     """A layer insert-qdq can put in INT8: a Conv/MatMul/Gemm with a constant weight (not

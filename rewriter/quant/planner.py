@@ -56,10 +56,10 @@ import numpy as np
 
 from rewriter.core.convert import export, shape_info, to_graph, upgrade_opset
 from rewriter.core.errors import InputError
-from rewriter.core.graph import Namer, node_id, weight_free_copy
+from rewriter.core.graph import Namer, node_id, unique_names, weight_free_copy
 from rewriter.core.load import load_model
 from rewriter.quant.data import samples_blamed
-from rewriter.quant.plan import LAYER_OPS, Assignment, Plan, body_layers, int8_capable
+from rewriter.quant.plan import LAYER_OPS, Assignment, Plan, body_nodes, int8_capable
 
 DEFAULTS = {"alpha": 0.7, "beta": 0.3, "int8_speed": 2176 / 1248, "fp16_speed": 1.5,
             "min_top1": None, "min_cosine": 0.995, "max_accuracy_drop": None,
@@ -447,8 +447,9 @@ class _CrossValidator:
         from rewriter.core.registry import resolve
 
         g = self.graph.copy()
-        ids = [node_id(n) for n in g.nodes if n.op in LAYER_OPS]
-        ops = {node_id(n): n.op for n in g.nodes if n.op in LAYER_OPS}
+        nodes = [n for n in list(g.nodes) + body_nodes(g) if n.op in LAYER_OPS]
+        ids = [node_id(n) for n in nodes]
+        ops = {node_id(n): n.op for n in nodes}
         full = {i: precision.get(i, "fp32") for i in ids}
         a = Assignment(full, {i: "planner" for i in ids}, ids, ops)
         plan = Plan(int8={"calibration": {}, "weights": self.s["weights"],
@@ -567,11 +568,14 @@ def plan_auto(model, calib, *, input_shapes=None, settings: dict | None = None,
 
 def _plan(graph, original, base_dir, data, s, progress, input_shapes, t0):
     notes = _resolve_budget(s, data.labels is not None)
-    layers = [n for n in graph.nodes if n.op in LAYER_OPS]
+    # The layers inside If/Loop/Scan bodies too, as FP16 or FP32 candidates (calibration
+    # does not reach into a body: never INT8)
+    inside = [n for n in body_nodes(graph) if n.op in LAYER_OPS]
+    layers = [n for n in graph.nodes if n.op in LAYER_OPS] + inside
     ev = _CrossValidator(graph, original, base_dir, data, s, progress)
     notes += ev.notes
     shapes = _real_shapes(export(graph, original, base_dir).model, ev.feeds[0], input_shapes)
-    results = _sensitivity(ev, layers, shapes, progress)
+    results = _sensitivity(ev, layers, shapes, progress, {id(n) for n in inside})
     if s["selection_correction"]:
         ev.alpha = 0.05 / _acceptance_tests(results, s)
     choice, measured, chosen_notes = _choose(ev, results, s)
@@ -687,6 +691,7 @@ def _prepare(model, calib, base_dir, s, labels, progress, fp32=None):
     if passes is None:
         passes = resolve(default_pipeline("migraphx"), "migraphx")
     graph = to_graph(original, base_dir, infer=True, fixed=fp32.get("fixed"))
+    unique_names(graph)   # as the rewrite names them: the plan's overrides must match
     run_rounds(graph, passes, Context(fp32.get("options") or Options(), Namer(graph)), None,
                lambda k: refresh_shapes(graph, f"p{k}_"))
     data = load_calibration(calib, original, preprocess=s["preprocess"], limit=int(s["samples"]),
@@ -697,18 +702,16 @@ def _prepare(model, calib, base_dir, s, labels, progress, fp32=None):
     need = form_plan.qdq_opset(s["migraphx_version"])[0]
     if graph.opset < need and any(n.op in LAYER_OPS for n in graph.nodes):
         graph, original = upgrade_opset(graph, original, base_dir, need)
-    if not any(n.op in LAYER_OPS for n in graph.nodes):
+    if not any(n.op in LAYER_OPS for n in list(graph.nodes) + body_nodes(graph)):
         from collections import Counter
         done = Counter(n.op for n in graph.nodes if n.op in QUANTIZED_OPS)
-        inside = body_layers(graph)
         raise NothingToPlan("the model has no Conv/MatMul/Gemm layers to plan" + (
             ": it is quantized already (" + ", ".join(f"{op} x{k}" for op, k in
                                                       sorted(done.items())) + ")"
-            if done else "") + (f" ({inside} inside If/Loop/Scan bodies, which the planner "
-                                "does not measure: a plan file or --plan fp16 reaches them)"
-                                if inside else ""))
-    from rewriter.core.ort import require_qdq
-    require_qdq(graph.opset, original.ir_version or 8)
+            if done else ""))
+    if any(n.op in LAYER_OPS for n in graph.nodes):   # INT8 only in the main graph
+        from rewriter.core.ort import require_qdq
+        require_qdq(graph.opset, original.ir_version or 8)
     if s["stored_weights"] == "requantize":   # as the rewrite does for its INT8 layers
         from rewriter.core.graph import dequantize_stored
         dequantize_stored([n for n in graph.nodes if n.op in LAYER_OPS], Namer(graph))
@@ -736,15 +739,16 @@ def _equalize_all(graph, original, base_dir, data, progress) -> None:
                  Context(namer=Namer(graph), plan=plan, assignment=a, channel_stats=stats))
 
 
-def _sensitivity(ev, layers, shapes, progress) -> list[LayerResult]:
-    """Each layer alone in INT8 and alone in FP16, judged on fold 0."""
+def _sensitivity(ev, layers, shapes, progress, inside: set = frozenset()) -> list[LayerResult]:
+    """Each layer alone in INT8 and alone in FP16, judged on fold 0 (``inside``: ids of
+    the nodes in bodies, FP16 only)."""
     results = []
     bar = _progress(len(layers), progress)
     for n in layers:
         i = node_id(n)
         m16 = ev.measure({i: "fp16"}, folds=[0])
-        m8 = (ev.measure({i: "int8"}, folds=[0])
-              if int8_capable(n) and n.inputs[0].name not in ev.nonfinite else None)
+        m8 = (ev.measure({i: "int8"}, folds=[0]) if int8_capable(n) and id(n) not in inside
+              and n.inputs[0].name not in ev.nonfinite else None)
         results.append(LayerResult(i, n.op, layer_flops(n, shapes),
                                    _harm(m8) if m8 else None, _harm(m16),
                                    m8["top1"] if m8 else None, m16["top1"], None))

@@ -5,6 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import bodies_model
+
 import rewriter
 from rewriter.quant.planner import LayerResult, _choose, plan_auto
 
@@ -1071,3 +1073,26 @@ def test_the_certificate_of_an_integer_output_claims_no_cosine():
     j = judge_lossy("logits", logits, logits + 1e-3 * rng.standard_normal((40, 18)),
                     {"min_top1": 0.99})
     assert "cosine" in certificate_line(j.to_dict())
+
+
+def test_layers_inside_bodies_are_planned_fp16_or_fp32_never_int8(tmp_path):
+    """chars2vec's LSTM MatMuls sit in Loops, Silero VAD's convs in If branches: the
+    planner measured the main graph's layers only and left those FP32 by default. They are
+    FP16 candidates now (calibration does not reach into a body: never INT8), named as the
+    rewrite names them (the two branches' "mm" apart), and the plan resolves on them."""
+    src = tmp_path / "m.onnx"
+    bodies_model(src, np.random.default_rng(11))
+    rng = np.random.default_rng(12)
+    data = [{"x": rng.standard_normal((2, 4)).astype(np.float32), "c": np.array(k % 2 == 0)}
+            for k in range(16)]
+    plan, rep = plan_auto(str(src), data, settings={"folds": 4, "min_top1": 0.0,
+                                                     "min_cosine": 0.99})
+    rows = {r.id: r for r in rep.layers}
+    assert set(rows) == {"first", "mm", "mm_1", "loop_mm"}
+    for i in ("mm", "mm_1", "loop_mm"):
+        assert rows[i].int8_loss is None and rows[i].choice in ("fp16", "fp32"), rows[i]
+    assert rows["first"].int8_loss is not None
+    assert {i: plan.overrides[i] for i in rows} == {i: rows[i].choice for i in rows}
+    out, report = rewriter.rewrite(str(src), plan=plan, calib=data, target="none")
+    layers = report.extra["plan"]["layers"]
+    assert {i: layers[i]["precision"] for i in rows} == {i: rows[i].choice for i in rows}
