@@ -1096,3 +1096,31 @@ def test_layers_inside_bodies_are_planned_fp16_or_fp32_never_int8(tmp_path):
     out, report = rewriter.rewrite(str(src), plan=plan, calib=data, target="none")
     layers = report.extra["plan"]["layers"]
     assert {i: layers[i]["precision"] for i in rows} == {i: rows[i].choice for i in rows}
+
+
+def test_nodes_sharing_a_name_are_planned_under_the_names_the_rewrite_gives_them(tmp_path):
+    """Three main-graph nodes called 'dup': one id to the planner, three to the rewrite;
+    --plan auto was exit 3 (a ValueError joining mismatched arrays)."""
+    import onnx
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+    rng = np.random.default_rng(13)
+
+    def w(name, *shape):
+        return nh.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+    g = h.make_graph(
+        [h.make_node("Conv", ["x", "w1"], ["a"], "dup", pads=[1] * 4),
+         h.make_node("Relu", ["a"], ["b"]),
+         h.make_node("Conv", ["b", "w2"], ["c"], "dup", pads=[1] * 4),
+         h.make_node("GlobalAveragePool", ["c"], ["p"]), h.make_node("Flatten", ["p"], ["f"]),
+         h.make_node("Gemm", ["f", "wg"], ["y"], "dup")],
+        "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 8, 8])],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, 5])],
+        [w("w1", 8, 3, 3, 3), w("w2", 8, 8, 3, 3), w("wg", 8, 5)])
+    src = tmp_path / "dup.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), src)
+    data = [{"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(16)]
+    plan, rep = plan_auto(str(src), data, settings={"folds": 4, "min_top1": 0.0})
+    assert [r.id for r in rep.layers] == ["dup", "dup_1", "dup_2"]
+    assert set(plan.overrides) == {"dup", "dup_1", "dup_2"}
