@@ -37,7 +37,10 @@ model stores as int8 (``stored-int8-weight``: insert-qdq keeps those values bit 
 W * s would need quantising again; every INT8 conv reading that tensor is left as it is),
 grouped (not depthwise) convs, channel counts that do not match, tensors of rank < 3, a
 weight or a channel range that is NaN or infinite (``not-finite``: s would carry the NaN to
-every channel of the input, the layers beside it too).
+every channel of the input, the layers beside it too), and activations that 1/s would take
+within 2^10 of float32's top (``near-overflow``: after a conv of 1.6e37 weights they became
+inf). A producer whose weights 1/s would take past sqrt(max), fuse-conv-bn's limit, is not
+folded into: the Mul is inserted instead.
 """
 
 from __future__ import annotations
@@ -46,8 +49,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from rewriter.core.errors import PreconditionError
-from rewriter.core.graph import (StoredInt8, float32_layer, node_id, own_constant,
-                                 stored_int8_weight)
+from rewriter.core.graph import (StoredInt8, float32_layer, near_overflow, node_id,
+                                 own_constant, stored_int8_weight)
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 MIN_SCALE = 1e-4
@@ -127,6 +130,9 @@ class EqualizeChannels(Pass):
         if not np.all(np.isfinite(s)):
             # a NaN weight or an infinite range: s would carry it to every channel (x * NaN)
             return "not-finite"
+        grown = a / np.maximum(s, MIN_SCALE)   # the input, scaled by 1/s before its convs
+        if not np.isfinite(grown).all() or grown.max() > np.finfo(np.float32).max / 1024:
+            return "near-overflow"   # inf where the original was finite (fuzz, seed 61408)
         s = np.maximum(s, MIN_SCALE)
         if self._fold_into_producer(graph, x, convs, s, ctx, res):
             xs = x
@@ -169,14 +175,18 @@ class EqualizeChannels(Pass):
         w = conv.inputs[1].values.astype(np.float64)
         if w.shape[0] != len(s):
             return False
-        own_constant(conv, 1, (w / s.reshape((-1,) + (1,) * (w.ndim - 1))).astype(
-            conv.inputs[1].values.dtype), ctx.namer, "equalized")
-        if len(conv.inputs) > 2 and isinstance(conv.inputs[2], gs.Constant):
-            b = conv.inputs[2].values.astype(np.float64)
-            own_constant(conv, 2, (b / s).astype(conv.inputs[2].values.dtype), ctx.namer,
-                         "equalized")
-        elif len(conv.inputs) > 2:
+        w = w / s.reshape((-1,) + (1,) * (w.ndim - 1))
+        b = (conv.inputs[2].values.astype(np.float64) / s
+             if len(conv.inputs) > 2 and isinstance(conv.inputs[2], gs.Constant) else None)
+        if len(conv.inputs) > 2 and b is None:
             return False
+        if near_overflow(w, conv.inputs[1].values.dtype) or (
+                b is not None and near_overflow(b, conv.inputs[2].values.dtype)):
+            return False   # weights of 1.6e37 grown by 1/s: inf (fuzz, seed 61408)
+        own_constant(conv, 1, w.astype(conv.inputs[1].values.dtype), ctx.namer, "equalized")
+        if b is not None:
+            own_constant(conv, 2, b.astype(conv.inputs[2].values.dtype), ctx.namer,
+                         "equalized")
         res.count("folded-into-producer")
         return True
 

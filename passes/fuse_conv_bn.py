@@ -70,7 +70,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rewriter.core.graph import bypass, cast_chain, iter_graphs, own_constant, peek_values
+from rewriter.core.graph import (bypass, cast_chain, iter_graphs, near_overflow, own_constant,
+                                 peek_values)
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 CONVS = ("Conv", "ConvTranspose")
@@ -219,7 +220,7 @@ class FuseConvBn(Pass):
         bv = (b.values.astype(np.float64) if b is not None else np.zeros(len(scale))) * scale
         bv = bv + shift
         q_max = float(np.abs(peek_values(q)).max(initial=0))
-        if _near_overflow(cv * q_max, dtype) or _near_overflow(bv, dtype):
+        if near_overflow(cv * q_max, dtype) or near_overflow(bv, dtype):
             res.skip("weights-near-overflow")
             self._keep.update(id(n) for n in absorbed)
             return
@@ -290,7 +291,7 @@ class FuseConvBn(Pass):
             # output channel o reads input channels (o // (k / group)) * per + j
             f = vec.reshape(group, per)[np.arange(k) // (k // group)]
             wv = w.values.astype(np.float64) * f.reshape((k, per) + (1,) * (rank - 2))
-            if _near_overflow(wv, w.values.dtype):
+            if near_overflow(wv, w.values.dtype):
                 res.skip("weights-near-overflow")
                 return
             new.append(wv.astype(w.values.dtype))
@@ -342,7 +343,7 @@ class FuseConvBn(Pass):
         for n, a in zip(layers, axes):
             w = n.inputs[1].values
             wv = w.astype(np.float64) * (vec[:, None] if a == 0 else vec[None, :])
-            if _near_overflow(wv, w.dtype):
+            if near_overflow(wv, w.dtype):
                 res.skip("weights-near-overflow")
                 return
             new.append(wv.astype(w.dtype))
@@ -388,7 +389,7 @@ class FuseConvBn(Pass):
             return
         scale, shift = st
         wv = w.astype(np.float64) * scale[None, :]
-        if _near_overflow(wv, w.dtype):
+        if near_overflow(wv, w.dtype):
             res.skip("weights-near-overflow")
             return
         own_constant(p, 1, wv.astype(w.dtype), ctx.namer, "fused")
@@ -429,7 +430,7 @@ class FuseConvBn(Pass):
         wv = w.astype(np.float64) * (scale[:, None] if trans_b else scale[None, :])
         cv = shift if bias is None else (float(gemm.attrs.get("beta", 1.0)) * scale
                                          * bias.values.astype(np.float64) + shift)
-        if _near_overflow(wv, w.dtype) or _near_overflow(cv, w.dtype):
+        if near_overflow(wv, w.dtype) or near_overflow(cv, w.dtype):
             res.skip("weights-near-overflow")
             return
         own_constant(gemm, 1, wv.astype(w.dtype), ctx.namer, "fused")
@@ -499,7 +500,7 @@ class FuseConvBn(Pass):
                            else 0.0)
         else:
             bias = bias + st[1]
-        if _near_overflow(wv, w.dtype) or _near_overflow(bias, w.dtype):
+        if near_overflow(wv, w.dtype) or near_overflow(bias, w.dtype):
             res.skip("weights-near-overflow")
             return
         own_constant(a, 1, wv.astype(w.dtype), ctx.namer, "merged")
@@ -668,12 +669,6 @@ def _weight_dequantized(conv, outs):
             1, q.shape[0]):
         return None
     return mul, c, q
-
-
-def _near_overflow(values: np.ndarray, dtype) -> bool:
-    """New weights not finite, or beyond the square root of the type's range."""
-    limit = float(np.finfo(dtype).max) ** 0.5
-    return not np.isfinite(values).all() or float(np.abs(values).max(initial=0)) > limit
 
 
 def _read_x_scaled(mul, x, layers, weights, ctx, res, count: str) -> None:

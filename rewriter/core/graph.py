@@ -496,6 +496,14 @@ def duplicate_node_names(model: onnx.ModelProto) -> bool:
     return False
 
 
+def near_overflow(values: np.ndarray, dtype) -> bool:
+    """Values not finite, or beyond the square root of the type's range (1.8e19 for float32):
+    as weights, near the top of the range a layer's sums overflow, and rescaling them would
+    move which ones do (fuse-conv-bn, equalize-channels)."""
+    limit = float(np.finfo(dtype).max) ** 0.5
+    return not np.isfinite(values).all() or float(np.abs(values).max(initial=0)) > limit
+
+
 def unique_names(graph: gs.Graph) -> None:
     """Nodes sharing a name across the graph and its bodies get the names the export gives
     them (``name_1`` ...), the main graph's first: plans name nodes (node_id) and reach

@@ -201,3 +201,30 @@ def test_a_nan_weight_is_neither_equalized_nor_quantized(rng):
     assert np.isfinite(gh).all()
     np.testing.assert_allclose(ga, ra, rtol=1e-5, atol=1e-5)
     assert np.dot(gh.ravel(), rh.ravel()) / np.linalg.norm(gh) / np.linalg.norm(rh) > 0.99
+
+
+def test_weights_or_activations_near_float32s_top_are_not_grown_to_inf(rng):
+    """Fuzz, seed 61408: a producer conv of 1.6e37 weights (fuse-conv-bn's near-overflow
+    skip left its BN beside it) had them divided by s <= 1 when equalization folded into it:
+    inf, and --verify refused the exact pass. Such a producer is not folded into (the Mul
+    is inserted), and an activation 1/s would take near float32's top is not equalized."""
+    w = inits(rng)
+    w["W1"] = w["W1"] * np.float32(1e18)     # below sqrt(max): the producer alone is fine
+    w["W1"][0] *= np.float32(1e2)            # past it once divided by s ~ 1e-2
+    m = make_model(TEXT, w)
+    feeds = [{"x": rng.standard_normal((2, 4, 8, 8)).astype(np.float32)} for _ in range(4)]
+    out, rep = equalize(m, ["b"], feeds)
+    assert rep.ok
+    counts = rep.passes[0].counts
+    assert counts.get("folded-into-producer", 0) == 0 and counts["mul-inserted"] == 1, counts
+    assert np.isfinite(run_ort(out, feeds[0])[0]).all()
+    # Activations near the top (the statistics say 1e36 on one channel): not equalized.
+    m = make_model(TEXT, inits(rng))
+    p = plan_mod.load({"rules": [{"match": {"name": "b"}, "precision": "int8"}],
+                       "int8": {"equalize": True}})
+    a = plan_mod.resolve(p, list(m.graph.node))
+    big = np.ones(8)
+    big[0] = 1e36
+    _, rep = rewriter.rewrite(m, ["equalize-channels"], data={
+        "plan": p, "assignment": a, "channel_stats": {"r": ChannelStats(big, np.zeros(8))}})
+    assert rep.passes[0].counts["skip:near-overflow"] == 1, rep.passes[0].counts
