@@ -656,3 +656,39 @@ def test_gptq_statistics_hold_the_patches_kept_not_the_whole_im2col():
     conv_hessians(m, [spec], feeds[:1], progress=False)
     peak = _traced_peak(lambda: conv_hessians(m, [spec], feeds, progress=False))
     assert peak < feeds[0]["x"].nbytes * 2, peak     # r: 16 channels, 2.4 MB a batch
+
+
+def test_a_failure_is_blamed_on_the_original_when_onnxruntime_cannot_load_or_run_it():
+    """The planner's onnxruntime error on Silero VAD variants was exit 3 (fuzz, seed
+    61412): the original could not be loaded (an If branch onnxruntime refuses), or had
+    two nodes of one name, which onnxruntime refuses but the rewrite renames, so the
+    sample the original cannot run went unnamed."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    from rewriter.core.errors import InputError
+    from rewriter.quant.data import load_calibration, sample_the_original_refuses
+    g = h.make_graph(
+        [h.make_node("Reshape", ["x", "shape"], ["r"], "same"),
+         h.make_node("Relu", ["r"], ["y"], "same")],
+        "g", [h.make_tensor_value_info("x", T.FLOAT, ["N", 4])],
+        [h.make_tensor_value_info("y", T.FLOAT, [2, 2])],
+        [onnx.numpy_helper.from_array(np.array([2, 2], np.int64), "shape")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    data = load_calibration([{"x": np.ones((1, 4), np.float32)},
+                             {"x": np.ones((2, 4), np.float32)}], m)
+    err = sample_the_original_refuses(data, m)
+    assert isinstance(err, InputError), err       # named, not None
+    assert "cannot run the original model on this sample" in str(err)
+    assert "x [2, 4]" in str(err), str(err)
+    # onnxruntime cannot load it at all (an op it does not implement): said as such
+    bad = h.make_model(h.make_graph(
+        [h.make_node("Gradient", ["x"], ["y"], domain="ai.onnx.preview.training",
+                     xs=["x"], y="x")],
+        "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 4])],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, 4])]),
+        opset_imports=[h.make_opsetid("", 17), h.make_opsetid("ai.onnx.preview.training", 1)])
+    err = sample_the_original_refuses(load_calibration([{"x": np.ones((1, 4), np.float32)}],
+                                                       bad), bad)
+    assert isinstance(err, InputError)
+    assert str(err).startswith("onnxruntime cannot load the original model"), str(err)

@@ -484,14 +484,24 @@ def sample_the_original_refuses(data: CalibrationData, model: onnx.ModelProto,
     """The error to give when a run over ``data`` failed: the first sample that the original
     model itself cannot run in onnxruntime (token ids past the vocabulary, an attention
     mask shorter than the ids), named, or None when the original runs on every one (then the
-    failure is the rewrite's). Calibration ran such samples through the rewritten model and
+    failure is the rewrite's); when onnxruntime cannot load the original at all, that.
+    Calibration ran such samples through the rewritten model and
     their onnxruntime error came out as an internal error, exit 3."""
     from rewriter.core import ort
+    from rewriter.core.graph import duplicate_node_names, unique_node_names
 
+    if duplicate_node_names(model):   # onnxruntime refuses them; the rewrite renames them
+        renamed = onnx.ModelProto()
+        renamed.CopyFrom(model)
+        unique_node_names(renamed)
+        model = renamed
     try:
         sess = ort.session(model, base_dir)
-    except Exception:  # noqa: BLE001 - not this question's to answer
-        return None
+    except Exception as e:  # noqa: BLE001 - onnxruntime's own exception types
+        # Nor can it load the original (Silero VAD with a mutated If branch, --plan auto:
+        # the planner's run of the rewritten model was exit 3; fuzz, seed 61412)
+        line = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        return InputError(f"onnxruntime cannot load the original model: {line}")
     for i in range(len(data)):
         group = data._items[i * data.batch_size:(i + 1) * data.batch_size]
         where = _where(group[0]) if len(group) == 1 else \
