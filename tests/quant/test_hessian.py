@@ -81,14 +81,18 @@ def test_the_memory_budget_keeps_the_cheapest_convs():
 
 
 def test_blocked_gptq_is_the_column_by_column_arithmetic():
-    """GPTQ's lazy block updates (GPTQ_BLOCK columns at a time) round exactly as the
-    column-by-column loop did, across block boundaries (300 columns: three blocks)."""
+    """GPTQ's lazy block updates (GPTQ_BLOCK columns at a time) from H's factor round
+    exactly as the column-by-column loop over H^-1's factor, across block boundaries
+    (129 to 640 columns), with dead columns and more rows than columns."""
     from rewriter.passes.insert_qdq import QMAX, _gptq_block
 
     def by_column(w, s, h, damp):
         d = w.shape[1]
         h, w = h.copy(), w.copy()
-        order = np.argsort(-np.diag(h))
+        dead = np.diag(h) <= 0                  # unit columns, weights zero
+        h[dead], h[:, dead], w[:, dead] = 0, 0, 0
+        h[dead, dead] = 1
+        order = np.argsort(-np.where(dead, 1, np.diag(h)))
         w, h = w[:, order], h[np.ix_(order, order)]
         h[np.diag_indices(d)] += damp * float(np.mean(np.diag(h))) + 1e-12
         hinv = np.linalg.cholesky(np.linalg.inv(h)).T
@@ -100,13 +104,15 @@ def test_blocked_gptq_is_the_column_by_column_arithmetic():
         return q[:, np.argsort(order)].astype(np.int8)
 
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((300, 900)) * rng.uniform(0.1, 2, (300, 1))
-    h = x @ x.T / 900
-    w = rng.standard_normal((48, 300)) * 0.1
-    s = np.abs(w).max(axis=1) / QMAX
-    q = _gptq_block(w, s, h, 0.01)
-    assert np.array_equal(q, by_column(w, s, h, 0.01))
-    assert not np.array_equal(q, np.clip(np.rint(w / s[:, None]), -QMAX, QMAX))  # not nearest
+    for rows, d, dead in ((48, 300, 0), (300, 129, 0), (7, 576, 40), (1, 640, 0)):
+        x = rng.standard_normal((d, d + 600)) * rng.uniform(0.1, 2, (d, 1))
+        x[rng.permutation(d)[:dead]] = 0   # inputs that never fire: H's zero columns
+        h = x @ x.T / (d + 600)
+        w = rng.standard_normal((rows, d)) * rng.uniform(0.02, 0.2, (rows, 1))
+        s = np.abs(w).max(axis=1) / QMAX
+        q = _gptq_block(w, s, h, 0.01)
+        assert np.array_equal(q, by_column(w, s, h, 0.01)), (rows, d)
+        assert not np.array_equal(q, np.clip(np.rint(w / s[:, None]), -QMAX, QMAX))
 
 
 def test_depthwise_gptq_in_one_go_rounds_as_group_by_group():
@@ -214,19 +220,17 @@ def test_sums_flushed_in_between_equal_one_product(monkeypatch):
     np.testing.assert_allclose(flushed, once, rtol=1e-5, atol=1e-6 * float(np.abs(once).max()))
 
 
-def test_the_inverse_factor_is_upper_and_factors_the_inverse():
-    """GPTQ's U (U^T U = H^-1, upper) from one Cholesky and a triangular inverse by halves,
-    at sizes that split unevenly."""
-    from rewriter.passes.insert_qdq import _upper_inverse_factor
+def test_gptq_factor_is_upper_and_factors_h():
+    """GPTQ reads its updates from V, upper, with V V^T = H: the reversed Cholesky factor
+    of the reversed H (no inverse formed), at sizes that span GPTQ's blocks unevenly."""
+    from rewriter.passes.insert_qdq import _damped_factor
     rng = np.random.default_rng(3)
     for n in (5, 129, 257, 600):
         x = rng.standard_normal((n, n + 50))
-        h = x @ x.T / (n + 50) + 0.01 * np.eye(n)
-        u = _upper_inverse_factor(h)
-        assert np.array_equal(u, np.triu(u)) and (np.diag(u) > 0).all()
-        np.testing.assert_allclose(u.T @ u @ h, np.eye(n), atol=1e-9)
-        np.testing.assert_allclose(u, np.linalg.cholesky(np.linalg.inv(h)).T, rtol=1e-9,
-                                   atol=1e-12 * np.abs(u).max())
+        h = x @ x.T / (n + 50)
+        v = _damped_factor(h, np.arange(n), np.ones(n, bool), 0.0)[::-1, ::-1]
+        assert np.array_equal(v, np.triu(v)) and (np.diag(v) > 0).all()
+        np.testing.assert_allclose(v @ v.T, h, atol=1e-9)
 
 
 def test_gathered_patches_are_the_im2col_columns():
