@@ -231,6 +231,19 @@ def conv_hessians(model, specs: list[ConvSpec], data, base_dir=None, initializer
     within :data:`HESSIAN_BUDGET` (all copies counted) get an H."""
     from rewriter.quant.ranges import _stream
 
+    reducer, tensors = hessian_reducer(specs, data, max_patches, folds)
+    _stream(model, tensors, data, reducer, 64, base_dir, initializers, progress,
+            "weight rounding statistics")
+    if folds is None:
+        return reducer.result
+    return reducer.result, [reducer.without.get(f, {}) for f in range(len(folds))]
+
+
+def hessian_reducer(specs: list[ConvSpec], data, max_patches: int = 4096,
+                    folds: list[list[int]] | None = None) -> tuple[HessianReducer, list[str]]:
+    """The reducer :func:`conv_hessians` streams ``data`` into and the tensors it reads,
+    for a stream shared with range collection (ranges.collect_ranges' ``also``); its
+    ``result`` is conv_hessians' once streamed."""
     specs = within_budget(specs, 1 + len(folds) if folds is not None else 1)[0]
     groups = None
     if folds is not None:
@@ -240,9 +253,4 @@ def conv_hessians(model, specs: list[ConvSpec], data, base_dir=None, initializer
                 groups[j] = f
     reducer = HessianReducer(specs, max_patches, groups=groups)
     reducer.batches = max(1, len(data))
-    tensors = sorted({s.input for s in specs})
-    _stream(model, tensors, data, reducer, 64, base_dir, initializers, progress,
-            "weight rounding statistics")
-    if folds is None:
-        return reducer.result
-    return reducer.result, [reducer.without.get(f, {}) for f in range(len(folds))]
+    return reducer, sorted({s.input for s in specs})

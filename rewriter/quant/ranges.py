@@ -66,7 +66,8 @@ MIN_ENTROPY_BINS = 256
 def collect_ranges(model, tensors: list[str], data, method: str = "minmax",
                    percentile: float = 99.999, num_bins: int = 2048, chunk: int = 64,
                    base_dir=None, initializers=None, progress: bool = True,
-                   nonfinite: str = "inf", screen=None) -> dict[str, float]:
+                   nonfinite: str = "inf", screen=None, also=(),
+                   desc: str | None = None) -> dict[str, float]:
     """The symmetric range ``amax`` (>= 0) of each tensor over the calibration data.
 
     ``model`` is a ModelProto or a :class:`rewriter.core.convert.Exported` (weights as stubs; its
@@ -89,7 +90,35 @@ def collect_ranges(model, tensors: list[str], data, method: str = "minmax",
     Memory: at most ``chunk`` tensors are exposed per augmented model, and each batch is
     reduced before the next one runs (see the module docstring for the bound and for
     measured time and memory). Results are identical for any ``chunk``.
+
+    ``also``: more ``(reducer, tensors)`` pairs fed from the same onnxruntime runs (a
+    :func:`range_reducer`, GPTQ's statistics), where each ran its own passes over the
+    data (a full inference per chunk and batch: 5 s each on a 1024x1024 segmenter). The
+    first pair's tensors are chunked as they would be alone and the others fill in after
+    them: GPTQ's statistics draw their patches in stream order, so they stay the same.
     """
+    reducer = range_reducer(method, percentile, num_bins)
+    if not isinstance(chunk, int) or chunk < 1:
+        raise InputError(f"chunk must be a positive integer, got {chunk!r}")
+    if nonfinite not in ("inf", "drop"):
+        raise InputError(f"nonfinite must be inf or drop, got {nonfinite!r}")
+    tensors = list(dict.fromkeys(tensors))
+    desc = desc or f"calibrate ({reducer.method})"
+    if not also:
+        _stream(model, tensors, data, reducer, chunk, base_dir, initializers, progress,
+                desc, screen)
+    else:
+        parts = [(r, list(dict.fromkeys(t))) for r, t in also] + [(reducer, tensors)]
+        every = list(dict.fromkeys(t for _, ts in parts for t in ts))
+        _stream(model, every, data, _Fanout(parts, reducer), chunk, base_dir, initializers,
+                progress, desc, screen, lead=parts[0][1])
+    return reducer.ranges(tensors, nonfinite)
+
+
+def range_reducer(method: str = "minmax", percentile: float = 99.999,
+                  num_bins: int = 2048) -> "_Reducer":
+    """The reducer :func:`collect_ranges` streams into (its arguments checked), for its
+    ``also``; ``.ranges(tensors, nonfinite)`` reads the result after the stream."""
     method = {"kl": "entropy", "max": "minmax"}.get(str(method).lower(), str(method).lower())
     if method not in METHODS:
         raise InputError(f"calibration method '{method}' is not one of {', '.join(METHODS)} "
@@ -103,17 +132,28 @@ def collect_ranges(model, tensors: list[str], data, method: str = "minmax",
             raise InputError(f"entropy calibration needs an even num_bins >= "
                              f"{MIN_ENTROPY_BINS} (with 128 the KL search has one candidate "
                              f"and equals minmax), got {num_bins}")
-    if not isinstance(chunk, int) or chunk < 1:
-        raise InputError(f"chunk must be a positive integer, got {chunk!r}")
-    if nonfinite not in ("inf", "drop"):
-        raise InputError(f"nonfinite must be inf or drop, got {nonfinite!r}")
-    reducer = _Reducer(method, percentile, num_bins)
-    tensors = list(dict.fromkeys(tensors))
-    _stream(model, tensors, data, reducer, chunk, base_dir, initializers, progress,
-            f"calibrate ({method})", screen)
-    if nonfinite == "inf":
-        return {t: math.inf if t in reducer.nonfinite else reducer.result[t] for t in tensors}
-    return {t: reducer.result[t] for t in tensors}
+    return _Reducer(method, percentile, num_bins)
+
+
+class _Fanout:
+    """Several reducers on one stream, each handed its own tensors; only ``screened``
+    sees the screening samples (the others never asked for them)."""
+
+    def __init__(self, parts: list, screened):
+        self.parts = [(r, set(ts)) for r, ts in parts]
+        self.screened = screened
+
+    def update(self, name: str, a: np.ndarray) -> None:
+        for r, own in self.parts:
+            if name in own:
+                r.update(name, a)
+
+    def screen(self, name: str, a: np.ndarray) -> None:
+        self.screened.screen(name, a)
+
+    def finish(self, names: list[str], progress: bool) -> None:
+        for r, own in self.parts:
+            r.finish([n for n in names if n in own], progress)
 
 
 @dataclass
@@ -137,11 +177,12 @@ def channel_stats(model, tensors: list[str], data, chunk: int = 64, base_dir=Non
 
 
 def _stream(model, tensors: list[str], data, reducer, chunk: int, base_dir, initializers,
-            progress: bool, desc: str, screen=None) -> None:
+            progress: bool, desc: str, screen=None, lead: list[str] | None = None) -> None:
     """Run the model over ``data`` with ``tensors`` exposed, ``chunk`` at a time, and hand
     every batch's values to ``reducer.update(name, array)``; ``reducer.finish(names,
     progress)`` after each chunk. ``screen``'s feeds go to ``reducer.screen`` in the same
-    sessions."""
+    sessions. With ``lead`` (some of ``tensors``, first in it), those are chunked and
+    streamed in the order they would be on their own, the others after them."""
     from rewriter.core.convert import Exported
 
     if isinstance(model, Exported):
@@ -161,6 +202,13 @@ def _stream(model, tensors: list[str], data, reducer, chunk: int, base_dir, init
     order = {n: i for i, n in enumerate(produced)}
     inner = sorted((t for t in tensors if t not in graph_inputs), key=order.__getitem__)
     chunks = [inner[i:i + chunk] for i in range(0, len(inner), chunk)] or [[]]
+    if lead is not None:
+        first = [t for t in inner if t in set(lead)]
+        rest = [t for t in inner if t not in set(lead)]
+        chunks = [first[i:i + chunk] for i in range(0, len(first), chunk)] or [[]]
+        room = chunk - len(chunks[-1])
+        chunks[-1] = chunks[-1] + rest[:room]
+        chunks += [rest[i:i + chunk] for i in range(room, len(rest), chunk)]
     bar = progress_bar(progress, total=len(chunks) * len(data), desc=desc, unit="batch")
     try:
         for k, names in enumerate(chunks):
@@ -326,6 +374,13 @@ class _Reducer:
     def screen(self, name: str, a: np.ndarray) -> None:
         if not np.isfinite(a).all():
             self.nonfinite.add(name)
+
+    def ranges(self, tensors: list[str], nonfinite: str = "inf") -> dict[str, float]:
+        """amax per tensor once streamed: ``inf`` where a value was not finite, or with
+        ``nonfinite="drop"`` the range of the finite ones (see collect_ranges)."""
+        if nonfinite == "inf":
+            return {t: math.inf if t in self.nonfinite else self.result[t] for t in tensors}
+        return {t: self.result[t] for t in tensors}
 
     def finish(self, names: list[str], progress: bool) -> None:
         todo = names if self.collector is not None else []

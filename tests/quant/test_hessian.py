@@ -259,3 +259,55 @@ def test_gathered_patches_are_the_im2col_columns():
         assert np.array_equal(patches_at(x, spec, None), full, equal_nan=True)
         done += 1
     assert done == 144
+
+
+def test_statistics_and_ranges_from_one_stream_equal_their_own_passes():
+    """GPTQ's statistics, the INT8 ranges and the FP16 ranges share one pass over the data
+    (collect_ranges' ``also``): each equals its own pass bit for bit, at a chunk size that
+    splits them, with tensors only one of them reads. GPTQ's patches are drawn in stream
+    order, so its tensors chunk as on their own: chunked with the others, H differs."""
+    from conftest import make_model
+
+    from rewriter.quant import ranges
+    from rewriter.quant.hessian import conv_specs, hessian_reducer
+
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 3, 6, 6] x) => (float[1, 12] y) {
+        c1 = Conv <pads = [1, 1, 1, 1]> (x, W1)
+        r1 = Relu (c1)
+        c2 = Conv <pads = [1, 1, 1, 1]> (r1, W2)
+        r2 = Relu (c2)
+        c3 = Conv <pads = [0, 0, 0, 0]> (r2, W3)
+        r3 = Relu (c3)
+        c4 = Conv <pads = [1, 1, 1, 1], group = 2> (r3, W4)
+        f = Flatten (c4)
+        y = MatMul (f, WM)
+    }""", {"W1": (4, 3, 3, 3), "W2": (6, 4, 3, 3), "W3": (4, 6, 1, 1), "W4": (4, 2, 3, 3),
+           "WM": (144, 12)})
+    import onnx_graphsurgeon as gs
+    specs = conv_specs(gs.import_onnx(m).nodes)
+    rng = np.random.default_rng(5)
+    data = [{"x": (rng.standard_normal((1, 3, 6, 6)) * (1 + i)).astype(np.float32)}
+            for i in range(6)]
+    int8, fp16 = ["r1", "r2", "r3", "f"], ["c2", "c4", "f", "y"]
+    kw = dict(method="percentile", num_bins=64, chunk=2, progress=False)
+
+    alone, tensors = hessian_reducer(specs, data, max_patches=40)
+    ranges._stream(m, tensors, data, alone, 2, None, None, False, "h")
+    want = ranges.collect_ranges(m, int8, data, **kw)
+    want16 = ranges.collect_ranges(m, fp16, data, method="minmax", chunk=2, progress=False,
+                                   nonfinite="drop")
+    shared, tensors = hessian_reducer(specs, data, max_patches=40)
+    r16 = ranges.range_reducer()
+    got = ranges.collect_ranges(m, int8, data, also=[(shared, tensors), (r16, fp16)], **kw)
+    assert got == want and r16.ranges(fp16, "drop") == want16
+    assert sorted(shared.result) == sorted(alone.result) == sorted(s.id for s in specs)
+    for k in alone.result:
+        assert np.array_equal(shared.result[k], alone.result[k]), k
+    mixed, tensors = hessian_reducer(specs, data, max_patches=40)   # no lead: other draws
+    parts = [(mixed, tensors), (ranges.range_reducer(), int8)]
+    every = list(dict.fromkeys(tensors + int8 + fp16))
+    ranges._stream(m, every, data, ranges._Fanout(parts, parts[1][0]), 2, None, None,
+                   False, "h")
+    assert any(not np.array_equal(mixed.result[k], alone.result[k]) for k in alone.result)
