@@ -37,10 +37,11 @@ model stores as int8 (``stored-int8-weight``: insert-qdq keeps those values bit 
 W * s would need quantising again; every INT8 conv reading that tensor is left as it is),
 grouped (not depthwise) convs, channel counts that do not match, tensors of rank < 3, a
 weight or a channel range that is NaN or infinite (``not-finite``: s would carry the NaN to
-every channel of the input, the layers beside it too), and activations that 1/s would take
-within 2^10 of float32's top (``near-overflow``: after a conv of 1.6e37 weights they became
-inf). A producer whose weights 1/s would take past sqrt(max), fuse-conv-bn's limit, is not
-folded into: the Mul is inserted instead.
+every channel of the input, the layers beside it too), scales that are all 1
+(``unit-scales``: one input channel, or ranges already even; nothing to move), and
+activations that 1/s would take within 2^10 of float32's top (``near-overflow``: after a
+conv of 1.6e37 weights they became inf). A producer whose weights 1/s would take past
+sqrt(max), fuse-conv-bn's limit, is not folded into: the Mul is inserted instead.
 """
 
 from __future__ import annotations
@@ -134,6 +135,10 @@ class EqualizeChannels(Pass):
         if not np.isfinite(grown).all() or grown.max() > np.finfo(np.float32).max / 1024:
             return "near-overflow"   # inf where the original was finite (fuzz, seed 61408)
         s = np.maximum(s, MIN_SCALE)
+        if np.all(s == 1.0):
+            # one input channel (a spectrogram's Unsqueeze), or ranges already even: a Mul
+            # by 1 that a second rewrite's collapse-chains removed (not a fixed point)
+            return "unit-scales"
         if self._fold_into_producer(graph, x, convs, s, ctx, res):
             xs = x
         else:

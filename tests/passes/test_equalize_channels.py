@@ -228,3 +228,29 @@ def test_weights_or_activations_near_float32s_top_are_not_grown_to_inf(rng):
     _, rep = rewriter.rewrite(m, ["equalize-channels"], data={
         "plan": p, "assignment": a, "channel_stats": {"r": ChannelStats(big, np.zeros(8))}})
     assert rep.passes[0].counts["skip:near-overflow"] == 1, rep.passes[0].counts
+
+
+def test_one_input_channel_is_left_alone_and_the_output_a_fixed_point(rng):
+    """brainmaze's seizure net (a spectrogram Unsqueezed to one channel before its first
+    conv), --plan auto: s normalised to max 1 is exactly 1 for one channel, and a Mul by
+    1 went in, which a second rewrite's collapse-chains removed (31 -> 30 nodes, other
+    bytes). Now skip:unit-scales: no Mul, and a second rewrite changes nothing."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 1, 8, 8] x) => (float[N, 6, 8, 8] y) {
+        a = Conv <pads = [1, 1, 1, 1]> (x, W1, B1)
+        r = Relu (a)
+        y = Conv (r, W2, B2)
+    }""", {"W1": (4, 1, 3, 3), "B1": (4,), "W2": (6, 4, 1, 1), "B2": (6,)})
+    calib = [{"x": rng.standard_normal((1, 1, 8, 8)).astype(np.float32)} for _ in range(8)]
+    out, rep = rewriter.rewrite(m, plan="int8", calib=calib, target="none", verify=True)
+    counts = {p.name: p.counts for p in rep.passes}
+    assert counts["equalize-channels"]["skip:unit-scales"] == 1
+    assert counts["equalize-channels"]["equalized-tensors"] == 1   # r, into a's rows
+    assert counts["insert-qdq"]["int8-conv"] == 2
+    assert "Mul" not in [n.op_type for n in out.graph.node if "qualiz" in n.name]
+    x = {"x": rng.standard_normal((2, 1, 8, 8)).astype(np.float32)}
+    ref, got = run_ort(m, x)[0], run_ort(out, x)[0]
+    assert np.abs(got - ref).max() < 0.05 * np.abs(ref).max()
+    again, _ = rewriter.rewrite(out, target="none")
+    assert again.SerializeToString() == out.SerializeToString()
