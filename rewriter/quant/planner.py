@@ -287,6 +287,18 @@ QUANTIZED_OPS = frozenset({"ConvInteger", "MatMulInteger", "QLinearConv", "QLine
                            "QAttention", "MatMulIntegerToFloat"})
 
 
+
+
+def quantized_already(graph) -> str:
+    """': it is quantized already (MatMulInteger x4, ...)' for a graph holding layers
+    another tool quantized (QUANTIZED_OPS), else ''."""
+    from collections import Counter
+
+    done = Counter(n.op for n in graph.nodes if n.op in QUANTIZED_OPS)
+    return (": it is quantized already (" + ", ".join(
+        f"{op} x{k}" for op, k in sorted(done.items())) + ")") if done else ""
+
+
 # --------------------------------------------------------------------------- evaluation
 
 
@@ -703,12 +715,8 @@ def _prepare(model, calib, base_dir, s, labels, progress, fp32=None):
     if graph.opset < need and any(n.op in LAYER_OPS for n in graph.nodes):
         graph, original = upgrade_opset(graph, original, base_dir, need)
     if not any(n.op in LAYER_OPS for n in list(graph.nodes) + body_nodes(graph)):
-        from collections import Counter
-        done = Counter(n.op for n in graph.nodes if n.op in QUANTIZED_OPS)
-        raise NothingToPlan("the model has no Conv/MatMul/Gemm layers to plan" + (
-            ": it is quantized already (" + ", ".join(f"{op} x{k}" for op, k in
-                                                      sorted(done.items())) + ")"
-            if done else ""))
+        raise NothingToPlan("the model has no Conv/MatMul/Gemm layers to plan"
+                            + quantized_already(graph))
     if any(n.op in LAYER_OPS for n in graph.nodes):   # INT8 only in the main graph
         from rewriter.core.ort import require_qdq
         require_qdq(graph.opset, original.ir_version or 8)
