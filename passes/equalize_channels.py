@@ -24,13 +24,14 @@ over each input channel (``w_c``, all INT8 consumers of the tensor):
 s is normalised to max 1 and floored at 1e-4 (an all-zero channel stays zero).
 
 Where 1/s goes: into the producing conv's output rows and bias when the tensor comes from a
-Conv, directly or through a Relu (positively homogeneous: Relu(y / s) = Relu(y) / s), and
-nothing else reads it: no op is added. Otherwise, in particular after HardSwish, HardSigmoid,
-Relu6/Clip or Sigmoid, which are NOT positively homogeneous (HardSwish(x / s) !=
-HardSwish(x) / s), the function is kept exact by an explicit per-channel Mul after the
-activation, on the quantised branch only (a residual Add reading the same tensor still sees
-it unscaled). MIGraphX fuses that Mul with the activation before it; the Q/DQ -> Conv form
-it lowers to quant_convolution is unchanged (tests/test_migraphx_models.py).
+Conv, directly or through a Relu (positively homogeneous: Relu(y / s) = Relu(y) / s), or
+into a BatchNormalization's scale and bias, and nothing else reads it: no op is added.
+Otherwise, in particular after HardSwish, HardSigmoid, Relu6/Clip or Sigmoid, which are NOT
+positively homogeneous (HardSwish(x / s) != HardSwish(x) / s), the function is kept exact by
+an explicit per-channel Mul after the activation, on the quantised branch only (a residual
+Add reading the same tensor still sees it unscaled). MIGraphX fuses that Mul with the
+activation before it; the Q/DQ -> Conv form it lowers to quant_convolution is unchanged
+(tests/test_migraphx_models.py).
 
 Skips (reasons in the report): no channel statistics, weights not constant, a weight the
 model stores as int8 (``stored-int8-weight``: insert-qdq keeps those values bit for bit, and
@@ -173,6 +174,8 @@ class EqualizeChannels(Pass):
             conv = y.inputs[0]
         else:
             conv = node
+        if conv.op == "BatchNormalization":
+            return self._fold_into_bn(conv, s, ctx, res)
         if conv.op != "Conv" or not isinstance(conv.inputs[1], gs.Constant):
             return False
         if int(conv.attrs.get("group", 1)) != 1 and int(conv.attrs.get("group", 1)) != len(s):
@@ -191,6 +194,22 @@ class EqualizeChannels(Pass):
         own_constant(conv, 1, w.astype(conv.inputs[1].values.dtype), ctx.namer, "equalized")
         if b is not None:
             own_constant(conv, 2, b.astype(conv.inputs[2].values.dtype), ctx.namer,
+                         "equalized")
+        res.count("folded-into-producer")
+        return True
+
+    def _fold_into_bn(self, bn, s, ctx, res) -> bool:
+        """BN(x) / s is BN with scale and bias / s: a pre-activation block's BN -> Conv
+        (OpenSpindleNet) took a Mul, which a second rewrite's fuse-conv-bn merged with
+        the BN into Mul+Add (a plan's output was not a fixed point)."""
+        params = bn.inputs[1:5]
+        if len(params) < 4 or not all(isinstance(p, gs.Constant) for p in params) or any(
+                p.values.shape != s.shape for p in params) or any(
+                t.outputs for t in bn.outputs[1:]):
+            return False
+        for i in (1, 2):
+            v = bn.inputs[i].values
+            own_constant(bn, i, (v.astype(np.float64) / s).astype(v.dtype), ctx.namer,
                          "equalized")
         res.count("folded-into-producer")
         return True

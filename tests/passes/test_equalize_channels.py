@@ -254,3 +254,37 @@ def test_one_input_channel_is_left_alone_and_the_output_a_fixed_point(rng):
     assert np.abs(got - ref).max() < 0.05 * np.abs(ref).max()
     again, _ = rewriter.rewrite(out, target="none")
     assert again.SerializeToString() == out.SerializeToString()
+
+
+def test_a_batchnorm_before_the_conv_takes_the_scales(rng):
+    """OpenSpindleNet's pre-activation blocks (act -> BN -> Conv): the BN's output took an
+    equalizing Mul, which a second rewrite's fuse-conv-bn merged with the BN into Mul+Add
+    (--plan default and auto: other bytes). 1/s now goes into the BN's scale and bias:
+    no Mul, the same function, and a second rewrite changes nothing."""
+    gamma = rng.uniform(0.5, 1.5, 6).astype(np.float32)
+    gamma[:3] *= 30.0                       # channels of very different ranges
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4, 8, 8] x) => (float[N, 5, 8, 8] y) {
+        a = Conv <pads = [1, 1, 1, 1]> (x, W1)
+        r = Relu (a)
+        b = BatchNormalization (r, G, Bt, Mu, V)
+        y = Conv <pads = [1, 1, 1, 1]> (b, W2, B2)
+    }""", {"W1": (6, 4, 3, 3), "G": gamma, "Bt": (6,), "Mu": (6,),
+           "V": rng.uniform(0.5, 2.0, 6).astype(np.float32), "W2": (5, 6, 3, 3), "B2": (5,)})
+    feeds = [{"x": rng.standard_normal((2, 4, 8, 8)).astype(np.float32)} for _ in range(4)]
+    out, rep = equalize(m, ["y"], feeds)
+    assert rep.ok   # verified against the original: same function
+    counts = rep.passes[0].counts
+    assert counts["folded-into-producer"] == 1 and "mul-inserted" not in counts
+    assert ops(out) == ops(m)
+    bn = [n for n in out.graph.node if n.op_type == "BatchNormalization"][0]
+    eq = stats_of(out, [bn.output[0]], feeds)[bn.output[0]].absmax
+    before = stats_of(m, ["b"], feeds)["b"].absmax
+    assert eq.max() / eq.min() < before.max() / before.min()
+    calib = [{"x": rng.standard_normal((1, 4, 8, 8)).astype(np.float32)} for _ in range(8)]
+    out, rep = rewriter.rewrite(m, plan="int8", calib=calib, target="none", verify=True)
+    bn = [n for n in out.graph.node if n.op_type == "BatchNormalization"][0]
+    assert [n.op_type for n in out.graph.node if bn.output[0] in n.input] == ["QuantizeLinear"]
+    again, _ = rewriter.rewrite(out, target="none")
+    assert again.SerializeToString() == out.SerializeToString()
