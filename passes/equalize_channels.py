@@ -207,10 +207,11 @@ class EqualizeChannels(Pass):
                 p.values.shape != s.shape for p in params) or any(
                 t.outputs for t in bn.outputs[1:]):
             return False
-        for i in (1, 2):
-            v = bn.inputs[i].values
-            own_constant(bn, i, (v.astype(np.float64) / s).astype(v.dtype), ctx.namer,
-                         "equalized")
+        new = [bn.inputs[i].values.astype(np.float64) / s for i in (1, 2)]
+        if any(near_overflow(v, bn.inputs[i].values.dtype) for i, v in zip((1, 2), new)):
+            return False   # as for a conv's weights: the Mul goes in instead
+        for i, v in zip((1, 2), new):
+            own_constant(bn, i, v.astype(bn.inputs[i].values.dtype), ctx.namer, "equalized")
         res.count("folded-into-producer")
         return True
 

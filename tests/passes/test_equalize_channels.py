@@ -288,3 +288,25 @@ def test_a_batchnorm_before_the_conv_takes_the_scales(rng):
     assert [n.op_type for n in out.graph.node if bn.output[0] in n.input] == ["QuantizeLinear"]
     again, _ = rewriter.rewrite(out, target="none")
     assert again.SerializeToString() == out.SerializeToString()
+
+
+def test_a_batchnorm_with_a_scale_near_the_top_takes_a_mul(rng):
+    """The BN path keeps the producer conv's limit (sqrt of float32's max, as fuse-conv-bn
+    and the conv path): a BN scale of 1e20 on one channel is past it already, and 1/s only
+    grows it; the Mul goes in instead, the same function."""
+    gamma = rng.uniform(0.5, 1.5, 6).astype(np.float32)
+    gamma[0] = 1e20
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4, 8, 8] x) => (float[N, 5, 8, 8] y) {
+        a = Conv <pads = [1, 1, 1, 1]> (x, W1)
+        r = Relu (a)
+        b = BatchNormalization (r, G, Bt, Mu, V)
+        y = Conv <pads = [1, 1, 1, 1]> (b, W2, B2)
+    }""", {"W1": (6, 4, 3, 3), "G": gamma, "Bt": (6,), "Mu": (6,),
+           "V": rng.uniform(0.5, 2.0, 6).astype(np.float32), "W2": (5, 6, 3, 3), "B2": (5,)})
+    feeds = [{"x": rng.standard_normal((2, 4, 8, 8)).astype(np.float32)} for _ in range(4)]
+    out, rep = equalize(m, ["y"], feeds)
+    assert rep.ok
+    counts = rep.passes[0].counts
+    assert "folded-into-producer" not in counts and counts["mul-inserted"] == 1, counts
