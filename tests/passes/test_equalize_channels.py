@@ -256,14 +256,9 @@ def test_one_input_channel_is_left_alone_and_the_output_a_fixed_point(rng):
     assert again.SerializeToString() == out.SerializeToString()
 
 
-def test_a_batchnorm_before_the_conv_takes_the_scales(rng):
-    """OpenSpindleNet's pre-activation blocks (act -> BN -> Conv): the BN's output took an
-    equalizing Mul, which a second rewrite's fuse-conv-bn merged with the BN into Mul+Add
-    (--plan default and auto: other bytes). 1/s now goes into the BN's scale and bias:
-    no Mul, the same function, and a second rewrite changes nothing."""
-    gamma = rng.uniform(0.5, 1.5, 6).astype(np.float32)
-    gamma[:3] *= 30.0                       # channels of very different ranges
-    m = make_model("""
+def _bn_before_conv(gamma, rng):
+    """Conv -> Relu -> BN (scale ``gamma``) -> Conv, a pre-activation block."""
+    return make_model("""
     <ir_version: 8, opset_import: ["" : 17]>
     g (float[N, 4, 8, 8] x) => (float[N, 5, 8, 8] y) {
         a = Conv <pads = [1, 1, 1, 1]> (x, W1)
@@ -272,6 +267,16 @@ def test_a_batchnorm_before_the_conv_takes_the_scales(rng):
         y = Conv <pads = [1, 1, 1, 1]> (b, W2, B2)
     }""", {"W1": (6, 4, 3, 3), "G": gamma, "Bt": (6,), "Mu": (6,),
            "V": rng.uniform(0.5, 2.0, 6).astype(np.float32), "W2": (5, 6, 3, 3), "B2": (5,)})
+
+
+def test_a_batchnorm_before_the_conv_takes_the_scales(rng):
+    """OpenSpindleNet's pre-activation blocks (act -> BN -> Conv): the BN's output took an
+    equalizing Mul, which a second rewrite's fuse-conv-bn merged with the BN into Mul+Add
+    (--plan default and auto: other bytes). 1/s now goes into the BN's scale and bias:
+    no Mul, the same function, and a second rewrite changes nothing."""
+    gamma = rng.uniform(0.5, 1.5, 6).astype(np.float32)
+    gamma[:3] *= 30.0                       # channels of very different ranges
+    m = _bn_before_conv(gamma, rng)
     feeds = [{"x": rng.standard_normal((2, 4, 8, 8)).astype(np.float32)} for _ in range(4)]
     out, rep = equalize(m, ["y"], feeds)
     assert rep.ok   # verified against the original: same function
@@ -296,15 +301,7 @@ def test_a_batchnorm_with_a_scale_near_the_top_takes_a_mul(rng):
     grows it; the Mul goes in instead, the same function."""
     gamma = rng.uniform(0.5, 1.5, 6).astype(np.float32)
     gamma[0] = 1e20
-    m = make_model("""
-    <ir_version: 8, opset_import: ["" : 17]>
-    g (float[N, 4, 8, 8] x) => (float[N, 5, 8, 8] y) {
-        a = Conv <pads = [1, 1, 1, 1]> (x, W1)
-        r = Relu (a)
-        b = BatchNormalization (r, G, Bt, Mu, V)
-        y = Conv <pads = [1, 1, 1, 1]> (b, W2, B2)
-    }""", {"W1": (6, 4, 3, 3), "G": gamma, "Bt": (6,), "Mu": (6,),
-           "V": rng.uniform(0.5, 2.0, 6).astype(np.float32), "W2": (5, 6, 3, 3), "B2": (5,)})
+    m = _bn_before_conv(gamma, rng)
     feeds = [{"x": rng.standard_normal((2, 4, 8, 8)).astype(np.float32)} for _ in range(4)]
     out, rep = equalize(m, ["y"], feeds)
     assert rep.ok
