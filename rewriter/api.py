@@ -1056,12 +1056,17 @@ class _Rewrite:
         inside = sum(a.precision[i] == "fp16" for i in a.inside)
         if self.calib_data is None and (fp16 or inside):
             feeds = self.verifier.feed_sets if self.verifier is not None else []
+            # Body layers are not measured there either: saying "measured" of them hid that
+            # a float16 overflow inside Silero VAD's If branches fails --verify as a whole.
+            body = (f"the {inside} inside If/Loop/Scan bodies are not measured (onnxruntime "
+                    "returns no tensor of a body): an overflow there fails --verify")
             self.report.warnings.append(
                 f"{len(fp16) + inside} FP16 layers: their activations' range is unknown "
                 "without calibration data (--calib), so a float16 overflow is ruled out only "
                 "on the inputs --verify runs" + (
                     f" (measured on its {len(feeds)} input set(s): layers float16 cannot "
-                    "hold there stay float32)" if feeds and fp16 else
+                    "hold there stay float32" + (f"; {body})" if inside else ")")
+                    if feeds and fp16 else f" ({body})" if feeds and inside else
                     "" if feeds else "; without --verify, not at all"))
             if not feeds:
                 return None
