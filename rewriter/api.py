@@ -983,7 +983,7 @@ class _Rewrite:
                     "and GPTQ rounding (int8.stored_weights: keep holds their int8 values "
                     "as stored)")
         from rewriter.quant.hessian import budget_note
-        from rewriter.quant.ranges import collect_ranges, range_reducer
+        from rewriter.quant.ranges import collect_ranges, expose_bodies, range_reducer
 
         if self.plan.int8.get("equalize"):
             self.equalize(int8)
@@ -1006,15 +1006,16 @@ class _Rewrite:
             also.append(hessians)
             desc += " and weight rounding statistics"
         fp16 = self.fp16_tensors(a)
+        model, stream, fold = expose_bodies(exported.model, fp16 or [])
         if fp16:
-            also.append((range_reducer(), fp16))
+            also.append((range_reducer(), stream))
         self.ctx.ranges = collect_ranges(
-            exported.model, tensors, self.calib_data, method=cal["method"],
+            model, tensors, self.calib_data, method=cal["method"],
             percentile=float(cal["percentile"]), num_bins=int(cal["num_bins"]),
             base_dir=exported.source_dir, initializers=exported.ort_initializers(),
             progress=self.progress, screen=self.held_out, also=also, desc=desc)
         if fp16 is not None:
-            self.ctx.fp16_ranges = also[-1][0].ranges(fp16, "drop") if fp16 else {}
+            self.ctx.fp16_ranges = fold(also[-1][0].ranges(stream, "drop")) if fp16 else {}
         if self.plan.int8.get("rounding") == "gptq":
             self.ctx.hessians = hessians[0].result
             left = [sp for sp in specs if sp.id not in self.ctx.hessians]
@@ -1051,30 +1052,22 @@ class _Rewrite:
         MIGraphX NaN logits, eleventh round). Without calibration data, on --verify's
         inputs (:meth:`fp16_ranges`): a conv whose outputs float16 cannot hold before an
         FP16 Gemm made --plan fp16 exit 1 (inf), where keeping that Gemm float32 verifies
-        (fuzz, seed 61401). None without FP16 layers or without data (then said)."""
-        fp16 = [n for n in self.graph.nodes if a.precision.get(node_id(n)) == "fp16"]
-        inside = sum(a.precision[i] == "fp16" for i in a.inside)
-        if self.calib_data is None and (fp16 or inside):
+        (fuzz, seed 61401). The layers inside If/Loop/Scan bodies too, measured through
+        ``expose_bodies``. None without FP16 layers or without data (then said)."""
+        inside = set(a.inside)
+        fp16 = [n for g in iter_graphs(self.graph) for n in g.nodes
+                if a.precision.get(node_id(n)) == "fp16"
+                and (g is self.graph or node_id(n) in inside)]
+        if self.calib_data is None and fp16:
             feeds = self.verifier.feed_sets if self.verifier is not None else []
-            # Body layers are not measured there either: saying "measured" of them hid that
-            # a float16 overflow inside Silero VAD's If branches fails --verify as a whole.
-            body = (f"the {inside} inside If/Loop/Scan bodies are not measured (onnxruntime "
-                    "returns no tensor of a body): an overflow there fails --verify")
             self.report.warnings.append(
-                f"{len(fp16) + inside} FP16 layers: their activations' range is unknown "
+                f"{len(fp16)} FP16 layers: their activations' range is unknown "
                 "without calibration data (--calib), so a float16 overflow is ruled out only "
                 "on the inputs --verify runs" + (
                     f" (measured on its {len(feeds)} input set(s): layers float16 cannot "
-                    "hold there stay float32" + (f"; {body})" if inside else ")")
-                    if feeds and fp16 else f" ({body})" if feeds and inside else
-                    "" if feeds else "; without --verify, not at all"))
+                    "hold there stay float32)" if feeds else "; without --verify, not at all"))
             if not feeds:
                 return None
-        elif inside:   # onnxruntime returns no tensor of a body
-            self.report.warnings.append(
-                f"{inside} FP16 layer(s) inside If/Loop/Scan bodies: calibration does not "
-                "reach into bodies, so a float16 overflow there is ruled out only on the "
-                "inputs --verify runs")
         if not fp16:
             return None
         return sorted({t.name for n in fp16 for t in (n.inputs[:1] + n.outputs[:1])
@@ -1088,13 +1081,14 @@ class _Rewrite:
         tensors = self.fp16_tensors(a)
         if tensors is None:
             return
-        from rewriter.quant.ranges import collect_ranges
+        from rewriter.quant.ranges import collect_ranges, expose_bodies
         data = self.calib_data if self.calib_data is not None else self.verifier.feed_sets
         exported = export(self.graph, self.original, self.base_dir)
-        self.ctx.fp16_ranges = collect_ranges(
-            exported.model, tensors, data, method="minmax",
+        model, stream, fold = expose_bodies(exported.model, tensors)
+        self.ctx.fp16_ranges = fold(collect_ranges(
+            model, stream, data, method="minmax",
             base_dir=exported.source_dir, initializers=exported.ort_initializers(),
-            progress=self.progress, nonfinite="drop")
+            progress=self.progress, nonfinite="drop"))
 
     def equalize(self, int8: list) -> None:
         """Per-channel statistics of the INT8 convs' inputs, then equalize-channels (its

@@ -115,6 +115,93 @@ def collect_ranges(model, tensors: list[str], data, method: str = "minmax",
     return reducer.ranges(tensors, nonfinite)
 
 
+def expose_bodies(proto: onnx.ModelProto, tensors: list[str]):
+    """``(model, stream, fold)``: the tensors among ``tensors`` made inside If/Loop/Scan
+    bodies (a node's output or a body's input) reduced there to their max |x| and carried
+    out to main-graph outputs, since onnxruntime returns no tensor of a body. ``stream``
+    names what to measure (the main graph's own tensors as they are, a scalar per body
+    one); ``fold(ranges)`` maps its ranges back to ``tensors`` (the largest where sibling
+    bodies share a name). ``model`` is ``proto`` itself when no tensor sits in a body, else
+    a copy: a Loop or Scan carries the scalar out per iteration (its max taken outside,
+    with a 0 for no iteration), an If's other branch gives 0. Silero VAD's FP16 layers in
+    If branches were measured nowhere, and a float16 overflow there failed --verify."""
+    from onnx import helper as h
+
+    from rewriter.core.graph import graph_protos
+
+    g0 = proto.graph
+    main = {i.name for i in g0.input} | {o for n in g0.node for o in n.output}
+    inner = {t for t in tensors if t not in main}
+    if not inner:
+        return proto, list(tensors), lambda r: r
+    model = onnx.ModelProto()
+    model.CopyFrom(proto)
+    used = {v for g in graph_protos(model.graph) for v in
+            [i.name for i in g.input] + [o for n in g.node for o in n.output]}
+    count = [0]
+
+    def fresh(kind: str) -> str:
+        while f"range_{kind}_{count[0]}" in used:
+            count[0] += 1
+        used.add(name := f"range_{kind}_{count[0]}")
+        return name
+
+    def const(g, values) -> str:
+        out = fresh("const")
+        g.node.append(h.make_node("Constant", [], [out], value=onnx.numpy_helper.from_array(
+            np.asarray(values), out)))
+        return out
+
+    def scalar(t: str) -> onnx.ValueInfoProto:
+        return h.make_tensor_value_info(t, onnx.TensorProto.FLOAT, [])
+
+    def expose(g, top: bool) -> list[tuple[str, str]]:
+        found = []   # (a scalar in g, the tensor it measures)
+        for n in list(g.node):
+            if n.op_type not in ("If", "Loop", "Scan") or n.domain not in ("", "ai.onnx"):
+                continue
+            bodies = {a.name: a.g for a in n.attribute if a.type == onnx.AttributeProto.GRAPH}
+            for key, body in bodies.items():
+                for t, orig in expose(body, False):
+                    body.output.append(scalar(t))
+                    out = fresh("out")
+                    n.output.append(out)
+                    if n.op_type == "If":   # the other branch: 0, output for output
+                        other = bodies["else_branch" if key == "then_branch" else "then_branch"]
+                        other.output.append(scalar(const(other, np.float32(0))))
+                        found.append((out, orig))
+                        continue
+                    for a in n.attribute:   # a Scan's per-output attributes, one more
+                        if a.name in ("scan_output_axes", "scan_output_directions"):
+                            a.ints.append(0)
+                    flat = fresh("flat")
+                    g.node.append(h.make_node("Reshape", [out, const(g, np.array([-1]))],
+                                              [flat]))
+                    cat = fresh("cat")
+                    g.node.append(h.make_node("Concat", [flat, const(
+                        g, np.zeros(1, np.float32))], [cat], axis=0))
+                    found.append((fresh("max"), orig))
+                    g.node.append(h.make_node("ReduceMax", [cat], [found[-1][0]], keepdims=0))
+        if not top:
+            own = [i.name for i in g.input] + [o for n in g.node for o in n.output]
+            for t in dict.fromkeys(t for t in own if t in inner):
+                a, m = fresh("abs"), fresh("max")
+                g.node.extend([h.make_node("Abs", [t], [a]),
+                               h.make_node("ReduceMax", [a], [m], keepdims=0)])
+                found.append((m, t))
+        return found
+
+    carried = expose(model.graph, True)
+    stream = [t for t in tensors if t in main] + [t for t, _ in carried]
+
+    def fold(ranges: dict) -> dict:
+        out = {t: ranges[t] for t in tensors if t in main}
+        for t, orig in carried:
+            out[orig] = max(out.get(orig, 0.0), ranges[t])
+        return out
+    return model, stream, fold
+
+
 def range_reducer(method: str = "minmax", percentile: float = 99.999,
                   num_bins: int = 2048) -> "_Reducer":
     """The reducer :func:`collect_ranges` streams into (its arguments checked), for its

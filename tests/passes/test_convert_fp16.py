@@ -433,3 +433,110 @@ def test_a_transpose_ending_a_region_runs_after_the_cast_back_and_the_output_a_f
     again, _ = rewriter.rewrite(out, target="none")
     assert again.SerializeToString() == out.SerializeToString()
     onnx.checker.check_model(out, full_check=True)
+
+
+def _bodies(rng, big: float = 1.0):
+    """x -> MatMul m0 -> If (MatMul tm / em) -> Loop (MatMul lm, then an If inside: Relu
+    or MatMul im) -> Scan over the rows (MatMul sm, summed into the state); distinct
+    weights, the Loop's scaled by ``big``."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    w = {k: (rng.standard_normal((4, 4)) * 0.5).astype(np.float32) for k in "012345"}
+    w["3"] = w["3"] * np.float32(big)
+    vi = h.make_tensor_value_info
+
+    def mm(a, k, out, name):
+        return h.make_node("MatMul", [a, f"w{k}"], [out], name)
+
+    def branch(name, nodes, out):
+        return h.make_graph(nodes, name, [], [vi(out, T.FLOAT, None)])
+    loop = h.make_graph(
+        [mm("s", 3, "lm", "lm"),
+         h.make_node("If", ["c"], ["s2"], "inner", then_branch=branch(
+             "it", [h.make_node("Relu", ["lm"], ["ir"])], "ir"),
+             else_branch=branch("ie", [mm("lm", 4, "im", "im")], "im")),
+         h.make_node("Identity", ["lc"], ["c2"])],
+        "loop", [vi("i", T.INT64, []), vi("lc", T.BOOL, []), vi("s", T.FLOAT, [2, 4])],
+        [vi("c2", T.BOOL, []), vi("s2", T.FLOAT, [2, 4])])
+    scan = h.make_graph(
+        [mm("row", 5, "sm", "sm"), h.make_node("Add", ["st", "sm"], ["st2"])],
+        "scan", [vi("st", T.FLOAT, [4]), vi("row", T.FLOAT, [4])],
+        [vi("st2", T.FLOAT, [4]), vi("sm", T.FLOAT, [4])])
+    g = h.make_graph(
+        [mm("x", 0, "a", "m0"),
+         h.make_node("If", ["c"], ["o"], "branch",
+                     then_branch=branch("t", [mm("a", 1, "tm", "tm")], "tm"),
+                     else_branch=branch("e", [mm("a", 2, "em", "em")], "em")),
+         h.make_node("Loop", ["n", "", "o"], ["z"], "loop", body=loop),
+         h.make_node("Scan", ["zero", "z"], ["y", "rows"], "scan", body=scan,
+                     num_scan_inputs=1)],
+        "g", [vi("x", T.FLOAT, [2, 4]), vi("c", T.BOOL, [])],
+        [vi("y", T.FLOAT, [4]), vi("rows", T.FLOAT, [2, 4])],
+        [nh.from_array(v, f"w{k}") for k, v in w.items()]
+        + [nh.from_array(np.array(2, np.int64), "n"), nh.from_array(np.zeros(4, np.float32),
+                                                                   "zero")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    onnx.checker.check_model(m, full_check=True)
+    return m, w
+
+
+def test_ranges_are_measured_inside_if_loop_and_scan_bodies(rng):
+    """onnxruntime returns no tensor of a body, so the FP16 layers inside If/Loop/Scan
+    bodies had no range: a float16 overflow there failed --verify as a whole (Silero VAD
+    with a weight of 1.5e7 in an If branch, fuzz seed 62003 case 1408). expose_bodies
+    carries each body tensor's max |x| out: the values are numpy's, a branch that never
+    ran gives 0."""
+    from rewriter.quant.ranges import collect_ranges, expose_bodies
+    m, w = _bodies(rng)
+    feeds = [{"x": rng.standard_normal((2, 4)).astype(np.float32), "c": np.array(c)}
+             for c in (True, True, False)]
+    names = ["a", "tm", "em", "lm", "im", "ir", "sm", "s", "row"]
+    model, stream, fold = expose_bodies(m, names)
+    got = fold(collect_ranges(model, stream, feeds, progress=False))
+    want = dict.fromkeys(names, 0.0)
+
+    def seen(k, v):
+        want[k] = max(want[k], float(np.abs(v).max()))
+    for f in feeds:
+        a = f["x"] @ w["0"]
+        seen("a", a)
+        o = a @ w["1"] if f["c"] else a @ w["2"]
+        seen("tm" if f["c"] else "em", o)
+        for _ in range(2):
+            seen("s", o)
+            lm = o @ w["3"]
+            seen("lm", lm)
+            o = np.maximum(lm, 0) if f["c"] else lm @ w["4"]
+            seen("ir" if f["c"] else "im", o)
+        for r in o:
+            seen("row", r)
+            seen("sm", r @ w["5"])
+    assert got.keys() == want.keys()
+    for k in names:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, err_msg=k)
+    assert stream[0] == "a" and len(stream) == len(names)    # "a" is the main graph's
+    assert expose_bodies(m, ["a"])[0] is m                    # nothing in a body: no copy
+
+
+def test_fp16_layers_inside_bodies_float16_cannot_hold_stay_float32(rng):
+    """The Loop's MatMul reaches more than float16 holds: it stays float32, measured on the
+    calibration data or, without it, on --verify's inputs, and the rewrite verifies (its
+    overflow made --verify refuse the whole plan)."""
+    m, _ = _bodies(rng, big=3e4)
+    feeds = [{"x": rng.standard_normal((2, 4)).astype(np.float32), "c": np.array(k % 2 == 0)}
+             for k in range(6)]
+    ref = run_ort(m, feeds[0])[0]
+    assert np.abs(ref).max() > 65504      # float16 cannot hold what the Loop makes
+    for calib in (feeds, None):
+        out, rep = rewriter.rewrite(m, plan="fp16", calib=calib, inputs=feeds[:2],
+                                    verify=True, target="none")
+        rec = [p for p in rep.passes if p.name == "convert-fp16"][0]
+        # lm, im and sm, which reads the Loop's output
+        assert rec.counts.get("skip:range-beyond-fp16") == 3, rec.counts
+        assert any("lm (" in n and "im (" in n and "sm (" in n for n in rec.notes), rec.notes
+        assert rec.counts.get("fp16-matmul") == 3, rec.counts       # m0, tm, em
+        for f in feeds[:2]:
+            for r, o in zip(run_ort(m, f), run_ort(out, f)):
+                assert np.isfinite(o).all() and cos(r, o) > 0.9999
