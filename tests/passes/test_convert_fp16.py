@@ -540,3 +540,16 @@ def test_fp16_layers_inside_bodies_float16_cannot_hold_stay_float32(rng):
         for f in feeds[:2]:
             for r, o in zip(run_ort(m, f), run_ort(out, f)):
                 assert np.isfinite(o).all() and cos(r, o) > 0.9999
+
+
+def test_an_fp16_plan_missing_its_budget_is_told_of_fp32_not_int8():
+    """The remedy of an FP16 plan's miss spoke of keeping layers out of INT8, which the
+    plan has none of (a toy head's near-tied logits, fuzz seed 62001 case 279)."""
+    import pytest
+    m = make_model(CHAIN, INITS)
+    feeds = [x_feed(k) for k in range(3)]
+    plan = {"version": 1, "default": "fp16", "verify": {"min_cosine": 0.99999999999}}
+    with pytest.raises(rewriter.VerificationError) as e:
+        rewriter.rewrite(m, plan=plan, inputs=feeds, verify=True, target="none")
+    msg = str(e.value)
+    assert "to meet the budget: --plan auto (the planner keeps sensitive layers FP32)" in msg
