@@ -237,9 +237,10 @@ class InsertQdq(Pass):
     def requires(self, graph, ctx):
         if ctx.assignment is None:
             raise PreconditionError("insert-qdq needs a plan: use --plan (and --calib)")
-        # A plan with no INT8 layer (fp16, or what --plan auto chose) needs no Q/DQ: the
-        # api converts the opset only when one is planned INT8.
-        if graph.opset < 10 and "int8" in ctx.assignment.precision.values():
+        # A plan with no INT8 layer it quantizes (fp16, what --plan auto chose, or float16
+        # layers it leaves as they are) needs no Q/DQ: the api converts the opset only then.
+        if graph.opset < 10 and any(ctx.assignment.precision.get(node_id(n)) == "int8"
+                                    and float32_layer(n) for n in graph.nodes):
             raise PreconditionError(f"insert-qdq needs opset >= 10 (model has {graph.opset})")
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:

@@ -1713,6 +1713,40 @@ def test_a_plan_on_float16_layers_leaves_them_exact(tmp_path, capfd):
                                   run_ort(onnx.load(str(src)), {"x": x})[0])
 
 
+def test_float16_layers_are_no_int8_candidates_and_keep_the_opset(tmp_path, capfd):
+    """--plan auto run again on its own FP16 output (fuzz seed 62007, case 170, opset 9):
+    the planner measured the float16 layers as INT8, which insert-qdq leaves as they are,
+    planned them "2 int8" at no loss, and the rewrite converted the model to opset 10 for
+    Q/DQ it never wrote: the second output differed by its opset. Float16 layers are no
+    INT8 candidates now, and only float32 INT8 layers raise the opset."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+    rng = np.random.default_rng(62007)
+    ws = [nh.from_array((rng.standard_normal(s) * 0.3).astype(np.float16), n) for n, s in
+          (("W1", (8, 3, 3, 3)), ("W2", (4, 8, 1, 1)))]
+    nodes = [h.make_node("Cast", ["x"], ["x16"], to=T.FLOAT16),
+             h.make_node("Conv", ["x16", "W1"], ["c1"], pads=[1, 1, 1, 1]),
+             h.make_node("Relu", ["c1"], ["r1"]), h.make_node("Conv", ["r1", "W2"], ["c2"]),
+             h.make_node("Cast", ["c2"], ["y"], to=T.FLOAT)]
+    src, calib, out = _x_to_y_with_calib(tmp_path, nodes, ws, rng)
+    m = onnx.load(src)
+    m.opset_import[0].version = 9
+    onnx.save(m, src)
+    for plan in ("auto", "int8"):
+        code, _, err = run(capfd, src, "-o", out, "-q", "--target", "none", "--plan", plan,
+                           "--calib", calib, "--verify", "--report", tmp_path / "r.json")
+        assert code == 0, err
+        report = json.loads((tmp_path / "r.json").read_text())
+        assert report["plan"]["counts"].get("int8", 0) == (plan == "int8") * 2, report["plan"]
+        assert not any("converted to opset" in w for w in report["warnings"]), report
+        assert onnx.load(out).opset_import[0].version == 9
+        code, _, err = run(capfd, out, "-o", tmp_path / "o2.onnx", "-q", "--target", "none",
+                           "--plan", plan, "--calib", calib)
+        assert code == 0, err
+        assert (tmp_path / "o2.onnx").read_bytes() == out.read_bytes()   # a fixed point
+
+
 def test_calibration_skips_layers_int8_leaves_alone(tmp_path, capfd, monkeypatch):
     """ISNet medium (1024x1024, float16 layers between Casts), --plan default: equalization,
     GPTQ statistics, ranges and bias correction ran over its 112 float16 INT8 convs for

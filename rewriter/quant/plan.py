@@ -44,7 +44,8 @@ from typing import Any
 import onnx_graphsurgeon as gs
 
 from rewriter.core.errors import InputError
-from rewriter.core.graph import StoredInt8, iter_graphs, node_id, stored_int8_weight
+from rewriter.core.graph import (StoredInt8, float32_layer, iter_graphs, node_id,
+                                 stored_int8_weight)
 from rewriter.quant import METHODS, WEIGHT_FORMS
 from rewriter.verify.metrics import LOSSY_DEFAULT, max_abs_setting
 
@@ -426,8 +427,11 @@ def int8_capable(node) -> bool:
     """A layer insert-qdq can put in INT8: a Conv/MatMul/Gemm with a constant weight (not
     attention's Q x K^T or attn x V, which :func:`resolve` keeps FP32: the planner counted
     them as INT8 and credited BERT's plan with 16 INT8 layers for the 12 it had, twelfth
-    round)."""
-    return _op(node) in INT8_OPS and not computed_weight(node) and not _transposed_a(node)
+    round), and one computing in float32 (an onnx-graphsurgeon node): --plan auto run again
+    on its own output measured its float16 layers as INT8, where insert-qdq leaves them as
+    they are, and planned them INT8 at no loss (fuzz seed 62007, case 170)."""
+    return _op(node) in INT8_OPS and not computed_weight(node) and not _transposed_a(node) \
+        and (not hasattr(node, "inputs") or float32_layer(node))
 
 
 def _transposed_a(node) -> bool:
