@@ -279,6 +279,41 @@ def test_fp16_layers_inside_bodies_compile_and_match(tmp_path):
         assert info["ok"], info["metrics"]
 
 
+def test_a_run_failure_the_original_has_too_is_not_blamed_on_the_rewrite(tmp_path):
+    """A Loop whose state the body declares without a shape: MIGraphX (2.16, 2.15) takes
+    the state as {1} and throws when it runs the model ("Incorrect shape ... for parameter:
+    st"), the original as the rewritten one; only parse and compile failures were checked
+    on the original, so the rewrite was blamed (exit 1)."""
+    import onnx
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+    rng = np.random.default_rng(82)
+    body = h.make_graph(
+        [h.make_node("Add", ["st", "a"], ["st2"]), h.make_node("Identity", ["cond"], ["cond2"])],
+        "body", [h.make_tensor_value_info("i", T.INT64, []),
+                 h.make_tensor_value_info("cond", T.BOOL, []),
+                 h.make_tensor_value_info("st", T.FLOAT, None)],
+        [h.make_tensor_value_info("cond2", T.BOOL, []),
+         h.make_tensor_value_info("st2", T.FLOAT, None)])
+    g = h.make_graph(
+        [h.make_node("MatMul", ["x", "w"], ["a"]),
+         h.make_node("Loop", ["n", "", "a"], ["y"], body=body)], "g",
+        [h.make_tensor_value_info("x", T.FLOAT, [2, 4])],
+        [h.make_tensor_value_info("y", T.FLOAT, [2, 4])],
+        [nh.from_array(rng.standard_normal((4, 4)).astype(np.float32), "w"),
+         nh.from_array(np.array(2, np.int64), "n")])
+    src = tmp_path / "m.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), src)
+    _, info = rewrite_on_migraphx(src, tmp_path)
+    if info["status"] == "compiled":   # a build that takes the state's shape from x
+        assert_fp32_ok(info)
+        return
+    assert info["stage"] == "run" and info["original_refused"].startswith("run failed:"), info
+    assert "cannot run the original model either" in info["error"], info["error"]
+    assert "(not caused by the rewrite)" in info["error"], info["error"]
+
+
 def _save_text(tmp_path, text: str, **inits) -> Path:
     import onnx
     import onnx.parser

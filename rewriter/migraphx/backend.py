@@ -422,13 +422,16 @@ def _output_names(model_path) -> list[str]:
     return [o.name for o in model.graph.output]
 
 
-def refuses(model_path: str | os.PathLike, dims: dict[str, list[int]], target: str | None = None
-             ) -> MigraphxError | None:
+def refuses(model_path: str | os.PathLike, dims: dict[str, list[int]], target: str | None = None,
+             feeds: list | None = None) -> MigraphxError | None:
     """What MIGraphX says when it parses ``model_path`` at ``dims`` (and compiles it for
-    ``target``, if given): None when it can, else its error."""
+    ``target``, if given; and runs it on ``feeds``, if given): None when it can, else its
+    error."""
     mgx = _require()
     try:
-        if target is None:
+        if feeds is not None:
+            compile_and_run(model_path, feeds, dims, target=target or "ref")
+        elif target is None:
             _refuse_crash(model_path)
             _parse(mgx, model_path, dims)
         else:

@@ -725,13 +725,16 @@ def _compile_output(report, checked, exported, original, base_dir, output, mgx, 
         other = sum({k: np.shape(v) for k, v in f.items()} != first for f in given)
         if other:   # chars2vec's words of other lengths: "1 sample(s)" of 8, unsaid
             info["other_shapes"] = other
-        if info.get("status") == "failed" and info.get("stage") in ("parse", "compile") \
+        # a run's failure too: a Loop state declared without a shape made 2.16 throw on
+        # the original as on the rewritten model, and the rewrite was blamed (exit 1)
+        if info.get("status") == "failed" and info.get("stage") in ("parse", "compile", "run") \
                 and model_path is not None and backend == "migraphx" \
                 and not info.get("original_refused"):
             from rewriter.migraphx.backend import _dims
             dims = _dims(feed_sets[0], {k: v for k, v in (input_shapes or {}).items() if k})
-            err = _backend(backend).refuses(model_path, dims, None if info["stage"] == "parse"
-                                            else info.get("device"))
+            run = {"feeds": feed_sets[:1]} if info["stage"] == "run" else {}
+            err = _backend(backend).refuses(
+                model_path, dims, None if info["stage"] == "parse" else info.get("device"), **run)
             shown = ", ".join(f"{k}:{'x'.join(map(str, v))}" for k, v in dims.items())
             if err is not None:
                 info["original_refused"] = f"{err.stage} failed: {err.message}"
@@ -748,7 +751,7 @@ def _compile_output(report, checked, exported, original, base_dir, output, mgx, 
                                       f"parses it: add --fix-shapes {flags}")
                     info["fix_shapes"] = flags   # the sizes are fine: no other is tried
             else:
-                does = "parses" if info["stage"] == "parse" else "compiles"
+                does = {"parse": "parses", "compile": "compiles"}.get(info["stage"], "runs")
                 info["error"] += f" (the original model {does} at {shown}: the rewrite broke it)"
 
 
