@@ -1417,8 +1417,8 @@ def test_int8_layers_inside_bodies_stay_fp32_and_say_why(tmp_path, capfd):
     code, out, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--plan", "default",
                          "--target", "none", "--verify", "--report", tmp_path / "r.json")
     assert code == 0, err
-    assert "3 layers planned int8 sit inside If/Loop/Scan bodies, where calibration does " \
-           "not reach (FP16 does); kept fp32: mm, mm_1, loop_mm" in out
+    assert "3 layers planned int8 sit inside If/Loop/Scan bodies, where INT8 is not " \
+           "calibrated nor inserted (FP16 is); kept fp32: mm, mm_1, loop_mm" in out
     layers = json.loads((tmp_path / "r.json").read_text())["plan"]["layers"]
     assert layers["mm"]["precision"] == "fp32"
     assert layers["mm"]["why"] == "rule 4 (inside a body: not calibrated)"

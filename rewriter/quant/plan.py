@@ -327,7 +327,8 @@ def resolve(plan: Plan, nodes: list, inside: list = ()) -> Assignment:
     """Precision of every layer among ``nodes`` (topological order), by the plan's rules,
     and of those among ``inside`` (the nodes of If/Loop/Scan bodies): positions (first
     conv, classifier...) are the main graph's; names, ops and the default reach the bodies
-    too, in FP16 or FP32 only, since calibration does not reach into a body."""
+    too, in FP16 or FP32 only: INT8's calibration (ranges, GPTQ statistics) and Q/DQ work
+    on the main graph."""
     layers = [n for n in nodes if _op(n) in LAYER_OPS]
     body = [n for n in inside if _op(n) in LAYER_OPS]
     main_ids = [node_id(n) for n in layers]
@@ -403,8 +404,8 @@ def resolve(plan: Plan, nodes: list, inside: list = ()) -> Assignment:
                      "a weight (attention's Q x K^T and attn x V; INT8 needs a constant "
                      f"one); kept fp32: {_names(rest)}")
     if in_body:   # Silero VAD v5: all 12 of its layers in the If branches of its two rates
-        notes.append(f"{_count(in_body)} planned int8 sit inside If/Loop/Scan bodies, where "
-                     f"calibration does not reach (FP16 does); kept fp32: {_names(in_body)}")
+        notes.append(f"{_count(in_body)} planned int8 sit inside If/Loop/Scan bodies, where INT8 "
+                     f"is not calibrated nor inserted (FP16 is); kept fp32: {_names(in_body)}")
     return Assignment(prec, why, ids, ops, notes, ids[len(main_ids):])
 
 
