@@ -735,7 +735,8 @@ def _compile_output(report, checked, exported, original, base_dir, output, mgx, 
             run = {"feeds": feed_sets[:1]} if info["stage"] == "run" else {}
             err = _backend(backend).refuses(
                 model_path, dims, None if info["stage"] == "parse" else info.get("device"), **run)
-            shown = ", ".join(f"{k}:{'x'.join(map(str, v))}" for k, v in dims.items())
+            # a 0-d input (Silero's sr) as [], not as nothing ("sr:"; h82)
+            shown = ", ".join(f"{k}:{'x'.join(map(str, v)) or '[]'}" for k, v in dims.items())
             if err is not None:
                 info["original_refused"] = f"{err.stage} failed: {err.message}"
                 own = info.get("error", "")
@@ -746,7 +747,7 @@ def _compile_output(report, checked, exported, original, base_dir, output, mgx, 
                 if err.stage == "parse" and _symbolic(exported.model) \
                         and _fixed_parses(model_path, dims, tmp):
                     flags = " ".join(f"--input-shape {k}:{'x'.join(map(str, v))}"
-                                     for k, v in dims.items())
+                                     for k, v in dims.items() if len(v))
                     info["error"] += ("; with these sizes written into the model, MIGraphX "
                                       f"parses it: add --fix-shapes {flags}")
                     info["fix_shapes"] = flags   # the sizes are fine: no other is tried
