@@ -920,7 +920,7 @@ class _Rewrite:
             "counts": a.counts()}
         self.report.warnings.extend(a.notes)
         asks = any(p in ("int8", "fp16") for p in self.plan_asks())
-        main = [i for i in a.order if i not in set(a.inside)]
+        main = a.main
         kept = [i for i in a.inside if a.why[i] == "default" and a.precision[i] == "fp32"]
         if asks and kept:
             # chars2vec's LSTM in a Loop, by a plan file naming main-graph layers only
@@ -1057,10 +1057,8 @@ class _Rewrite:
         FP16 Gemm made --plan fp16 exit 1 (inf), where keeping that Gemm float32 verifies
         (fuzz, seed 61401). The layers inside If/Loop/Scan bodies too, measured through
         ``expose_bodies``. None without FP16 layers or without data (then said)."""
-        inside = set(a.inside)
-        fp16 = [n for g in iter_graphs(self.graph) for n in g.nodes
-                if a.precision.get(node_id(n)) == "fp16"
-                and (g is self.graph or node_id(n) in inside)]
+        fp16 = [n for g in iter_graphs(self.graph) for n in g.nodes   # names are unique
+                if a.precision.get(node_id(n)) == "fp16"]
         if self.calib_data is None and fp16:
             feeds = self.verifier.feed_sets if self.verifier is not None else []
             self.report.warnings.append(

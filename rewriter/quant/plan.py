@@ -316,6 +316,11 @@ class Assignment:
     notes: list[str] = field(default_factory=list)
     inside: list[str] = field(default_factory=list)   # layers inside If/Loop/Scan bodies
 
+    @property
+    def main(self) -> list[str]:
+        """The main graph's layers (``order`` lists them first, then ``inside``)."""
+        return self.order[:len(self.order) - len(self.inside)]
+
     def counts(self) -> dict[str, int]:
         c = {p: 0 for p in PRECISIONS}
         for v in self.precision.values():
@@ -421,7 +426,6 @@ def _names(names: list, shown: int = 3) -> str:
 def body_nodes(graph: gs.Graph) -> list:
     """The nodes inside If/Loop/Scan bodies, outermost bodies first."""
     return [n for g in list(iter_graphs(graph))[1:] for n in g.nodes]
-
 
 
 def int8_capable(node) -> bool:

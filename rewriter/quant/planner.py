@@ -287,8 +287,6 @@ QUANTIZED_OPS = frozenset({"ConvInteger", "MatMulInteger", "QLinearConv", "QLine
                            "QAttention", "MatMulIntegerToFloat"})
 
 
-
-
 def quantized_already(graph) -> str:
     """': it is quantized already (MatMulInteger x4, ...)' for a graph holding layers
     another tool quantized (QUANTIZED_OPS), else ''."""
