@@ -33,7 +33,8 @@ throughout); the chosen half is then built and judged as the others.
 default), counting their top-1 flips: layers chosen with far more data than a planner has,
 an informed bound on what choosing the half can reach (ranges still from the 64).
 ``--n-eval N --eval-seed S`` judge on N fresh samples drawn with seed S (300 and 1 by
-default, quant_eval's set); ``--bias-correction`` and ``--alpha A`` set those two INT8
+default, quant_eval's set); ``--n-build N`` builds the plans (ranges, equalisation, GPTQ)
+from N calibration samples of seed 0 instead of the planner's 64; ``--bias-correction`` and ``--alpha A`` set those two INT8
 options of the plan (the planner's plans leave bias correction off; alpha 0.5 by default).
 """
 
@@ -310,7 +311,7 @@ def run(task: str, fracs: list[float], work: Path, pointwise: bool = False,
         asym: bool = False, tune: bool = False, n_eval: int = 300, eval_seed: int = 1,
         int8: dict | None = None, ablate: bool = False,
         groups: list[int] | None = None, greedy: bool = False,
-        select: tuple[int, int] | None = None) -> list[dict]:
+        select: tuple[int, int] | None = None, n_build: int = 64) -> list[dict]:
     import onnx
 
     import rewriter
@@ -321,6 +322,8 @@ def run(task: str, fracs: list[float], work: Path, pointwise: bool = False,
     xc, _ = qe.task_data(task, 64, 0)
     xe, ye = qe.task_data(task, n_eval, eval_seed)
     calib = [{"x": xc[i:i + 1]} for i in range(len(xc))]
+    xb = xc if n_build == 64 else qe.task_data(task, n_build, 0)[0]
+    build = [{"x": xb[i:i + 1]} for i in range(len(xb))]
     ref = qe.outputs(model, xe)
     _, rep = plan_auto(model, calib)
     n_convs = sum(r.op == "Conv" for r in rep.layers)
@@ -347,7 +350,7 @@ def run(task: str, fracs: list[float], work: Path, pointwise: bool = False,
             out = work / f"{task}.{key}.{frac}{'.pw' if pointwise else ''}.onnx"
             plan = dict(rep.plan, overrides=over,
                         int8={**(rep.plan.get("int8") or {}), **(int8 or {})})
-            rewriter.rewrite(model, output=out, plan=plan, calib=calib, materialize=False)
+            rewriter.rewrite(model, output=out, plan=plan, calib=build, materialize=False)
             label = f"{'ungrouped ' if pointwise else ''}{key} {frac:.0%}"
             row = {"task": task, "plan": label, "int8_convs": len(pick),
                    "convs": n_convs, "seconds": 0.0,
@@ -410,6 +413,9 @@ def main() -> int:
                    "top-1 flips: an informed bound, not a planner")
     p.add_argument("--greedy-seed", type=int, default=3)
     p.add_argument("--n-eval", type=int, default=300, help="fresh samples to judge on")
+    p.add_argument("--n-build", type=int, default=64,
+                   help="calibration samples (seed 0) the plans are built with: ranges, "
+                   "equalisation, GPTQ (the planner still ranks on 64)")
     p.add_argument("--eval-seed", type=int, default=1)
     p.add_argument("--bias-correction", action="store_true",
                    help="bias correction on in the plans (the planner leaves it off)")
@@ -430,7 +436,7 @@ def main() -> int:
                                            [int(k) for k in a.channel_groups.split(",") if k],
                                            a.greedy or bool(a.greedy_select),
                                            (a.greedy_select, a.greedy_seed)
-                                           if a.greedy_select else None)]
+                                           if a.greedy_select else None, a.n_build)]
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1, default=float))
     return 0
