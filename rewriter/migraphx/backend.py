@@ -119,6 +119,9 @@ class MigraphxError(RuntimeError):
         self.stage, self.message = stage, message
         super().__init__(f"MIGraphX {stage} failed: {message}")
 
+    def __reduce__(self):
+        return type(self), (self.stage, self.message)
+
 
 def clean_message(text: str) -> str:
     """MIGraphX's message on one line without its source location:
@@ -318,6 +321,127 @@ def notes() -> list[str]:
     return _thread_list("notes")
 
 
+_CHILD: dict = {}   # in a child process of :func:`isolated`: the file its stage goes to
+# The child's bootstrap: the parent's sys.path first, so it imports the same rewriter and
+# the same migraphx (a toolchain may have put either on its path by hand).
+_BOOT = ("import pickle, sys; job = pickle.load(open(sys.argv[1], 'rb')); "
+         "sys.path[:] = job['path']; from rewriter.migraphx import backend; backend._child(job)")
+
+
+def _stage(name: str, done: int | None = None) -> None:
+    """In a child of :func:`isolated`: say which stage MIGraphX is in (and how many samples
+    are done), so that the parent can show progress and name the stage if the child dies."""
+    if _CHILD.get("stage"):
+        with open(_CHILD["stage"], "w") as f:
+            f.write(name if done is None else f"{name} {done}")
+
+
+def isolated(fn, *args, bar: dict | None = None):
+    """``fn(*args)`` (``fn`` importable by name) in a child Python process: its result, or
+    its exception raised here. MIGraphX can kill the process it runs in (a segfault in its
+    parser, an abort in a ``ref`` kernel, a parse that allocates until ``bad_alloc``;
+    docs/migraphx.md lists those measured). In a child, the caller survives them all: a
+    child that dies is a :class:`MigraphxError` at the stage it died in ("compile failed:
+    crashed (signal SIGSEGV ...)"), which the target step judges like any refusal, trying
+    the original too; and a toolchain calling the API keeps its process. The child gets
+    this process's ``sys.path`` and environment and ignores Ctrl-C (this process stops it);
+    its console output stays off stdout and stderr (parse lines reach :func:`said` as
+    in-process ones do; the rest is read only to name a crash). ``bar`` (``total``,
+    ``desc``): a progress bar here over the samples the child has run.
+    ``REWRITE_MIGRAPHX_IN_PROCESS=1`` calls ``fn`` here instead, unprotected."""
+    if _CHILD or os.environ.get("REWRITE_MIGRAPHX_IN_PROCESS") == "1":
+        return fn(*args)
+    import pickle
+    import signal
+    import subprocess
+    import tempfile
+
+    from rewriter.core.progress import progress_bar
+    with tempfile.TemporaryDirectory(prefix="rewrite-migraphx-") as d:
+        job, out, stage, log = (os.path.join(d, n) for n in ("job", "out", "stage", "log"))
+        with open(job, "wb") as f:
+            pickle.dump({"path": list(sys.path), "out": out, "stage": stage,
+                         "parent": os.getpid(),   # and the call, loaded after the path is set
+                         "call": pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)},
+                        f, protocol=pickle.HIGHEST_PROTOCOL)
+        shown = progress_bar(bool(bar), total=(bar or {}).get("total"), unit="sample",
+                             desc=(bar or {}).get("desc"))
+        with open(log, "wb") as console:
+            p = subprocess.Popen([sys.executable, "-c", _BOOT, job], stdin=subprocess.DEVNULL,
+                                 stdout=console, stderr=console)
+        try:
+            while True:
+                try:
+                    p.wait(timeout=0.25 if bar else None)
+                    break
+                except subprocess.TimeoutExpired:
+                    shown.update(max(0, _done(stage) - getattr(shown, "n", 0)))
+        finally:
+            shown.close()
+            if p.poll() is None:   # interrupted here: the child goes too
+                p.kill()
+                p.wait()
+        if os.path.exists(out):
+            with open(out, "rb") as f:
+                kind, value, lines, told = pickle.load(f)
+            said().extend(x for x in lines if x not in said())
+            notes().extend(x for x in told if x not in notes())
+            if kind == "raise":
+                raise value
+            return value
+        at = (_read(stage) or "parse").split()[0]
+        last = [x.strip() for x in _read(log).splitlines() if x.strip()][-1:]
+    how = (f"signal {signal.Signals(-p.returncode).name}" if -p.returncode in
+           set(signal.Signals) else f"exit status {p.returncode}")
+    raise MigraphxError(at, f"crashed ({how}; in a child process, so rewrite goes on)"
+                        + (f": {clean_message(last[0])}" if last else ""))
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _done(stage: str) -> int:
+    """Samples the child has run, from its stage file ("run 3")."""
+    words = _read(stage).split()
+    return int(words[1]) if len(words) == 2 and words[1].isdigit() else 0
+
+
+def _child(job: dict) -> None:
+    """The child's side of :func:`isolated`: run the job, write (kind, value, said lines,
+    notes) for the parent, and leave without Python's teardown."""
+    import pickle
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:   # Linux: killed with the parent (a `timeout` or kill), never compiling on alone
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != job["parent"]:   # the parent is gone already
+        os._exit(1)
+    _CHILD["stage"] = job["stage"]
+    try:
+        fn, args = pickle.loads(job["call"])
+        result = ("ok", fn(*args))
+    except Exception as e:  # noqa: BLE001 - handed to the parent, raised there
+        try:
+            pickle.dumps(e)
+        except Exception:   # an exception that does not pickle: its type and text
+            e = RuntimeError(f"{type(e).__name__}: {e}")
+        result = ("raise", e)
+    with open(job["out"] + ".part", "wb") as f:
+        pickle.dump(result + (said(), notes()), f, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(job["out"] + ".part", job["out"])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 # parse_onnx unrolls a Scan (and bounds a Loop) to max_loop_iterations, 10 by default, and
 # refuses a model that needs more, saying how many it needs (2.15 and 2.16).
 _ITERATIONS = re.compile(r"required iterations \{(\d+)\} would exceed the maximum iteration "
@@ -360,6 +484,7 @@ def _parse_once(mgx, model_path, dims, **options):
             os.dup2(tmp.fileno(), 1)
             os.dup2(tmp.fileno(), 2)
             try:
+                _stage("parse")
                 return mgx.parse_onnx(os.fspath(model_path), map_input_dims=dims, **options)
             except Exception as e:
                 raise MigraphxError("parse", _clean(e)) from None
@@ -378,6 +503,7 @@ def _compile(mgx, model_path, dims, target: str, fast_math: bool):
     t0 = time.perf_counter()
     _refuse_crash(model_path)
     prog = _parse(mgx, model_path, dims)
+    _stage("compile")
     try:
         prog.compile(mgx.get_target(target), offload_copy=True, fast_math=fast_math)
     except Exception as e:
@@ -426,11 +552,19 @@ def refuses(model_path: str | os.PathLike, dims: dict[str, list[int]], target: s
              feeds: list | None = None) -> MigraphxError | None:
     """What MIGraphX says when it parses ``model_path`` at ``dims`` (and compiles it for
     ``target``, if given; and runs it on ``feeds``, if given): None when it can, else its
-    error."""
+    error. Runs in a child process (:func:`isolated`)."""
+    _require()   # not installed: said here, no child started
+    try:
+        return isolated(_refuses, model_path, dims, target, feeds)
+    except MigraphxError as e:   # the child died
+        return e
+
+
+def _refuses(model_path, dims, target, feeds) -> MigraphxError | None:
     mgx = _require()
     try:
         if feeds is not None:
-            compile_and_run(model_path, feeds, dims, target=target or "ref")
+            _compile_and_run(model_path, feeds, dims, target or "ref")
         elif target is None:
             _refuse_crash(model_path)
             _parse(mgx, model_path, dims)
@@ -449,9 +583,19 @@ def compile_and_run(model_path: str | os.PathLike, feeds, input_shapes: dict[str
     ``feeds`` is one input dict or a list of them (all of one shape: one compiled program);
     ``outputs`` holds each output joined over the runs as ``verify.feeds.stack_runs`` joins
     onnxruntime's.
-    Failures inside MIGraphX raise :class:`MigraphxError` (one line, MIGraphX's message).
+    Failures inside MIGraphX raise :class:`MigraphxError` (one line, MIGraphX's message),
+    a crash of MIGraphX too: it runs in a child process (:func:`isolated`).
     ``progress``: a bar over the samples on a terminal (the ``ref`` target takes 25 s a
     320x320 detector image)."""
+    _require()
+    n = len(feeds) if isinstance(feeds, list) else 1
+    return isolated(_compile_and_run, model_path, feeds, input_shapes, target, fast_math,
+                    save_mxr, progress, bar={"total": n, "desc": f"MIGraphX {target}"}
+                    if progress and n > 1 else None)
+
+
+def _compile_and_run(model_path, feeds, input_shapes=None, target="gpu", fast_math=True,
+                     save_mxr=None, progress=False) -> MigraphxRun:
     from rewriter.core.progress import progress_bar
     mgx = _require()
     feed_sets = feeds if isinstance(feeds, list) else [feeds]
@@ -465,11 +609,13 @@ def compile_and_run(model_path: str | os.PathLike, feeds, input_shapes: dict[str
     for f in progress_bar(progress and len(feed_sets) > 1, iterable=feed_sets,
                           desc=f"MIGraphX {target}", unit="sample"):
         params = _params(prog, f)
+        _stage("run", len(runs))
         try:
             raw = prog.run(params)
         except Exception as e:
             raise MigraphxError("run", _clean(e)) from None
         runs.append([np.array(o) for o in raw])   # copies: MIGraphX may reuse its buffers
+        _stage("run", len(runs))
     run_s = (time.perf_counter() - t0) / len(feed_sets)
     from rewriter.verify.feeds import stack_runs
     outputs = stack_runs(runs, feed_sets)
@@ -493,10 +639,17 @@ def benchmark(model_path: str | os.PathLike, feeds: dict[str, np.ndarray],
     """
     if iterations < 1:
         raise ValueError("iterations must be >= 1")
+    _require()
+    return isolated(_benchmark, model_path, feeds, input_shapes, target, iterations, warmup,
+                    fast_math)
+
+
+def _benchmark(model_path, feeds, input_shapes, target, iterations, warmup, fast_math) -> dict:
     mgx = _require()
     dims = _dims(feeds, input_shapes)
     prog, compile_s = _compile(mgx, model_path, dims, target, fast_math)
     params = _params(prog, feeds)
+    _stage("run")
     for _ in range(max(0, warmup)):
         prog.run(params)
     times = np.empty(iterations)
