@@ -101,7 +101,8 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
             symbolic dims into 1 on its own; fixing them here is the explicit way.
         inputs: user inputs for verification instead of random ones: one feed, or a list
             of feeds (samples; they may differ in size: outputs are compared per sample,
-            MIGraphX runs those of the first one's shape).
+            MIGraphX runs those of the first one's shape). They imply ``verify``, as
+            ``--inputs`` does.
         options: pass options, each checked against its default's type
             (rewriter.core.pass_base.Options): ``fold_size_limit`` (1 MiB) and
             ``fold_growth`` (2.0): fold-constants keeps a result over the limit and this
@@ -161,11 +162,18 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
         its ``report`` attribute holds the report).
     """
     api = CALLER.get() == "api"
+    for name, flag in (("verify", verify), ("fix_shapes", fix_shapes), ("progress", progress),
+                       ("materialize", materialize)):
+        if not isinstance(flag, (bool, np.bool_)):   # verify="no" verified
+            raise InputError(f"{name}={flag!r}: True or False")
+    if base_dir is not None and not isinstance(base_dir, (str, os.PathLike)):
+        raise InputError(f"base_dir: a folder path, got {type(base_dir).__name__}")
     try:
         with _no_gc():
             # No name for the run: it is garbage, its graphs too, when the block collects.
             out, report = _Rewrite(model, passes, output, verify, input_shapes, inputs, seed,
-                                   dict(options or {}), base_dir, dict(data or {}), plan,
+                                   _mapping("options", options), base_dir,
+                                   _mapping("data", data), plan,
                                    calib, progress, target, migraphx, labels,
                                    fix_shapes).run(materialize)
     except RewriteError as e:
@@ -180,6 +188,13 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
 MIGRAPHX_KEYS = ("device", "backend", "save_mxr", "require", "samples", "progress")
 
 
+def _mapping(name: str, value) -> dict:
+    """A copy of a dict argument, or InputError (a list of options was a ValueError)."""
+    if value is not None and not isinstance(value, collections.abc.Mapping):
+        raise InputError(f"{name}: a dict, got {type(value).__name__}")
+    return dict(value or {})
+
+
 def _check_arguments(target, migraphx, seed, inputs, input_shapes, labels, calib,
                      options, plan) -> None:
     """The API's arguments, checked before any work: an integrator's mistake is an
@@ -190,9 +205,11 @@ def _check_arguments(target, migraphx, seed, inputs, input_shapes, labels, calib
     if migraphx is not None:
         if target != "migraphx":
             raise InputError("migraphx= settings are for target='migraphx'")
-        if not isinstance(migraphx, dict) or set(migraphx) - set(MIGRAPHX_KEYS):
-            bad = sorted(set(migraphx) - set(MIGRAPHX_KEYS)) if isinstance(migraphx, dict) \
-                else [type(migraphx).__name__]
+        if not isinstance(migraphx, dict):   # "ref" read as "unknown ['str']"
+            raise InputError(f"migraphx: a dict of settings ({', '.join(MIGRAPHX_KEYS)}), "
+                             f"e.g. {{'device': 'ref'}}, got {type(migraphx).__name__}")
+        if set(migraphx) - set(MIGRAPHX_KEYS):
+            bad = sorted(set(migraphx) - set(MIGRAPHX_KEYS))
             raise InputError(f"migraphx: unknown {bad} ({', '.join(MIGRAPHX_KEYS)})")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         # numpy's generators take no negative seed (a raw ValueError, exit 3: tenth round)
@@ -201,6 +218,9 @@ def _check_arguments(target, migraphx, seed, inputs, input_shapes, labels, calib
             isinstance(inputs, list) and inputs and all(isinstance(f, dict) for f in inputs)):
         raise InputError(f"inputs: a dict of input name -> array, or a non-empty list of "
                          f"them, got {type(inputs).__name__}")
+    if input_shapes is not None and not isinstance(input_shapes, dict):
+        raise InputError(f"input_shapes: a dict of input name -> dims, e.g. {{'input': [1, 3, "
+                         f"224, 224]}}, got {type(input_shapes).__name__}")
     for k, v in (input_shapes or {}).items():
         if isinstance(v, (str, bytes)) or not all(
                 isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in v):
@@ -258,7 +278,8 @@ class _Rewrite:
         target = None if target == "none" else target
         if isinstance(calib, collections.abc.Iterator):
             calib = list(calib)   # read twice with plan "auto": a generator only once
-        self.model_arg, self.output, self.verify = model, output, verify
+        # --inputs implies --verify; inputs= alone was read only by MIGraphX's compile
+        self.model_arg, self.output, self.verify = model, output, verify or inputs is not None
         self.input_shapes, self.inputs, self.seed = input_shapes, inputs, seed
         self.base_dir, self.plan, self.calib = base_dir, plan, calib
         self.progress, self.target, self.migraphx = progress, target, migraphx

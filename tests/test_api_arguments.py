@@ -86,6 +86,17 @@ def test_a_generator_of_calibration_samples_serves_plan_auto():
     ({"target": "migraphx", "migraphx": {"devise": "ref"}}, "migraphx: unknown ['devise']"),
     ({"migraphx": {"device": "ref"}}, "migraphx= settings are for target='migraphx'"),
     ({"labels": [0, 1]}, "labels are the calibration samples' labels: give calib"),
+    # a new user's mistakes (2026-12-07): AttributeError, ValueError, TypeError, or ran
+    ({"input_shapes": [1, 3, 64, 64]}, "input_shapes: a dict of input name -> dims"),
+    ({"input_shapes": "input:1x3x64x64"}, "input_shapes: a dict of input name -> dims"),
+    ({"options": ["pad_multiple"]}, "options: a dict, got list"),
+    ({"data": [1]}, "data: a dict, got list"),
+    ({"target": "migraphx", "migraphx": "ref"}, "migraphx: a dict of settings"),
+    ({"verify": "no"}, "verify='no': True or False"),
+    ({"fix_shapes": 1}, "fix_shapes=1: True or False"),
+    ({"progress": None}, "progress=None: True or False"),
+    ({"materialize": "yes"}, "materialize='yes': True or False"),
+    ({"base_dir": 3}, "base_dir: a folder path, got int"),
 ])
 def test_bad_arguments_are_input_errors(kwargs, fragment):
     passes = kwargs.pop("passes", None)
@@ -333,3 +344,13 @@ def test_a_call_leaves_no_graph_behind_for_the_collector(kwargs):
     for _ in range(3):
         rewriter.rewrite(RESNET, **kwargs)
         assert _graph_objects() <= before
+
+
+def test_inputs_imply_verify_as_the_cli_flag_does():
+    """inputs= without verify=True were read by nothing (report.verified False): a
+    wrong-sized input passed silently. --inputs implies --verify; inputs= now too."""
+    x = np.random.default_rng(2).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    _, rep = rewriter.rewrite(RESNET, inputs={"input": x})
+    assert rep.verified and rep.verification
+    with pytest.raises(InputError, match="cannot run the original model on these inputs"):
+        rewriter.rewrite(RESNET, inputs={"input": x[:, :, :32, :32]})
