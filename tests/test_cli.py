@@ -285,6 +285,20 @@ def test_an_abbreviated_or_misspelt_option_is_named(capfd, tmp_path):
     # the share within max_abs, read by nothing without it
     (["--plan", "auto", "--calib", "CALIB", "--min-within", "0.9"],
      "planner setting min_within is the share of samples within max_abs: give max_abs too"),
+    # out of range (2026-12-07): 99 asked for "-1 samples needed" (exit 1), 1.5 planned
+    # every layer FP32 (exit 0), --folds 1 ran as 2
+    (["--plan", "auto", "--calib", "CALIB", "--min-top1", "99"],
+     "planner setting min_top1 must be in [0, 1], not 99 (a share: 0.99, not 99)"),
+    (["--plan", "auto", "--calib", "CALIB", "--min-cosine", "1.5"],
+     "planner setting min_cosine must be in [-1, 1], not 1.5"),
+    (["--plan", "auto", "--calib", "CALIB", "--max-accuracy-drop", "-1"],
+     "planner setting max_accuracy_drop must be in [0, 100], not -1"),
+    (["--plan", "auto", "--calib", "CALIB", "--folds", "1"],
+     "planner setting folds must be at least 2, not 1"),
+    (["--plan", "auto", "--calib", "CALIB", "--alpha", "-1"],
+     "planner setting alpha must be at least 0, not -1"),
+    (["--plan", "auto", "--calib", "CALIB", "--fp16-speed", "0"],
+     "planner setting fp16_speed must be above 0, not 0"),
 ])
 def test_a_flag_nothing_would_read_is_an_error(capfd, tmp_path, argv, message):
     """The planner's flags were silently ignored without the planner: `--plan default

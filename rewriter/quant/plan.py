@@ -47,7 +47,7 @@ from rewriter.core.errors import InputError
 from rewriter.core.graph import (StoredInt8, float32_layer, iter_graphs, node_id,
                                  stored_int8_weight)
 from rewriter.quant import METHODS, WEIGHT_FORMS
-from rewriter.verify.metrics import LOSSY_DEFAULT, max_abs_setting
+from rewriter.verify.metrics import LOSSY_DEFAULT, check_budget, max_abs_setting
 
 PRECISIONS = ("fp32", "fp16", "int8")
 LAYER_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
@@ -278,6 +278,7 @@ def from_dict(d: Any, source: str) -> Plan:
                          "max_abs: give max_abs too")
     if not 0.0 < p.verify["min_within"] <= 1.0:
         raise InputError(f"plan {source}: verify.min_within must be in (0, 1]")
+    check_budget(p.verify, f"plan {source}: verify.")
     if ver.get("max_accuracy_drop") is not None and "min_top1" not in ver:
         p.verify["min_top1"] = None     # the verifier's: 0 where labels judge accuracy
     p.preprocess = d.get("preprocess")

@@ -647,13 +647,21 @@ def _settings(settings: dict | None) -> dict:
                 s[k] = kind(s[k])
             except (TypeError, ValueError):
                 raise InputError(f"planner setting {k} must be a number, not {s[k]!r}") from None
-    from rewriter.verify.metrics import max_abs_setting
+    from rewriter.verify.metrics import check_budget, max_abs_setting
     s["max_abs"] = max_abs_setting(s["max_abs"], "planner setting")
     if (settings or {}).get("min_within") is not None and s["max_abs"] is None:
         raise InputError("planner setting min_within is the share of samples within max_abs: "
                          "give max_abs too")   # read by nothing without it, unsaid
     if not 0.0 < s["min_within"] <= 1.0:
         raise InputError(f"planner setting min_within must be in (0, 1], not {s['min_within']}")
+    check_budget(s, "planner setting ")
+    for k, low, strict in (("alpha", 0, False), ("beta", 0, False), ("int8_speed", 0, True),
+                           ("fp16_speed", 0, True), ("target_speedup", 0, True),
+                           ("folds", 2, False), ("refine", 0, False)):
+        # --folds 1 ran as 2, a negative --alpha ranked layers backwards: said now
+        if s[k] is not None and (s[k] <= low if strict else s[k] < low):
+            raise InputError(f"planner setting {k} must be {'above' if strict else 'at least'} "
+                             f"{low}, not {s[k]:g}")
     if s["stored_weights"] not in ("requantize", "keep"):   # said before minutes of planning
         raise InputError(f"planner setting stored_weights must be requantize or keep, not "
                          f"{s['stored_weights']!r}")

@@ -352,6 +352,25 @@ LOSSY_DEFAULT = {"min_cosine": 0.99, "min_top1": 0.99, "min_sqnr_db": 15.0,
                  "max_accuracy_drop": None, "max_abs": None, "min_within": 0.99}
 
 
+# The budget's shares and points, checked wherever a plan or the planner reads them: a
+# min_top1 of 99 (a percentage) asked for "-1 samples needed" and exited 1, a min_cosine
+# of 1.5 made --plan auto keep every layer FP32 and exit 0.
+BUDGET_RANGES = {"min_top1": (0.0, 1.0), "min_cosine": (-1.0, 1.0),
+                 "max_accuracy_drop": (0.0, 100.0)}
+
+
+def check_budget(values: dict, where: str) -> None:
+    """InputError in one line for a budget value outside its range (``where`` prefixes
+    the key: "plan p.yaml: verify.", "planner setting ")."""
+    from rewriter.core.errors import InputError
+
+    for k, (lo, hi) in BUDGET_RANGES.items():
+        v = values.get(k)
+        if v is not None and not lo <= v <= hi:
+            share = " (a share: 0.99, not 99)" if k == "min_top1" and v > 1 else ""
+            raise InputError(f"{where}{k} must be in [{lo:g}, {hi:g}], not {v:g}{share}")
+
+
 def max_abs_setting(value, where: str):
     """A ``max_abs`` budget as given: None, one number (every float output without
     classes) or a mapping {output name: number}; InputError in one line otherwise."""

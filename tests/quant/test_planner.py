@@ -715,6 +715,10 @@ def test_a_planner_setting_that_is_not_a_number_is_an_input_error(settings, mess
     ("{min_within: [0.9]}", r"verify.min_within must be a number, not \[0.9\]"),
     ("{min_within: true}", "verify.min_within must be a number, not True"),
     ("{min_cosine: {a: 1}}", "verify.min_cosine must be a number, not {'a': 1}"),
+    # out of range (2026-12-07): 99 asked for "-1 samples needed" and failed as drift
+    (r"{min_top1: 99}", r"verify.min_top1 must be in \[0, 1\], not 99 \(a share"),
+    (r"{min_cosine: 1.5}", r"verify.min_cosine must be in \[-1, 1\], not 1.5"),
+    (r"{max_accuracy_drop: -1}", r"verify.max_accuracy_drop must be in \[0, 100\], not -1"),
 ])
 def test_a_plan_files_verify_value_that_is_not_a_number_is_one_line(tmp_path, verify,
                                                                      message):
