@@ -83,6 +83,21 @@ def qdq_conv(*, w_scale=None, w_zp=np.int8(0), x_scale=np.float32(0.05), x_zp=np
 # -- the clean form ------------------------------------------------------------------------------
 
 
+def test_arguments_as_the_cli_takes_them():
+    """docs/migraphx.md's call with the CLI's spellings (2026-12-07): version "2.16" was
+    read as 2...1.6 (the rules of no version), a node name as its letters (a finding per
+    letter), a list of dims was an AttributeError."""
+    from rewriter.core.errors import InputError
+
+    model = qdq_conv()
+    want = check_model(model, plan_int8_nodes=["y_node"], version=(2, 16)).to_dict()
+    assert check_model(model, plan_int8_nodes="y_node", version="2.16").to_dict() == want
+    with pytest.raises(InputError, match="version 'new': 'X.Y'"):
+        check_model(model, version="new")
+    with pytest.raises(InputError, match="input_shapes: a dict of input name -> dims"):
+        check_model(model, input_shapes=[1, 4, 8, 8])
+
+
 def test_clean_qdq_conv_has_no_qdq_findings_and_runs_in_onnxruntime():
     import onnxruntime as ort
 

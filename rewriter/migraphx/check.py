@@ -54,9 +54,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
+from rewriter.core.errors import InputError
 from rewriter.core.graph import (SMALL_TENSOR, has_function_body, node_id, tensor_nbytes,
                                  weight_free_copy)
 from rewriter.core.integer_ops import COMPUTED, INTEGER_OPS, integer_op_wrong
+from rewriter.core.pass_base import parse_version
 
 PROFILE_PATH = Path(__file__).resolve().parent / "data" / "migraphx_profile.json"
 SCHEMA_VERSION = 1
@@ -209,11 +211,21 @@ def check_model(model: onnx.ModelProto | str | os.PathLike,
     ``examples``: dims known to run (e.g. what verification used) for the ``--input-shape``
     a dynamic-dim finding suggests; 1 in every symbolic dim otherwise.
 
-    ``version`` (major, minor[, patch]) is the target MIGraphX: rules that differ between
-    versions (per-axis weight scales, zero scales) take its entry; None states both.
+    ``version`` (major, minor[, patch]) or "X.Y" is the target MIGraphX: rules that differ
+    between versions (per-axis weight scales, zero scales) take its entry; None states both.
     ``typed``: a weight-free copy of ``model`` with its shapes inferred already, whose
     graph inputs may include top-level initializers (the rewriter's exit gate infers
     one); without it the check makes and infers its own."""
+    # as --migraphx-version and --input-shape take them: "2.16" read as (2, 1, 6) and a
+    # node name as its letters
+    if isinstance(version, str):
+        text, version = version, parse_version(version)
+        if version is None:
+            raise InputError(f"version {text!r}: 'X.Y' or a tuple like (2, 16)")
+    plan_int8_nodes = [plan_int8_nodes] if isinstance(plan_int8_nodes, str) else plan_int8_nodes
+    if input_shapes is not None and not isinstance(input_shapes, Mapping):
+        raise InputError(f"input_shapes: a dict of input name -> dims, got "
+                         f"{type(input_shapes).__name__}")
     if not isinstance(model, onnx.ModelProto):
         model = onnx.load(os.fspath(model), load_external_data=False)
     if profile is None or isinstance(profile, (str, os.PathLike)):
