@@ -408,6 +408,23 @@ def test_minmax_equals_numpy_reference():
     assert list(got) == tensors
 
 
+def test_a_model_path_and_one_tensor_name_as_a_new_user_gives_them(tmp_path):
+    """calibration.md's calls with the model as a path and one tensor as a string
+    (2026-12-07): an AttributeError ('str' object has no attribute 'graph'), and the name
+    read as its letters ("tensor 'i' is not an input")."""
+    path = os.path.join(MODELS, "mobilenet_mini.onnx")
+    m = load_model(path)
+    rng = np.random.default_rng(4)
+    for k in range(3):
+        np.save(tmp_path / f"{k}.npy", rng.standard_normal((1, 3, 64, 64)).astype(np.float32))
+    data = D.load_calibration(tmp_path, path)
+    assert data.n_samples == 3 and data.names == ["input"]
+    want = R.collect_ranges(m, ["input"], tmp_path, progress=False)
+    assert R.collect_ranges(path, "input", data, progress=False) == want
+    with pytest.raises(InputError, match="model: a path or an onnx.ModelProto, got int"):
+        D.load_calibration(tmp_path, 3)
+
+
 def test_minmax_mobilenet_reference_and_chunking():
     m = load_model(os.path.join(MODELS, "mobilenet_mini.onnx"))
     rng = np.random.default_rng(3)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -220,6 +222,34 @@ def test_writing_a_pass_example_runs(tmp_path, monkeypatch):
     assert row.name == "drop-identity"
     assert dict(row.counts) == {"dropped": 1, "skip:graph-output": 1}
     assert report.verified
+
+
+def test_calibration_example_runs(tmp_path, monkeypatch):
+    """calibration.md's Python block, run literally on a model whose tensors bear its
+    names and a folder of 60 images (it gave no model and passed the path nowhere)."""
+    from conftest import make_model
+    from PIL import Image
+
+    text = (ROOT / "docs" / "calibration.md").read_text()
+    code = re.findall(r"```python\n(.*?)```", text, re.S)[0]
+    import onnx
+
+    onnx.save(make_model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[N,3,8,8] input, float[4,3,3,3] w1, float[4,4,3,3] w2) => (float[N,4,8,8] y) {
+          conv1_in = Relu(input)
+          conv2_in = Conv<pads=[1,1,1,1]>(conv1_in, w1)
+          y = Conv<pads=[1,1,1,1]>(conv2_in, w2)
+        }""", {"w1": (4, 3, 3, 3), "w2": (4, 4, 3, 3)}), tmp_path / "m.onnx")
+    (tmp_path / "photos").mkdir()
+    rng = np.random.default_rng(5)
+    for k in range(60):
+        Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(
+            tmp_path / "photos" / f"{k:02d}.png")
+    monkeypatch.chdir(tmp_path)
+    scope = {}
+    exec(compile(code, "calibration.md", "exec"), scope)
+    assert scope["held_out"].n_samples == 50 and scope["calib"].n_samples == 10
+    assert set(scope["ranges"]) == {"conv1_in", "conv2_in"}
 
 
 def _env():

@@ -235,8 +235,15 @@ def _model_inputs(model: onnx.ModelProto) -> list[_Input]:
 
 
 def _proto(model) -> onnx.ModelProto:
+    """The ModelProto of ``model``: itself, an Exported's, or a path's (loaded, validated,
+    without external data; a path was an AttributeError)."""
     from rewriter.core.convert import Exported
 
+    if isinstance(model, (str, os.PathLike)):
+        from rewriter.core.load import load_model
+        return load_model(model)
+    if not isinstance(model, (onnx.ModelProto, Exported)):
+        raise InputError(f"model: a path or an onnx.ModelProto, got {type(model).__name__}")
     return model.model if isinstance(model, Exported) else model
 
 
@@ -623,7 +630,8 @@ def _read_labels(root: Path, files: list[Path], batch_size: int) -> np.ndarray |
     return np.asarray(values[:len(files)], dtype=np.int64)
 
 
-def load_calibration(source, model: onnx.ModelProto, preprocess: Preprocess | dict | None = None,
+def load_calibration(source, model: onnx.ModelProto | str | os.PathLike,
+                     preprocess: Preprocess | dict | None = None,
                      limit: int | None = None, batch_size: int = 1,
                      labels=None) -> CalibrationData:
     """Calibration samples for ``model``, validated up front, loaded lazily.

@@ -45,7 +45,9 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -70,9 +72,9 @@ def collect_ranges(model, tensors: list[str], data, method: str = "minmax",
                    desc: str | None = None) -> dict[str, float]:
     """The symmetric range ``amax`` (>= 0) of each tensor over the calibration data.
 
-    ``model`` is a ModelProto or a :class:`rewriter.core.convert.Exported` (weights as stubs; its
-    ``ort_initializers()`` and ``source_dir`` are used unless ``initializers`` /
-    ``base_dir`` are given). ``tensors`` names graph inputs or outputs of main-graph nodes;
+    ``model`` is a ModelProto, a path, or a :class:`rewriter.core.convert.Exported` (weights
+    as stubs; its ``ort_initializers()`` and ``source_dir`` are used unless ``initializers``
+    / ``base_dir`` are given). ``tensors`` names graph inputs or outputs of main-graph nodes;
     they must be float. ``data`` is a :class:`CalibrationData` or anything
     :func:`load_calibration` takes.
 
@@ -102,7 +104,8 @@ def collect_ranges(model, tensors: list[str], data, method: str = "minmax",
         raise InputError(f"chunk must be a positive integer, got {chunk!r}")
     if nonfinite not in ("inf", "drop"):
         raise InputError(f"nonfinite must be inf or drop, got {nonfinite!r}")
-    tensors = list(dict.fromkeys(tensors))
+    # one name, not its letters ("tensor 'i' is not an input")
+    tensors = list(dict.fromkeys([tensors] if isinstance(tensors, str) else tensors))
     desc = desc or f"calibrate ({reducer.method})"
     if not also:
         _stream(model, tensors, data, reducer, chunk, base_dir, initializers, progress,
@@ -277,6 +280,8 @@ def _stream(model, tensors: list[str], data, reducer, chunk: int, base_dir, init
             initializers = model.ort_initializers()
         if base_dir is None:
             base_dir = model.source_dir
+    if isinstance(model, (str, os.PathLike)) and base_dir is None:
+        base_dir = Path(model).parent   # its external data, as rewrite() resolves it
     proto = _proto(model)
     if not isinstance(data, CalibrationData):
         data = load_calibration(data, proto)
