@@ -103,6 +103,23 @@ def test_npy_folder_sorted_lazy_reiterable(tmp_path):
     assert len(D.load_calibration(tmp_path, m, limit=3)) == 3
 
 
+def test_a_labels_file_holds_one_label_per_sample(tmp_path):
+    """A labels.txt of 5 lines beside 4 samples was taken (the first 4), so a stray line
+    at the top shifted every label, silently (2026-12-07); fewer were refused already.
+    Under a limit the file still holds the whole folder's."""
+    for k in range(4):
+        np.save(tmp_path / f"{k}.npy", np.zeros((1, 4), np.float32))
+    for lines, fails in (("1 2 3 4", False), ("9 1 2 3 4", True), ("1 2 3", True)):
+        (tmp_path / "labels.txt").write_text(lines.replace(" ", "\n"))
+        if fails:
+            with pytest.raises(InputError, match=f"labels.txt: {len(lines.split())} labels "
+                                                 "for 4 samples"):
+                D.load_calibration(tmp_path, mlp())
+        else:
+            assert list(D.load_calibration(tmp_path, mlp()).labels) == [1, 2, 3, 4]
+            assert list(D.load_calibration(tmp_path, mlp(), limit=2).labels) == [1, 2]
+
+
 def test_npz_folder_multi_input(tmp_path):
     m = make_model(TWO_INPUTS)
     rng = np.random.default_rng(0)

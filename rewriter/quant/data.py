@@ -601,14 +601,17 @@ def check_preprocess_applies(source) -> None:
                              f"{kind} files, which are inputs already")
 
 
-def _read_labels(root: Path, files: list[Path], batch_size: int) -> np.ndarray | None:
+def _read_labels(root: Path, files: list[Path], batch_size: int,
+                 n_files: int) -> np.ndarray | None:
     """The labels file beside the samples (``labels.txt``: one integer per line;
-    ``labels.json``: a list, or {relative file name: label}; ``labels.npy``), or None."""
+    ``labels.json``: a list, or {relative file name: label}; ``labels.npy``), or None.
+    ``files``: the samples read (the first of ``n_files`` under a limit); a list must
+    hold one label per file, no more, no fewer."""
     folder = root if root.is_dir() else root.parent
     found = [folder / f for f in LABEL_FILES if (folder / f).is_file()]
     if not found:
         return None
-    path = found[0]
+    path, by_name = found[0], False
     try:
         if path.suffix == ".txt":
             values = [int(x) for x in path.read_text().split()]
@@ -617,7 +620,8 @@ def _read_labels(root: Path, files: list[Path], batch_size: int) -> np.ndarray |
         else:
             import json
             raw = json.loads(path.read_text())
-            if isinstance(raw, dict):
+            by_name = isinstance(raw, dict)
+            if by_name:
                 values = [int(raw[p.relative_to(folder).as_posix()]) for p in files]
             else:
                 values = [int(x) for x in raw]
@@ -625,8 +629,8 @@ def _read_labels(root: Path, files: list[Path], batch_size: int) -> np.ndarray |
         raise InputError(f"{path}: cannot read labels ({type(e).__name__}: {e})") from None
     if batch_size != 1:
         raise InputError(f"{path}: labels need one sample per feed (batch size 1)")
-    if len(values) < len(files):
-        raise InputError(f"{path}: {len(values)} labels for {len(files)} samples")
+    if not by_name and len(values) != n_files:   # an extra one shifted none, silently
+        raise InputError(f"{path}: {len(values)} labels for {n_files} samples")
     return np.asarray(values[:len(files)], dtype=np.int64)
 
 
@@ -675,6 +679,7 @@ def load_calibration(source, model: onnx.ModelProto | str | os.PathLike,
     if isinstance(source, (str, os.PathLike)):
         root = Path(source)
         files, kind, ignored = _scan(root)
+        n_files = len(files)
         files = files[:limit] if limit is not None else files
         drop_last = False
         if kind == IMAGE:
@@ -708,7 +713,7 @@ def load_calibration(source, model: onnx.ModelProto | str | os.PathLike,
                     for spec, (shape, dtype) in zip(inputs, _read_npz(p, names, True).values()):
                         _check_header(spec, shape, dtype, p)
                 load = lambda p: _read_npz(p, names, False)
-        labels = _read_labels(root, files, batch_size)
+        labels = _read_labels(root, files, batch_size, n_files)
         return CalibrationData(files, kind, inputs, load, batch_size, drop_last, str(root),
                                ignored, labels)
 
