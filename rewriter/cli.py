@@ -227,9 +227,14 @@ def _run(args) -> int:
     _planner_flags_need_the_planner(args)
     if args.preprocess and not args.calib:
         raise InputError("--preprocess says how --calib images become inputs: add --calib DIR")
-    if args.target == "none" and (args.save_mxr or args.require_backend):
-        flag = "--save-mxr" if args.save_mxr else "--require-backend"
-        raise InputError(f"{flag} is for MIGraphX's compile: drop --target none")
+    compile_flags = [f for f, given in (
+        ("--save-mxr", args.save_mxr), ("--require-backend", args.require_backend),
+        # given away from their defaults: --target none --migraphx-target ref did nothing
+        (f"--migraphx-target {args.migraphx_target}", args.migraphx_target != "auto"),
+        (f"--backend {args.backend}", args.backend != "migraphx"),
+        ("--migraphx-samples", args.migraphx_samples != 8)) if given]
+    if args.target == "none" and compile_flags:
+        raise InputError(f"{compile_flags[0]} is for MIGraphX's compile: drop --target none")
     from rewriter.core.save import check_distinct, check_output_path
     check_distinct(args.model, [("-o", args.output), ("--report", args.report),
                                 ("--save-mxr", args.save_mxr)])
