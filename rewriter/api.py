@@ -166,8 +166,9 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
                        ("materialize", materialize)):
         if not isinstance(flag, (bool, np.bool_)):   # verify="no" verified
             raise InputError(f"{name}={flag!r}: True or False")
-    if base_dir is not None and not isinstance(base_dir, (str, os.PathLike)):
-        raise InputError(f"base_dir: a folder path, got {type(base_dir).__name__}")
+    for name, path in (("base_dir", base_dir), ("output", output)):
+        if path is not None and not isinstance(path, (str, os.PathLike)):
+            raise InputError(f"{name}: a path, got {type(path).__name__}")
     try:
         with _no_gc():
             # No name for the run: it is garbage, its graphs too, when the block collects.

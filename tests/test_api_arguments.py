@@ -96,7 +96,10 @@ def test_a_generator_of_calibration_samples_serves_plan_auto():
     ({"fix_shapes": 1}, "fix_shapes=1: True or False"),
     ({"progress": None}, "progress=None: True or False"),
     ({"materialize": "yes"}, "materialize='yes': True or False"),
-    ({"base_dir": 3}, "base_dir: a folder path, got int"),
+    ({"base_dir": 3}, "base_dir: a path, got int"),
+    ({"output": 3}, "output: a path, got int"),
+    ({"plan": "auto", "calib": [{"input": np.zeros((1, 3, 64, 64), np.float32)}] * 8,
+      "labels": ["cat"] * 8}, "labels: class indices (integers), not ['cat'"),
 ])
 def test_bad_arguments_are_input_errors(kwargs, fragment):
     passes = kwargs.pop("passes", None)

@@ -671,7 +671,11 @@ def load_calibration(source, model: onnx.ModelProto | str | os.PathLike,
     if isinstance(source, CalibrationData):
         return source.limit(limit)
     if labels is not None:
-        labels = np.asarray(labels, dtype=np.int64).ravel()
+        try:
+            labels = np.asarray(labels, dtype=np.int64).ravel()
+        except (TypeError, ValueError) as e:   # "a" was a ValueError, exit 3
+            raise InputError(f"labels: class indices (integers), not {labels!r:.60}: "
+                             f"{e}") from None
     model = _proto(model)
     inputs = _model_inputs(model)
     names = [i.name for i in inputs]
