@@ -515,6 +515,12 @@ class _Rewrite:
             data, held = data.split(held_out_count(len(data)))
             self.held_out = list(held)
             self.held_labels = held.labels
+        elif self.verify and self.inputs is None:   # one [64, ...] .npy failed on noise
+            self.early_warnings.append(
+                f"--calib gives {len(data)} sample(s), fewer than 8: none is held out, so "
+                "--verify judges the plan on random inputs, which its ranges were not "
+                "computed for (a file is one sample, a batched .npy too: one file per "
+                "sample, or --inputs DIR)")
         self.calib_data = data
 
     def plan_asks(self) -> list[str]:

@@ -357,3 +357,23 @@ def test_inputs_imply_verify_as_the_cli_flag_does():
     assert rep.verified and rep.verification
     with pytest.raises(InputError, match="cannot run the original model on these inputs"):
         rewriter.rewrite(RESNET, inputs={"input": x[:, :, :32, :32]})
+
+
+def test_fewer_than_8_calibration_samples_say_what_verify_judges_on():
+    """One .npy of 64 images is one sample: nothing was held out and --verify judged the
+    plan on random inputs, unsaid, and failed it there (SQNR 13.3 dB on resnet_mini,
+    2026-12-07). Now a warning says so; the planner's refusal says what a sample is."""
+    rng = np.random.default_rng(3)
+    calib = [{"input": rng.standard_normal((1, 3, 64, 64)).astype(np.float32)}
+             for _ in range(3)]
+    try:
+        _, rep = rewriter.rewrite(RESNET, plan="fp16", calib=calib, verify=True)
+        warnings = rep.warnings
+    except rewriter.VerificationError as e:
+        warnings = e.report.warnings
+    assert any("calib gives 3 sample(s), fewer than 8: none is held out" in w
+               for w in warnings), warnings
+    _, rep = rewriter.rewrite(RESNET, plan="fp16", calib=calib)
+    assert not any("fewer than 8" in w for w in rep.warnings)
+    with pytest.raises(InputError, match=r"\(3 given; a file is one sample, a batched .npy"):
+        rewriter.rewrite(RESNET, plan="auto", calib=calib)

@@ -715,7 +715,8 @@ def _prepare(model, calib, base_dir, s, labels, progress, fp32=None):
     data = load_calibration(calib, original, preprocess=s["preprocess"], limit=int(s["samples"]),
                             labels=labels)
     if len(data) < 8:
-        raise InputError(f"the planner needs at least 8 calibration samples ({len(data)} given)")
+        raise InputError(f"the planner needs at least 8 calibration samples ({len(data)} "
+                         "given; a file is one sample, a batched .npy too: one file per sample)")
     form_plan = Plan(int8={"weights": s["weights"], "weight_form": s["weight_form"]})
     need = form_plan.qdq_opset(s["migraphx_version"])[0]
     if graph.opset < need and any(n.op in LAYER_OPS for n in graph.nodes):
