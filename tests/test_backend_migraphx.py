@@ -301,6 +301,18 @@ def test_a_crash_in_the_child_process_is_an_error_at_its_stage(capfd, monkeypatc
     assert mgx_backend.MigraphxError("run", "x").__reduce__()[1] == ("run", "x")
 
 
+def test_no_child_process_means_in_process_with_a_note(monkeypatch):
+    """An interpreter embedded in another program may have no executable to start: MIGraphX
+    then runs in this process, and a note says it was unprotected."""
+    import sys
+    monkeypatch.delenv("REWRITE_MIGRAPHX_IN_PROCESS", raising=False)
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+    mgx_backend.notes().clear()
+    assert mgx_backend.isolated(_dies, "fine")["how"] == "fine"
+    assert any("unprotected" in n for n in mgx_backend.notes())
+    mgx_backend.notes().clear()
+
+
 def test_refuses_returns_a_crash_as_it_returns_a_refusal(monkeypatch):
     """``refuses`` answers with MIGraphX's error; a child that died is one too (it was
     raised out of the caller's check, exit 3, before)."""

@@ -366,9 +366,16 @@ def isolated(fn, *args, bar: dict | None = None):
                         f, protocol=pickle.HIGHEST_PROTOCOL)
         shown = progress_bar(bool(bar), total=(bar or {}).get("total"), unit="sample",
                              desc=(bar or {}).get("desc"))
-        with open(log, "wb") as console:
-            p = subprocess.Popen([sys.executable, "-c", _BOOT, job], stdin=subprocess.DEVNULL,
-                                 stdout=console, stderr=console)
+        try:
+            with open(log, "wb") as console:
+                p = subprocess.Popen([sys.executable or "python3", "-c", _BOOT, job],
+                                     stdin=subprocess.DEVNULL, stdout=console, stderr=console)
+        except OSError as e:   # e.g. an embedded interpreter with no executable to start
+            shown.close()
+            note = f"MIGraphX ran in this process, unprotected: no child process ({e})"
+            if note not in notes():
+                notes().append(note)
+            return fn(*args)
         try:
             while True:
                 try:
