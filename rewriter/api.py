@@ -212,6 +212,11 @@ def _check_arguments(target, migraphx, seed, inputs, input_shapes, labels, calib
         if set(migraphx) - set(MIGRAPHX_KEYS):
             bad = sorted(set(migraphx) - set(MIGRAPHX_KEYS))
             raise InputError(f"migraphx: unknown {bad} ({', '.join(MIGRAPHX_KEYS)})")
+        n = migraphx.get("samples", 8)
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            # -3 ran as 2, silently ("at least 2" is for plan models: one sample more)
+            raise InputError(f"migraphx samples {n!r}: an integer >= 1 (plan models are "
+                             "judged on at least 2)")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         # numpy's generators take no negative seed (a raw ValueError, exit 3: tenth round)
         raise InputError(f"seed {seed!r}: an integer >= 0")

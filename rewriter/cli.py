@@ -121,8 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "static check (default: the installed one, else the rules of every "
                         "version run)")
     g.add_argument("--migraphx-samples", type=int, default=8, metavar="N",
-                   help="plan models are judged on MIGraphX on up to N samples, at least 2 "
-                        "(default 8)")
+                   help="plan models are judged on MIGraphX on up to N samples (N >= 1; "
+                        "a plan model on at least 2) (default 8)")
     g.add_argument("--save-mxr", metavar="FILE", help="save the compiled MIGraphX program")
     g.add_argument("--require-backend", action="store_true",
                    help="fail (exit 2) when the backend is not installed, instead of "
@@ -233,6 +233,9 @@ def _run(args) -> int:
         (f"--migraphx-target {args.migraphx_target}", args.migraphx_target != "auto"),
         (f"--backend {args.backend}", args.backend != "migraphx"),
         ("--migraphx-samples", args.migraphx_samples != 8)) if given]
+    if args.migraphx_samples < 1:
+        raise InputError(f"--migraphx-samples {args.migraphx_samples}: 1 or more (plan models "
+                         "are judged on at least 2)")
     if args.target == "none" and compile_flags:
         raise InputError(f"{compile_flags[0]} is for MIGraphX's compile: drop --target none")
     from rewriter.core.save import check_distinct, check_output_path

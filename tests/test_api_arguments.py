@@ -85,6 +85,8 @@ def test_a_generator_of_calibration_samples_serves_plan_auto():
     ({"target": "MIGraphX"}, "target 'MIGraphX': None, 'none' or 'migraphx'"),
     ({"target": "migraphx", "migraphx": {"devise": "ref"}}, "migraphx: unknown ['devise']"),
     ({"migraphx": {"device": "ref"}}, "migraphx= settings are for target='migraphx'"),
+    ({"target": "migraphx", "migraphx": {"samples": -3}}, "migraphx samples -3: an integer"),
+    ({"target": "migraphx", "migraphx": {"samples": 2.5}}, "migraphx samples 2.5: an integer"),
     ({"labels": [0, 1]}, "labels are the calibration samples' labels: give calib"),
     # a new user's mistakes (2026-12-07): AttributeError, ValueError, TypeError, or ran
     ({"input_shapes": [1, 3, 64, 64]}, "input_shapes: a dict of input name -> dims"),
