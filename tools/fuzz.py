@@ -5,7 +5,9 @@
 
 Every case is one model file (with its external data file when the mutation needs one)
 made from a seed model by one mutation, then rewritten with
-``rewrite IN -o OUT --verify --target none`` (``--cli-args`` sets other options), with
+``rewrite IN -o OUT --verify --target none`` (``--cli-args`` sets other options;
+``--calib-samples N`` writes N seeded random samples of the unmutated seed model's inputs
+per case and adds ``--calib``, for plans), with
 ``-q`` on even case numbers (nothing
 may reach stdout) and without it on odd ones (the report printed to a file, so that its
 rendering is tested too). A case ends in exactly one of:
@@ -14,6 +16,9 @@ rendering is tested too). A case ends in exactly one of:
 * **clean error**: exit 2, exactly one line on stderr that starts with ``rewrite: error:``,
   no traceback, no output file (with ``--target migraphx``, the output stays written when
   MIGraphX fails the original too, as the contract says);
+* **refused** (with a ``--plan`` in ``--cli-args``): exit 1, one ``rewrite: error:`` line,
+  no output: ``--verify`` refusing a lossy plan's output, by design (a random 3-class head
+  judged on 4 held-out samples, weights a bit flip made 1e30);
 * **crash**: anything else: exit 1 (a rewrite that broke the numbers), exit 3 (a bug in a
   pass), a Python traceback, more than one stderr line (onnxruntime's log included), a
   timeout (the per-case time bound), a dead worker, an output left behind by a failure, a
@@ -70,6 +75,7 @@ MAX_OPSET = onnx.defs.onnx_opset_version()
 # -q on even cases only: a verification line that could not render (NaN bounds) was exit
 # 3 for users and hidden from the fuzz, which ran every case with -q (seed 61403).
 CLI_ARGS = ["--verify", "--target", "none"]
+CALIB_SAMPLES = [0]   # --calib-samples: random calibration samples written per case
 
 
 # --------------------------------------------------------------------------- seed models
@@ -494,7 +500,25 @@ def make_case(seeds: list[Seed], seed: int, index: int, folder: Path) -> dict:
     if s.inputs is not None:
         np.savez(folder / "inputs.npz", **s.inputs)
         args += ["--inputs", str(folder / "inputs.npz")]
+    if CALIB_SAMPLES[0] and _calibration(s, folder / "calib", CALIB_SAMPLES[0]):
+        args += ["--calib", str(folder / "calib")]
     return {"index": index, "seed_model": s.name, "mutation": name, "args": args}
+
+
+def _calibration(s: Seed, folder: Path, n: int) -> bool:
+    """``n`` seeded random samples (``verify.make_feeds``) for the unmutated seed model's
+    inputs, one .npz each, at its --input-shape sizes; False where none can be made (a
+    sequence input, say): the case then runs without --calib."""
+    from rewriter.verify import make_feeds, parse_shape_args
+    shapes = parse_shape_args([a for k, a in zip(s.args, s.args[1:]) if k == "--input-shape"])
+    try:
+        feeds = [make_feeds(s.model, shapes or None, seed=i) for i in range(n)]
+    except Exception:  # noqa: BLE001 - a seed random inputs cannot feed
+        return False
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, f in enumerate(feeds):
+        np.savez(folder / f"sample{i:03d}.npz", **f)
+    return True
 
 
 # --------------------------------------------------------------------------- worker
@@ -620,6 +644,9 @@ def classify(res: dict, folder: Path, out: Path, before: dict,
         if out.exists() and not _original_too(first):
             return "crash", "output written despite the error"
         return "clean_error", first
+    if (res["code"] == 1 and len(err_lines) == 1 and first.startswith("rewrite: error:")
+            and not out.exists() and "--plan" in CLI_ARGS):
+        return "refused", first   # --verify refused a lossy plan's output: by design
     if len(err_lines) != 1:
         return "crash", f"exit {res['code']} with {len(err_lines)} stderr lines: " + \
             " | ".join(ln[:120] for ln in err_lines[:3])
@@ -735,7 +762,7 @@ def fuzz(cases: int, seed: int = 0, jobs: int = 0, timeout: float = 30.0,
     return {
         "cases": cases, "seed": seed, "seconds": round(time.perf_counter() - t0, 1),
         "verified": counts.get("verified", 0), "clean_error": counts.get("clean_error", 0),
-        "crash": counts.get("crash", 0),
+        "crash": counts.get("crash", 0), "refused": counts.get("refused", 0),
         "by_mutation": {k: dict(v) for k, v in sorted(by_mutation.items())},
         "slowest": max((c.get("seconds", 0) for c in results), default=0),
         "crashes": [c for c in results if c["verdict"] == "crash"],
@@ -765,17 +792,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cli-args", default=" ".join(CLI_ARGS),
                     help="the options every case runs with (default: %(default)s); e.g. "
                     "'--target migraphx --migraphx-target ref' compiles on MIGraphX too")
+    ap.add_argument("--calib-samples", type=int, default=0, metavar="N",
+                    help="write N random calibration samples per case and pass --calib "
+                    "(with a --plan in --cli-args)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         return worker_main()
     import shlex
     CLI_ARGS[:] = shlex.split(args.cli_args)
+    CALIB_SAMPLES[0] = args.calib_samples
     r = fuzz(args.cases, args.seed, args.jobs, args.timeout, args.recheck_every, args.real,
              args.keep_failures, progress=True)
     print(f"{r['cases']} cases, seed {r['seed']}, {r['seconds']} s: "
           f"rewritten-and-verified {r['verified']} / clean error {r['clean_error']} / "
-          f"crash {r['crash']}")
+          + (f"plan refused by --verify {r['refused']} / " if "--plan" in CLI_ARGS else "")
+          + f"crash {r['crash']}")
     for name, c in r["by_mutation"].items():
         print(f"  {name:<14} " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())))
     print("  errors: " + "; ".join(f"{k} x{n}" for k, n in r["errors"][:12]))
