@@ -9,6 +9,8 @@ counts int8 kernels is checked on text in the format MIGraphX prints.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx
 import onnx.parser
@@ -325,6 +327,52 @@ def test_refuses_returns_a_crash_as_it_returns_a_refusal(monkeypatch):
     assert isinstance(err, mgx_backend.MigraphxError) and err.stage == "compile"
 
 
+def test_the_child_imports_this_rewriter_from_another_working_directory(tmp_path,
+                                                                         monkeypatch):
+    """A ``python -c`` caller's sys.path starts with '', its working directory at import;
+    after a chdir into a folder holding another ``rewriter``, the child imported that one
+    (a MigraphxError "parse failed: crashed ... ImportError" for a model never parsed)."""
+    monkeypatch.delenv("REWRITE_MIGRAPHX_IN_PROCESS", raising=False)
+    (tmp_path / "rewriter").mkdir()
+    (tmp_path / "rewriter" / "__init__.py").write_text("raise ImportError('another rewriter')")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend("")
+    got = mgx_backend.isolated(_dies, "fine")
+    assert got["how"] == "fine"
+
+
+def test_a_temp_folder_without_room_is_a_one_line_error(tmp_path):
+    """The child's job (the feeds) and its result (the outputs) go through files in TMPDIR;
+    with no room for either, an InputError saying so (exit 2), not an internal OSError
+    (exit 3) nor "run failed: crashed". Files are capped with RLIMIT_FSIZE here."""
+    import subprocess
+    import sys
+    code = (
+        "import resource, signal, sys, numpy as np\n"
+        "sys.path[:0] = [sys.argv[1]]\n"
+        "import test_backend_migraphx as t\n"
+        "from rewriter.core.errors import InputError\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))\n"
+        "for args in ((np.zeros(1 << 15),), (0,)):\n"
+        "    try:\n"
+        "        t.mgx_backend.isolated(t._big, *args)\n"
+        "    except InputError as e:\n"
+        "        print('InputError:', e)\n")
+    env = {k: v for k, v in os.environ.items() if k != "REWRITE_MIGRAPHX_IN_PROCESS"}
+    p = subprocess.run([sys.executable, "-c", code, os.path.dirname(__file__)], env=env,
+                       capture_output=True, text=True, timeout=120)
+    lines = p.stdout.splitlines()
+    assert p.returncode == 0 and len(lines) == 2, (p.stdout, p.stderr)
+    assert all("child process" in x and "set TMPDIR" in x for x in lines), lines
+    assert "File too large" in lines[1], lines   # the child's write, said by the child
+
+
+def _big(x):
+    import numpy as np
+    return np.zeros(1 << 15)   # 256 KB of outputs
+
+
 @pytest.mark.migraphx
 def test_a_real_migraphx_segfault_leaves_the_process_running(tmp_path, monkeypatch):
     """A 0-d int4 tensor segfaults MIGraphX's parser (2.15 and 2.16; compile_and_run
@@ -582,3 +630,33 @@ def test_a_rewrite_refused_otherwise_than_the_original_says_both(tmp_path, monke
     assert "original model either" in err and "State input 0" in err, err
     assert err.endswith("the rewritten model fails otherwise: MIGraphX parse failed: "
                         "std::bad_alloc"), err
+
+
+@pytest.mark.migraphx
+def test_a_crop_pad_migraphx_2_15_aborts_on_is_tried_on_the_original_as_far(tmp_path, capsys):
+    """MIGraphX 2.15's ref target aborts running a constant Pad that crops. With its pads
+    computed (Neg of a constant) the pre-parse guard does not see them and the original
+    crashes at run, in the child; fold-constants makes them a constant in the output, which
+    the guard refused at "parse", so the original was only parsed: "the original model
+    parses ...: the rewrite broke it", exit 1. The guard's refusal is at "run" now, and
+    the original is run too: exit 2."""
+    migraphx = pytest.importorskip("migraphx", reason="MIGraphX is not installed")
+    from rewriter.core.pass_base import parse_version
+    if parse_version(migraphx.__version__)[:2] >= (2, 16):
+        pytest.skip("2.16 crops right: nothing crashes")
+    from onnx import TensorProto, helper
+
+    from rewriter.cli import main
+    c = numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "c")
+    g = helper.make_graph(
+        [helper.make_node("Neg", ["c"], ["pads"]), helper.make_node("Pad", ["x", "pads"], ["p"]),
+         helper.make_node("Relu", ["p"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 4, 4])], [c])
+    src = str(tmp_path / "m.onnx")
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
+    code = main([src, "-o", str(tmp_path / "o.onnx"), "-q", "--passes", "fold-constants",
+                 "--target", "migraphx", "--migraphx-target", "ref"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "cannot run the original model either" in err and "SIGABRT" in err, err

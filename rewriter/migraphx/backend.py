@@ -231,8 +231,9 @@ def _refuse_crash(model_path) -> None:
     version = parse_version(getattr(_import()[0], "__version__", None))
     if version is not None and version[:2] < (2, 16):
         why = _negative_pad(model)
-        if why:
-            raise MigraphxError("parse", why)
+        if why:   # at the stage MIGraphX would fail at, so that the original is tried as far
+            stage = "run" if _PAD_CAUSES["constant"][0] in why else "parse"
+            raise MigraphxError(stage, why)
 
 
 _PAD_CAUSES = {
@@ -324,8 +325,11 @@ def notes() -> list[str]:
 _CHILD: dict = {}   # in a child process of :func:`isolated`: the file its stage goes to
 # The child's bootstrap: the parent's sys.path first, so it imports the same rewriter and
 # the same migraphx (a toolchain may have put either on its path by hand).
-_BOOT = ("import pickle, sys; job = pickle.load(open(sys.argv[1], 'rb')); "
-         "sys.path[:] = job['path']; from rewriter.migraphx import backend; backend._child(job)")
+# The call follows in the same file, read after the path is set (streamed both ways: a
+# nested pickle of 288 MB of feeds was one more copy of them in each process).
+_BOOT = ("import pickle, sys; f = open(sys.argv[1], 'rb'); job = pickle.load(f); "
+         "sys.path[:] = job['path']; from rewriter.migraphx import backend; "
+         "backend._child(job, f)")
 
 
 def _stage(name: str, done: int | None = None) -> None:
@@ -357,13 +361,15 @@ def isolated(fn, *args, bar: dict | None = None):
     import tempfile
 
     from rewriter.core.progress import progress_bar
-    with tempfile.TemporaryDirectory(prefix="rewrite-migraphx-") as d:
+    with _temp_dir() as d:
         job, out, stage, log = (os.path.join(d, n) for n in ("job", "out", "stage", "log"))
-        with open(job, "wb") as f:
-            pickle.dump({"path": list(sys.path), "out": out, "stage": stage,
-                         "parent": os.getpid(),   # and the call, loaded after the path is set
-                         "call": pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)},
-                        f, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            with open(job, "wb") as f:
+                pickle.dump({"path": _child_path(), "out": out, "stage": stage,
+                             "parent": os.getpid()}, f, protocol=pickle.HIGHEST_PROTOCOL)
+                pickle.dump((fn, args), f, protocol=pickle.HIGHEST_PROTOCOL)
+        except OSError as e:   # TMPDIR full: an internal error, exit 3, was said
+            raise _no_room(d, e) from None
         shown = progress_bar(bool(bar), total=(bar or {}).get("total"), unit="sample",
                              desc=(bar or {}).get("desc"))
         try:
@@ -398,10 +404,47 @@ def isolated(fn, *args, bar: dict | None = None):
             return value
         at = (_read(stage) or "parse").split()[0]
         last = [x.strip() for x in _read(log).splitlines() if x.strip()][-1:]
+        if p.returncode == _NO_ROOM:
+            raise _no_room(d, last[0] if last else "")
     how = (f"signal {signal.Signals(-p.returncode).name}" if -p.returncode in
            set(signal.Signals) else f"exit status {p.returncode}")
     raise MigraphxError(at, f"crashed ({how}; in a child process, so rewrite goes on)"
                         + (f": {clean_message(last[0])}" if last else ""))
+
+
+_NO_ROOM = 75   # the child's exit status when it cannot write its result
+
+
+def _temp_dir():
+    import tempfile
+    try:
+        return tempfile.TemporaryDirectory(prefix="rewrite-migraphx-")
+    except OSError as e:
+        raise _no_room(tempfile.gettempdir(), e) from None
+
+
+def _no_room(where: str, why) -> Exception:
+    """The one-line error (exit 2) for a temporary folder the child's files do not fit in:
+    its job (the feeds) and its result (the outputs) go through files there."""
+    from rewriter.core.errors import InputError
+    return InputError(f"MIGraphX runs in a child process, whose inputs and outputs go through "
+                      f"files in {os.path.dirname(where) or where}: {why} (set TMPDIR to a "
+                      "folder with room)")
+
+
+def _child_path() -> list[str]:
+    """The child's ``sys.path``: this one, after the folders this process imported
+    ``rewriter`` and ``migraphx`` from (a zip's path for a zip). A ``python -c`` caller's ''
+    is its working directory at import, which it may have left since: the child, started
+    in the new one, imported another folder's ``rewriter`` (a MigraphxError "parse failed:
+    crashed" for an ImportError)."""
+    roots = []
+    for name in ("migraphx", "rewriter"):
+        spec = getattr(sys.modules.get(name), "__spec__", None)
+        if spec is not None and spec.origin and spec.has_location:
+            up = 2 if spec.submodule_search_locations is not None else 1   # a package
+            roots.append(os.path.abspath(os.path.join(spec.origin, *[os.pardir] * up)))
+    return list(dict.fromkeys(roots + sys.path))
 
 
 def _read(path: str) -> str:
@@ -418,9 +461,9 @@ def _done(stage: str) -> int:
     return int(words[1]) if len(words) == 2 and words[1].isdigit() else 0
 
 
-def _child(job: dict) -> None:
-    """The child's side of :func:`isolated`: run the job, write (kind, value, said lines,
-    notes) for the parent, and leave without Python's teardown."""
+def _child(job: dict, f) -> None:
+    """The child's side of :func:`isolated`: run the call read from ``f``, write (kind,
+    value, said lines, notes) for the parent, and leave without Python's teardown."""
     import pickle
     import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -433,7 +476,8 @@ def _child(job: dict) -> None:
         os._exit(1)
     _CHILD["stage"] = job["stage"]
     try:
-        fn, args = pickle.loads(job["call"])
+        with f:
+            fn, args = pickle.load(f)
         result = ("ok", fn(*args))
     except Exception as e:  # noqa: BLE001 - handed to the parent, raised there
         try:
@@ -441,9 +485,13 @@ def _child(job: dict) -> None:
         except Exception:   # an exception that does not pickle: its type and text
             e = RuntimeError(f"{type(e).__name__}: {e}")
         result = ("raise", e)
-    with open(job["out"] + ".part", "wb") as f:
-        pickle.dump(result + (said(), notes()), f, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(job["out"] + ".part", job["out"])
+    try:
+        with open(job["out"] + ".part", "wb") as f:
+            pickle.dump(result + (said(), notes()), f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(job["out"] + ".part", job["out"])
+    except OSError as e:   # no room for the outputs: said as such, not as a crash
+        print(f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        os._exit(_NO_ROOM)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
