@@ -164,11 +164,15 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
     api = CALLER.get() == "api"
     for name, flag in (("verify", verify), ("fix_shapes", fix_shapes), ("progress", progress),
                        ("materialize", materialize)):
-        if not isinstance(flag, (bool, np.bool_)):   # verify="no" verified
+        # verify="no" verified; 1 and 0 are flags as Python reads them (they worked before)
+        if not isinstance(flag, (bool, np.bool_)) and not (
+                isinstance(flag, (int, np.integer)) and flag in (0, 1)):
             raise InputError(f"{name}={flag!r}: True or False")
-    for name, path in (("base_dir", base_dir), ("output", output)):
-        if path is not None and not isinstance(path, (str, os.PathLike)):
-            raise InputError(f"{name}: a path, got {type(path).__name__}")
+    base_dir, output = (_path_argument(n, p) for n, p in (("base_dir", base_dir),
+                                                           ("output", output)))
+    # a tuple of feeds and a read-only mapping of settings are what a list and a dict are
+    inputs = list(inputs) if isinstance(inputs, tuple) else inputs
+    migraphx = dict(migraphx) if isinstance(migraphx, collections.abc.Mapping) else migraphx
     try:
         with _no_gc():
             # No name for the run: it is garbage, its graphs too, when the block collects.
@@ -187,6 +191,16 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
 
 
 MIGRAPHX_KEYS = ("device", "backend", "save_mxr", "require", "samples", "progress")
+
+
+def _path_argument(name: str, path):
+    """``path`` as str or PathLike (bytes decoded as os functions read them: a bytes
+    base_dir worked before it was checked), or InputError."""
+    if isinstance(path, bytes):
+        return os.fsdecode(path)
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise InputError(f"{name}: a path, got {type(path).__name__}")
+    return path
 
 
 def _mapping(name: str, value) -> dict:

@@ -3,6 +3,7 @@ models with external weights, what ``materialize`` returns, generators, and ever
 argument an InputError (a RewriteError), never a raw TypeError nor a value ignored."""
 
 import gc
+import os
 import threading
 
 import numpy as np
@@ -379,3 +380,25 @@ def test_fewer_than_8_calibration_samples_say_what_verify_judges_on():
     assert not any("fewer than 8" in w for w in rep.warnings)
     with pytest.raises(InputError, match=r"\(3 given; a file is one sample, a batched .npy"):
         rewriter.rewrite(RESNET, plan="auto", calib=calib)
+
+
+def test_flags_paths_and_containers_taken_as_python_reads_them(tmp_path):
+    """Today's checks refused verify=1 and a bytes base_dir, which worked before; a bytes
+    output was a TypeError, a tuple of feeds and a read-only mapping of MIGraphX settings
+    refused. Each is read as Python reads it; verify="no" and output=3 stay refused."""
+    import types
+    x = np.random.default_rng(3).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    _, rep = rewriter.rewrite(RESNET, verify=1)
+    assert rep.verified
+    model = onnx.load(RESNET)
+    out = tmp_path / "o.onnx"
+    rewriter.rewrite(model, base_dir=os.fsencode(RESNET.parent), output=os.fsencode(out))
+    assert out.exists()
+    _, rep = rewriter.rewrite(RESNET, inputs=({"input": x}, {"input": x}))
+    assert rep.verified
+    rewriter.rewrite(RESNET, target="migraphx",
+                     migraphx=types.MappingProxyType({"device": "ref", "require": False}))
+    for bad, said in ((dict(verify="no"), "verify='no'"), (dict(verify=2), "verify=2"),
+                      (dict(output=3), "output: a path")):
+        with pytest.raises(InputError, match=said):
+            rewriter.rewrite(RESNET, **bad)
