@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import sys
 
 import numpy as np
@@ -118,6 +119,30 @@ def test_a_labels_file_holds_one_label_per_sample(tmp_path):
         else:
             assert list(D.load_calibration(tmp_path, mlp()).labels) == [1, 2, 3, 4]
             assert list(D.load_calibration(tmp_path, mlp(), limit=2).labels) == [1, 2]
+
+
+def test_labels_are_class_indices_not_rounded_or_negative(tmp_path):
+    """Labels of 1.5 were read as class 1 and -1 as a class no output picks (a sample
+    judged wrong, unsaid), 1e30 was an OverflowError (exit 3); the given forms stay read:
+    numpy int64/int32/uint8 arrays, a tuple, whole floats, a file with CRLF line ends and
+    a trailing newline."""
+    m = mlp()
+    cal = [{"x": np.zeros((1, 4), np.float32)} for _ in range(3)]
+    for ok in (np.array([1, 2, 3], np.int64), np.array([1, 2, 3], np.int32),
+               np.array([1, 2, 3], np.uint8), (1, 2, 3), [1.0, 2.0, 3.0]):
+        assert D.load_calibration(cal, m, labels=ok).labels.tolist() == [1, 2, 3]
+    for bad, said in (([1.5, 2, 3], "label 0 is 1.5"), ([1, -1, 3], "label 1 is -1"),
+                      ([1, 2, 1e30], "label 2 is 1e+30")):
+        with pytest.raises(InputError, match=re.escape(f"integers >= 0; {said}")):
+            D.load_calibration(cal, m, labels=bad)
+    for k in range(3):
+        np.save(tmp_path / f"{k}.npy", np.zeros((1, 4), np.float32))
+    (tmp_path / "labels.txt").write_bytes(b"1\r\n2\r\n3\r\n")
+    assert D.load_calibration(tmp_path, m).labels.tolist() == [1, 2, 3]
+    (tmp_path / "labels.txt").unlink()
+    np.save(tmp_path / "labels.npy", np.array([1.0, 2.5, 3.0]))
+    with pytest.raises(InputError, match="labels.npy: class indices .* label 1 is 2.5"):
+        D.load_calibration(tmp_path, m)
 
 
 def test_npz_folder_multi_input(tmp_path):

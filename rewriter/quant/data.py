@@ -601,6 +601,26 @@ def check_preprocess_applies(source) -> None:
                              f"{kind} files, which are inputs already")
 
 
+def class_indices(labels, where: str) -> np.ndarray:
+    """``labels`` as int64 class indices, or InputError: a 1.5 was taken as class 1, a -1
+    as a class no output picks (each a sample judged wrong, unsaid), 1e30 an OverflowError
+    and "a" a ValueError (exit 3)."""
+    try:
+        given = np.asarray(labels)
+        with np.errstate(invalid="ignore"):
+            values = given.astype(np.int64).ravel()
+    except (TypeError, ValueError, OverflowError) as e:
+        raise InputError(f"{where}: class indices (integers), not {labels!r:.60}: {e}") from None
+    bad = values < 0
+    if given.dtype.kind in "fc":
+        bad |= values != given.ravel()
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise InputError(f"{where}: class indices are integers >= 0; label {i} is "
+                         f"{given.ravel()[i].item()!r}")
+    return values
+
+
 def _read_labels(root: Path, files: list[Path], batch_size: int,
                  n_files: int) -> np.ndarray | None:
     """The labels file beside the samples (``labels.txt``: one integer per line;
@@ -614,17 +634,19 @@ def _read_labels(root: Path, files: list[Path], batch_size: int,
     path, by_name = found[0], False
     try:
         if path.suffix == ".txt":
-            values = [int(x) for x in path.read_text().split()]
-        elif path.suffix == ".npy":
-            values = [int(x) for x in np.load(path, allow_pickle=False).ravel()]
+            values = class_indices([int(x) for x in path.read_text().split()],
+                                   str(path)).tolist()
+        elif path.suffix == ".npy":   # 1.5 was read as class 1
+            values = class_indices(np.load(path, allow_pickle=False), str(path)).tolist()
         else:
             import json
             raw = json.loads(path.read_text())
             by_name = isinstance(raw, dict)
             if by_name:
-                values = [int(raw[p.relative_to(folder).as_posix()]) for p in files]
+                values = [raw[p.relative_to(folder).as_posix()] for p in files]
             else:
-                values = [int(x) for x in raw]
+                values = raw
+            values = class_indices(values, str(path)).tolist()
     except (ValueError, KeyError, TypeError, OSError) as e:
         raise InputError(f"{path}: cannot read labels ({type(e).__name__}: {e})") from None
     if batch_size != 1:
@@ -671,11 +693,7 @@ def load_calibration(source, model: onnx.ModelProto | str | os.PathLike,
     if isinstance(source, CalibrationData):
         return source.limit(limit)
     if labels is not None:
-        try:
-            labels = np.asarray(labels, dtype=np.int64).ravel()
-        except (TypeError, ValueError) as e:   # "a" was a ValueError, exit 3
-            raise InputError(f"labels: class indices (integers), not {labels!r:.60}: "
-                             f"{e}") from None
+        labels = class_indices(labels, "labels")
     model = _proto(model)
     inputs = _model_inputs(model)
     names = [i.name for i in inputs]
