@@ -368,7 +368,8 @@ def check_budget(values: dict, where: str) -> None:
         v = values.get(k)
         if v is not None and not lo <= v <= hi:
             share = " (a share: 0.99, not 99)" if k == "min_top1" and v > 1 else ""
-            raise InputError(f"{where}{k} must be in [{lo:g}, {hi:g}], not {v:g}{share}")
+            # {v:.12g}: 1.0000001 was said as "not 1"
+            raise InputError(f"{where}{k} must be in [{lo:g}, {hi:g}], not {v:.12g}{share}")
 
 
 def max_abs_setting(value, where: str):

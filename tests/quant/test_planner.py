@@ -1148,3 +1148,13 @@ def test_nodes_sharing_a_name_are_planned_under_the_names_the_rewrite_gives_them
     plan, rep = plan_auto(str(src), data, settings={"folds": 4, "min_top1": 0.0})
     assert [r.id for r in rep.layers] == ["dup", "dup_1", "dup_2"]
     assert set(plan.overrides) == {"dup", "dup_1", "dup_2"}
+
+
+def test_a_budget_just_out_of_range_says_its_value():
+    """min_cosine 1.0000001 was refused as "must be in [-1, 1], not 1"; the bounds
+    themselves (a YAML plan's ints: min_top1 1, min_cosine -1, max_accuracy_drop 0) load."""
+    from rewriter.quant.plan import from_dict
+    with pytest.raises(rewriter.InputError, match=r"not 1\.0000001$"):
+        from_dict({"verify": {"min_cosine": 1.0000001}}, "p.yaml")
+    p = from_dict({"verify": {"min_top1": 1, "min_cosine": -1, "max_accuracy_drop": 0}}, "p")
+    assert (p.verify["min_top1"], p.verify["min_cosine"]) == (1, -1)
