@@ -96,6 +96,11 @@ def test_arguments_as_the_cli_takes_them():
         check_model(model, version="new")
     with pytest.raises(InputError, match="input_shapes: a dict of input name -> dims"):
         check_model(model, input_shapes=[1, 4, 8, 8])
+    # a float was a TypeError (exit 3) and cannot tell 2.1 from 2.10; numpy ints are ints
+    with pytest.raises(InputError, match="version 2.16: 'X.Y'"):
+        check_model(model, version=2.16)
+    assert check_model(model, plan_int8_nodes=["y_node"],
+                       version=(np.int64(2), np.int64(16))).to_dict() == want
 
 
 def test_clean_qdq_conv_has_no_qdq_findings_and_runs_in_onnxruntime():

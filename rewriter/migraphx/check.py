@@ -48,7 +48,7 @@ import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -222,6 +222,10 @@ def check_model(model: onnx.ModelProto | str | os.PathLike,
         text, version = version, parse_version(version)
         if version is None:
             raise InputError(f"version {text!r}: 'X.Y' or a tuple like (2, 16)")
+    elif version is not None and not (isinstance(version, Sequence) and all(
+            isinstance(v, (int, np.integer)) for v in version)):
+        # 2.16 as a float was a TypeError (exit 3), and cannot tell 2.1 from 2.10
+        raise InputError(f"version {version!r}: 'X.Y' or a tuple like (2, 16)")
     plan_int8_nodes = [plan_int8_nodes] if isinstance(plan_int8_nodes, str) else plan_int8_nodes
     if input_shapes is not None and not isinstance(input_shapes, Mapping):
         raise InputError(f"input_shapes: a dict of input name -> dims, got "
