@@ -96,7 +96,7 @@ def test_a_generator_of_calibration_samples_serves_plan_auto():
     ({"data": [1]}, "data: a dict, got list"),
     ({"target": "migraphx", "migraphx": "ref"}, "migraphx: a dict of settings"),
     ({"verify": "no"}, "verify='no': True or False"),
-    ({"fix_shapes": 1}, "fix_shapes=1: True or False"),
+    ({"fix_shapes": 2}, "fix_shapes=2: True or False"),   # 1 and 0 are flags (they were)
     ({"progress": None}, "progress=None: True or False"),
     ({"materialize": "yes"}, "materialize='yes': True or False"),
     ({"base_dir": 3}, "base_dir: a path, got int"),
