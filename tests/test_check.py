@@ -776,3 +776,28 @@ def test_resize_reading_a_computed_tensor_is_a_warning_for_215_and_unknown():
         assert [f.node for f in found] == want, version
         assert all(f.severity == "warning" and "computed by Transpose" in f.message
                    for f in found)
+
+
+def test_rewriter_imported_from_a_zip_reads_its_profile(tmp_path):
+    """rewriter.core and rewriter.migraphx were namespace packages: from a zip they were
+    found in another install (the editable one here), and the packaged profile was read
+    through a Path into the zip ("Not a directory"). The child process of MIGraphX's
+    backend takes the zip's path too."""
+    import zipfile
+
+    from conftest import ROOT
+    zipped = tmp_path / "rewriter.zip"
+    with zipfile.ZipFile(zipped, "w") as z:
+        for top, name in ((ROOT / "rewriter", "rewriter"), (ROOT / "passes", "rewriter/passes")):
+            for f in sorted(top.rglob("*")):
+                rel = f.relative_to(top)
+                if f.is_file() and "__pycache__" not in rel.parts and \
+                        not (name == "rewriter" and rel.parts[0] == "passes"):
+                    z.write(f, f"{name}/{rel.as_posix()}")
+    code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
+            "from rewriter.migraphx import check, backend\n"
+            "print(check.__file__.startswith(sys.argv[1]), len(check.load_profile()) > 0,\n"
+            "      sys.argv[1] in backend._child_path())")
+    p = subprocess.run([sys.executable, "-c", code, str(zipped)], capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path)
+    assert p.stdout.split() == ["True", "True", "True"], p.stderr[-2000:]

@@ -173,7 +173,9 @@ def load_profile(path: str | os.PathLike | None = None, use_installed: bool = Tr
     Where migraphx is importable (and ``use_installed``), its ``get_onnx_operators()``
     replaces the op list, since the installed parser is the truth for this machine.
     """
-    p = Path(path) if path is not None else PROFILE_PATH
+    # the packaged one through importlib.resources: from a zip, a Path into it is no file
+    from importlib.resources import files
+    p = Path(path) if path is not None else files(__package__) / "data" / PROFILE_PATH.name
     try:
         profile = json.loads(p.read_text())
     except (OSError, ValueError) as e:
