@@ -358,7 +358,6 @@ def isolated(fn, *args, bar: dict | None = None):
     import pickle
     import signal
     import subprocess
-    import tempfile
 
     from rewriter.core.progress import progress_bar
     with _temp_dir() as d:
