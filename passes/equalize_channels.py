@@ -42,7 +42,12 @@ every channel of the input, the layers beside it too), scales that are all 1
 (``unit-scales``: one input channel, or ranges already even; nothing to move), and
 activations that 1/s would take within 2^10 of float32's top (``near-overflow``: after a
 conv of 1.6e37 weights they became inf). A producer whose weights 1/s would take past
-sqrt(max), fuse-conv-bn's limit, is not folded into: the Mul is inserted instead.
+sqrt(max), fuse-conv-bn's limit, is not folded into: the Mul is inserted instead. So is
+one before a Relu whose output 1/s would take past a quarter of float16's range where it
+was within it, and the Relu's scaled output too (``pre-activation-growth``): s comes from
+the Relu's output, and a channel that is mostly negative has a small one, so its negatives
+grew by 1/s unseen (CenterFace: a conv's output from 17 to 4.7e4, and convert-fp16 then
+kept that FP16 layer float32). Its statistics: ``rewriter.quant.ranges.stat_tensors``.
 """
 
 from __future__ import annotations
@@ -52,10 +57,11 @@ import onnx_graphsurgeon as gs
 
 from rewriter.core.errors import PreconditionError
 from rewriter.core.graph import (StoredInt8, float32_layer, near_overflow, node_id,
-                                 own_constant, stored_int8_weight)
+                                 own_constant, pre_activation, stored_int8_weight)
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 MIN_SCALE = 1e-4
+FP16_SAFE = float(np.finfo(np.float16).max) / 4   # convert-fp16's limit for an FP16 layer
 
 
 class EqualizeChannels(Pass):
@@ -166,14 +172,18 @@ class EqualizeChannels(Pass):
         outs = {id(t) for t in graph.outputs}
         if len(x.outputs) != len(convs) or not x.inputs or id(x) in outs:
             return False
-        node = x.inputs[0]
-        if node.op == "Relu" and len(node.inputs[0].outputs) == 1 and node.inputs[0].inputs:
-            y = node.inputs[0]
+        y = pre_activation(x)
+        if y is not None:
             if id(y) in outs:
+                return False
+            pre, post = ctx.channel_stats.get(y.name), ctx.channel_stats[x.name]
+            if pre is not None and len(pre.absmax) == len(s) and np.max(pre.absmax / s) > \
+                    FP16_SAFE >= max(np.max(pre.absmax), np.max(post.absmax / s)):
+                res.skip("pre-activation-growth")
                 return False
             conv = y.inputs[0]
         else:
-            conv = node
+            conv = x.inputs[0]
         if conv.op == "BatchNormalization":
             return self._fold_into_bn(conv, s, ctx, res)
         if conv.op != "Conv" or not isinstance(conv.inputs[1], gs.Constant):

@@ -1141,13 +1141,13 @@ class _Rewrite:
     def equalize(self, int8: list) -> None:
         """Per-channel statistics of the INT8 convs' inputs, then equalize-channels (its
         record joins the report's passes)."""
-        from rewriter.quant.ranges import channel_stats
+        from rewriter.quant.ranges import channel_stats, stat_tensors
 
         exported = export(self.graph, self.original, self.base_dir)
         if self.plan.int8.get("equalize") == "all":
             layers = set(self.ctx.assignment.precision)
             int8 = [n for n in self.graph.nodes if node_id(n) in layers and float32_layer(n)]
-        tensors = sorted({n.inputs[0].name for n in int8 if n.op == "Conv"})
+        tensors = stat_tensors(int8)
         self.ctx.channel_stats = channel_stats(
             exported.model, tensors, self.calib_data, base_dir=exported.source_dir,
             initializers=exported.ort_initializers(), progress=self.progress)

@@ -942,3 +942,13 @@ def _channel_scale(sv: np.ndarray, shape: tuple, axis: int, dq_axis) -> np.ndarr
         return None
     dq_axis = dq_axis + len(shape) if dq_axis < 0 else dq_axis
     return sv.astype(np.float32) if dq_axis == axis and sv.size == shape[axis] else None
+
+
+def pre_activation(x: gs.Variable) -> gs.Variable | None:
+    """The tensor before the Relu that produces ``x``, when only that Relu reads it and a
+    node produces it (equalize-channels scales that node through the Relu)."""
+    node = x.inputs[0] if x.inputs else None
+    if node is not None and node.op == "Relu" and len(node.inputs[0].outputs) == 1 \
+            and node.inputs[0].inputs:
+        return node.inputs[0]
+    return None

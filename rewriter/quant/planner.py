@@ -741,12 +741,12 @@ def _equalize_all(graph, original, base_dir, data, progress) -> None:
     from rewriter.core.manager import run_pipeline
     from rewriter.core.pass_base import Context
     from rewriter.core.registry import resolve
-    from rewriter.quant.ranges import channel_stats
+    from rewriter.quant.ranges import channel_stats, stat_tensors
 
     ids = [node_id(n) for n in graph.nodes if n.op in LAYER_OPS]
     a = Assignment({i: "int8" for i in ids}, {}, ids, {})
     exp = export(graph, original, base_dir)
-    tensors = sorted({n.inputs[0].name for n in graph.nodes if n.op == "Conv"})
+    tensors = stat_tensors(graph.nodes)
     stats = channel_stats(exp.model, tensors, data, base_dir=exp.source_dir,
                           initializers=exp.ort_initializers(), progress=progress)
     plan = Plan(int8={"equalize": "all"})

