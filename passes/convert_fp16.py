@@ -50,6 +50,9 @@ SAFE = {
     "Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "MaxPool", "AveragePool",
     "GlobalAveragePool", "GlobalMaxPool", "Concat", "Flatten", "Reshape", "Transpose",
     "Squeeze", "Unsqueeze", "Identity", "Neg", "Abs", "Pad", "Slice", "Split",
+    # A mean, max or min stays within its input's range: GlobalAveragePool as EfficientNet's
+    # squeeze-excite writes it (a float32 island with two Casts per block under --plan fp16)
+    "ReduceMean", "ReduceMax", "ReduceMin",
 }
 
 

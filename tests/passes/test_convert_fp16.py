@@ -553,3 +553,25 @@ def test_an_fp16_plan_missing_its_budget_is_told_of_fp32_not_int8():
         rewriter.rewrite(m, plan=plan, inputs=feeds, verify=True, target="none")
     msg = str(e.value)
     assert "to meet the budget: --plan auto (the planner keeps sensitive layers FP32)" in msg
+
+
+def test_a_squeeze_excite_reducemean_stays_in_the_region(rng):
+    """EfficientNet-B3 (ImageQualityChecker 0.0.9) writes its squeeze-excite pooling as
+    ReduceMean over H and W: --plan fp16 cut the region at each of its 26 blocks, 27 Casts in
+    and 27 out, a full-resolution map cast to float32 and back per block. A mean stays within
+    its input's range, as GlobalAveragePool (in the region already) does."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4, 8, 8] x) => (float[N, 8, 8, 8] y) {
+        a = Conv <pads = [1, 1, 1, 1]> (x, W1)
+        s = ReduceMean <axes = [2, 3]> (a)
+        e = Conv (s, W2)
+        g = Sigmoid (e)
+        y = Mul (a, g)
+    }""", {"W1": (8, 4, 3, 3), "W2": (8, 8, 1, 1)})
+    out, rep = run(m, "fp16")
+    assert ops(out).count("Cast") == 2   # x in, y out
+    assert rep.passes[0].counts["fp16-follower"] == 3
+    f = {"x": rng.standard_normal((2, 4, 8, 8)).astype(np.float32)}
+    assert cos(run_ort(out, f)[0], run_ort(m, f)[0]) > 0.9999
+    onnx.checker.check_model(out, full_check=True)
