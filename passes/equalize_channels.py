@@ -39,7 +39,8 @@ W * s would need quantising again; every INT8 conv reading that tensor is left a
 grouped (not depthwise) convs, channel counts that do not match, tensors of rank < 3, a
 weight or a channel range that is NaN or infinite (``not-finite``: s would carry the NaN to
 every channel of the input, the layers beside it too), scales that are all 1
-(``unit-scales``: one input channel, or ranges already even; nothing to move), and
+(``unit-scales``: one input channel, or ranges already even; nothing to move), a tensor
+no INT8 conv reads (``no-int8-reader``: scope "all" once the plan is chosen), and
 activations that 1/s would take within 2^10 of float32's top (``near-overflow``: after a
 conv of 1.6e37 weights they became inf). A producer whose weights 1/s would take past
 sqrt(max), fuse-conv-bn's limit, is not folded into: the Mul is inserted instead. So is
@@ -95,6 +96,12 @@ class EqualizeChannels(Pass):
         return res
 
     def _equalize(self, graph, x, convs, ctx, alpha, res) -> str | None:
+        if not any(ctx.assignment.precision.get(node_id(c)) == "int8" for c in convs):
+            # scope "all" (the planner's graph, s from every candidate reader): a tensor
+            # whose readers all ended FP16 or FP32 has nothing to quantise, and its Mul
+            # before a float32 conv was folded into that conv by a second rewrite
+            # (CenterFace, --plan auto --max-abs: 187 -> 181 nodes, not a fixed point)
+            return "no-int8-reader"
         if not all(float32_layer(conv) for conv in convs):
             # insert-qdq quantises float32 layers only: ISNet's float16 ones got a float32
             # Mul beside a float16 tensor, a model onnxruntime cannot load (exit 3); their

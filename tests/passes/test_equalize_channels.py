@@ -341,3 +341,30 @@ def test_a_relu_that_zeroes_a_channel_does_not_grow_its_conv_past_float16(rng):
     assert fp16.get("fp16-conv") == 1 and "skip:range-beyond-fp16" not in fp16
     again, _ = rewriter.rewrite(out, target="none")
     assert again.SerializeToString() == out.SerializeToString()
+
+
+def test_scope_all_leaves_a_tensor_no_int8_conv_reads_and_the_output_a_fixed_point(rng):
+    """--plan auto's plans equalize with scope "all" (the planner's graph: every candidate
+    conv's input), and the chosen plan kept that scope: CenterFace under --plan auto
+    --max-abs (24 layers FP32) got Muls before float32 convs, which a second rewrite's
+    fuse-conv-bn folded into them (187 -> 181 nodes, other bytes)."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4, 8, 8] x) => (float[N, 8, 8, 8] y, float[N, 8, 8, 8] z) {
+        t = Add (x, x)
+        y = Conv <pads = [1, 1, 1, 1]> (t, W1)
+        a = Conv <pads = [1, 1, 1, 1]> (x, W0)
+        r = Relu (a)
+        z = Conv <pads = [1, 1, 1, 1]> (r, W2)
+    }""", {"W0": (8, 4, 3, 3), "W1": (8, 4, 3, 3), "W2": (8, 8, 3, 3)})
+    scale = np.array([1.0, 30.0, 0.1, 5.0], np.float32).reshape(1, 4, 1, 1)
+    calib = [{"x": rng.standard_normal((1, 4, 8, 8)).astype(np.float32) * scale}
+             for _ in range(8)]
+    plan = {"version": 1, "default": "fp32", "overrides": {"z": "int8"},
+            "int8": {"equalize": "all", "calibration": {"method": "minmax"}}}
+    out, rep = rewriter.rewrite(m, plan=plan, calib=calib, target="none", verify=True)
+    counts = [p for p in rep.passes if p.name == "equalize-channels"][0].counts
+    assert counts["skip:no-int8-reader"] == 2 and counts["equalized-tensors"] == 1
+    assert ops(out).count("Mul") == 1   # the INT8 conv's channel scales, no equalizing one
+    again, _ = rewriter.rewrite(out, target="none")
+    assert again.SerializeToString() == out.SerializeToString()
