@@ -49,6 +49,8 @@ was within it, and the Relu's scaled output too (``pre-activation-growth``): s c
 the Relu's output, and a channel that is mostly negative has a small one, so its negatives
 grew by 1/s unseen (CenterFace: a conv's output from 17 to 4.7e4, and convert-fp16 then
 kept that FP16 layer float32). Its statistics: ``rewriter.quant.ranges.stat_tensors``.
+Nor is a producer whose weights or bias 1/s would take past float16's range where they
+were within it (``weight-growth``: CenterFace's conv 504, 60 -> 2.9e5, FP16 in the plan).
 """
 
 from __future__ import annotations
@@ -62,7 +64,14 @@ from rewriter.core.graph import (StoredInt8, float32_layer, near_overflow, node_
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 MIN_SCALE = 1e-4
-FP16_SAFE = float(np.finfo(np.float16).max) / 4   # convert-fp16's limit for an FP16 layer
+FP16_MAX = float(np.finfo(np.float16).max)
+FP16_SAFE = FP16_MAX / 4   # convert-fp16's limit for an FP16 layer's activations
+
+
+def _past_fp16(grown: np.ndarray, before: np.ndarray) -> bool:
+    """Weights 1/s takes past float16's range where they were within it: an FP16 producer
+    would stay float32 (convert-fp16's ``weight-beyond-fp16``)."""
+    return bool(np.abs(grown).max(initial=0) > FP16_MAX >= np.abs(before).max(initial=0))
 
 
 class EqualizeChannels(Pass):
@@ -179,20 +188,23 @@ class EqualizeChannels(Pass):
         outs = {id(t) for t in graph.outputs}
         if len(x.outputs) != len(convs) or not x.inputs or id(x) in outs:
             return False
+        # The scaled tensor itself within float16 (a Mul in its place would overflow in an
+        # FP16 region otherwise): then the producer's growth past it is what to avoid.
+        fits = np.max(ctx.channel_stats[x.name].absmax / s) <= FP16_SAFE
         y = pre_activation(x)
         if y is not None:
             if id(y) in outs:
                 return False
-            pre, post = ctx.channel_stats.get(y.name), ctx.channel_stats[x.name]
-            if pre is not None and len(pre.absmax) == len(s) and np.max(pre.absmax / s) > \
-                    FP16_SAFE >= max(np.max(pre.absmax), np.max(post.absmax / s)):
+            pre = ctx.channel_stats.get(y.name)
+            if fits and pre is not None and len(pre.absmax) == len(s) and \
+                    np.max(pre.absmax / s) > FP16_SAFE >= np.max(pre.absmax):
                 res.skip("pre-activation-growth")
                 return False
             conv = y.inputs[0]
         else:
             conv = x.inputs[0]
         if conv.op == "BatchNormalization":
-            return self._fold_into_bn(conv, s, ctx, res)
+            return self._fold_into_bn(conv, s, ctx, res, fits)
         if conv.op != "Conv" or not isinstance(conv.inputs[1], gs.Constant):
             return False
         if int(conv.attrs.get("group", 1)) != 1 and int(conv.attrs.get("group", 1)) != len(s):
@@ -208,6 +220,10 @@ class EqualizeChannels(Pass):
         if near_overflow(w, conv.inputs[1].values.dtype) or (
                 b is not None and near_overflow(b, conv.inputs[2].values.dtype)):
             return False   # weights of 1.6e37 grown by 1/s: inf (fuzz, seed 61408)
+        if fits and (_past_fp16(w, conv.inputs[1].values) or (
+                b is not None and _past_fp16(b, conv.inputs[2].values))):
+            res.skip("weight-growth")
+            return False
         own_constant(conv, 1, w.astype(conv.inputs[1].values.dtype), ctx.namer, "equalized")
         if b is not None:
             own_constant(conv, 2, b.astype(conv.inputs[2].values.dtype), ctx.namer,
@@ -215,7 +231,7 @@ class EqualizeChannels(Pass):
         res.count("folded-into-producer")
         return True
 
-    def _fold_into_bn(self, bn, s, ctx, res) -> bool:
+    def _fold_into_bn(self, bn, s, ctx, res, fits: bool) -> bool:
         """BN(x) / s is BN with scale and bias / s: a pre-activation block's BN -> Conv
         (OpenSpindleNet) took a Mul, which a second rewrite's fuse-conv-bn merged with
         the BN into Mul+Add (a plan's output was not a fixed point)."""
@@ -227,6 +243,9 @@ class EqualizeChannels(Pass):
         new = [bn.inputs[i].values.astype(np.float64) / s for i in (1, 2)]
         if any(near_overflow(v, bn.inputs[i].values.dtype) for i, v in zip((1, 2), new)):
             return False   # as for a conv's weights: the Mul goes in instead
+        if fits and any(_past_fp16(v, bn.inputs[i].values) for i, v in zip((1, 2), new)):
+            res.skip("weight-growth")
+            return False
         for i, v in zip((1, 2), new):
             own_constant(bn, i, v.astype(bn.inputs[i].values.dtype), ctx.namer, "equalized")
         res.count("folded-into-producer")

@@ -368,3 +368,21 @@ def test_scope_all_leaves_a_tensor_no_int8_conv_reads_and_the_output_a_fixed_poi
     assert ops(out).count("Mul") == 1   # the INT8 conv's channel scales, no equalizing one
     again, _ = rewriter.rewrite(out, target="none")
     assert again.SerializeToString() == out.SerializeToString()
+
+
+def test_a_producer_whose_weights_would_pass_float16_takes_a_mul(rng):
+    """CenterFace, --plan auto: equalization folded 1/s (up to 1e4) into conv 504, an FP16
+    layer of the plan, whose weights went from 60 to 2.9e5; convert-fp16 then kept it
+    float32 (weight-beyond-fp16). The Mul goes after the Relu instead."""
+    w1 = rng.standard_normal((8, 4, 3, 3)).astype(np.float32) * 10
+    b1 = np.zeros(8, np.float32)
+    b1[0] = -5000.0                                 # a channel the Relu zeroes: s at 1e-4
+    m = make_model(TEXT, dict(inits(rng), W1=w1, B1=b1))
+    feeds = [{"x": rng.standard_normal((2, 4, 8, 8)).astype(np.float32)} for _ in range(4)]
+    out, rep = equalize(m, ["b"], feeds)
+    assert rep.ok
+    counts = rep.passes[0].counts
+    assert counts["skip:weight-growth"] == 1 and counts["mul-inserted"] == 1
+    w = {t.name: onnx.numpy_helper.to_array(t) for t in out.graph.initializer}
+    a = [n for n in out.graph.node if n.output[0] == "a"][0]
+    assert np.abs(w[a.input[1]]).max() == np.abs(w1).max()   # the FP16 conv kept as it was
