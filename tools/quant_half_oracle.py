@@ -34,8 +34,9 @@ default), counting their top-1 flips: layers chosen with far more data than a pl
 an informed bound on what choosing the half can reach (ranges still from the 64).
 ``--n-eval N --eval-seed S`` judge on N fresh samples drawn with seed S (300 and 1 by
 default, quant_eval's set); ``--n-build N`` builds the plans (ranges, equalisation, GPTQ)
-from N calibration samples of seed 0 instead of the planner's 64; ``--bias-correction`` and ``--alpha A`` set those two INT8
-options of the plan (the planner's plans leave bias correction off; alpha 0.5 by default).
+from N calibration samples of seed 0 instead of the planner's 64; ``--bias-correction``
+and ``--alpha A`` set those two INT8 options of the plan (the planner's plans leave bias
+correction off; alpha 0.5 by default).
 """
 
 from __future__ import annotations
