@@ -92,6 +92,9 @@ def test_arguments_as_the_cli_takes_them():
     model = qdq_conv()
     want = check_model(model, plan_int8_nodes=["y_node"], version=(2, 16)).to_dict()
     assert check_model(model, plan_int8_nodes="y_node", version="2.16").to_dict() == want
+    assert check_model(model, plan_int8_nodes=b"y_node", version="2.16").to_dict() == want
+    with pytest.raises(InputError, match="plan_int8_nodes: node names"):
+        check_model(model, plan_int8_nodes=[3], version="2.16")
     with pytest.raises(InputError, match="version 'new': 'X.Y'"):
         check_model(model, version="new")
     with pytest.raises(InputError, match="input_shapes: a dict of input name -> dims"):

@@ -228,7 +228,11 @@ def check_model(model: onnx.ModelProto | str | os.PathLike,
             isinstance(v, (int, np.integer)) for v in version)):
         # 2.16 as a float was a TypeError (exit 3), and cannot tell 2.1 from 2.10
         raise InputError(f"version {version!r}: 'X.Y' or a tuple like (2, 16)")
+    if isinstance(plan_int8_nodes, bytes):   # b"conv1" was read as its bytes' numbers
+        plan_int8_nodes = plan_int8_nodes.decode(errors="replace")
     plan_int8_nodes = [plan_int8_nodes] if isinstance(plan_int8_nodes, str) else plan_int8_nodes
+    if plan_int8_nodes is not None and not all(isinstance(n, str) for n in plan_int8_nodes):
+        raise InputError(f"plan_int8_nodes: node names (strings), got {plan_int8_nodes!r}")
     if input_shapes is not None and not isinstance(input_shapes, Mapping):
         raise InputError(f"input_shapes: a dict of input name -> dims, got "
                          f"{type(input_shapes).__name__}")
