@@ -36,14 +36,9 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from rewriter.core.errors import PreconditionError
-from rewriter.core.graph import iter_graphs, node_id, set_values
+from rewriter.core.graph import FP16_MAX, FP16_SAFE, iter_graphs, node_id, set_values
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
-FP16_MAX = float(np.finfo(np.float16).max)
-# An FP16 layer whose input or output reached more than this on the calibration data
-# stays float32: a quarter of float16's range, for the samples not seen and for the
-# followers (a residual Add doubles).
-FP16_SAFE = FP16_MAX / 4
 # Ops whose float inputs and outputs may all be float16 (same-type semantics).
 SAFE = {
     "Relu", "Clip", "LeakyRelu", "HardSigmoid", "HardSwish", "Sigmoid", "Tanh", "Elu", "PRelu",

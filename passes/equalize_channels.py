@@ -59,13 +59,12 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from rewriter.core.errors import PreconditionError
-from rewriter.core.graph import (StoredInt8, float32_layer, near_overflow, node_id,
-                                 own_constant, pre_activation, stored_int8_weight)
+from rewriter.core.graph import (FP16_MAX, FP16_SAFE, StoredInt8, float32_layer,
+                                 near_overflow, node_id, own_constant, pre_activation,
+                                 stored_int8_weight)
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 MIN_SCALE = 1e-4
-FP16_MAX = float(np.finfo(np.float16).max)
-FP16_SAFE = FP16_MAX / 4   # convert-fp16's limit for an FP16 layer's activations
 
 
 def _past_fp16(grown: np.ndarray, before: np.ndarray) -> bool:

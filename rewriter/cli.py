@@ -233,9 +233,6 @@ def _run(args) -> int:
         (f"--migraphx-target {args.migraphx_target}", args.migraphx_target != "auto"),
         (f"--backend {args.backend}", args.backend != "migraphx"),
         ("--migraphx-samples", args.migraphx_samples != 8)) if given]
-    if args.migraphx_samples < 1:
-        raise InputError(f"--migraphx-samples {args.migraphx_samples}: 1 or more (plan models "
-                         "are judged on at least 2)")
     if args.target == "none" and compile_flags:
         raise InputError(f"{compile_flags[0]} is for MIGraphX's compile: drop --target none")
     from rewriter.core.save import check_distinct, check_output_path

@@ -232,7 +232,7 @@ def test_a_model_without_external_data_is_not_parsed_for_it(ext_model, tmp_path,
      "--migraphx-target ref is for MIGraphX's compile: drop --target none"),
     (["--backend", "ort-migraphx", "--target", "none"], "--backend ort-migraphx is for MIGraphX"),
     (["--migraphx-samples", "16", "--target", "none"], "--migraphx-samples is for MIGraphX"),
-    (["--migraphx-samples", "-3"], "--migraphx-samples -3: 1 or more"),   # ran as 2
+    (["--migraphx-samples", "-3"], "migraphx samples -3: an integer >= 1"),   # ran as 2
     (["--fold-size-limit", "-5"], "option 'fold_size_limit' -5: 0 or more"),
     (["--seed", "abc"], "invalid int value: 'abc' (see 'rewrite -h')"),
     (["--input-shape", "nope:1x3x64x64", "--verify"], "not a graph input"),

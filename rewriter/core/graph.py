@@ -496,6 +496,13 @@ def duplicate_node_names(model: onnx.ModelProto) -> bool:
     return False
 
 
+FP16_MAX = float(np.finfo(np.float16).max)
+# An FP16 layer whose input or output reached more than this on the calibration data
+# stays float32 (convert-fp16): a quarter of float16's range, for the samples not seen and
+# for the followers (a residual Add doubles). equalize-channels keeps its folds within it.
+FP16_SAFE = FP16_MAX / 4
+
+
 def near_overflow(values: np.ndarray, dtype) -> bool:
     """Values not finite, or beyond the square root of the type's range (1.8e19 for float32):
     as weights, near the top of the range a layer's sums overflow, and rescaling them would
@@ -522,6 +529,18 @@ def unique_names(graph: gs.Graph) -> None:
             n.name = f"{n.name}_{i}"
             used.add(n.name)
         seen.add(n.name)
+
+
+def runnable_names(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` itself, or a copy with :func:`unique_node_names` where nodes share a name:
+    onnxruntime refuses those, and the rewrite renames them (so its output loads), so the
+    original runs as that copy (the verifier's reference, calibration's check)."""
+    if not duplicate_node_names(model):
+        return model
+    renamed = onnx.ModelProto()
+    renamed.CopyFrom(model)
+    unique_node_names(renamed)
+    return renamed
 
 
 def unique_node_names(model: onnx.ModelProto) -> int:

@@ -230,29 +230,32 @@ def _refuse_crash(model_path) -> None:
 
     version = parse_version(getattr(_import()[0], "__version__", None))
     if version is not None and version[:2] < (2, 16):
-        why = _negative_pad(model)
-        if why:   # at the stage MIGraphX would fail at, so that the original is tried as far
-            stage = "run" if _PAD_CAUSES["constant"][0] in why else "parse"
-            raise MigraphxError(stage, why)
+        err = _negative_pad(model)
+        if err:
+            raise err
 
 
+# mode -> (the stage MIGraphX 2.15 fails at, what it does); edge's second: a begin crop.
+# The stage is the one the original is then tried up to (a constant Pad's abort is at run).
 _PAD_CAUSES = {
-    "edge": ("parses it into instructions without bound until std::bad_alloc (line 160)",
-             "drops the crop at parse: a longer output (line 147)"),
-    "reflect": ("refuses it (a std::vector of negative size, lines 85-86)",),
-    "constant": ("runs a pad op that writes past its output, an abort on ref (src/targets/"
-                 "ref/lowering.cpp:227-235; GPU not run)",)}
+    "edge": (("parse", "parses it into instructions without bound until std::bad_alloc "
+                       "(line 160)"),
+             ("parse", "drops the crop at parse: a longer output (line 147)")),
+    "reflect": (("parse", "refuses it (a std::vector of negative size, lines 85-86)"),),
+    "constant": (("run", "runs a pad op that writes past its output, an abort on ref "
+                         "(src/targets/ref/lowering.cpp:227-235; GPU not run)"),)}
 
 
-def _negative_pad(model) -> str | None:
-    """Why MIGraphX 2.15 cannot be handed ``model``: a Pad with constant negative pads (a
-    crop). Its parser (src/onnx/parse_pad.cpp at rocm-7.2.4) counts an edge pad's end
-    copies in a size_t (line 160): -1 pushes instructions until std::bad_alloc, after
-    70-200 s and all the memory there is (onnx-asr's Kaldi and WeSpeaker front-ends); a
-    negative begin is dropped (line 147: a longer output), reflect throws from
-    std::vector<int>(-1) (lines 85-86), and the ref target's pad op (constant) writes every
-    input element, past the cropped output (src/targets/ref/lowering.cpp:227-235): "free():
-    invalid size", an abort. 2.16 parses one pad op that crops (#4481)."""
+def _negative_pad(model) -> MigraphxError | None:
+    """Why MIGraphX 2.15 cannot be handed ``model``, at the stage it would fail at: a Pad
+    with constant negative pads (a crop). Its parser (src/onnx/parse_pad.cpp at rocm-7.2.4)
+    counts an edge pad's end copies in a size_t (line 160): -1 pushes instructions until
+    std::bad_alloc, after 70-200 s and all the memory there is (onnx-asr's Kaldi and
+    WeSpeaker front-ends); a negative begin is dropped (line 147: a longer output), reflect
+    throws from std::vector<int>(-1) (lines 85-86), and the ref target's pad op (constant)
+    writes every input element, past the cropped output (src/targets/ref/lowering.cpp:
+    227-235): "free(): invalid size", an abort, at run. 2.16 parses one pad op that crops
+    (#4481)."""
     from onnx import numpy_helper
 
     from rewriter.core.graph import constant_tensors, graph_protos
@@ -269,11 +272,11 @@ def _negative_pad(model) -> str | None:
             if not pads or min(pads[0], default=0) >= 0 or mode not in _PAD_CAUSES:
                 continue
             crops_end = min(pads[0][len(pads[0]) // 2:], default=0) < 0
-            cause = _PAD_CAUSES[mode][0 if mode != "edge" or crops_end else 1]
-            return (f"the {mode} Pad '{n.name or n.output[0]}' has negative pads {pads[0]}: "
-                    f"MIGraphX 2.15 {cause} (src/onnx/parse_pad.cpp at rocm-7.2.4 unless said; "
-                    "2.16 crops right); the pass crop-pads writes the crop as a Slice; "
-                    "not parsed")
+            stage, cause = _PAD_CAUSES[mode][0 if mode != "edge" or crops_end else 1]
+            return MigraphxError(stage, (
+                f"the {mode} Pad '{n.name or n.output[0]}' has negative pads {pads[0]}: "
+                f"MIGraphX 2.15 {cause} (src/onnx/parse_pad.cpp at rocm-7.2.4 unless said; "
+                "2.16 crops right); the pass crop-pads writes the crop as a Slice; not parsed"))
     return None
 
 
@@ -660,10 +663,10 @@ def _compile_and_run(model_path, feeds, input_shapes=None, target="gpu", fast_ma
         raise MigraphxError("run", overflow)
     runs = []
     t0 = time.perf_counter()
+    _stage("run", 0)
     for f in progress_bar(progress and len(feed_sets) > 1, iterable=feed_sets,
                           desc=f"MIGraphX {target}", unit="sample"):
         params = _params(prog, f)
-        _stage("run", len(runs))
         try:
             raw = prog.run(params)
         except Exception as e:

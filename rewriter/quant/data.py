@@ -495,13 +495,9 @@ def sample_the_original_refuses(data: CalibrationData, model: onnx.ModelProto,
     Calibration ran such samples through the rewritten model and
     their onnxruntime error came out as an internal error, exit 3."""
     from rewriter.core import ort
-    from rewriter.core.graph import duplicate_node_names, unique_node_names
+    from rewriter.core.graph import runnable_names
 
-    if duplicate_node_names(model):   # onnxruntime refuses them; the rewrite renames them
-        renamed = onnx.ModelProto()
-        renamed.CopyFrom(model)
-        unique_node_names(renamed)
-        model = renamed
+    model = runnable_names(model)   # onnxruntime refuses nodes sharing a name
     try:
         sess = ort.session(model, base_dir)
     except Exception as e:  # noqa: BLE001 - onnxruntime's own exception types

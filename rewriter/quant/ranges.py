@@ -303,11 +303,11 @@ def _stream(model, tensors: list[str], data, reducer, chunk: int, base_dir, init
     # Node order is topological: chunks of neighbouring tensors.
     order = {n: i for i, n in enumerate(produced)}
     inner = sorted((t for t in tensors if t not in graph_inputs), key=order.__getitem__)
-    chunks = [inner[i:i + chunk] for i in range(0, len(inner), chunk)] or [[]]
-    if lead is not None:
-        first = [t for t in inner if t in set(lead)]
-        rest = [t for t in inner if t not in set(lead)]
-        chunks = [first[i:i + chunk] for i in range(0, len(first), chunk)] or [[]]
+    leading = set(lead if lead is not None else inner)
+    first = [t for t in inner if t in leading]
+    rest = [t for t in inner if t not in leading]   # empty without lead
+    chunks = [first[i:i + chunk] for i in range(0, len(first), chunk)] or [[]]
+    if rest:
         room = chunk - len(chunks[-1])
         chunks[-1] = chunks[-1] + rest[:room]
         chunks += [rest[i:i + chunk] for i in range(room, len(rest), chunk)]

@@ -7,8 +7,7 @@ import onnx
 
 from rewriter.core import ort
 from rewriter.core.errors import InputError
-from rewriter.core.graph import (cut_model, duplicate_node_names, graph_protos, selection_reads,
-                                  unique_node_names)
+from rewriter.core.graph import cut_model, graph_protos, runnable_names, selection_reads
 from rewriter.core.pass_base import Numerics
 from rewriter.verify.certify import judge_units, sample_abs_errors
 from rewriter.verify.feeds import join_runs, stack_runs
@@ -55,12 +54,8 @@ class Verifier:
         self.real: dict = {}   # output padded to the longest run: its real positions
         # DFT/STFT run in float64 in the reference and every candidate (spectral_in_double)
         self.spectral = has_spectral(original)
-        if duplicate_node_names(original):
-            # onnxruntime refuses two nodes of one name; the rewrite renames them (the
-            # output loads), so the reference runs a renamed copy.
-            renamed = onnx.ModelProto()
-            renamed.CopyFrom(original)
-            unique_node_names(renamed)
+        renamed = runnable_names(original)   # onnxruntime refuses nodes sharing a name
+        if renamed is not original:
             original, path = renamed, None
             self._source = (original, base_dir, path)
         # Outputs a TopK, NMS or NonZero selects: judged, where they miss, on what the
