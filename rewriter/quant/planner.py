@@ -356,9 +356,11 @@ class _CrossValidator:
         self.reference = [ort.run(sess, f) for f in self.feeds]
         from rewriter.verify.verifier import reference_traits
         named = settings.get("max_abs")
-        _, self.classes, splits, _ = reference_traits(
+        joined, self.classes, splits, _ = reference_traits(
             self.reference, self.feeds, self.original if self.graph is graph else exp.model,
             set(named) if isinstance(named, dict) else ())
+        from rewriter.verify.certify import check_labels
+        check_labels(self.labels, joined, self.classes, self.output_names)
         self.splits = dict(enumerate(splits))
         self._abs_notes()
         self.count = 0

@@ -71,6 +71,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+from rewriter.core.errors import InputError
 from rewriter.verify.metrics import LOSSY_DEFAULT, cosine, has_classes, real_rows
 
 Z = 1.959963984540054     # two-sided 95%
@@ -439,6 +440,30 @@ class Judgement:
                         f"plan on {self.planned_n} samples, k-fold)" if self.planned_n
                    else "NOT met")
         return s + f"; budget {verdict} at 95%" + (f" ({self.why})" if self.why else "")
+
+
+def check_labels(labels, refs, classes, names) -> None:
+    """InputError where ``labels`` (one class index per sample) cannot label any output:
+    judge_lossy applies them to each [N, C] class output, and a label at or above C matched
+    no argmax, so the sample counted as wrong for FP32 and quantized alike, unsaid (a
+    labels file of another task gave accuracy 0.17 -> 0.17, loss +0.0). ``refs``: the
+    outputs joined one sample per row; ``classes``: metrics.class_outputs of them."""
+    if labels is None or not len(labels):
+        return
+    labels = np.asarray(labels)
+    heads = [(nm, r.shape[-1]) for nm, r, c in zip(names, refs, classes)
+             if c and np.ndim(r) == 2]
+    if not heads:
+        shown = ", ".join(f"{nm} [{', '.join(['N'] + [str(d) for d in np.shape(r)[1:]])}]"
+                          for nm, r in zip(names, refs))
+        raise InputError(f"labels are class indices for a classifier's [N, classes] output, "
+                         f"and this model has none ({shown:.200}): remove the labels")
+    i = int(np.argmax(labels))
+    widest = max(heads, key=lambda h: h[1])
+    if labels[i] >= widest[1]:
+        raise InputError(f"label {int(labels[i])} (sample {i}) is not a class of output "
+                         f"'{widest[0]}' ({widest[1]} classes, 0-{widest[1] - 1}): "
+                         f"labels of another model or task?")
 
 
 def judge_lossy(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,

@@ -78,6 +78,8 @@ class Verifier:
                               for k, v in self.feed_sets[0].items())
             raise OriginalRunError(f"onnxruntime cannot run the original model on these "
                                    f"inputs ({given}): {_line(e)}") from None
+        from rewriter.verify.certify import check_labels
+        check_labels(self.labels, self.reference, self.classes, self.output_names)
         bad = [n for n, r in zip(self.output_names, self.reference)
                if np.issubdtype(r.dtype, np.floating) and r.size and not np.isfinite(r).any()]
         if bad:

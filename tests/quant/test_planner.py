@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import bodies_model
+from conftest import bodies_model, make_model
 
 import rewriter
 from rewriter.quant.planner import LayerResult, _choose, plan_auto
@@ -85,6 +85,34 @@ def test_labels_add_task_accuracy():
     m = rep.measured
     assert m["accuracy_fp32"] is not None and m["accuracy_drop_ci"] is not None
     assert m["accuracy_drop_upper"] <= m["accuracy_drop_ci"][1]
+
+
+def test_labels_the_model_has_no_class_for_are_an_error(tmp_path):
+    """A label at or above the class count matched no argmax: the sample counted as wrong
+    for FP32 and quantized alike, and a labels file of another task passed, unsaid
+    (accuracy 0.17 -> 0.17, loss +0.0). Said up front, by the planner and the verifier; a
+    model with no class output cannot use labels at all."""
+    labels = np.arange(12) % 10
+    labels[7] = 10
+    with pytest.raises(rewriter.InputError, match=r"label 10 \(sample 7\) is not a class of "
+                                                  r"output 'logits' \(10 classes, 0-9\)"):
+        plan_auto(MODEL, samples(12, 2), settings={"folds": 3}, labels=labels)
+    plan = {"rules": [{"match": {"op": ["Conv"]}, "precision": "int8"}]}
+    with pytest.raises(rewriter.InputError, match="label 10 .* not a class of output"):
+        rewriter.rewrite(MODEL, output=tmp_path / "q.onnx", plan=plan, calib=samples(24),
+                         labels=np.r_[labels, labels], verify=True)
+    assert not (tmp_path / "q.onnx").exists()
+    feats = make_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N,3,8,8] x) => (float[N,4,8,8] y) {
+          w = Constant<value = float[4,3,1,1] {1,2,3,4,5,6,7,8,9,10,11,12}>()
+          y = Conv(x, w)
+        }""")   # a feature map: no [N, classes] output
+    cal = [{"x": np.random.default_rng(k).standard_normal((1, 3, 8, 8)).astype(np.float32)}
+           for k in range(8)]
+    with pytest.raises(rewriter.InputError, match=r"none \(y \[N, 4, 8, 8\]\)"):
+        rewriter.rewrite(feats, output=tmp_path / "f.onnx", plan="fp16", calib=cal,
+                         labels=[0] * 8, verify=True)
 
 
 def test_an_accuracy_budget_replaces_the_agreement_budget_unless_both_are_given():
