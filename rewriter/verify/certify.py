@@ -456,8 +456,8 @@ def check_labels(labels, refs, classes, names) -> None:
     if not heads:
         shown = ", ".join(f"{nm} [{', '.join(['N'] + [str(d) for d in np.shape(r)[1:]])}]"
                           for nm, r in zip(names, refs))
-        raise InputError(f"labels are class indices for a classifier's [N, classes] output, "
-                         f"and this model has none ({shown:.200}): remove the labels")
+        raise InputError(f"labels judge a classifier's [N, classes] output (a softmax's or "
+                         f"a linear layer's), and this model has none ({shown:.200})")
     i = int(np.argmax(labels))
     widest = max(heads, key=lambda h: h[1])
     if labels[i] >= widest[1]:
