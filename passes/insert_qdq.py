@@ -293,12 +293,15 @@ class _Site:
         return gs.Constant(self.ctx.namer(base), np.asarray(values))
 
     def shared(self, base: str, values) -> gs.Constant:
-        """A zero point, a unit scale or a weight's channel scales: one constant per value,
-        type and shape for the whole pass, and a scalar the model already has is used as it
-        is. One per tensor, or a second 1.0 beside the model's, left equal constants that
-        a second run's merge-duplicates merged, so a plan's output was not a fixed point
-        (83 -> 54 initializers on resnet_mini, docs audit; an ALBERT's weights read by 4
-        layers each: 83 -> 64, twenty-seventh round)."""
+        """A zero point or a scale (activation, weight, channel, bias): one constant per
+        value, type and shape for the whole pass, and a scalar the model already has is
+        used as it is. One per tensor, or a second 1.0 beside the model's, left equal
+        constants that a second run's merge-duplicates merged, so a plan's output was not
+        a fixed point (83 -> 54 initializers on resnet_mini, docs audit; an ALBERT's
+        weights read by 4 layers each: 83 -> 64, twenty-seventh round; two activations
+        calibrated to one scale, 236 -> 234 on caustic-nmr's PaiNN, thirtieth round).
+        Nothing edits a scale in place after this pass (correct-bias copies what it
+        changes, ``own_constant``)."""
         values = np.asarray(values)
         key = (values.dtype.str, values.shape, values.tobytes())
         if not self.shared_cache:
@@ -375,7 +378,7 @@ class _Site:
             if unit:
                 ws = self.shared("unit_scale", np.array(1.0, np.float32))
             elif per_channel:
-                ws = self.const(f"{stored.q.name}_scale", s)
+                ws = self.shared(f"{stored.q.name}_scale", s)
             else:
                 ws = self.shared("weight_scale", s)
             wz = self.shared("zero_point", np.zeros(ws.values.shape, np.int8))
@@ -395,7 +398,7 @@ class _Site:
     def activation(self, x: gs.Tensor, amax) -> gs.Variable:
         """One Q->DQ pair per tensor, shared by all its INT8 consumers."""
         if x.name not in self.act_cache:
-            s = self.const(f"{x.name}_scale", safe_scale(amax).reshape(()))
+            s = self.shared(f"{x.name}_scale", safe_scale(amax).reshape(()))
             zp = self.shared("zero_point", np.array(0, dtype=np.int8))
             xq = self.add_node("QuantizeLinear", f"{x.name}_QuantizeLinear", [x, s, zp],
                                f"{x.name}_quantized", np.int8, x.shape)
@@ -430,7 +433,7 @@ class _Site:
             dq_scale = np.array(1.0, np.float32) if unit_scale else s_w
             wq = self.const(f"{w.name}_quantized", q)
             ws = (self.shared("unit_scale", dq_scale) if unit_scale
-                  else self.const(f"{w.name}_scale", dq_scale))
+                  else self.shared(f"{w.name}_scale", dq_scale))
             wz = self.shared("zero_point", np.zeros(dq_scale.shape, np.int8))
             attrs = {"axis": axis} if axis is not None and not unit_scale else {}
             wd = self.add_node("DequantizeLinear", f"{w.name}_DequantizeLinear", [wq, ws, wz],
@@ -515,7 +518,7 @@ class _Site:
             self.res.skip("int32-bias-overflow")
             return
         bqc = self.const(f"{b.name}_quantized", bq.astype(np.int32))
-        bsc = self.const(f"{b.name}_scale", sb)
+        bsc = self.shared(f"{b.name}_scale", sb)
         bzp = self.shared("bias_zero_point", np.zeros(sb.shape, np.int32))
         node.inputs[2] = self.add_node("DequantizeLinear", f"{b.name}_DequantizeLinear",
                                        [bqc, bsc, bzp], f"{b.name}_dequantized", np.float32,

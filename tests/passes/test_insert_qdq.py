@@ -370,6 +370,30 @@ def test_a_shared_weight_and_a_model_scalar_one_leave_the_output_a_fixed_point()
     np.testing.assert_allclose(got, want, atol=0.05 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("form", ["mul", "axis"])
+def test_equal_activation_scales_are_one_constant_and_the_output_a_fixed_point(form):
+    """caustic-nmr's PaiNN (thirtieth round), --plan default: an input the package fills
+    with zeros calibrates to scale 1.0, as did a tensor computed from it, and each
+    activation got its own scale constant: two 1.0s beside the model's own, merged by a
+    second rewrite (236 -> 234 initializers). Activations of equal range (two inputs
+    normalised alike, Relu6 outputs) did the same. Equal scales are one constant now."""
+    m = make_model(TWO_CONVS, INITS)
+    # x and r calibrate alike; f never moved on the calibration data (scale 1.0)
+    out, rep = quantize(m, _plan(form), {"x": 6.0, "r": 6.0, "f": 0.0})
+    assert rep.passes[0].counts["qdq-activation-pairs"] == 3
+    init = by_name(out)
+    q_scales = [n.input[1] for n in out.graph.node if n.op_type == "QuantizeLinear"]
+    assert len(q_scales) == 3 and len(set(q_scales)) == 2, q_scales
+    assert init[q_scales[0]] == np.float32(6.0 / 127)
+    values = [(v.dtype.str, v.shape, v.tobytes()) for v in init.values()]
+    assert len(values) == len(set(values)), "equal constants left for a second run to merge"
+    again, _ = rewriter.rewrite(out, target="none")
+    assert again.SerializeToString() == out.SerializeToString()
+    x = np.random.default_rng(3).uniform(-6, 6, (2, 4, 8, 8)).astype(np.float32)
+    want, got = run_ort(m, {"x": x})[0], run_ort(out, {"x": x})[0]
+    assert np.isfinite(got).all() and got.shape == want.shape
+
+
 def test_mul_form_writes_no_add_for_a_zero_bias_and_the_output_is_a_fixed_point():
     """tf2onnx writes every conv with a bias, zeros where the layer has none (BlazeFace's
     depthwise convs): an Add of zeros after the channel scale, which a second rewrite's
