@@ -32,6 +32,8 @@ Before -> after::
     x -> Reshape(s) -> Unsqueeze(a) / Squeeze(a) -> y        =>  x -> Reshape(s with the 1s
                                                                 at a put in / taken out)
     Concat(a, Concat(b, c)) on one axis, the inner one read only there  =>  Concat(a, b, c)
+    Slices of x on one axis, step 1, that tile its static dim  =>  one Split (TorchScript's
+                                        x.chunk(2, 1) in ShuffleNet: the dynamo export's form)
     x -> Slice(axes A) -> Slice(axes B), A and B disjoint  =>  x -> Slice(A ∪ B)
     GRU/LSTM/RNN(..., initial_h = ConstantOfShape(0) -> Slice ...)  =>  GRU(..., no initial_h)
 
@@ -210,6 +212,8 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
         prev.attrs["keepdims"] = 1
         prev.outputs[0].shape = shape
         return "merged-unsqueeze"
+    if op == "Slice" and opset >= 13 and _slices_to_split(node, g, members, namer):
+        return "slices-to-split"
     if (op == "Slice" and prev is not None and prev.op == "Slice" and opset >= 10
             and len(x.outputs) > 1 and id(x) not in outs and id(prev) in members
             and prev.domain in (None, "", "ai.onnx")
@@ -228,9 +232,22 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
         # With allowzero=1 a 0 is a 0, so only the element count reaches the target from
         # the input: any target, computed at run time too (khmersm's Reshape to
         # Concat(c, Shape(x)) after a Reshape to [6, 1, -1]).
+        # Without it, a 0 copies the dim at its position of the chain's end, which the
+        # chain may move: written out where known (TorchScript's ShuffleNet after
+        # fold-shapes: Reshape(Unsqueeze(x, [2]), [0, 2, 116, 0, 0]), H and W static).
         shape = _const(node.inputs[1]) if len(node.inputs) > 1 else None
-        if not int(node.attrs.get("allowzero", 0)) and (shape is None or 0 in shape.tolist()):
-            return None
+        if not int(node.attrs.get("allowzero", 0)):
+            if shape is None:
+                return None
+            if 0 in shape.tolist():
+                before, after = prev.inputs[0].shape, x.shape
+                if before is None or after is None:
+                    return None
+                shape = _copies_resolved(shape, list(after), lambda i: i < len(before) and (
+                    isinstance(after[i], str) and before[i] == after[i]))
+                if shape is None:
+                    return None
+                node.inputs[1] = gs.Constant(namer(f"{node.name}_shape"), shape)
         node.inputs[0] = prev.inputs[0]
         return "merged-reshape"
     if op in ("Squeeze", "Unsqueeze") and prev.op == "Reshape" and len(prev.inputs) > 1:
@@ -238,7 +255,8 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
     if op == "Reshape" and prev.op == "Transpose" and _moves_unit_dims(prev):
         shape = _const(node.inputs[1]) if len(node.inputs) > 1 else None
         if shape is not None and 0 in shape.tolist() and not int(node.attrs.get("allowzero", 0)):
-            shape = _copies_resolved(shape, prev)
+            perm, dims = [int(a) for a in prev.attrs["perm"]], prev.inputs[0].shape
+            shape = _copies_resolved(shape, [dims[p] for p in perm], lambda i: perm[i] == i)
             if shape is not None:
                 node.inputs[1] = gs.Constant(namer(f"{node.name}_shape"), shape)
         if shape is None:
@@ -581,22 +599,23 @@ def _reshape_target(shape) -> np.ndarray | None:
     return np.array(dims, np.int64)
 
 
-def _copies_resolved(shape: np.ndarray, transpose: gs.Node) -> np.ndarray | None:
-    """A Reshape target whose 0s copy dims of ``transpose``'s output, rewritten to read its
-    input instead: a 0 stays where the Transpose keeps that axis in place, a known dim is
-    written out, one unknown dim becomes -1 (if the target has none); else None."""
-    perm = [int(a) for a in transpose.attrs["perm"]]
-    dims = transpose.inputs[0].shape
+def _copies_resolved(shape: np.ndarray, dims: list, kept) -> np.ndarray | None:
+    """A Reshape target whose 0s copy ``dims`` (its input's, at the end of a chain), rewritten
+    to read the chain's input instead: a 0 stays where ``kept(i)`` (the chain leaves dim i
+    in place), a known dim is written out, one unknown dim becomes -1 (if the target has
+    none); else None."""
     out, unknown = shape.astype(np.int64).copy(), 0
     for i, v in enumerate(shape.tolist()):
         if v != 0:
             continue
-        if i >= len(perm):
+        if i >= len(dims):
             return None
-        d = dims[perm[i]]
-        if perm[i] == i:
+        d = dims[i]
+        if kept(i):
             continue
         if isinstance(d, (int, np.integer)) and d >= 0:
+            if d == 0:   # -1 cannot be inferred from an empty tensor
+                return None
             out[i] = d
         else:
             out[i], unknown = -1, unknown + 1
@@ -769,3 +788,46 @@ def _merge_slices(prev, node, namer) -> str | None:
     node.inputs.clear()
     node.inputs.extend(new)
     return "merged-slice"
+
+
+def _slices_to_split(node: gs.Node, g: gs.Graph, members: set[int], namer) -> bool:
+    """The Slices of ``node``'s input that cut ``node``'s axis with step 1 and together tile
+    its static dim, each range once (other readers of the input stay as they are), become
+    one Split writing their outputs (opset >= 13: sizes as an input)."""
+    x = node.inputs[0]
+    if x.shape is None:
+        return False
+    r, parts = len(x.shape), []
+    for c in x.outputs:
+        p = _slice_params(c) if (c.op == "Slice" and id(c) in members and c.inputs[0] is x
+                                 and len(c.outputs) == 1
+                                 and c.domain in (None, "", "ai.onnx")) else None
+        if p is None or len(p[0]) != 1 or int(p[3][0]) != 1:
+            continue
+        a = int(p[2][0]) % r if -r <= int(p[2][0]) < r else None
+        n = x.shape[a] if a is not None else None
+        if not isinstance(n, (int, np.integer)) or n <= 0:
+            continue
+        start, end = (int(v) + n if int(v) < 0 else int(v) for v in (p[0][0], p[1][0]))
+        parts.append((a, min(max(start, 0), n), min(max(end, 0), n), c))
+    mine = [a for a, *_, c in parts if c is node]
+    parts = [t for t in parts if mine and t[0] == mine[0]]
+    if len(parts) < 2:
+        return False
+    parts.sort(key=lambda t: t[1])
+    n = x.shape[parts[0][0]]
+    bounds = [0] + [e for _, _, e, _ in parts]
+    if [b for _, b, _, _ in parts] != bounds[:-1] or bounds[-1] != n or any(
+            e <= b for _, b, e, _ in parts):
+        return False
+    outs = []
+    for *_, c in parts:
+        outs.append(c.outputs[0])
+        c.outputs.clear()
+        c.inputs.clear()
+        g.nodes.remove(c)
+    sizes = gs.Constant(namer(f"{outs[0].name}_split"),
+                        np.array([e - b for _, b, e, _ in parts], np.int64))
+    g.nodes.append(gs.Node("Split", parts[0][3].name or namer(f"{outs[0].name}_Split"),
+                           {"axis": parts[0][0]}, inputs=[x, sizes], outputs=outs))
+    return True

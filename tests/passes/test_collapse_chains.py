@@ -848,3 +848,65 @@ def test_a_squeeze_or_unsqueeze_after_a_reshape_merges_into_it(rng):
                             ([0, 64, 4, 16], "Unsqueeze", [0])):       # a 0 copies a dim
         out, _ = cc(model(17, shape, op, axes), input_shapes={"x": [1, 64, 64]})
         assert ops(out) == ["Reshape", op], (shape, op, ops(out))
+
+
+def test_a_reshape_copying_dims_after_an_unsqueeze_reads_its_input(rng):
+    """TorchScript's ShuffleNet after fold-shapes: Reshape(Unsqueeze(x, [2]), [0, 2, 116,
+    0, 0]), the channel shuffle's H and W static by then. A 0 copies the dim at its position
+    of the Unsqueeze's output: written out where static, kept where x has the same symbolic
+    dim there, one unknown as -1; two unknowns that moved keep the chain."""
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 8, H, W] x) => (float[N, 2, 4, H, W] y) {
+        u = Unsqueeze (x, ax)
+        y = Reshape (u, s)
+    }"""
+    inits = {"ax": np.array([2], np.int64), "s": np.array([0, 2, 4, 0, 0], np.int64)}
+    for h, w, left in (("4", "5", ["Reshape"]), ("4", "W", ["Reshape"]),
+                       ("H", "W", ["Unsqueeze", "Reshape"])):
+        m = make_model(text.replace("H", h).replace("W", w), inits)
+        out, rep = cc(m)
+        assert ops(out) == left, (h, w, ops(out))
+        if left == ["Reshape"]:
+            shape = onnx.numpy_helper.to_array(next(
+                i for i in out.graph.initializer if i.name == out.graph.node[0].input[1]))
+            assert shape.tolist() == [0, 2, 4, 4, 5 if w == "5" else -1]
+        for n in (1, 3):
+            x = rng.standard_normal((n, 8, 4, 5)).astype(np.float32)
+            same(m, out, {"x": x})
+
+
+def test_slices_that_tile_an_axis_become_one_split(rng):
+    """TorchScript exports x.chunk(2, 1) as two Slices (ShuffleNet V2: 13 pairs), the dynamo
+    exporter as one Split: the same graph from both. A third Slice on another axis, and
+    Slices that overlap or leave a gap, stay."""
+    text = """
+    <ir_version: 8, opset_import: ["" : OPSET]>
+    g (float[N, 6, 4] x, float[N, 6, 4] v) => (float[N, 2, 4] a, float[N, 4, 4] b,
+                                                float[N, 6, 2] c, float[N, 3, 4] d,
+                                                float[N, 4, 4] e) {
+        a = Slice (x, s0, e2, ax1)
+        b = Slice (x, s2, big, ax1)
+        c = Slice (x, s0, e2, ax2)
+        d = Slice (v, s0, e3, ax1)
+        e = Slice (v, s2, big, ax1)
+    }"""
+    i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
+    inits = {"s0": i64(0), "s2": i64(2), "e2": i64(2), "e3": i64(3), "big": i64(INT_MAX),
+             "ax1": i64(1), "ax2": i64(-1)}
+    for opset in (13, 18):
+        m = make_model(text.replace("OPSET", str(opset)), inits)
+        out, rep = cc(m)
+        assert sorted(ops(out)) == ["Slice", "Slice", "Slice", "Split"], ops(out)
+        split = next(n for n in out.graph.node if n.op_type == "Split")
+        assert list(split.output) == ["a", "b"] and split.input[0] == "x"
+        for n in (1, 2):
+            feeds = {k: rng.standard_normal((n, 6, 4)).astype(np.float32) for k in "xv"}
+            same(m, out, feeds)
+        out2, rep2 = cc(out)
+        assert not rep2.passes[0].changed
+    out, rep = cc(make_model(text.replace("OPSET", "12"), inits))
+    assert "Split" not in ops(out)
+
+
+INT_MAX = (1 << 63) - 1
