@@ -32,6 +32,7 @@ Before -> after::
     x -> Reshape(s) -> Unsqueeze(a) / Squeeze(a) -> y        =>  x -> Reshape(s with the 1s
                                                                 at a put in / taken out)
     Concat(a, Concat(b, c)) on one axis, the inner one read only there  =>  Concat(a, b, c)
+    Shape(x) -> Slice(a:b) -> y (opset >= 15; x's rank known)  =>  Shape(x, start, end)
     Slices of x on one axis, step 1, that tile its static dim  =>  one Split (TorchScript's
                                         x.chunk(2, 1) in ShuffleNet: the dynamo export's form)
     x -> Slice(axes A) -> Slice(axes B), A and B disjoint  =>  x -> Slice(A ∪ B)
@@ -224,6 +225,10 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
     if prev is None or len(x.outputs) != 1 or id(x) in outs or prev.domain not in (
             None, "", "ai.onnx") or id(prev) not in members:
         return None
+    if op == "Slice" and prev.op == "Shape" and opset >= 15:
+        # TorchScript's x.shape[:2] at opset >= 15: the dynamo exporter writes Shape(start,
+        # end) (deeplabv3's two Resize sizes)
+        return _sliced_shape(node, prev)
     if op == "Shape" and prev.op == "Transpose":
         # Read only by this Shape: the Transpose moves data for nothing but its dims.
         return "shape-before-transpose" if _shape_before_transpose(None, prev, x, g, namer,
@@ -831,3 +836,25 @@ def _slices_to_split(node: gs.Node, g: gs.Graph, members: set[int], namer) -> bo
     g.nodes.append(gs.Node("Split", parts[0][3].name or namer(f"{outs[0].name}_Split"),
                            {"axis": parts[0][0]}, inputs=[x, sizes], outputs=outs))
     return True
+
+
+def _sliced_shape(node: gs.Node, shape: gs.Node) -> str | None:
+    """A Slice (step 1) of a Shape's output, read only there, as the Shape's start and end;
+    the Slice becomes that Shape (its output keeps its name), the old one dead."""
+    p, x = _slice_params(node), shape.inputs[0]
+    if p is None or x.shape is None or len(p[0]) != 1 or int(p[3][0]) != 1 \
+            or int(p[2][0]) not in (0, -1):
+        return None
+    r = len(x.shape)
+
+    def clamp(v, n):
+        return min(max(v + n if v < 0 else v, 0), n)
+    lo, hi = clamp(int(shape.attrs.get("start", 0)), r), clamp(int(shape.attrs.get("end", r)), r)
+    n = max(hi - lo, 0)
+    a, b = clamp(int(p[0][0]), n), clamp(int(p[1][0]), n)
+    if b <= a:
+        return None
+    node.op, node.attrs = "Shape", {"start": lo + a, "end": lo + b}
+    node.inputs.clear()
+    node.inputs.append(x)
+    return "sliced-shape"

@@ -910,3 +910,30 @@ def test_slices_that_tile_an_axis_become_one_split(rng):
 
 
 INT_MAX = (1 << 63) - 1
+
+
+def test_a_slice_of_a_shape_is_the_shape_with_start_and_end(rng):
+    """TorchScript's x.shape[:2] before a Resize to sizes (deeplabv3) is Shape -> Slice; the
+    dynamo exporter writes Shape(start=0, end=2). From opset 15 the Slice goes into the
+    Shape, negative bounds and a Shape already cut included; before 15 it stays."""
+    text = """
+    <ir_version: 8, opset_import: ["" : OPSET]>
+    g (float[N, 3, H, W] x) => (int64[2] a, int64[1] b, int64[1] c) {
+        s = Shape (x)
+        a = Slice (s, z, two, z)
+        t = Shape <start = 1> (x)
+        b = Slice (t, m2, m1)
+        u = Shape (x)
+        c = Slice (u, one, big, z, two)
+    }"""
+    i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
+    inits = {"z": i64(0), "one": i64(1), "two": i64(2), "m2": i64(-2), "m1": i64(-1),
+             "big": i64(INT_MAX)}
+    feeds = {"x": rng.standard_normal((2, 3, 5, 7)).astype(np.float32)}
+    out, rep = cc(make_model(text.replace("OPSET", "15"), inits))
+    assert sorted(ops(out)) == ["Shape", "Shape", "Shape", "Slice"], ops(out)  # c's stays
+    attrs = {n.output[0]: [(a.name, a.i) for a in n.attribute] for n in out.graph.node}
+    assert attrs["a"] == [("start", 0), ("end", 2)] and attrs["b"] == [("start", 2), ("end", 3)]
+    same(make_model(text.replace("OPSET", "15"), inits), out, feeds)
+    out, rep = cc(make_model(text.replace("OPSET", "14").replace(" <start = 1>", ""), inits))
+    assert ops(out).count("Slice") == 3
