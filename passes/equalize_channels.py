@@ -252,9 +252,25 @@ class EqualizeChannels(Pass):
 
     def _insert_mul(self, graph, x, convs, s, ctx) -> gs.Variable:
         rank = len(x.shape) if x.shape is not None else len(convs[0].inputs[1].shape)
-        inv = gs.Constant(ctx.namer(f"{x.name}_equalize"),
-                          (1.0 / s).reshape((1, -1) + (1,) * (rank - 2)).astype(np.float32))
+        inv = (1.0 / s).reshape((1, -1) + (1,) * (rank - 2)).astype(np.float32)
+        t = x.inputs[0] if len(x.inputs) == 1 else None
+        if (t is not None and t.op == "Transpose" and t.domain in (None, "", "ai.onnx")
+                and len(t.attrs.get("perm", ())) == rank and x not in graph.outputs
+                and all(any(r is c for c in convs) for r in x.outputs)):
+            # Only these convs read the Transpose: the Mul goes before it, its scales
+            # permuted, which is where a second rewrite's sink-transposes moved it
+            # (ConvNeXt's LayerNorm -> Transpose, BlazeFace's input Transpose: not a
+            # fixed point)
+            u = t.inputs[0]
+            perm = [int(a) for a in t.attrs["perm"]]
+            out = gs.Variable(ctx.namer(f"{u.name}_equalized"), dtype=u.dtype, shape=u.shape)
+            graph.nodes.append(gs.Node("Mul", ctx.namer(f"{x.name}_Equalize"), inputs=[
+                u, gs.Constant(ctx.namer(f"{x.name}_equalize"),
+                               np.ascontiguousarray(np.transpose(inv, np.argsort(perm))))],
+                outputs=[out]))
+            t.inputs[0] = out
+            return x
         out = gs.Variable(ctx.namer(f"{x.name}_equalized"), dtype=x.dtype, shape=x.shape)
-        graph.nodes.append(gs.Node("Mul", ctx.namer(f"{x.name}_Equalize"), inputs=[x, inv],
-                                   outputs=[out]))
+        graph.nodes.append(gs.Node("Mul", ctx.namer(f"{x.name}_Equalize"), inputs=[
+            x, gs.Constant(ctx.namer(f"{x.name}_equalize"), inv)], outputs=[out]))
         return out

@@ -386,3 +386,37 @@ def test_a_producer_whose_weights_would_pass_float16_takes_a_mul(rng):
     w = {t.name: onnx.numpy_helper.to_array(t) for t in out.graph.initializer}
     a = [n for n in out.graph.node if n.output[0] == "a"][0]
     assert np.abs(w[a.input[1]]).max() == np.abs(w1).max()   # the FP16 conv kept as it was
+
+
+def test_a_mul_for_a_transposed_input_goes_before_the_transpose(rng):
+    """TorchScript's ConvNeXt (LayerNorm channels-last -> Transpose -> downsampling Conv)
+    under --plan default: the equalizing Mul after the Transpose was moved past it by a
+    second rewrite's sink-transposes (6 sites, other bytes). It goes before it now, its
+    scales permuted; a Transpose that something else reads too keeps the Mul after it."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 8, 8, 4] x, float[N, 8, 8, 4] v) => (float[N, 8, 8, 8] y,
+                                                      float[N, 8, 8, 8] z, float[N, 4, 8, 8] w) {
+        h = HardSwish (x)
+        t = Transpose <perm = [0, 3, 1, 2]> (h)
+        y = Conv <pads = [1, 1, 1, 1]> (t, W1)
+        h2 = HardSwish (v)
+        t2 = Transpose <perm = [0, 3, 1, 2]> (h2)
+        z = Conv <pads = [1, 1, 1, 1]> (t2, W2)
+        w = Relu (t2)
+    }""", {"W1": (8, 4, 3, 3), "W2": (8, 4, 3, 3)})
+    scale = np.array([1.0, 30.0, 0.1, 5.0], np.float32)
+    calib = [{k: rng.standard_normal((1, 8, 8, 4)).astype(np.float32) * scale for k in "xv"}
+             for _ in range(8)]
+    plan = {"version": 1, "default": "int8", "int8": {"calibration": {"method": "minmax"}}}
+    out, rep = rewriter.rewrite(m, plan=plan, calib=calib, target="none")
+    prod = {o: n for n in out.graph.node for o in n.output}
+    readers = {}
+    for n in out.graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n.op_type)
+    t1 = next(n for n in out.graph.node if n.op_type == "Transpose" and n.output[0] != "t2")
+    assert prod[t1.input[0]].op_type == "Mul"   # before the Transpose only the conv reads
+    assert "Mul" in readers["t2"]               # after the shared one
+    again, _ = rewriter.rewrite(out, target="none")
+    assert again.SerializeToString() == out.SerializeToString()
