@@ -45,6 +45,8 @@ evaluate (an LSTM, a Transpose).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
@@ -435,6 +437,15 @@ def _decide(rel):
     return None
 
 
+@functools.lru_cache(maxsize=4096)
+def _simplify(d):
+    """sympy.simplify, remembered: a channel shuffle compares the same dims again and again
+    (TorchScript's ShuffleNet V2: 1134 calls, 235 distinct, 5.5 of 6.8 s in fold-shapes)."""
+    import sympy
+
+    return sympy.simplify(d)
+
+
 def _cmp(kind):
     def f(a, b):
         import sympy
@@ -443,8 +454,8 @@ def _cmp(kind):
             return {"eq": a == b, "lt": a < b, "gt": a > b, "le": a <= b, "ge": a >= b}[kind]
         if kind == "eq":
             d = sympy.expand(a - b)
-            if d != 0 and not d.is_number:
-                d = sympy.simplify(d)
+            if d != 0 and not d.is_number and not d.is_polynomial():
+                d = _simplify(d)   # a polynomial, expanded, is 0 or not: nothing to simplify
             return True if d == 0 else (False if d.is_nonzero else None)
         rel = {"lt": sympy.Lt, "gt": sympy.Gt, "le": sympy.Le, "ge": sympy.Ge}[kind](a, b)
         return _decide(rel)
