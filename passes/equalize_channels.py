@@ -29,9 +29,10 @@ into a BatchNormalization's scale and bias, and nothing else reads it: no op is 
 Otherwise, in particular after HardSwish, HardSigmoid, Relu6/Clip or Sigmoid, which are NOT
 positively homogeneous (HardSwish(x / s) != HardSwish(x) / s), the function is kept exact by
 an explicit per-channel Mul after the activation, on the quantised branch only (a residual
-Add reading the same tensor still sees it unscaled). MIGraphX fuses that Mul with the
-activation before it; the Q/DQ -> Conv form it lowers to quant_convolution is unchanged
-(tests/test_migraphx_models.py).
+Add reading the same tensor still sees it unscaled); before a Transpose that only the
+equalized convs read, its scales permuted (where sink-transposes would move it). MIGraphX
+fuses that Mul with the activation before it; the Q/DQ -> Conv form it lowers to
+quant_convolution is unchanged (tests/test_migraphx_models.py).
 
 Skips (reasons in the report): no channel statistics, weights not constant, a weight the
 model stores as int8 (``stored-int8-weight``: insert-qdq keeps those values bit for bit, and
