@@ -48,6 +48,9 @@ SAFE = {
     # A mean, max or min stays within its input's range: GlobalAveragePool as EfficientNet's
     # squeeze-excite writes it (a float32 island with two Casts per block under --plan fp16)
     "ReduceMean", "ReduceMax", "ReduceMin",
+    # Erf within [-1, 1], Gelu within its input's range: both exporters' GELU (torchvision's
+    # ConvNeXt-T: a float32 island per block, 18 of them)
+    "Erf", "Gelu",
 }
 
 

@@ -575,3 +575,38 @@ def test_a_squeeze_excite_reducemean_stays_in_the_region(rng):
     f = {"x": rng.standard_normal((2, 4, 8, 8)).astype(np.float32)}
     assert cos(run_ort(out, f)[0], run_ort(m, f)[0]) > 0.9999
     onnx.checker.check_model(out, full_check=True)
+
+
+def test_gelu_in_either_exporters_form_stays_in_the_region(rng):
+    """torchvision's ConvNeXt-T under --plan fp16: dynamo's Gelu (opset 20) and
+    TorchScript's Div -> Erf -> Add -> Mul -> Mul (opset 17) each cut the float16 region in
+    every block (18 times), TorchScript's with 18 Casts out more, its Erf input read again
+    after it. Erf stays within [-1, 1] and Gelu within its input's range: followers."""
+    erf = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 8, 8, 8] x) => (float[N, 8, 8, 8] y) {
+        a = Conv <pads = [1, 1, 1, 1]> (x, W1)
+        d = Div (a, r2)
+        e = Erf (d)
+        p = Add (e, one)
+        q = Mul (a, p)
+        h = Mul (q, half)
+        y = Conv <pads = [1, 1, 1, 1]> (h, W2)
+    }"""
+    gelu = """
+    <ir_version: 8, opset_import: ["" : 20]>
+    g (float[N, 8, 8, 8] x) => (float[N, 8, 8, 8] y) {
+        a = Conv <pads = [1, 1, 1, 1]> (x, W1)
+        h = Gelu (a)
+        y = Conv <pads = [1, 1, 1, 1]> (h, W2)
+    }"""
+    w = {"W1": (8, 8, 3, 3), "W2": (8, 8, 3, 3)}
+    consts = {"r2": np.array(np.sqrt(2), np.float32), "one": np.array(1, np.float32),
+              "half": np.array(0.5, np.float32)}
+    f = {"x": rng.standard_normal((2, 8, 8, 8)).astype(np.float32)}
+    for text, extra in ((erf, consts), (gelu, {})):
+        m = make_model(text, {**w, **extra})
+        out, rep = run(m, "fp16")
+        assert ops(out).count("Cast") == 2, ops(out)   # x in, y out
+        assert cos(run_ort(out, f)[0], run_ort(m, f)[0]) > 0.9999
+        onnx.checker.check_model(out, full_check=True)
