@@ -36,7 +36,9 @@ class Verifier:
 
     def __init__(self, original: onnx.ModelProto, base_dir, feeds,
                  path: str | None = None, lossy: dict | None = None, labels=None,
-                 strict: bool = False):
+                 strict: bool = False, classes: list[bool] | None = None):
+        """``classes``: which outputs have classes, as a verifier on more of the same inputs
+        found them (quick): decided on all of them, not again on the first few."""
         self.backend = ort
         self.strict = strict
         self._args = (original, base_dir, path)
@@ -72,7 +74,7 @@ class Verifier:
             named = (self.lossy or {}).get("max_abs")
             self.reference, self.classes, splits, real = reference_traits(
                 [ort.run(sess, f) for f in self.feed_sets], self.feed_sets, original,
-                set(named) if isinstance(named, dict) else ())
+                set(named) if isinstance(named, dict) else (), classes)
             self.splits = dict(zip(self.output_names, splits))
             self.real = dict(zip(self.output_names, real))
         except Exception as e:
@@ -104,7 +106,7 @@ class Verifier:
             try:
                 self._quick = Verifier(original, base_dir, self.feed_sets[:QUICK_FEEDS],
                                        path=path, lossy=self.lossy, labels=labels,
-                                       strict=self.strict)
+                                       strict=self.strict, classes=self.classes)
                 self._quick.plan_certificate = self.plan_certificate
             except NonFiniteReference:
                 self._quick = self
@@ -427,7 +429,7 @@ class Verifier:
 
 
 def reference_traits(runs: list[list[np.ndarray]], feed_sets: list[dict],
-                     model: onnx.ModelProto, quantities=()
+                     model: onnx.ModelProto, quantities=(), classes=None
                      ) -> tuple[list[np.ndarray], list[bool], list]:
     """The reference outputs joined one sample per row (:func:`feeds.join_runs`), which of
     them have classes (:func:`metrics.class_outputs`, the model's linear heads seen; never
@@ -435,9 +437,10 @@ def reference_traits(runs: list[list[np.ndarray]], feed_sets: list[dict],
     says they are not class scores), for those without, their components of different
     scale (:func:`metrics.scale_split`), and for those padded to the longest run, their
     real positions (:func:`metrics.real_positions`): found once, on the reference, by the
-    verifier and the planner alike."""
+    verifier and the planner alike (``classes``: as decided on more samples, kept)."""
     joined, batched, ragged = join_runs(runs, feed_sets)
-    classes = class_outputs(joined, head_features(model), batched, ragged)
+    if classes is None:
+        classes = class_outputs(joined, head_features(model), batched, ragged)
     classes = [c and o.name not in quantities for c, o in zip(classes, model.graph.output)]
     return (joined, classes, [None if c else scale_split(r) for r, c in zip(joined, classes)],
             [real_positions(g) if c else None for g, c in zip(ragged, classes)])
