@@ -456,8 +456,13 @@ def check_labels(labels, refs, classes, names) -> None:
     if not heads:
         shown = ", ".join(f"{nm} [{', '.join(['N'] + [str(d) for d in np.shape(r)[1:]])}]"
                           for nm, r in zip(names, refs))
+        flat = [nm for nm, r in zip(names, refs) if np.ndim(r) == 2 and np.shape(r)[1] > 1
+                and np.issubdtype(np.asarray(r).dtype, np.floating)]
+        why = (f": {', '.join(flat):.80}: not probabilities, not a linear layer's, and the "
+               "top class holds less than half the softmax mass on these samples"
+               if flat else "")
         raise InputError(f"labels judge a classifier's [N, classes] output (a softmax's or "
-                         f"a linear layer's), and this model has none ({shown:.200})")
+                         f"a linear layer's), and this model has none ({shown:.200}){why}")
     i = int(np.argmax(labels))
     widest = max(heads, key=lambda h: h[1])
     if labels[i] >= widest[1]:
