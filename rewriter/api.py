@@ -338,7 +338,7 @@ class _Rewrite:
         self.seconds: dict[str, float] = {}
         self.calib_data = None
         self.held_out: list = []
-        self.held_labels = None
+        self.held_labels = self.all_labels = None
         self.verifier = None
         self.depth, self.worst = 0, Numerics.EXACT   # verification depth and tolerance kind
         self.last_metrics = None     # the check after the last pass that changed the graph
@@ -527,6 +527,7 @@ class _Rewrite:
                                 limit=int(self.plan.int8["calibration"]["samples"]),
                                 labels=self.labels)
         self.check_calib_shapes(data)
+        self.all_labels = data.labels   # checked whole by the held-out samples' verifier
         if len(data) >= 8:
             # The same samples are held out with or without --verify, so the model written
             # does not depend on the flag, and --verify judges it on samples its scales were
@@ -717,7 +718,8 @@ class _Rewrite:
         def make(feeds):
             v = Verifier(self.original, self.base_dir, feeds, path=self.path,
                          lossy=self.plan.verify if self.plan is not None else None,
-                         labels=labels, strict=bool((self.planner_settings or {}).get("strict")))
+                         labels=labels, strict=bool((self.planner_settings or {}).get("strict")),
+                         all_labels=None if labels is None else self.all_labels)
             pr = getattr(self, "planner_report", None)
             if pr is not None and pr.measured.get("met"):
                 v.plan_certificate = pr.measured

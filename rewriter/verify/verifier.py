@@ -36,9 +36,12 @@ class Verifier:
 
     def __init__(self, original: onnx.ModelProto, base_dir, feeds,
                  path: str | None = None, lossy: dict | None = None, labels=None,
-                 strict: bool = False, classes: list[bool] | None = None):
+                 strict: bool = False, classes: list[bool] | None = None, all_labels=None):
         """``classes``: which outputs have classes, as a verifier on more of the same inputs
-        found them (quick): decided on all of them, not again on the first few."""
+        found them (quick): decided on all of them, not again on the first few.
+        ``all_labels``: every calibration sample's label, in reading order, of which
+        ``labels`` are the held-out ones: checked in their place, so that a bad label is
+        named by its place in the labels file, and one of a calibration sample is said too."""
         self.backend = ort
         self.strict = strict
         self._args = (original, base_dir, path)
@@ -83,7 +86,8 @@ class Verifier:
             raise OriginalRunError(f"onnxruntime cannot run the original model on these "
                                    f"inputs ({given}): {_line(e)}") from None
         from rewriter.verify.certify import check_labels
-        check_labels(self.labels, self.reference, self.classes, self.output_names)
+        check_labels(self.labels if all_labels is None else all_labels, self.reference,
+                     self.classes, self.output_names)
         bad = [n for n, r in zip(self.output_names, self.reference)
                if np.issubdtype(r.dtype, np.floating) and r.size and not np.isfinite(r).any()]
         if bad:

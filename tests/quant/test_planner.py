@@ -115,6 +115,20 @@ def test_labels_the_model_has_no_class_for_are_an_error(tmp_path):
                          labels=[0] * 8, verify=True)
 
 
+@pytest.mark.parametrize("at", [4, 5])
+def test_a_bad_label_is_named_by_its_place_in_the_labels_and_caught_in_either_part(
+        tmp_path, at):
+    """--verify judged the held-out samples' labels alone: a label of another task among
+    the calibration part (sample 5 of 24) passed unsaid with --plan default --verify, and
+    one held out (sample 4) was called "sample 1", its place among the held-out ones."""
+    labels = np.arange(24) % 10
+    labels[at] = 12
+    with pytest.raises(rewriter.InputError, match=rf"label 12 \(sample {at}\) is not a class"):
+        rewriter.rewrite(MODEL, output=tmp_path / "h.onnx", plan="fp16", calib=samples(24),
+                         labels=labels, verify=True)
+    assert not (tmp_path / "h.onnx").exists()
+
+
 def test_an_accuracy_budget_replaces_the_agreement_budget_unless_both_are_given():
     """With labels, max_accuracy_drop alone makes task accuracy the budget (min_top1 0);
     an explicit min_top1 keeps both; without labels the accuracy budget cannot be judged,
