@@ -149,3 +149,16 @@ def migraphx_driver(migraphx_version):
         pytest.skip("migraphx-driver not found beside the migraphx module or on PATH")
     assert driver_version(driver)[:2] == migraphx_version[:2], "driver and module differ"
     return driver
+
+
+def gap_head():
+    """Conv -> GlobalAveragePool -> Flatten: a classifier's [N, 4] without a softmax or a
+    linear layer (SqueezeNet's head), a class output only where its argmax is decisive."""
+    return make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N,3,8,8] x) => (float[N,4] y) {
+      w = Constant<value = float[4,3,1,1] {1,-2,3,-4,5,-6,7,-8,9,-10,11,-12}>()
+      c = Conv(x, w)
+      p = GlobalAveragePool(c)
+      y = Flatten(p)
+    }""")

@@ -516,17 +516,10 @@ def test_outputs_of_inf_and_nan_take_the_worst_flip_risk_and_their_line_renders(
 def test_labels_for_an_undecided_n_c_output_say_why_it_is_no_classifier():
     """Conv -> GlobalAveragePool -> Flatten is a classifier's [N, C] (SqueezeNet's head):
     "this model has none (y [N, 4])" read as a contradiction; the message says why."""
-    from conftest import make_model
+    from conftest import gap_head
     from rewriter.core.errors import InputError
     from rewriter.verify.verifier import Verifier
-    model = make_model("""
-        <ir_version: 8, opset_import: ["" : 17]>
-        g (float[N,3,8,8] x) => (float[N,4] y) {
-          w = Constant<value = float[4,3,1,1] {1,-2,3,-4,5,-6,7,-8,9,-10,11,-12}>()
-          c = Conv(x, w)
-          p = GlobalAveragePool(c)
-          y = Flatten(p)
-        }""")
+    model = gap_head()
     rng = np.random.default_rng(0)
     feeds = [{"x": (rng.standard_normal((1, 3, 8, 8)) * 0.01).astype(np.float32)}
              for _ in range(8)]

@@ -83,15 +83,8 @@ def test_the_first_inputs_keep_the_class_outputs_found_on_all(tmp_path):
     decided on the samples: on 40 held-out samples with labels it was, on the first 16
     (small inputs) not, and the per-pass check raised "labels judge a classifier's [N,
     classes] output ... this model has none" after the full check had accepted them."""
-    from conftest import make_model
-    model = make_model("""
-        <ir_version: 8, opset_import: ["" : 17]>
-        g (float[N,3,8,8] x) => (float[N,4] y) {
-          w = Constant<value = float[4,3,1,1] {1,-2,3,-4,5,-6,7,-8,9,-10,11,-12}>()
-          c = Conv(x, w)
-          p = GlobalAveragePool(c)
-          y = Flatten(p)
-        }""")
+    from conftest import gap_head
+    model = gap_head()
     rng = np.random.default_rng(0)
     q = vmod.QUICK_FEEDS
     feeds = [{"x": (rng.standard_normal((1, 3, 8, 8)) * (0.01 if k < q else 0) +
