@@ -847,13 +847,16 @@ class _Rewrite:
             self.worst = Numerics.CLOSE
         exported = export(self.graph, self.original, self.base_dir)
         from rewriter.verify.verifier import ModelLoadError
-        # Each pass is checked on the first feed sets (Verifier.quick), a miss and the plan
-        # as a whole on all of them, and the final model too (final_verification).
-        judged = p.numerics is Numerics.LOSSY and self.quantize and p is self.quantize[-1]
-        v = self.verifier if judged else self.verifier.quick()
+        # A plan is judged as a whole, after its last pass (its FP16 part comes after its
+        # INT8 part), on all the feed sets. Each other pass is checked on the first ones
+        # (Verifier.quick), a miss again on all of them, and the final model on all of
+        # them too (final_verification).
+        in_plan = p.numerics is Numerics.LOSSY and bool(self.quantize)
+        plan_end = in_plan and p is self.quantize[-1]
+        v = self.verifier if plan_end else self.verifier.quick()
         try:
             metrics = v.check(exported, self.worst, self.depth)
-            if v is not self.verifier and not all(m.ok for m in metrics):
+            if v is not self.verifier and not in_plan and not all(m.ok for m in metrics):
                 metrics = self.verifier.check(exported, self.worst, self.depth)
                 v = self.verifier
         except ModelLoadError as e:
@@ -861,8 +864,8 @@ class _Rewrite:
         self.last_metrics = metrics if v is self.verifier else None
         rec.verification = [m.to_dict() for m in metrics]
         self.verify_seconds += time.perf_counter() - t
-        if p.numerics is Numerics.LOSSY and self.quantize and p is not self.quantize[-1]:
-            return  # a plan is judged as a whole: its FP16 part comes after its INT8 part
+        if in_plan and not plan_end:
+            return
         if not all(m.ok for m in metrics):
             r = self.report
             r.failed_pass, r.verification = p.name, rec.verification

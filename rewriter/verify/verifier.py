@@ -36,15 +36,16 @@ class Verifier:
 
     def __init__(self, original: onnx.ModelProto, base_dir, feeds,
                  path: str | None = None, lossy: dict | None = None, labels=None,
-                 strict: bool = False, classes: list[bool] | None = None, all_labels=None):
-        """``classes``: which outputs have classes, as a verifier on more of the same inputs
-        found them (quick): decided on all of them, not again on the first few.
+                 strict: bool = False, classes: list[bool] | None = None, all_labels=None,
+                 runs: list | None = None):
+        """``classes`` and ``runs``: which outputs have classes and the original's outputs
+        on ``feeds``, as a verifier on more of the same inputs found them (quick): decided
+        on all of them, not again on the first few, and the original not loaded again.
         ``all_labels``: every calibration sample's label, in reading order, of which
         ``labels`` are the held-out ones: checked in their place, so that a bad label is
         named by its place in the labels file, and one of a calibration sample is said too."""
         self.backend = ort
         self.strict = strict
-        self._args = (original, base_dir, path)
         self._quick: Verifier | None = None
         # The planner's judgement of the plan (PlannerReport.measured) when it met the
         # budget, k-fold on every calibration sample: see judge_output.
@@ -69,15 +70,18 @@ class Verifier:
         # selection reads (judge_selected); named as the renamed copy names them.
         self.selection = {o: (f"{n.op_type} '{n.name or n.output[0]}'", reads)
                           for o, (n, reads) in selection_reads(original.graph).items()}
+        if runs is None:
+            try:
+                sess = self._original_session()
+            except Exception as e:
+                raise InputError(f"onnxruntime cannot load the original model: "
+                                 f"{_line(e)}") from None
         try:
-            sess = self._original_session()
-        except Exception as e:
-            raise InputError(f"onnxruntime cannot load the original model: {_line(e)}") from None
-        try:
+            runs = runs if runs is not None else [ort.run(sess, f) for f in self.feed_sets]
             named = (self.lossy or {}).get("max_abs")
             self.reference, self.classes, splits, real = reference_traits(
-                [ort.run(sess, f) for f in self.feed_sets], self.feed_sets, original,
-                set(named) if isinstance(named, dict) else (), classes)
+                runs, self.feed_sets, original, set(named) if isinstance(named, dict) else (),
+                classes)
             self.splits = dict(zip(self.output_names, splits))
             self.real = dict(zip(self.output_names, real))
         except Exception as e:
@@ -85,6 +89,11 @@ class Verifier:
                               for k, v in self.feed_sets[0].items())
             raise OriginalRunError(f"onnxruntime cannot run the original model on these "
                                    f"inputs ({given}): {_line(e)}") from None
+        # quick's reference, the first sets' runs (none kept where quick is this verifier),
+        # copied: onnxruntime's arrays keep its session, and its arena, alive (0.9 GB more
+        # at the peak on the thirtieth round's PaiNN)
+        self._first_runs = ([[np.array(o) for o in r] for r in runs[:QUICK_FEEDS]]
+                            if len(runs) > QUICK_FEEDS else None)
         from rewriter.verify.certify import check_labels
         check_labels(self.labels if all_labels is None else all_labels, self.reference,
                      self.classes, self.output_names)
@@ -105,12 +114,13 @@ class Verifier:
         if len(self.feed_sets) <= QUICK_FEEDS:
             return self
         if self._quick is None:
-            original, base_dir, path = self._args
+            original, base_dir, path = self._source
             labels = None if self.labels is None else self.labels[:QUICK_FEEDS]
             try:
                 self._quick = Verifier(original, base_dir, self.feed_sets[:QUICK_FEEDS],
                                        path=path, lossy=self.lossy, labels=labels,
-                                       strict=self.strict, classes=self.classes)
+                                       strict=self.strict, classes=self.classes,
+                                       runs=self._first_runs)
                 self._quick.plan_certificate = self.plan_certificate
             except NonFiniteReference:
                 self._quick = self
