@@ -304,6 +304,8 @@ class _CrossValidator:
     """Plans of one FP32 graph judged k-fold: fold f's samples run on the plan built with
     the ranges of the other folds; outputs are compared with FP32 per sample."""
 
+    label_k: int | None = None   # the output the labels judge (certify.label_output)
+
     def __init__(self, graph, original, base_dir, data, settings, progress):
         from rewriter.core import ort
         from rewriter.quant.ranges import collect_ranges
@@ -359,8 +361,14 @@ class _CrossValidator:
         joined, self.classes, splits, _ = reference_traits(
             self.reference, self.feeds, self.original if self.graph is graph else exp.model,
             set(named) if isinstance(named, dict) else ())
-        from rewriter.verify.certify import check_labels
-        check_labels(self.labels, joined, self.classes, self.output_names)
+        from rewriter.verify.certify import label_output
+        self.label_k = label_output(self.labels, joined, self.classes, self.output_names)
+        others = [n for n, c, r in zip(self.output_names, self.classes, joined)
+                  if c and np.ndim(r) == 2 and n != self.output_names[self.label_k or 0]]
+        if self.label_k is not None and others:
+            self.notes.append(f"labels judge output '{self.output_names[self.label_k]}' "
+                              f"({joined[self.label_k].shape[-1]} classes), "
+                              f"not {', '.join(others):.80}")
         self.splits = dict(enumerate(splits))
         self._abs_notes()
         self.count = 0
@@ -473,8 +481,9 @@ class _CrossValidator:
         return export(g, self.original, self.base_dir)
 
     def _judge(self, idx: list[int], outs: list, alpha: float = 0.05) -> dict:
-        """One judgement over the samples ``idx``: the first output with classes decides
-        top-1/flip risk (else the first output); the worst cosine bound over outputs."""
+        """One judgement over the samples ``idx``: the output the labels judge, else the
+        first with classes, decides top-1/flip risk (else the first output); the worst
+        cosine bound over outputs."""
         from rewriter.verify.certify import (judge_abs, judge_equal, judge_lossy, judge_units,
                                              sample_abs_errors)
         from rewriter.verify.feeds import join_runs, stack_runs
@@ -486,7 +495,8 @@ class _CrossValidator:
         got = stack_runs(outs, feeds)
         labels = self.labels[idx] if self.labels is not None else None
         classes = self.classes
-        order = sorted(range(len(ref)), key=lambda k: not classes[k])
+        # the output the labels judge decides (label_output), else the first with classes
+        order = sorted(range(len(ref)), key=lambda k: (k != self.label_k, not classes[k]))
         main = None
         for k in order:
             r, o = np.asarray(ref[k]), np.asarray(got[k])
@@ -523,7 +533,8 @@ class _CrossValidator:
             parts = kept or ([] if main is not None or k != order[-1] else parts[:1])
             for r, o in parts:
                 j = judge_lossy(self.output_names[k], r, o, self.budget(),
-                                labels if main is None else None, alpha=alpha,
+                                labels if main is None and k == self.label_k else None,
+                                alpha=alpha,
                                 classes=classes[k],
                                 real=real_positions(padded[k]) if split is None else None)
                 if main is None:

@@ -442,16 +442,18 @@ class Judgement:
         return s + f"; budget {verdict} at 95%" + (f" ({self.why})" if self.why else "")
 
 
-def check_labels(labels, refs, classes, names) -> None:
-    """InputError where ``labels`` (one class index per sample) cannot label any output:
-    judge_lossy applies them to each [N, C] class output, and a label at or above C matched
-    no argmax, so the sample counted as wrong for FP32 and quantized alike, unsaid (a
-    labels file of another task gave accuracy 0.17 -> 0.17, loss +0.0). ``refs``: the
-    outputs joined one sample per row; ``classes``: metrics.class_outputs of them."""
+def label_output(labels, refs, classes, names) -> int | None:
+    """The output ``labels`` (one class index per sample) judge: the first [N, C] class
+    output whose classes hold every label; None without labels. Labels 0-9 of a model with
+    a [N, 2] head before its [N, 10] one judged the [N, 2] head (FP32 accuracy 0.08 where it
+    is 1.0), unsaid. InputError where they fit none: a label at or above C matched no
+    argmax, so the sample counted as wrong for FP32 and quantized alike (a labels file of
+    another task gave accuracy 0.17 -> 0.17, loss +0.0). ``refs``: the outputs joined one
+    sample per row; ``classes``: metrics.class_outputs of them."""
     if labels is None or not len(labels):
-        return
+        return None
     labels = np.asarray(labels)
-    heads = [(nm, r.shape[-1]) for nm, r, c in zip(names, refs, classes)
+    heads = [(k, nm, r.shape[-1]) for k, (nm, r, c) in enumerate(zip(names, refs, classes))
              if c and np.ndim(r) == 2]
     if not heads:
         shown = ", ".join(f"{nm} [{', '.join(['N'] + [str(d) for d in np.shape(r)[1:]])}]"
@@ -464,11 +466,12 @@ def check_labels(labels, refs, classes, names) -> None:
         raise InputError(f"labels judge a classifier's [N, classes] output (a softmax's or "
                          f"a linear layer's), and this model has none ({shown:.200}){why}")
     i = int(np.argmax(labels))
-    widest = max(heads, key=lambda h: h[1])
-    if labels[i] >= widest[1]:
+    fits = [h for h in heads if labels[i] < h[2]]
+    if not fits:
+        _, nm, c = max(heads, key=lambda h: h[2])
         raise InputError(f"label {int(labels[i])} (sample {i}) is not a class of output "
-                         f"'{widest[0]}' ({widest[1]} classes, 0-{widest[1] - 1}): "
-                         f"labels of another model or task?")
+                         f"'{nm}' ({c} classes, 0-{c - 1}): labels of another model or task?")
+    return fits[0][0]
 
 
 def judge_lossy(name: str, ref: np.ndarray, out: np.ndarray, budget: dict,

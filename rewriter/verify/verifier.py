@@ -37,10 +37,11 @@ class Verifier:
     def __init__(self, original: onnx.ModelProto, base_dir, feeds,
                  path: str | None = None, lossy: dict | None = None, labels=None,
                  strict: bool = False, classes: list[bool] | None = None, all_labels=None,
-                 runs: list | None = None):
+                 runs: list | None = None, label_output: str | None = None):
         """``classes`` and ``runs``: which outputs have classes and the original's outputs
         on ``feeds``, as a verifier on more of the same inputs found them (quick): decided
-        on all of them, not again on the first few, and the original not loaded again.
+        on all of them, not again on the first few, and the original not loaded again;
+        ``label_output``, the output the labels judge, likewise.
         ``all_labels``: every calibration sample's label, in reading order, of which
         ``labels`` are the held-out ones: checked in their place, so that a bad label is
         named by its place in the labels file, and one of a calibration sample is said too."""
@@ -94,9 +95,10 @@ class Verifier:
         # at the peak on the thirtieth round's PaiNN)
         self._first_runs = ([[np.array(o) for o in r] for r in runs[:QUICK_FEEDS]]
                             if len(runs) > QUICK_FEEDS else None)
-        from rewriter.verify.certify import check_labels
-        check_labels(self.labels if all_labels is None else all_labels, self.reference,
+        from rewriter.verify.certify import label_output as labelled
+        k = labelled(self.labels if all_labels is None else all_labels, self.reference,
                      self.classes, self.output_names)
+        self.label_output = label_output or (None if k is None else self.output_names[k])
         bad = [n for n, r in zip(self.output_names, self.reference)
                if np.issubdtype(r.dtype, np.floating) and r.size and not np.isfinite(r).any()]
         if bad:
@@ -120,7 +122,8 @@ class Verifier:
                 self._quick = Verifier(original, base_dir, self.feed_sets[:QUICK_FEEDS],
                                        path=path, lossy=self.lossy, labels=labels,
                                        strict=self.strict, classes=self.classes,
-                                       runs=self._first_runs)
+                                       runs=self._first_runs,
+                                       label_output=self.label_output)
                 self._quick.plan_certificate = self.plan_certificate
             except NonFiniteReference:
                 self._quick = self
@@ -428,15 +431,15 @@ class Verifier:
     def certify(self, name: str, ref, out, classes: bool | None = None, real=None,
                 units: bool = True):
         """verify.certify's judgement of one output against the plan's budget (labels, when
-        the samples have them, for the first classifier output)."""
+        the samples have them, for the output they judge: certify.label_output)."""
         from rewriter.verify.certify import judge_abs, judge_lossy, resolve_budget
         from rewriter.verify.metrics import LOSSY_DEFAULT, abs_tolerance
 
-        full = resolve_budget(dict(LOSSY_DEFAULT, **(self.lossy or {})), self.labels is not None)
+        labels = self.labels if name == self.label_output else None
+        full = resolve_budget(dict(LOSSY_DEFAULT, **(self.lossy or {})), labels is not None)
         budget = {k: full[k] for k in ("min_top1", "min_cosine", "max_accuracy_drop")
                   if k in full and full[k] is not None}
-        j = judge_lossy(name, ref, out, budget, labels=self.labels, classes=classes,
-                        real=real)
+        j = judge_lossy(name, ref, out, budget, labels=labels, classes=classes, real=real)
         tol = abs_tolerance(full, name, j.classes) if units else None
         return j if tol is None else judge_abs(j, name, ref, out, tol,
                                                self.min_within(), real=real)

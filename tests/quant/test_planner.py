@@ -1200,3 +1200,51 @@ def test_a_budget_just_out_of_range_says_its_value():
         from_dict({"verify": {"min_cosine": 1.0000001}}, "p.yaml")
     p = from_dict({"verify": {"min_top1": 1, "min_cosine": -1, "max_accuracy_drop": 0}}, "p")
     assert (p.verify["min_top1"], p.verify["min_cosine"]) == (1, -1)
+
+
+def two_heads():
+    """Two softmax heads over one input: 'gate' [N, 2] first, 'kind' [N, 10] second (a
+    face model's yes/no beside its attribute classes), distinct random weights."""
+    rng = np.random.default_rng(3)
+    w1, w2 = (rng.standard_normal(s).astype(np.float32) for s in ((16, 2), (16, 10)))
+    fmt = lambda a: ", ".join(f"{v:.6f}" for v in a.ravel())   # noqa: E731
+    return make_model(f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N,16] x) => (float[N,2] gate, float[N,10] kind) {{
+          w1 = Constant<value = float[16,2] {{{fmt(w1)}}}>()
+          w2 = Constant<value = float[16,10] {{{fmt(w2)}}}>()
+          a = MatMul(x, w1)
+          gate = Softmax<axis = -1>(a)
+          b = MatMul(x, w2)
+          kind = Softmax<axis = -1>(b)
+        }}""")
+
+
+def test_labels_judge_the_class_output_they_fit_not_a_narrower_one(tmp_path):
+    """Labels 0-9 of a model with a [N, 2] head before its [N, 10] one judged the [N, 2]
+    head (the planner's first class output; the verifier judged both): FP32 "accuracy"
+    0.2 where it is 1.0, unsaid. They judge the output whose classes they fit; the other
+    head keeps top-1 agreement."""
+    import onnxruntime as ort
+
+    from rewriter.verify.verifier import Verifier
+    model = two_heads()
+    rng = np.random.default_rng(5)
+    cal = [{"x": rng.standard_normal((1, 16)).astype(np.float32) * 3} for _ in range(24)]
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    labels = np.array([int(sess.run(["kind"], f)[0].argmax()) for f in cal])
+    assert labels.max() >= 2                      # labels the [N, 2] head cannot have
+    _, rep = plan_auto(model, cal, settings={"folds": 3, "min_top1": 0.5,
+                                             "max_accuracy_drop": 50.0}, labels=labels)
+    assert rep.measured["accuracy_fp32"] == 1.0
+    assert "labels judge output 'kind' (10 classes), not gate" in rep.notes
+    v = Verifier(model, None, cal, labels=labels, lossy={"max_accuracy_drop": 50.0})
+    assert v.label_output == "kind"
+    gate, kind = v.reference
+    judged = {n: v.certify(n, r, r, classes=True) for n, r in (("gate", gate), ("kind", kind))}
+    assert judged["kind"].accuracy_fp32 == 1.0
+    assert judged["gate"].accuracy_fp32 is None
+    assert judged["gate"].budget.get("min_top1") == 0.99   # agreement: labels are not its
+    quick = Verifier(model, None, cal[:20], labels=np.r_[[0, 1] * 8, [9] * 4],
+                     lossy={"max_accuracy_drop": 50.0}).quick()
+    assert quick.label_output == "kind"           # decided on all 20, not on 16 0/1 labels
