@@ -1248,3 +1248,34 @@ def test_labels_judge_the_class_output_they_fit_not_a_narrower_one(tmp_path):
     quick = Verifier(model, None, cal[:20], labels=np.r_[[0, 1] * 8, [9] * 4],
                      lossy={"max_accuracy_drop": 50.0}).quick()
     assert quick.label_output == "kind"           # decided on all 20, not on 16 0/1 labels
+
+
+def test_a_second_class_output_that_flips_fails_the_plan():
+    """The planner judged a second class output only where its cosine bound was the worst:
+    a [N, 2] head at ties flips top-1 on 20 of 600 samples at cosine 1 - 1e-9, beside a
+    [N, 10] head at a lower cosine that flips none, and the plan was met; --verify judges
+    every class output's top-1 and refused it."""
+    from rewriter.quant.planner import _CrossValidator
+
+    rng = np.random.default_rng(6)
+    n = 600
+    kind = rng.dirichlet(np.full(10, 0.3), n)
+    kind_out = kind * np.exp(rng.normal(0, 0.002, kind.shape))
+    kind_out /= kind_out.sum(1, keepdims=True)
+    p = 0.5 + rng.uniform(1e-5, 1e-4, n) * rng.choice([-1, 1], n)
+    gate = np.stack([p, 1 - p], 1)
+    gate_out = gate.copy()
+    gate_out[:20] = gate_out[:20, ::-1]                  # 20 ties flip
+    ref = [[kind[i:i + 1], gate[i:i + 1]] for i in range(n)]
+    out = [[kind_out[i:i + 1], gate_out[i:i + 1]] for i in range(n)]
+    cv = object.__new__(_CrossValidator)
+    cv.s = {"min_top1": 0.99, "min_cosine": 0.99}
+    cv.labels, cv.output_names = None, ["kind", "gate"]
+    cv.reference, cv.classes = ref, [True, True]
+    cv.feeds = [{"x": np.zeros((1, 3))}] * n
+    cv.splits = {}
+    j = cv._judge(list(range(n)), out)
+    assert j["output"] == "kind" and not j["met"], j
+    assert "gate" in j["why"]
+    out = [[kind_out[i:i + 1], gate[i:i + 1]] for i in range(n)]
+    assert cv._judge(list(range(n)), out)["met"]         # the same without the flips
