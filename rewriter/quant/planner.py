@@ -428,10 +428,12 @@ class _CrossValidator:
                               f"name them to hold them (--max-abs {self.output_names[0]}="
                               f"{v:g})")
 
-    def budget(self) -> dict:
+    def budget(self, labelled: bool = True) -> dict:
         """What judge_lossy holds each output to (max_abs is judged by the whole output,
-        in _judge)."""
-        b = {"min_top1": self.s["min_top1"], "min_cosine": self.s["min_cosine"]}
+        in _judge); ``labelled``: for the output the labels judge (or any, without them)."""
+        top1 = self.s["min_top1"] if labelled else self.s.get("top1_unlabelled",
+                                                                 self.s["min_top1"])
+        b = {"min_top1": top1, "min_cosine": self.s["min_cosine"]}
         if self.s.get("max_accuracy_drop") is not None and self.labels is not None:
             b["max_accuracy_drop"] = float(self.s["max_accuracy_drop"])
         return b
@@ -532,7 +534,8 @@ class _CrossValidator:
                     if not tiny_agrees(r, o, self.budget()["min_cosine"])]
             parts = kept or ([] if main is not None or k != order[-1] else parts[:1])
             for r, o in parts:
-                j = judge_lossy(self.output_names[k], r, o, self.budget(),
+                j = judge_lossy(self.output_names[k], r, o,
+                                self.budget(self.labels is None or k == self.label_k),
                                 labels if main is None and k == self.label_k else None,
                                 alpha=alpha,
                                 classes=classes[k],
@@ -624,7 +627,7 @@ def _plan(graph, original, base_dir, data, s, progress, input_shapes, t0):
         predicted_speedup=predicted_speedup(lam, s["fp16_speed"], s["int8_speed"]),
         lambda_for_target=(lambda_for(float(s["target_speedup"]), s["fp16_speed"],
                                       s["int8_speed"]) if s["target_speedup"] else None),
-        settings={k_: v for k_, v in s.items() if k_ != "preprocess"},
+        settings={k_: v for k_, v in s.items() if k_ not in ("preprocess", "top1_unlabelled")},
         evaluations=ev.count, seconds=time.perf_counter() - t0, notes=notes)
     if s["strict"] and not rep.certified:
         from rewriter.core.errors import VerificationError
@@ -642,6 +645,8 @@ def _resolve_budget(s: dict, labelled: bool) -> list[str]:
     0.99. An accuracy budget without labels cannot be judged: said, agreement applies."""
     from rewriter.verify.certify import resolve_budget
 
+    # the outputs the labels do not judge (a model's second class output) keep agreement
+    s["top1_unlabelled"] = resolve_budget(s, False)["min_top1"]
     s["min_top1"] = resolve_budget(s, labelled)["min_top1"]
     if s.get("max_accuracy_drop") is not None and not labelled:
         return ["max_accuracy_drop needs labels beside the calibration samples "
@@ -909,6 +914,8 @@ def _plan_dict(results: list[LayerResult], s: dict) -> dict:
                   "stored_weights": s["stored_weights"]},
          "verify": {"min_cosine": s["min_cosine"], "min_top1": s["min_top1"],
                     "min_sqnr_db": 0.0}}
+    if s["min_top1"] != s.get("top1_unlabelled", s["min_top1"]):
+        del d["verify"]["min_top1"]   # resolved by the verifier too, output by output
     if s.get("max_accuracy_drop") is not None:    # judged where the verifier has labels
         d["verify"]["max_accuracy_drop"] = float(s["max_accuracy_drop"])
     if s.get("max_abs") is not None:

@@ -1237,6 +1237,9 @@ def test_labels_judge_the_class_output_they_fit_not_a_narrower_one(tmp_path):
     _, rep = plan_auto(model, cal, settings={"folds": 3, "min_top1": 0.5,
                                              "max_accuracy_drop": 50.0}, labels=labels)
     assert rep.measured["accuracy_fp32"] == 1.0
+    plan, _ = plan_auto(model, cal, settings={"folds": 3, "max_accuracy_drop": 50.0},
+                        labels=labels)
+    assert plan.verify["min_top1"] is None    # 0 for 'kind', 0.99 for 'gate': the verifier's
     assert "labels judge output 'kind' (10 classes), not gate" in rep.notes
     v = Verifier(model, None, cal, labels=labels, lossy={"max_accuracy_drop": 50.0})
     assert v.label_output == "kind"
@@ -1279,3 +1282,10 @@ def test_a_second_class_output_that_flips_fails_the_plan():
     assert "gate" in j["why"]
     out = [[kind_out[i:i + 1], gate[i:i + 1]] for i in range(n)]
     assert cv._judge(list(range(n)), out)["met"]         # the same without the flips
+    # an accuracy budget on labels of 'kind' leaves 'gate' to agreement (0.99 unless given)
+    cv.s = {"min_top1": 0.0, "top1_unlabelled": 0.99, "min_cosine": 0.99,
+            "max_accuracy_drop": 5.0}
+    cv.labels, cv.label_k = kind.argmax(1), 0
+    out = [[kind_out[i:i + 1], gate_out[i:i + 1]] for i in range(n)]
+    j = cv._judge(list(range(n)), out)
+    assert not j["met"] and "gate" in j["why"] and j["accuracy_fp32"] == 1.0
