@@ -142,24 +142,32 @@ def _gptq_block(w: np.ndarray, s: np.ndarray, h: np.ndarray, damp: float) -> np.
     flops) where U took 2n^3/3 more (a 4608-wide solve of 512 rows: 6.3-9.0 -> 3.4-3.7 s).
     The same int8 as through U on all 110 GPTQ layers of a 1024x1024 segmenter (36.9 M
     weights, its real H; docs/benchmarks_quant.md)."""
-    d = w.shape[1]
     diag = np.diag(h).astype(np.float64)
     dead = diag <= 0
     order = np.argsort(-np.where(dead, 1.0, diag))
-    # [D, R]: a column's weights contiguous, for the column loop below
-    wt = np.ascontiguousarray(np.where(dead, 0.0, w)[:, order].T)
+    # Dead columns (no input energy: a dilated tap that reads only padding, a channel a
+    # ReLU never opens) are left out of the factor and the loop: H holds them as unit
+    # columns with zero off-diagonals, so their factor rows are zero off the diagonal, they
+    # take no error and pass none on, and their weights round to 0. DeepLabV3's ASPP
+    # convs at rates 24 and 36 on a 16x16 map are 960 live columns of 8640: their two
+    # float64 factors and loops took 31 s of a 59-101 s --plan default, 1.8 s now.
+    keep = order[~dead[order]]
+    n = len(keep)
+    # [n, R]: a column's weights contiguous, for the column loop below
+    wt = np.ascontiguousarray(w[:, keep].T)
+    out = np.zeros(w.shape, np.int8)
     try:   # V = R L R, or nearest rounding
         v = _check_factor(_damped_factor(h, order, ~dead[order], damp)[::-1, ::-1])
     except np.linalg.LinAlgError:
-        return np.clip(np.rint(wt.T / s[:, None]), -QMAX, QMAX).astype(np.int8)[
-            :, np.argsort(order)]
+        out[:, keep] = np.clip(np.rint(wt.T / s[:, None]), -QMAX, QMAX)
+        return out
     q, delta = np.empty_like(wt), np.empty_like(wt)
     acc = np.zeros_like(wt)       # sum_{i<k} (w_i - q_i s) V_ik, of the columns rounded
     # Columns in blocks (GPTQ's lazy batch updates): inside a block each column's
     # deviation reaches the block's later columns; the columns after the block take the
     # block's deviations in one product, not one pass over them per column.
-    for a in range(0, d, GPTQ_BLOCK):
-        b = min(a + GPTQ_BLOCK, d)
+    for a in range(0, n, GPTQ_BLOCK):
+        b = min(a + GPTQ_BLOCK, n)
         vb = np.ascontiguousarray(v[a:b, a:b])
         for j in range(b - a):
             k = a + j
@@ -168,7 +176,8 @@ def _gptq_block(w: np.ndarray, s: np.ndarray, h: np.ndarray, damp: float) -> np.
             delta[k] = wt[k] - qk * s
             acc[k + 1:b] += vb[j, j + 1:, None] * delta[k]
         acc[b:] += v[a:b, b:].T @ delta[a:b]
-    return q.T[:, np.argsort(order)].astype(np.int8)
+    out[:, keep] = q.T
+    return out
 
 
 def _gptq_groups(w: np.ndarray, s: np.ndarray, h: np.ndarray, damp: float) -> np.ndarray:
@@ -215,16 +224,16 @@ def _check_factor(v: np.ndarray) -> np.ndarray:
 
 def _damped_factor(h: np.ndarray, order: np.ndarray, live: np.ndarray,
                    damp: float) -> np.ndarray:
-    """The lower Cholesky factor of R H' R (R the reversal), H' the stored float32 H in
-    ``order`` as float64, its dead columns (no input energy) unit, damped by ``damp`` of
-    its mean diagonal. The float64 H lives only in here: with LAPACK's copy and the
-    factor, three d x d float64 at the peak (hessian.ConvSpec.solve_bytes)."""
-    hp = np.asarray(h)[np.ix_(order, order)].astype(np.float64)
-    hp[~live, :] = 0.0
-    hp[:, ~live] = 0.0
-    d = len(order)
-    hp[np.diag_indices(d)] = np.where(live, np.diag(hp), 1.0)
-    hp[np.diag_indices(d)] += damp * float(np.mean(np.diag(hp))) + 1e-12
+    """The lower Cholesky factor of R H' R (R the reversal), H' the stored float32 H's
+    live columns (``order[live]``) as float64, damped by ``damp`` of the mean diagonal of
+    H in ``order`` with its dead columns (no input energy) unit: their rows and columns
+    of the factor are zero off the diagonal, so they are left out, not factored. The
+    float64 H lives only in here: with LAPACK's copy and the factor, three d x d float64
+    at the peak (hessian.ConvSpec.solve_bytes)."""
+    keep = order[live]
+    diag = np.where(live, np.asarray(h)[order, order].astype(np.float64), 1.0)
+    hp = np.asarray(h)[np.ix_(keep, keep)].astype(np.float64)
+    hp[np.diag_indices(len(keep))] += damp * float(np.mean(diag)) + 1e-12
     return np.linalg.cholesky(hp[::-1, ::-1])
 
 

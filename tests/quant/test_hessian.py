@@ -311,3 +311,40 @@ def test_statistics_and_ranges_from_one_stream_equal_their_own_passes():
     ranges._stream(m, every, data, ranges._Fanout(parts, parts[1][0]), 2, None, None,
                    False, "h")
     assert any(not np.array_equal(mixed.result[k], alone.result[k]) for k in alone.result)
+
+
+def test_gptq_factors_only_the_live_columns(monkeypatch):
+    """Dead columns (no input energy: DeepLabV3's ASPP taps dilated past its 16x16 map,
+    7680 of 8640) are no part of the float64 factor, which they made 8640 wide: the
+    factor is the live columns' alone, and the int8 values are those of the whole solve
+    (column by column above, dead columns unit) with the dead weights 0."""
+    from rewriter.passes import insert_qdq
+
+    rng = np.random.default_rng(5)
+    d, rows = 300, 6
+    x = rng.standard_normal((d, 500)) * rng.uniform(0.1, 2, (d, 1))
+    x[np.arange(d) % 3 != 1] = 0          # two taps of three read only padding
+    h = (x @ x.T / 500).astype(np.float32)
+    w = rng.standard_normal((rows, d)) * 0.1
+    s = np.abs(w).max(axis=1) / insert_qdq.QMAX
+    sizes = []
+    real = np.linalg.cholesky
+    monkeypatch.setattr(np.linalg, "cholesky", lambda a: sizes.append(a.shape) or real(a))
+    q = insert_qdq._gptq_block(w, s, h, 0.01)
+    assert sizes == [(100, 100)]
+    assert not q[:, np.arange(d) % 3 != 1].any()
+    # against the whole solve: every column factored, the dead ones unit
+    dead = np.diag(h) <= 0
+    full = h.astype(np.float64)
+    full[np.diag_indices(d)] = np.where(dead, 1.0, np.diag(full))
+    order = np.argsort(-np.diag(full))
+    full = full[np.ix_(order, order)]
+    full[np.diag_indices(d)] += 0.01 * float(np.mean(np.diag(full))) + 1e-12
+    v = real(full[::-1, ::-1])[::-1, ::-1]
+    wt, acc = np.where(dead, 0.0, w)[:, order], np.zeros((rows, d))
+    want = np.empty((rows, d))
+    for k in range(d):
+        want[:, k] = np.clip(np.rint((wt[:, k] + acc[:, k] / v[k, k]) / s), -127, 127)
+        acc[:, k + 1:] += np.outer(wt[:, k] - want[:, k] * s, v[k, k + 1:])
+    assert np.array_equal(q, want[:, np.argsort(order)].astype(np.int8))
+
