@@ -188,13 +188,25 @@ class HessianReducer:
         if not pending:
             return
         x = np.concatenate(pending, axis=2) if len(pending) > 1 else pending[0]
-        h = x @ x.transpose(0, 2, 1)
         hs, cs = self.h.setdefault(sid, {}), self.count.setdefault(sid, {})
+        cs[key] = cs.get(key, 0) + x.shape[2]
+        live = x[0].any(axis=1) if x.shape[0] == 1 else None
+        if live is not None and 2 * int(live.sum()) <= len(live):
+            # Most rows zero in every patch (taps dilated past the map: DeepLabV3's ASPP
+            # at rates 24 and 36 on 16x16, 960 live rows of 8640): their sums stay 0, so
+            # the product is taken over the live rows alone, 1/81 of the work there. Not
+            # where few rows are zero: a smaller product rounds its sums differently.
+            idx = np.flatnonzero(live)
+            h = _gram(np.ascontiguousarray(x[:, idx]))
+            if key not in hs:
+                hs[key] = np.zeros((1, len(live), len(live)), np.float32)
+            hs[key][0][np.ix_(idx, idx)] += h[0]
+            return
+        h = _gram(x)
         if key in hs:
             hs[key] += h
         else:
             hs[key] = h
-        cs[key] = cs.get(key, 0) + x.shape[2]
 
     def finish(self, names: list[str], progress: bool) -> None:
         for name in names:
@@ -212,6 +224,11 @@ class HessianReducer:
                         if rest > 0:
                             self.without.setdefault(g, {})[spec.id] = \
                                 (total - hs[g]) / rest if g in hs else total / rest
+
+
+def _gram(x: np.ndarray) -> np.ndarray:
+    """x x^T per group of ``x`` [groups, D, patches]."""
+    return x @ x.transpose(0, 2, 1)
 
 
 def budget_note(left: list[ConvSpec]) -> str:

@@ -348,3 +348,22 @@ def test_gptq_factors_only_the_live_columns(monkeypatch):
         acc[:, k + 1:] += np.outer(wt[:, k] - want[:, k] * s, v[k, k + 1:])
     assert np.array_equal(q, want[:, np.argsort(order)].astype(np.int8))
 
+
+def test_rows_zero_in_every_patch_stay_out_of_the_product(monkeypatch):
+    """Taps dilated past the map read only padding (DeepLabV3's ASPP at rates 24 and 36
+    on 16x16: 7680 rows of 8640): H's product is taken over the live rows alone, the
+    dead rows' sums are 0, and H is the whole im2col's."""
+    from rewriter.quant import hessian
+
+    rng = np.random.default_rng(4)
+    data = [{"x": rng.standard_normal((1, 3, 6, 6)).astype(np.float32)} for _ in range(8)]
+    spec = ConvSpec("conv", "x", (3, 3), (1, 1), (6, 6, 6, 6), (6, 6), 1)
+    shapes = []
+    real = hessian._gram
+    monkeypatch.setattr(hessian, "_gram", lambda x: shapes.append(x.shape) or real(x))
+    got = conv_hessians(_model(), [spec], data, progress=False)["conv"]
+    assert shapes == [(1, 3, 8 * 36)]          # the centre tap of each channel
+    x = np.concatenate([_im2col(d["x"], spec) for d in data], axis=2)
+    np.testing.assert_allclose(got, x @ x.transpose(0, 2, 1) / x.shape[2], rtol=1e-5,
+                               atol=1e-6 * float(np.abs(got).max()))
+    assert not got[0][np.arange(27) % 9 != 4].any()
