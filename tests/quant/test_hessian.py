@@ -367,3 +367,14 @@ def test_rows_zero_in_every_patch_stay_out_of_the_product(monkeypatch):
     np.testing.assert_allclose(got, x @ x.transpose(0, 2, 1) / x.shape[2], rtol=1e-5,
                                atol=1e-6 * float(np.abs(got).max()))
     assert not got[0][np.arange(27) % 9 != 4].any()
+    # per fold too (the planner's k-fold statistics): each complement is a pass over the
+    # other folds' samples
+    folds = [list(range(f, 8, 4)) for f in range(4)]
+    total, without = conv_hessians(_model(), [spec], data, progress=False, folds=folds)
+    tol = {"rtol": 1e-5, "atol": 1e-6 * float(np.abs(got).max())}
+    np.testing.assert_allclose(total["conv"], got, **tol)
+    for f in range(4):
+        rest = [data[j] for g in range(4) if g != f for j in folds[g]]
+        np.testing.assert_allclose(without[f]["conv"], conv_hessians(
+            _model(), [spec], rest, progress=False)["conv"], **tol)
+        assert not without[f]["conv"][0][np.arange(27) % 9 != 4].any()
