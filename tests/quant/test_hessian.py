@@ -378,3 +378,22 @@ def test_rows_zero_in_every_patch_stay_out_of_the_product(monkeypatch):
         np.testing.assert_allclose(without[f]["conv"], conv_hessians(
             _model(), [spec], rest, progress=False)["conv"], **tol)
         assert not without[f]["conv"][0][np.arange(27) % 9 != 4].any()
+
+
+def test_grouped_sums_are_the_same_on_any_blas_thread_count():
+    """A depthwise conv's statistics are one BLAS call per group: on OpenBLAS's 2 threads
+    those of 49 x 4096 rounded otherwise than on one (the written int8 then depended on the
+    core count), and the threads only waited on each other (960 groups: 3-5 s vs 0.14 s
+    under load). They run on one thread, whatever the process's setting."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from rewriter.quant.hessian import _gram
+    blas = threadpoolctl.threadpool_info()
+    if not any(i["user_api"] == "blas" and i["num_threads"] >= 2 for i in blas):
+        pytest.skip("BLAS runs on one thread here: nothing to compare")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((120, 49, 4096)).astype(np.float32)
+    with threadpoolctl.threadpool_limits(limits=1, user_api="blas"):
+        one = _gram(x)
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
+        two = _gram(x)
+    assert np.array_equal(one, two)
