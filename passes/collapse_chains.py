@@ -37,6 +37,9 @@ Before -> after::
                                         x.chunk(2, 1) in ShuffleNet: the dynamo export's form)
     x -> Slice(axes A) -> Slice(axes B), A and B disjoint  =>  x -> Slice(A ∪ B)
     GRU/LSTM/RNN(..., initial_h = ConstantOfShape(0) -> Slice ...)  =>  GRU(..., no initial_h)
+    Conv / ConvTranspose (x, W, B all zeros), Gemm's C all zeros (opset >= 11)  =>  no B / C
+                                        (torchvision's zero-initialised biases: TorchScript
+                                        keeps them, shared, dynamo's export has none)
 
 Preconditions (else the chain stays; all exact rewrites, no values change):
 
@@ -90,8 +93,9 @@ class CollapseChains(Pass):
                 if not node.outputs or not node.inputs or node.domain not in (None, "", "ai.onnx") \
                         or (node.op == "Reshape" and id(node.outputs[0]) in states):
                     continue
-                if node.op in RECURRENT and _drop_zero_state(node):
-                    res.count("zero-initial-state-dropped")
+                if node.op in ZERO_DEFAULTS and _drop_zero_state(node, g.opset):
+                    res.count("zero-initial-state-dropped" if node.op in RECURRENT
+                              else "zero-bias-dropped")
                     res.changed = True
                     continue
                 kind = _rewrite(node, g, outs, members, g.opset, ctx.namer)
@@ -108,18 +112,24 @@ class CollapseChains(Pass):
 # RNN/GRU/LSTM optional inputs whose default is zeros: initial_h (5), and LSTM's initial_c
 # (6) and peepholes (7).
 RECURRENT = {"RNN": (5,), "GRU": (5,), "LSTM": (5, 6, 7)}
+# Optional inputs whose default is zeros, recurrent states and biases (Gemm's C is optional
+# from opset 11).
+ZERO_DEFAULTS = RECURRENT | {"Conv": (2,), "ConvTranspose": (2,), "Gemm": (2,)}
 # Ops that keep an all-zero tensor all zero (whatever they do to its shape).
 _KEEPS_ZERO = ("Slice", "Reshape", "Expand", "Transpose", "Squeeze", "Unsqueeze", "Identity",
                "Flatten", "Gather", "Tile", "Cast")
 
 
-def _drop_zero_state(node: gs.Node) -> bool:
+def _drop_zero_state(node: gs.Node, opset: int) -> bool:
     """An initial state (or peephole) that is all zeros, often built for a symbolic batch
     by Shape -> Concat -> ConstantOfShape(0) -> Slice, is the op's default: the input is
     left out and the chain that built it becomes dead. The original ran with it, so its
-    shape was the default's; the values are the same zeros."""
+    shape was the default's; the values are the same zeros. A bias of zeros likewise (a
+    sum that was -0.0 may now stay -0.0, which compares equal)."""
+    if node.op == "Gemm" and opset < 11:
+        return False
     changed = False
-    for i in RECURRENT[node.op]:
+    for i in ZERO_DEFAULTS[node.op]:
         if i < len(node.inputs) and node.inputs[i].name and _all_zero(node.inputs[i]):
             node.inputs[i] = gs.Variable.empty()
             changed = True

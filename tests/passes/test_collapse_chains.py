@@ -937,3 +937,39 @@ def test_a_slice_of_a_shape_is_the_shape_with_start_and_end(rng):
     same(make_model(text.replace("OPSET", "15"), inits), out, feeds)
     out, rep = cc(make_model(text.replace("OPSET", "14").replace(" <start = 1>", ""), inits))
     assert ops(out).count("Slice") == 3
+
+
+def test_zero_biases_go_as_dynamo_exports_them(rng):
+    """torchvision zero-initialises biases: TorchScript keeps them (two convs share one),
+    the dynamo export has none. A zero bias is the default: it goes; a non-zero one stays."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 3, 8, 8] x) => (float[N, 5] y, float[N, 4, 9, 9] t) {
+        a = Conv <pads = [1, 1, 1, 1]> (x, W1, Z)
+        b = Conv <pads = [1, 1, 1, 1]> (a, W2, Z)
+        c = Conv (b, W3, B3)
+        t = ConvTranspose (c, WT, ZT)
+        p = GlobalAveragePool (c)
+        f = Flatten (p)
+        y = Gemm <transB = 1> (f, WG, ZG)
+    }""", {"W1": (4, 3, 3, 3), "W2": (4, 4, 3, 3), "W3": (4, 4, 1, 1), "B3": (4,),
+           "Z": np.zeros(4, np.float32), "WT": (4, 4, 2, 2), "ZT": np.zeros(4, np.float32),
+           "WG": (5, 4), "ZG": np.zeros(5, np.float32)})
+    feeds = {"x": rng.standard_normal((2, 3, 8, 8)).astype(np.float32)}
+    out, rep = cc(m, inputs=feeds)
+    assert rep.passes[0].counts["zero-bias-dropped"] == 4
+    assert [len(n.input) for n in out.graph.node] == [2, 2, 3, 2, 1, 1, 2]
+    assert sorted(i.name for i in out.graph.initializer) == ["B3", "W1", "W2", "W3", "WG", "WT"]
+    same(m, out, feeds)
+
+
+def test_gemm_c_stays_before_opset_11(rng):
+    m = make_model("""
+    <ir_version: 7, opset_import: ["" : 10]>
+    g (float[2, 4] x) => (float[2, 5] y) {
+        y = Gemm <transB = 1> (x, WG, ZG)
+    }""", {"WG": (5, 4), "ZG": np.zeros(5, np.float32)})
+    out, rep = cc(m, inputs={"x": rng.standard_normal((2, 4)).astype(np.float32)})
+    assert "zero-bias-dropped" not in rep.passes[0].counts
+    assert len(out.graph.node[0].input) == 3
+
