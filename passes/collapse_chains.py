@@ -743,12 +743,18 @@ def _slice_noop(node, opset) -> bool:
             return False
         if int(s) == 0 and int(e) >= (1 << 31) - 1:
             continue
-        if not static_shape(x):
-            return False
-        n = x.shape[int(a) % len(x.shape)]
-        if int(s) not in (0, -n if n else 0) or int(e) < n:
+        n = _static_dim(x, a)   # the axis' own dim: a symbolic batch elsewhere is no bar
+        if n is None or int(s) not in (0, -n if n else 0) or int(e) < n:
             return False
     return True
+
+
+def _static_dim(x, axis) -> int | None:
+    """x's dim on ``axis`` when it is a known integer, else None."""
+    if x.shape is None or not len(x.shape):
+        return None
+    n = x.shape[int(axis) % len(x.shape)]
+    return n if isinstance(n, (int, np.integer)) and n >= 0 else None
 
 
 def _merge_slices_v1(prev, node) -> str | None:

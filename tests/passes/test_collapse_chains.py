@@ -973,3 +973,20 @@ def test_gemm_c_stays_before_opset_11(rng):
     assert "zero-bias-dropped" not in rep.passes[0].counts
     assert len(out.graph.node[0].input) == 3
 
+
+def test_a_whole_slice_on_static_axes_goes_under_a_symbolic_batch(rng):
+    """Swin's x[:, :H, :W, :] after a pad of 0, TorchScript's export (the dynamo export has
+    none): H and W are static, the batch is not; a slice that cuts stays."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 7, 7, 4] x) => (float[N, 7, 7, 4] y, float[N, 6, 7, 4] z) {
+        a = Slice (x, st, en, ax, one)
+        y = Relu (a)
+        b = Slice (x, st, en6, ax, one)
+        z = Relu (b)
+    }""", {"st": np.array([0, 0]), "en": np.array([7, 7]), "en6": np.array([6, 7]),
+           "ax": np.array([1, 2]), "one": np.array([1, 1])})
+    feeds = {"x": rng.standard_normal((2, 7, 7, 4)).astype(np.float32)}
+    out, rep = cc(m, inputs=feeds)
+    assert ops(out) == ["Relu", "Slice", "Relu"]
+    same(m, out, feeds)
