@@ -37,11 +37,15 @@ Before -> after::
                                         x.chunk(2, 1) in ShuffleNet: the dynamo export's form)
     x -> Slice(axes A) -> Slice(axes B), A and B disjoint  =>  x -> Slice(A ∪ B)
     GRU/LSTM/RNN(..., initial_h = ConstantOfShape(0) -> Slice ...)  =>  GRU(..., no initial_h)
+    x[N, C, H, W] -> ReduceMean(axes [2, 3] or [-1, -2], keepdims=1)  =>  GlobalAveragePool
+    x[N, C, 1, 1] -> Reshape([-1, C] / [0, C] / [N, C]) (x not from a reshape)  =>  Flatten(1)
+                                        (the dynamo export's pooling head, TorchScript's form)
     Conv / ConvTranspose (x, W, B all zeros), Gemm's C all zeros (opset >= 11)  =>  no B / C
                                         (torchvision's zero-initialised biases: TorchScript
                                         keeps them, shared, dynamo's export has none)
 
-Preconditions (else the chain stays; all exact rewrites, no values change):
+Preconditions (else the chain stays; all exact rewrites, no values change but the float
+rounding of a mean that a backend sums in its own order):
 
 * the first node of a pair has no other reader and is not a graph output (else it would
   stay and the pair would cost a node more, not less); three exceptions: a Squeeze /
@@ -81,7 +85,7 @@ class CollapseChains(Pass):
     summary = "drop no-op Cast/Reshape/Slice/Expand/Transpose; collapse layout chains"
 
     shape_ops = ("Cast", "Reshape", "Expand", "Slice", "Squeeze", "Unsqueeze", "Transpose",
-                 "Add", "Sub", "Mul", "Div", "And", "Or", "Xor")
+                 "Add", "Sub", "Mul", "Div", "And", "Or", "Xor", "ReduceMean")
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()
@@ -161,6 +165,11 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
                 x.dtype, node.outputs[0].dtype):
             return _bypassed(node, g, outs, "removed-cast")
         return None
+    if op == "ReduceMean" and _global_mean(node):
+        node.op = "GlobalAveragePool"
+        node.attrs.clear()
+        _keep_first_input(node)
+        return "reduce-mean-to-global-pool"
     if op in ("Reshape", "Expand") and static_shape(x) and static_shape(node.outputs[0]) and list(
             x.shape) == list(node.outputs[0].shape):
         return _bypassed(node, g, outs, f"removed-{op.lower()}")
@@ -168,6 +177,12 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
         return _bypassed(node, g, outs, "removed-reshape")
     if op == "Reshape" and _round_trip(node, g, outs, members):
         return "removed-reshape-round-trip"
+    if op == "Reshape" and _flattens(node):
+        node.op = "Flatten"
+        node.attrs.clear()
+        node.attrs["axis"] = 1
+        _keep_first_input(node)
+        return "reshape-to-flatten"
     if op == "Slice" and _slice_noop(node, opset):
         return _bypassed(node, g, outs, "removed-slice")
     if op == "Pad" and _pad_noop(node):
@@ -688,6 +703,36 @@ def _const(t) -> np.ndarray | None:
         except Exception:  # noqa: BLE001
             return None
     return None
+
+
+def _keep_first_input(node) -> None:
+    x = node.inputs[0]
+    node.inputs.clear()
+    node.inputs.append(x)
+
+
+def _global_mean(node) -> bool:
+    """A ReduceMean over every spatial axis (2 .. rank-1) of a float tensor, keeping them:
+    GlobalAveragePool (the dynamo exporter's adaptive_avg_pool2d(1); TorchScript's form)."""
+    x = node.inputs[0]
+    axes = const_ints(node, 1, "axes")
+    if not axes or int(node.attrs.get("keepdims", 1)) != 1 or x.shape is None \
+            or len(x.shape) < 3 or x.dtype not in (np.float16, np.float32, np.float64):
+        return False
+    return sorted(a % len(x.shape) for a in axes) == list(range(2, len(x.shape)))
+
+
+def _flattens(node) -> bool:
+    """A pooled x[d0, C, 1, ..., 1] reshaped to [d0, C] (d0 as -1, 0 or itself), x not from
+    a reshape (whose merge comes first): Flatten(axis=1)."""
+    x, prev = node.inputs[0], node.inputs[0].inputs[0] if node.inputs[0].inputs else None
+    s = const_ints(node, 1, "shape")
+    if s is None or len(s) != 2 or x.shape is None or len(x.shape) < 3 \
+            or (prev is not None and prev.op in RESHAPES) \
+            or list(x.shape[2:]) != [1] * (len(x.shape) - 2) or x.shape[1] != s[1] or s[1] < 1:
+        return False
+    return s[0] == -1 or (s[0] == 0 and not int(node.attrs.get("allowzero", 0))) \
+        or (isinstance(x.shape[0], (int, np.integer)) and s[0] == x.shape[0])
 
 
 def _norm_axes(axes, node):
