@@ -406,3 +406,36 @@ def test_a_transpose_sinks_through_a_long_chain_in_one_round(monkeypatch):
     assert "Transpose" not in ops(out), ops(out)
     assert len(calls) < 10 * n, len(calls)   # n rounds over n nodes before: ~n * n / 2
     same(m, out, [(1, 4, 3, 3)])
+
+
+def test_through_a_reshape_of_attention_heads_as_torchscript_writes_them():
+    """ViT's keys from TorchScript: [T, 3N, 4] -> Transpose(1, 0, 2) -> Reshape([-1, 3, T, 4])
+    -> Mul(scale) -> Transpose(0, 1, 3, 2): the Reshape acts on the input (its 3N split in
+    place) and one Transpose is left. A Reshape whose group comes from dims out of order
+    stays."""
+    m = make_model(HEAD + """
+    g (float[5, M, 4] x, float[2, 3, 4] u) => (float[N, 3, 4, 5] y, float[4, 6] v,
+                                                  float[3, 8] w) {
+        a = Reshape (x, s)
+        b = Transpose <perm = [1, 0, 2]> (a)
+        c = Reshape (b, heads)
+        d = Mul (c, scale)
+        y = Transpose <perm = [0, 1, 3, 2]> (d)
+        e = Transpose <perm = [2, 0, 1]> (u)
+        v = Reshape (e, s64)
+        f = Transpose <perm = [1, 0, 2]> (u)
+        w = Reshape (f, s38)
+    }""", {"s": np.array([5, -1, 4]), "heads": np.array([-1, 3, 5, 4]),
+           "scale": np.array([0.5], np.float32), "s64": np.array([4, 6]),
+           "s38": np.array([3, 8])})
+    r = np.random.default_rng(0)
+    feeds = {"x": r.standard_normal((5, 6, 4)).astype(np.float32),
+             "u": r.standard_normal((2, 3, 4)).astype(np.float32)}
+    out, rep = st(m, passes=("sink-transposes", "collapse-chains"), inputs=feeds)
+    assert rep.passes[0].counts["moved"] >= 3
+    assert sorted(ops(out)) == ["Mul", "Reshape", "Reshape", "Reshape", "Transpose",
+                                "Transpose", "Transpose"]
+    perms = {n.output[0]: list(n.attribute[0].ints) for n in out.graph.node
+             if n.op_type == "Transpose"}
+    assert perms == {"y": [1, 2, 3, 0], "v": [1, 0], "f": [1, 0, 2]}
+    same(m, out, [{"x": (5, 6, 4), "u": (2, 3, 4)}, {"x": (5, 12, 4), "u": (2, 3, 4)}])
