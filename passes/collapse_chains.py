@@ -38,7 +38,7 @@ Before -> after::
     x -> Slice(axes A) -> Slice(axes B), A and B disjoint  =>  x -> Slice(A ∪ B)
     GRU/LSTM/RNN(..., initial_h = ConstantOfShape(0) -> Slice ...)  =>  GRU(..., no initial_h)
     x[N, C, H, W] -> ReduceMean(axes [2, 3] or [-1, -2], keepdims=1)  =>  GlobalAveragePool
-    x[N, C, 1, 1] -> Reshape([-1, C] / [0, C] / [N, C]) (x not from a reshape)  =>  Flatten(1)
+    GlobalAveragePool -> x[N, C, 1, 1] -> Reshape([-1, C] / [0, C] / [N, C])  =>  Flatten(1)
                                         (the dynamo export's pooling head, TorchScript's form)
     Conv / ConvTranspose (x, W, B all zeros), Gemm's C all zeros (opset >= 11)  =>  no B / C
                                         (torchvision's zero-initialised biases: TorchScript
@@ -723,12 +723,13 @@ def _global_mean(node) -> bool:
 
 
 def _flattens(node) -> bool:
-    """A pooled x[d0, C, 1, ..., 1] reshaped to [d0, C] (d0 as -1, 0 or itself), x not from
-    a reshape (whose merge comes first): Flatten(axis=1)."""
+    """A pooled x[d0, C, 1, ..., 1] reshaped to [d0, C] (d0 as -1, 0 or itself):
+    Flatten(axis=1). Only after a global pooling: after a reshape or a Transpose the pair
+    merges instead (ConvNeXt's LayerNorm -> Transpose -> Reshape head)."""
     x, prev = node.inputs[0], node.inputs[0].inputs[0] if node.inputs[0].inputs else None
     s = const_ints(node, 1, "shape")
     if s is None or len(s) != 2 or x.shape is None or len(x.shape) < 3 \
-            or (prev is not None and prev.op in RESHAPES) \
+            or prev is None or prev.op not in ("GlobalAveragePool", "GlobalMaxPool") \
             or list(x.shape[2:]) != [1] * (len(x.shape) - 2) or x.shape[1] != s[1] or s[1] < 1:
         return False
     return s[0] == -1 or (s[0] == 0 and not int(node.attrs.get("allowzero", 0))) \

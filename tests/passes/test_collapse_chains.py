@@ -996,11 +996,12 @@ def test_a_whole_slice_on_static_axes_goes_under_a_symbolic_batch(rng):
 def test_dynamo_pooling_head_is_torchscripts(rng):
     """adaptive_avg_pool2d(1) -> flatten: ReduceMean(axes [-1, -2]) -> Reshape([-1, C]) from
     the dynamo exporter, GlobalAveragePool -> Flatten from TorchScript; one form from both.
-    A mean over fewer axes, or dropping them, or of ints, and a Reshape of unpooled dims stay."""
+    A mean over fewer axes, or dropping them, or of ints, and a Reshape of unpooled dims or
+    after a Transpose (which merges) stay."""
     m = make_model("""
     <ir_version: 9, opset_import: ["" : 18]>
     g (float[N, 3, 6, 6] x, int32[N, 4, 5, 5] i) => (float[N, 5] y, float[N, 4, 4, 1] m1,
-            float[N, 4] m2, float[N, 64] r, int32[N, 4, 1, 1] mi) {
+            float[N, 4] m2, float[N, 64] r, int32[N, 4, 1, 1] mi, float[N, 4] hf) {
         c = Conv (x, W, B)
         p = ReduceMean <keepdims = 1> (c, ax)
         f = Reshape <allowzero = 1> (p, s)
@@ -1010,6 +1011,10 @@ def test_dynamo_pooling_head_is_torchscripts(rng):
         c2 = Relu (c)
         r = Reshape (c2, s64)
         mi = ReduceMean <keepdims = 1> (i, ax)
+        h = Transpose <perm = [0, 2, 3, 1]> (p)
+        hn = Relu (h)
+        ht = Transpose <perm = [0, 3, 1, 2]> (hn)
+        hf = Reshape (ht, s)
     }""", {"W": (4, 3, 3, 3), "B": (4,), "WG": (5, 4), "BG": (5,), "ax": np.array([-1, -2]),
            "ax1": np.array([3]), "s": np.array([-1, 4]), "s64": np.array([-1, 64])})
     feeds = {"x": rng.standard_normal((2, 3, 6, 6)).astype(np.float32),
@@ -1017,7 +1022,9 @@ def test_dynamo_pooling_head_is_torchscripts(rng):
     out, rep = cc(m, inputs=feeds)
     counts = rep.passes[0].counts
     assert counts["reduce-mean-to-global-pool"] == 1 and counts["reshape-to-flatten"] == 1
+    # ConvNeXt's head, [N, 1, 1, C] -> Transpose -> Reshape([-1, C]): one Reshape, as before
     assert ops(out) == ["Conv", "GlobalAveragePool", "Flatten", "Gemm", "ReduceMean",
-                        "ReduceMean", "Relu", "Reshape", "ReduceMean"]
+                        "ReduceMean", "Relu", "Reshape", "ReduceMean", "Transpose", "Relu",
+                        "Reshape"]
     for a, b in zip(run_ort(m, feeds), run_ort(out, feeds)):  # the sum's order: rounding
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
