@@ -51,6 +51,10 @@ SAFE = {
     # Erf within [-1, 1], Gelu within its input's range: both exporters' GELU (torchvision's
     # ConvNeXt-T: a float32 island per block, 18 of them)
     "Erf", "Gelu",
+    # Gather by constant indices copies its data's values: the split of a fused QKV
+    # projection, TorchScript's ViT (4 Casts a block, 48 in ViT-B/16). By computed indices
+    # (boxes a TopK picks) it is post-processing, which stays float32 (_follows).
+    "Gather",
 }
 
 
@@ -127,7 +131,7 @@ class ConvertFp16(Pass):
                     continue
                 region.add(id(node))
                 res.count(f"fp16-{node.op.lower()}")
-            elif node.op in SAFE and typed and fp and all(
+            elif _follows(node) and typed and fp and all(
                     isinstance(t, gs.Constant) or id(producer.get(id(t))) in region for t in fp
             ) and any(not isinstance(t, gs.Constant) for t in fp) and not any(
                     _beyond_fp16(t) for t in fp):
@@ -226,6 +230,10 @@ def _transposes_into(p, t: gs.Tensor, region: set[int], outputs: set[int]) -> bo
             and len(p.inputs) == 1 and not isinstance(p.inputs[0], gs.Constant)
             and _is_float32(p.inputs[0]) and id(t) not in outputs
             and all(id(c) in region for c in t.outputs))
+
+
+def _follows(node) -> bool:
+    return node.op in SAFE and (node.op != "Gather" or isinstance(node.inputs[1], gs.Constant))
 
 
 def _float_inputs(node) -> list:

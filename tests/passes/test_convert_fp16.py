@@ -610,3 +610,40 @@ def test_gelu_in_either_exporters_form_stays_in_the_region(rng):
         assert ops(out).count("Cast") == 2, ops(out)   # x in, y out
         assert cos(run_ort(out, f)[0], run_ort(m, f)[0]) > 0.9999
         onnx.checker.check_model(out, full_check=True)
+
+
+def test_the_gather_splitting_a_fused_qkv_stays_in_the_region(rng):
+    """ViT-B/16 from TorchScript under --plan fp16: the fused QKV MatMul's output is split
+    by three Gathers (axis 0) before the attention MatMuls; each cut the float16 region, a
+    Cast out and three Casts in per block. A Gather by constant indices copies its data: a
+    follower. One by computed indices (boxes a TopK picks: post-processing) is not, nor an
+    embedding Gather (constant data): its table stays float32."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 5, 8] x, int64[N, 5] ids, int64[3] sel) => (float[N, 5, 5] y,
+                                                           float[N, 5, 8] e, float[N, 3, 8] p) {
+        a = MatMul (x, Wqkv)
+        r = Reshape (a, s)
+        t = Transpose <perm = [2, 0, 1, 3]> (r)
+        q = Gather <axis = 0> (t, zero)
+        k = Gather <axis = 0> (t, one)
+        kt = Transpose <perm = [0, 2, 1]> (k)
+        y = MatMul (q, kt)
+        e = Gather <axis = 0> (table, ids)
+        xm = MatMul (x, Wp)
+        p = Gather <axis = 1> (xm, sel)
+    }""", {"Wqkv": (8, 24), "Wp": (8, 8), "s": np.array([0, 5, 3, 8]), "zero": np.array(0),
+           "one": np.array(1), "table": (10, 8)})
+    out, rep = run(m, "fp16")
+    assert ops(out).count("Cast") == 3, ops(out)   # x in, y out, xm out
+    made = {o: n for n in out.graph.node for o in n.output}
+    picked = made[made["p"].input[0]]
+    assert picked.op_type == "Cast" and picked.attribute[0].i == 1   # float32 post-processing
+    assert [i.data_type for i in out.graph.initializer if i.name == "table"] == [1]
+    f = {"x": rng.standard_normal((2, 5, 8)).astype(np.float32),
+         "ids": rng.integers(0, 10, (2, 5)).astype(np.int64), "sel": np.array([4, 0, 2])}
+    got, ref = run_ort(out, f), run_ort(m, f)
+    assert cos(got[0], ref[0]) > 0.9999
+    np.testing.assert_array_equal(got[1], ref[1])
+    assert cos(got[2], ref[2]) > 0.9999
+    onnx.checker.check_model(out, full_check=True)
