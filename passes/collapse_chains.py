@@ -875,8 +875,7 @@ def _slices_to_split(node: gs.Node, g: gs.Graph, members: set[int], namer) -> bo
         n = x.shape[a] if a is not None else None
         if not isinstance(n, (int, np.integer)) or n <= 0:
             continue
-        start, end = (int(v) + n if int(v) < 0 else int(v) for v in (p[0][0], p[1][0]))
-        parts.append((a, min(max(start, 0), n), min(max(end, 0), n), c))
+        parts.append((a, _clamp(int(p[0][0]), n), _clamp(int(p[1][0]), n), c))
     mine = [a for a, *_, c in parts if c is node]
     parts = [t for t in parts if mine and t[0] == mine[0]]
     if len(parts) < 2:
@@ -908,15 +907,17 @@ def _sliced_shape(node: gs.Node, shape: gs.Node) -> str | None:
             or int(p[2][0]) not in (0, -1):
         return None
     r = len(x.shape)
-
-    def clamp(v, n):
-        return min(max(v + n if v < 0 else v, 0), n)
-    lo, hi = clamp(int(shape.attrs.get("start", 0)), r), clamp(int(shape.attrs.get("end", r)), r)
+    lo, hi = _clamp(int(shape.attrs.get("start", 0)), r), _clamp(int(shape.attrs.get("end", r)), r)
     n = max(hi - lo, 0)
-    a, b = clamp(int(p[0][0]), n), clamp(int(p[1][0]), n)
+    a, b = _clamp(int(p[0][0]), n), _clamp(int(p[1][0]), n)
     if b <= a:
         return None
     node.op, node.attrs = "Shape", {"start": lo + a, "end": lo + b}
     node.inputs.clear()
     node.inputs.append(x)
     return "sliced-shape"
+
+
+def _clamp(v: int, n: int) -> int:
+    """A Slice (or Shape) bound on a dim of ``n``: negative from the end, clamped to [0, n]."""
+    return min(max(v + n if v < 0 else v, 0), n)

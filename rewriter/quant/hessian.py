@@ -13,6 +13,7 @@ passes/insert_qdq.py.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -248,19 +249,18 @@ def one_blas_thread():
     """A context holding numpy's BLAS to one thread (threadpoolctl, as scikit-learn does:
     OpenBLAS, MKL and BLIS have no common setting, and an environment variable is read
     only at numpy's import); nothing where threadpoolctl is missing or fails."""
-    global _CONTROLLER
-    if _CONTROLLER is None:
-        try:
-            from threadpoolctl import ThreadpoolController
-            _CONTROLLER = ThreadpoolController()
-        except Exception:  # noqa: BLE001 - not installed, or an unknown library layout
-            _CONTROLLER = False
-    if _CONTROLLER is False:
-        return contextlib.nullcontext()
-    return _CONTROLLER.limit(limits=1, user_api="blas")
+    c = _blas_controller()
+    return contextlib.nullcontext() if c is None else c.limit(limits=1, user_api="blas")
 
 
-_CONTROLLER = None   # threadpoolctl's, found once (a scan of the loaded libraries)
+@functools.lru_cache(maxsize=None)
+def _blas_controller():
+    """threadpoolctl's controller, found once (a scan of the loaded libraries), or None."""
+    try:
+        from threadpoolctl import ThreadpoolController
+        return ThreadpoolController()
+    except Exception:  # noqa: BLE001 - not installed, or an unknown library layout
+        return None
 
 
 def budget_note(left: list[ConvSpec]) -> str:

@@ -363,8 +363,8 @@ class _CrossValidator:
             set(named) if isinstance(named, dict) else ())
         from rewriter.verify.certify import label_output
         self.label_k = label_output(self.labels, joined, self.classes, self.output_names)
-        others = [n for n, c, r in zip(self.output_names, self.classes, joined)
-                  if c and np.ndim(r) == 2 and n != self.output_names[self.label_k or 0]]
+        others = [n for k, (n, c, r) in enumerate(zip(self.output_names, self.classes, joined))
+                  if c and np.ndim(r) == 2 and k != self.label_k]
         if self.label_k is not None and others:
             self.notes.append(f"labels judge output '{self.output_names[self.label_k]}' "
                               f"({joined[self.label_k].shape[-1]} classes), "
@@ -430,7 +430,8 @@ class _CrossValidator:
 
     def budget(self, labelled: bool = True) -> dict:
         """What judge_lossy holds each output to (max_abs is judged by the whole output,
-        in _judge); ``labelled``: for the output the labels judge (or any, without them)."""
+        in _judge); ``labelled``: for the output the labels judge, whose budget in task
+        accuracy may replace agreement (without labels the two are the same)."""
         top1 = self.s["min_top1"] if labelled else self.s.get("top1_unlabelled",
                                                                  self.s["min_top1"])
         b = {"min_top1": top1, "min_cosine": self.s["min_cosine"]}
@@ -535,7 +536,7 @@ class _CrossValidator:
             parts = kept or ([] if main is not None or k != order[-1] else parts[:1])
             for r, o in parts:
                 j = judge_lossy(self.output_names[k], r, o,
-                                self.budget(self.labels is None or k == self.label_k),
+                                self.budget(k == self.label_k),
                                 labels if main is None and k == self.label_k else None,
                                 alpha=alpha,
                                 classes=classes[k],
