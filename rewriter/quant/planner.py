@@ -166,12 +166,14 @@ def certificate_line(j: dict, folds: int = 1) -> str:
              f"95% after choosing among up to {round(0.05 / alpha)} plans: bounds at "
              f"{100 * (1 - alpha):.2f}%")
     parts = []
-    if j.get("top1") is not None:
-        parts.append(f"top-1 agreement {j['top1']:.3f} [{j['top1_ci'][0]:.3f}, "
-                     f"{j['top1_ci'][1]:.3f}], flip-risk bound {j['top1_lower']:.3f}")
+    others = j.get("others") or []   # further class outputs: each named, with its top-1
+    for o in ([j] if j.get("top1") is not None else []) + others:
+        parts.append(("" if not others else f"'{o['output']}' ")
+                     + f"top-1 agreement {o['top1']:.3f} [{o['top1_ci'][0]:.3f}, "
+                     f"{o['top1_ci'][1]:.3f}], flip-risk bound {o['top1_lower']:.3f}")
     if not j.get("integer"):  # an integer output's cosine is a 1 that nothing measured
         parts.append(f"cosine {j['cosine']:.4f} [{j['cosine_ci'][0]:.4f}, "
-                     f"{j['cosine_ci'][1]:.4f}]")
+                     f"{j['cosine_ci'][1]:.4f}]" + (" (worst output)" if others else ""))
     s = f"judged on {j['n']} held-out samples ({how}{level}): " + ", ".join(parts)
     if j.get("accuracy") is not None:
         lo, hi = j["accuracy_drop_ci"]
@@ -550,7 +552,10 @@ class _CrossValidator:
                                                                       j.cosine_worst)
                 # and every class output's top-1, as --verify judges it: a [N, 2] head
                 # flipping 5% of its near-ties at a better cosine than the first head's
-                # was met
+                # was met; its figures shown beside the first's (certificate_line)
+                if j.top1 is not None:
+                    main.others.append({k_: getattr(j, k_) for k_ in (
+                        "output", "top1", "top1_ci", "top1_lower", "met")})
                 if not j.met and (worse or j.classes):
                     main.met = False
                     main.why = "; ".join([x for x in (main.why,) if x]

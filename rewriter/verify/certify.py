@@ -394,6 +394,7 @@ class Judgement:
     within_lower: float | None = None         # 1 - exceed_bounds' upper: what a budget meets
     exceed_risk: float | None = None          # its estimate (ranks the planner's layers)
     integer: bool = False                     # judge_equal / judge_units: no cosine
+    others: list = field(default_factory=list)  # other class outputs' top-1 (the planner)
 
     def to_dict(self) -> dict:
         return asdict(self)

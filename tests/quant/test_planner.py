@@ -1258,7 +1258,7 @@ def test_a_second_class_output_that_flips_fails_the_plan():
     a [N, 2] head at ties flips top-1 on 20 of 600 samples at cosine 1 - 1e-9, beside a
     [N, 10] head at a lower cosine that flips none, and the plan was met; --verify judges
     every class output's top-1 and refused it."""
-    from rewriter.quant.planner import _CrossValidator
+    from rewriter.quant.planner import _CrossValidator, certificate_line
 
     rng = np.random.default_rng(6)
     n = 600
@@ -1280,6 +1280,11 @@ def test_a_second_class_output_that_flips_fails_the_plan():
     j = cv._judge(list(range(n)), out)
     assert j["output"] == "kind" and not j["met"], j
     assert "gate" in j["why"]
+    # its figures are shown beside the first output's, not only its name in "why"
+    (o,) = j["others"]
+    assert o["output"] == "gate" and o["top1"] == pytest.approx(580 / 600) and not o["met"]
+    line = certificate_line(j)
+    assert "'kind' top-1 agreement 0.998" in line and "'gate' top-1 agreement 0.967" in line
     out = [[kind_out[i:i + 1], gate[i:i + 1]] for i in range(n)]
     assert cv._judge(list(range(n)), out)["met"]         # the same without the flips
     # an accuracy budget on labels of 'kind' leaves 'gate' to agreement (0.99 unless given)
