@@ -617,14 +617,14 @@ def _original_too(line: str) -> bool:
 def classify(res: dict, folder: Path, out: Path, before: dict,
              quiet: bool = True) -> tuple[str, str]:
     """(verdict, reason) for one finished run (``quiet``: it ran with -q)."""
+    if res["code"] is None:   # no run: a worker that died wrote no stderr.txt to read
+        return "crash", res["raised"] or "no exit code"
     err_lines = [ln for ln in (folder / "stderr.txt").read_text(errors="replace").splitlines()
                  if ln.strip()]
     stdout = (folder / "stdout.txt").read_text(errors="replace").strip()
     leftovers = [p.name for p in out.parent.iterdir() if p.name.startswith(".rewrite-")]
     inputs_now = {k: v for k, v in _snapshot(folder).items()
                   if not k.startswith(("out/", "stderr", "stdout"))}
-    if res["code"] is None:
-        return "crash", res["raised"] or "no exit code"
     if stdout and quiet:  # -q: nothing but errors, and those on stderr
         return "crash", f"output on stdout despite -q: {stdout.splitlines()[0][:120]}"
     if any("Traceback" in ln for ln in err_lines):
