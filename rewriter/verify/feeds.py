@@ -81,6 +81,49 @@ def input_shape(vi: onnx.ValueInfoProto, shapes: dict[str, list[int]], default: 
             else fill for i, d in enumerate(dims)]
 
 
+def dim_expression(text: str):
+    """(sympy expression, its names) for a symbolic dim that is arithmetic of others, as
+    optimum and torch's exporters declare an attention mask after a KV cache:
+    'past_sequence_length + sequence_length'; None for a plain name, or text that is no
+    such sum or product ('batch-size' reads as one, judged by the caller: its names must
+    be dims of their own)."""
+    if not re.fullmatch(r"[\w\s+\-*/()]+", text) or not re.search(r"[-+*/]", text):
+        return None
+    names = set(re.findall(r"[A-Za-z_]\w*", text))
+    if not names:
+        return None
+    import sympy
+    from sympy.parsing.sympy_parser import parse_expr
+
+    try:   # every name a symbol of its own: 'N', 'S' or 'E' is no sympy constant here
+        return parse_expr(text, local_dict={n: sympy.Symbol(n) for n in names}), names
+    except (SyntaxError, TypeError, ValueError, ZeroDivisionError, sympy.SympifyError):
+        return None
+
+
+def expression_dims(inputs: list, shapes: dict[str, list[int]], given=()) -> None:
+    """Sets, in ``shapes`` ({input: dims}, changed in place), each dim declared as an
+    expression of other inputs' symbolic dims (:func:`dim_expression`) to its value under
+    theirs, except in the inputs the user sized (``given``): with each dim 1, a mask of
+    'past_sequence_length + sequence_length' got 1 where the model needs 2, and no random
+    input ran an optimum decoder with its KV cache (every size tried gave it one length)."""
+    values, exprs = {}, []
+    for vi in inputs:
+        for i, d in enumerate(vi.type.tensor_type.shape.dim):
+            if not d.dim_param or _declared(d) or i >= len(shapes[vi.name]):
+                continue
+            e = dim_expression(d.dim_param)
+            if e is None:
+                values.setdefault(d.dim_param, shapes[vi.name][i])
+            elif vi.name not in given:
+                exprs.append((vi.name, i, e))
+    for name, i, (expr, names) in exprs:
+        if names <= values.keys():
+            v = expr.subs({n: values[n] for n in names})
+            if v.is_integer and v >= 0:
+                shapes[name][i] = int(v)
+
+
 def _declared(d) -> bool:
     """A fixed dim. A declared 0 is one: onnxruntime runs such an input with 0 rows only. A
     -1 (PaddleOCR's exports) is dynamic."""
@@ -159,12 +202,17 @@ def make_feeds(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = Non
     bounds = index_bounds(model)
     boxes = box_inputs(model)
     derived = weight_dims(model)
-    for vi in real_inputs(model):
+    inputs = real_inputs(model)
+    for vi in inputs:
         if not vi.type.HasField("tensor_type"):
             raise InputError(f"input '{vi.name}' is not a tensor; pass it with --inputs")
+    sizes = {vi.name: list(input_shape(vi, shapes, fill=fill, batches=batches,
+                                       derived=derived.get(vi.name), fill_batch=fill_batch))
+             for vi in inputs}
+    expression_dims(inputs, sizes, given=shapes)
+    for vi in inputs:
         dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
-        shape = input_shape(vi, shapes, fill=fill, batches=batches,
-                            derived=derived.get(vi.name), fill_batch=fill_batch)
+        shape = sizes[vi.name]
         # Declared dims can be absurd (2^40): refuse before numpy tries to allocate them.
         total += float(np.prod([float(d) for d in shape])) * np.dtype(dtype).itemsize
         if total > MAX_FEED_BYTES:

@@ -55,3 +55,47 @@ def test_what_is_not_a_length_of_a_batch_keeps_small_values():
     feeds = make_feeds(m, {"x": [2, 64], "lens": [2], "seq_len": [2, 2]})
     assert not length_inputs(m, feeds)
     assert all((feeds[k] < 4).all() for k in ("lens", "max_len", "seq_len"))
+
+
+def _kv_mask_model(mask_dim="past_sequence_length + sequence_length"):
+    """A decoder step in small, as optimum exports it: the mask spans the cache and the new
+    tokens, and its dim is declared as the sum of theirs."""
+    h = onnx.helper
+    f = onnx.TensorProto.FLOAT
+    nodes = [h.make_node("Concat", ["past", "x"], ["kv"], axis=1),
+             h.make_node("Concat", ["kv", "mask"], ["y"], axis=0)]
+    g = h.make_graph(nodes, "g", [
+        h.make_tensor_value_info("x", f, ["batch_size", "sequence_length"]),
+        h.make_tensor_value_info("past", f, ["batch_size", "past_sequence_length"]),
+        h.make_tensor_value_info("mask", f, ["batch_size", mask_dim])],
+        [h.make_tensor_value_info("y", f, None)])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
+def test_a_dim_declared_as_a_sum_of_others_gets_their_sum():
+    """With each symbolic dim 1 (or 8), a mask of 'past_sequence_length + sequence_length'
+    got 1 (8) where the model needs 2 (16): no random input ran optimum's decoders with a
+    KV cache, whatever size was tried."""
+    m = _kv_mask_model()
+    for fill in (None, 8):
+        feeds = make_feeds(m, fill=fill)
+        n = feeds["x"].shape[1] + feeds["past"].shape[1]
+        assert feeds["mask"].shape == (1, n), feeds["mask"].shape
+        run_ort(m, feeds)
+    # the user's sizes: the mask follows them, or keeps the user's own
+    feeds = make_feeds(m, {"x": [2, 3], "past": [2, 5]})
+    assert feeds["mask"].shape == (1, 8)
+    assert make_feeds(m, {"mask": [1, 4]})["mask"].shape == (1, 4)
+
+
+def test_dim_expressions_read_only_arithmetic_of_known_dims():
+    from rewriter.verify.feeds import dim_expression
+
+    assert dim_expression("sequence_length") is None
+    assert dim_expression("unk__12") is None
+    e, names = dim_expression("2*S + N")          # S and N are names, not sympy's constants
+    assert names == {"S", "N"} and e.subs({"S": 3, "N": 1}) == 7
+    assert dim_expression("s0 + ") is None and dim_expression("a; import os") is None
+    # 'batch-size' reads as a difference of two names no input has: left as a plain dim
+    m = _kv_mask_model("batch-size")
+    assert make_feeds(m, fill=8)["mask"].shape == (1, 8)
