@@ -817,3 +817,43 @@ def test_the_weight_free_copy_leaves_a_tree_ensembles_lists_out(op):
     def inferred(model):
         return {v.name: v.type for v in shape_inference.infer_shapes(model).graph.value_info}
     assert inferred(copy) == inferred(m) and inferred(m)
+
+
+def test_if_branches_that_name_tensors_alike_keep_their_own_types():
+    """ONNX scopes names by graph: the two branches of optimum's merged decoders (an If on
+    use_cache_branch) each define '/decoder/Add_output_0', in one float, in the other an
+    int64 length. Shapes were read by name over the whole model, one branch's given to the
+    other: fold-shapes wrote an Equal of float and int64, exit 3 on the merged T5 decoder."""
+    from rewriter.core.convert import to_graph
+    from rewriter.core.graph import iter_graphs
+
+    i64 = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    then = helper.make_graph([
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Cast", ["s"], ["t"], to=TensorProto.FLOAT),    # float [2]
+        helper.make_node("ReduceMax", ["t"], ["m"], keepdims=0),
+        helper.make_node("Mul", ["x", "m"], ["y1"])], "then", [],
+        [helper.make_tensor_value_info("y1", TensorProto.FLOAT, ["n", 4])])
+    other = helper.make_graph([
+        helper.make_node("Shape", ["x"], ["t"], start=1),                 # int64 [1]
+        helper.make_node("Mul", ["t", "two"], ["s"]),
+        helper.make_node("Equal", ["s", "eight"], ["e"]),
+        helper.make_node("Cast", ["e"], ["f"], to=TensorProto.FLOAT),
+        helper.make_node("Add", ["x", "f"], ["y2"])], "else", [],
+        [helper.make_tensor_value_info("y2", TensorProto.FLOAT, ["n", 4])],
+        [i64("two", [2]), i64("eight", [8])])
+    g = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)], "g",
+        [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model, full_check=True)
+    graphs = {b.name: b for b in iter_graphs(to_graph(model))}
+    assert graphs["then"].tensors()["t"].dtype == np.float32
+    assert graphs["else"].tensors()["t"].dtype == np.int64
+    out, report = rewriter.rewrite(model, verify=True)
+    assert report.ok
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    for c in (True, False):
+        _same_outputs(model, out, {"c": np.array(c), "x": x})

@@ -20,8 +20,9 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from .errors import InputError
 from .gs_io import export_model, import_model
-from .graph import (PACKED, constant_tensors, graph_protos, iter_graphs, node_bodies,
-                    iter_model_tensors, onnx_bytes, packed, unique_node_names, weight_free_copy)
+from .graph import (PACKED, SUBGRAPH_OPS, constant_tensors, graph_protos, iter_graphs,
+                    iter_model_tensors, node_bodies, onnx_bytes, packed, unique_node_names,
+                    weight_free_copy)
 from .load import ExternalValues, first_line, resolve_external
 
 # Tensors above this many bytes go to the external data file when we write one.
@@ -47,25 +48,81 @@ def shape_info(model: onnx.ModelProto, fixed: dict[str, list[int]] | None = None
         inferred = onnx.shape_inference.infer_shapes(stub, strict_mode=False, data_prop=True)
     except Exception:
         return {}
-    out: dict[str, onnx.ValueInfoProto] = {}
-    stack = [inferred.graph]
-    while stack:  # If/Loop/Scan bodies too: names are unique across the whole model
-        g = stack.pop()
-        own = None if g is inferred.graph else {vi.name for vi in (*g.input, *g.output)}
-        for vi in list(g.value_info) + list(g.output) + list(g.input):
-            # A body's value_info for an outer tensor (onnx writes one, often less static:
-            # akiki-vad's [unk, 128, unk] for a [1, 128, 1]) never replaces the outer one.
-            if own is not None and vi.name in out and vi.name not in own:
-                continue
-            out[vi.name] = vi   # inputs and outputs win over a stale value_info
-        for node in g.node:
-            for a in node.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    stack.append(a.g)
-                elif a.type == onnx.AttributeProto.GRAPHS:
-                    stack.extend(a.graphs)
+    out = ShapeInfos()
+    scopes = []   # (the graph's own infos, its parent's index), in graph_protos' order
+    _scopes(inferred.graph, -1, scopes)
+    torn = set()  # names two bodies each define, differently
+    for own, parent in scopes:
+        for name, vi in own.items():
+            have = out.setdefault(name, vi)
+            if have is not vi and have.type != vi.type:
+                torn.add(name)
+    for own, parent in scopes[1:]:
+        # A body's value_info for an outer tensor (onnx writes one, often less static:
+        # akiki-vad's [unk, 128, unk] for a [1, 128, 1]) never replaces the outer one.
+        for name, vi in own.outer.items():
+            out.setdefault(name, vi)
+    for name in torn:
+        del out[name]
+    out.scopes = scopes
     _distrust_wrong_stft(inferred.graph, out)
     return out
+
+
+class ShapeInfos(dict):
+    """:func:`shape_info`'s value infos by name, over the whole model. ONNX scopes names
+    by graph: the two branches of optimum's merged decoders (an If on use_cache_branch)
+    each define '/decoder/Add_output_0', one float, one int64. Such a name is left out
+    here, and :func:`scoped_infos` gives each graph its own."""
+
+    scopes: list = []
+
+
+class _Own(dict):
+    outer: dict   # value_info a body holds for tensors of its enclosing graphs
+
+
+def _scopes(g: onnx.GraphProto, parent: int, acc: list) -> None:
+    """``acc`` gets ``g``'s own infos and its parent's index, then its bodies', in
+    :func:`graph_protos`' order (that of :func:`iter_graphs` over the imported graph)."""
+    own = _Own()
+    # a body's own names: what its nodes write and its inputs (an output may be outer)
+    local = None if parent < 0 else {o for n in g.node for o in n.output} | {
+        vi.name for vi in g.input}
+    own.outer = {}
+    for vi in list(g.value_info) + list(g.output) + list(g.input):
+        # inputs and outputs win over a stale value_info
+        (own if local is None or vi.name in local else own.outer)[vi.name] = vi
+    acc.append((own, parent))
+    me = len(acc) - 1
+    for n in g.node:
+        if n.op_type not in SUBGRAPH_OPS and n.domain in ("", "ai.onnx"):
+            continue
+        for a in n.attribute:
+            for sg in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
+                       a.graphs if a.type == onnx.AttributeProto.GRAPHS else []):
+                _scopes(sg, me, acc)
+
+
+def scoped_infos(graph: gs.Graph, infos: dict):
+    """(each graph of ``graph``, its tensors' value infos by name: its own, then its
+    enclosing graphs', then the whole model's). The model :func:`shape_info` read must be
+    ``graph`` exported: where the bodies do not line up, every graph gets the whole
+    model's (which leaves out the names bodies define differently)."""
+    from collections import ChainMap
+
+    graphs = list(iter_graphs(graph))
+    scopes = getattr(infos, "scopes", [])
+    if len(scopes) != len(graphs):
+        return [(g, infos) for g in graphs]
+    out = []
+    for own, parent in scopes:
+        chain = [own]
+        while parent >= 0:
+            chain.append(scopes[parent][0])
+            parent = scopes[parent][1]
+        out.append(ChainMap(*chain, infos))
+    return list(zip(graphs, out))
 
 
 def unknown_negative_dims(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -114,12 +171,13 @@ def _distrust_wrong_stft(graph: onnx.GraphProto, infos: dict[str, onnx.ValueInfo
             if not tainted.isdisjoint(names) and not tainted.issuperset(n.output):
                 tainted.update(o for o in n.output if o)
                 grew = True
-    for name in tainted & infos.keys():
-        vi = onnx.ValueInfoProto()
-        vi.CopyFrom(infos[name])
-        if vi.type.HasField("tensor_type"):
-            vi.type.tensor_type.ClearField("shape")
-        infos[name] = vi
+    for d in [infos] + [own for own, _ in getattr(infos, "scopes", [])]:
+        for name in tainted & d.keys():
+            vi = onnx.ValueInfoProto()
+            vi.CopyFrom(d[name])
+            if vi.type.HasField("tensor_type"):
+                vi.type.tensor_type.ClearField("shape")
+            d[name] = vi
 
 
 def wrong_stfts(graph: onnx.GraphProto, infos: dict[str, onnx.ValueInfoProto] | None = None
@@ -196,9 +254,9 @@ def to_graph(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
                         v.data_location = None
     if infer:
         infos = shape_info(model, fixed)
-        for g in iter_graphs(graph):
+        for g, look in scoped_infos(graph, infos):
             for name, t in g.tensors().items():
-                vi = infos.get(name)
+                vi = look.get(name)
                 if isinstance(t, gs.Variable) and vi is not None and vi.type.HasField("tensor_type"):
                     tt = vi.type.tensor_type
                     if t.dtype is None and tt.elem_type:
@@ -263,9 +321,9 @@ def refresh_shapes(graph: gs.Graph, tag: str) -> int:
         return 0
     own = {d for t in graph.inputs for d in (t.shape or []) if isinstance(d, str)}
     gained = 0
-    for g in iter_graphs(graph):
+    for g, look in scoped_infos(graph, infos):
         for name, t in g.tensors().items():
-            vi = infos.get(name)
+            vi = look.get(name)
             if (not isinstance(t, gs.Variable) or vi is None
                     or not vi.type.HasField("tensor_type")
                     or not vi.type.tensor_type.HasField("shape")):
