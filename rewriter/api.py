@@ -688,24 +688,25 @@ class _Rewrite:
         Equal(sr, 16000) -> If): a random sr never selects that branch, so a feed set per
         constant joins the verification, where the original runs on it. Returns what to
         add to verified_with."""
-        from rewriter.verify.feeds import branch_feed_sets
+        from rewriter.verify.feeds import branch_feed_sets, condition_inputs
 
         base = self.verifier.feed_sets[0]
-        keep, said = [base], []
+        keep, said, conds = [base], [], condition_inputs(self.original)
         for extra in branch_feed_sets(self.original, base)[1:]:
             name, value = next((k, v) for k, v in extra.items() if v is not base[k])
+            why = "an If's condition" if name in conds else "compared by an Equal"
             try:
                 v = verifier(keep + [extra])
             except InputError as e:   # that branch does not run at these sizes: say so
                 self.report.warnings.append(
-                    f"random inputs with {name} = {np.asarray(value).ravel()[0]} (the value "
-                    f"an Equal compares it with) do not run the original: {str(e)[:200]}; "
-                    "that branch is not verified (--inputs)")
+                    f"random inputs with {name} = {np.asarray(value).ravel()[0]} ({why}) do "
+                    f"not run the original: {str(e)[:200]}; that branch is not verified "
+                    "(--inputs)")
                 continue
             self.verifier = v
             keep.append(extra)
-            said.append(f"{name} = {np.asarray(value).ravel()[0]}")
-        return f", and with {', '.join(said)} (compared by an Equal)" if said else ""
+            said.append(f"{name} = {np.asarray(value).ravel()[0]} ({why})")
+        return f", and with {', '.join(said)}" if said else ""
 
     def new_verifier(self, feeds, labels):
         """The verifier on ``feeds``. When the original gives NaN or inf everywhere in an

@@ -45,7 +45,13 @@ def shape_info(model: onnx.ModelProto, fixed: dict[str, list[int]] | None = None
         for vi in stub.graph.output:
             vi.type.tensor_type.ClearField("shape")
     try:
-        inferred = onnx.shape_inference.infer_shapes(stub, strict_mode=False, data_prop=True)
+        # onnx's data propagation keeps one value per name for the whole model: where two
+        # graphs define a name (the branches of optimum's merged decoders, an If's output
+        # named as its branches'), one graph's values reached the other, and the else
+        # branch's [batch, 4, seq, 16] cache came out [1, 4, 4, 16]. Such a model is
+        # inferred without it.
+        inferred = onnx.shape_inference.infer_shapes(
+            stub, strict_mode=False, data_prop=not _names_shared(stub.graph))
     except Exception:
         return {}
     out = ShapeInfos()
@@ -67,6 +73,20 @@ def shape_info(model: onnx.ModelProto, fixed: dict[str, list[int]] | None = None
     out.scopes = scopes
     _distrust_wrong_stft(inferred.graph, out)
     return out
+
+
+def _names_shared(g: onnx.GraphProto) -> bool:
+    """Do two graphs of ``g`` (bodies included) each define a name (node outputs, a body's
+    inputs)?"""
+    seen: set = set()
+    for h in graph_protos(g):
+        own = {o for n in h.node for o in n.output if o}
+        if h is not g:
+            own.update(vi.name for vi in h.input)
+        if not seen.isdisjoint(own):
+            return True
+        seen |= own
+    return False
 
 
 class ShapeInfos(dict):

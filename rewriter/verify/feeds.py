@@ -358,7 +358,8 @@ def branch_values(model: onnx.ModelProto, limit: int = 3) -> dict[str, list]:
     """{input: constants it is compared with}: inputs that reach an Equal with a one-element
     constant through value-preserving ops (Silero VAD: Equal(sr, 16000) -> If picks its
     16 kHz branch). Random values almost never equal those constants, so the branch they
-    select would never be verified: :func:`branch_feed_sets` adds a feed set per value."""
+    select would never be verified: :func:`branch_feed_sets` adds a feed set per value.
+    An input an If reads as its condition (:func:`condition_inputs`) gets True and False."""
     from rewriter.core.graph import constant_tensors, graph_protos
 
     consts, consumers = {}, {}
@@ -378,9 +379,26 @@ def branch_values(model: onnx.ModelProto, limit: int = 3) -> dict[str, list]:
                 v = onnx.numpy_helper.to_array(consts[other]).ravel()[0].item()
                 if v not in values:
                     values.append(v)
+            elif n.op_type == "If" and i == 0:
+                values += [v for v in (True, False) if v not in values]
         if values:
             out[vi.name] = values[:limit]
     return out
+
+
+def condition_inputs(model: onnx.ModelProto) -> set[str]:
+    """Inputs an If reads as its condition, directly or through value-preserving ops:
+    optimum's merged decoders take use_cache_branch, and a random bool verified one of
+    their two branches only."""
+    from rewriter.core.graph import graph_protos
+
+    consumers = {}
+    for g in graph_protos(model.graph):
+        for n in g.node:
+            for i, x in enumerate(n.input):
+                consumers.setdefault(x, []).append((n, i))
+    return {vi.name for vi in real_inputs(model)
+            if any(n.op_type == "If" and i == 0 for n, i in _value_reads(vi.name, consumers))}
 
 
 def branch_feed_sets(model: onnx.ModelProto, feeds: dict) -> list[dict]:
@@ -392,6 +410,8 @@ def branch_feed_sets(model: onnx.ModelProto, feeds: dict) -> list[dict]:
             continue
         x = np.asarray(feeds[name])
         for v in values:
+            if x.size and np.all(x == v):   # the random set has it already
+                continue
             sets.append({**feeds, name: np.full(x.shape, v, dtype=x.dtype)})
     return sets
 
