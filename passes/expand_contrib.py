@@ -55,8 +55,9 @@ outside the table, a dtype not found or not float (``unknown-dtype``), FusedMatM
 transposes of an input of unknown rank or rank < 2, used Mean/InvStdDev outputs of a norm, a
 float16 norm that must be decomposed (the kernels accumulate in float32), ops missing at the
 model's opset (Erf < 9, ThresholdedRelu < 10, integer MaxPool < 12). The com.microsoft opset
-import stays (the exporter keeps the original's imports; unused, it is valid ONNX). Note
-that onnx.checker, hence loading, refuses the default-domain ORT schemas below opset 17.
+import stays (the exporter keeps the original's imports; unused, it is valid ONNX).
+onnx.checker knows no default-domain ORT schema (core.graph.ORT_DEFAULT_DOMAIN): loading
+checks them as custom ops, and every genai model builder's RMSNorm is one.
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 from onnx import helper
 
-from rewriter.core.graph import graph_protos, iter_graphs, own_constant, peek_values
+from rewriter.core.graph import (graph_protos, iter_graphs, ort_default_domain, own_constant,
+                                 peek_values)
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 MS = "com.microsoft"
@@ -86,8 +88,6 @@ ACTS = {"Relu": (), "Tanh": (), "Sigmoid": (), "Silu": (), "Softplus": (), "Soft
 MIGRAPHX_PARSES = {"Gelu": (2, 10), "BiasGelu": (2, 10), "FastGelu": (2, 10),
                    "SkipSimplifiedLayerNormalization": (2, 11),
                    "SkipLayerNormalization": (2, 13)}
-# Default-domain ops that onnxruntime registers itself (not valid ONNX at these opsets).
-ORT_ONNX_DOMAIN = {"LayerNormalization": 17, "SimplifiedLayerNormalization": 1 << 30}
 # To find a dtype shape inference missed (it stops at the first contrib op): ops whose output
 # has the type of all their inputs (ALL_T), or of their first input (SAME_TYPE).
 ALL_T = {"Add", "Sub", "Mul", "Div", "MatMul", "Gemm", "Conv", "Sum", "Max", "Min", "Concat",
@@ -101,8 +101,7 @@ SAME_TYPE = {"Relu", "Sigmoid", "Tanh", "Erf", "Identity", "Transpose", "Reshape
 
 
 def _contrib(domain, op: str, opset: int) -> bool:
-    d = domain or ""
-    return d.startswith(MS) or (d in ("", "ai.onnx") and opset < ORT_ONNX_DOMAIN.get(op, 0))
+    return (domain or "").startswith(MS) or ort_default_domain(op, domain, opset)
 
 
 def _migraphx_parses(node: gs.Node, version) -> bool:

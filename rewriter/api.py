@@ -30,7 +30,8 @@ from rewriter.core.errors import (CALLER, InputError, PassError, RewriteError, V
                                    api_words, in_api_words)
 from rewriter.core.graph import (SMALL_TENSOR, Namer, copy_fields, float32_layer,
                                  graph_protos, iter_graphs, iter_model_tensors, node_id,
-                                 tensor_nbytes, unique_names, weight_free_copy)
+                                 ort_schemas_as_contrib, tensor_nbytes, unique_names,
+                                 weight_free_copy)
 from rewriter.core.load import first_line, load_model, validate_model
 from rewriter.core.manager import ROUNDS, check_order, run_pipeline, run_rounds
 from rewriter.core.pass_base import Context, Numerics, Options, pipeline_needs_shapes
@@ -1275,6 +1276,7 @@ class _Rewrite:
             if light is None:
                 validate_model(exported.checkable(), "rewritten model")
             else:
+                ort_schemas_as_contrib(light)   # onnxruntime's own schemas, as on load
                 onnx.checker.check_model(light)
         except (InputError, onnx.checker.ValidationError) as e:
             return str(e) if isinstance(e, InputError) else f"onnx.checker: {first_line(e)}"

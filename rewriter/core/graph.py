@@ -471,6 +471,36 @@ def has_function_body(op: str, opset: int) -> bool:
                + list(schema.context_dependent_function_opset_versions))
 
 
+# Default-domain ops onnxruntime registers schemas for itself where ONNX has none: op -> the
+# first opset at which ONNX defines it (LayerNormalization from 17; SimplifiedLayerNormalization,
+# the RMSNorm onnxruntime-genai's model builder writes in every model, never).
+ORT_DEFAULT_DOMAIN = {"LayerNormalization": 17, "SimplifiedLayerNormalization": 1 << 30}
+
+
+def ort_default_domain(op: str, domain: str, opset: int) -> bool:
+    """Whether ``op`` in ``domain`` is onnxruntime's own schema at the model's ``opset``."""
+    return (domain or "") in ("", "ai.onnx") and opset < ORT_DEFAULT_DOMAIN.get(op, 0)
+
+
+def ort_schema_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The nodes (bodies included) of onnxruntime's default-domain schemas, ORT_DEFAULT_DOMAIN
+    at the model's opset: onnxruntime runs them, onnx.checker knows no such op in its domain
+    ("No Op registered for SimplifiedLayerNormalization")."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    return [n for g in graph_protos(model.graph) for n in g.node
+            if ort_default_domain(n.op_type, n.domain, opset)]
+
+
+def ort_schemas_as_contrib(model: onnx.ModelProto) -> None:
+    """Move those nodes into com.microsoft in ``model``, a copy for onnx.checker, which checks
+    no custom domain's ops."""
+    nodes = ort_schema_nodes(model)
+    for n in nodes:
+        n.domain = "com.microsoft"
+    if nodes and not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.add(domain="com.microsoft", version=1)
+
+
 def graph_protos(g: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
     """The graph and every body (If/Loop/Scan/SequenceMap, and custom ops' graph
     attributes), outermost first; like :func:`iter_graphs`, default-domain ops that cannot

@@ -23,7 +23,8 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from .errors import InputError
 from .graph import (PACKED, SMALL_TENSOR, SUB_BYTE, graph_protos, iter_model_tensors,
-                    node_bodies, stable_order, varint, weight_free_copy)
+                    node_bodies, ort_schema_nodes, ort_schemas_as_contrib, stable_order,
+                    varint, weight_free_copy)
 
 
 # A weight's bytes, shared by every read of it while any array from them is alive: a map of
@@ -523,6 +524,11 @@ def validate_model(model: onnx.ModelProto, what: str = "model",
     original = model
     if not whole:
         model = weight_free_copy(model, keep_dims=False)
+    if ort_schema_nodes(model):   # onnxruntime's own schemas: in a copy, as custom ops
+        if model is original:
+            model = onnx.ModelProto()
+            model.CopyFrom(original)
+        ort_schemas_as_contrib(model)
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as e:

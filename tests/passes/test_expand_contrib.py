@@ -266,7 +266,8 @@ def test_skip_simplified_layer_norm_two_sites_share_gamma(opset):
 
 def run_pass(m):
     """The pass on its own: a default-domain LayerNormalization below opset 17 is
-    onnxruntime's private schema, which onnx.checker (and so rewriter.rewrite) refuses."""
+    onnxruntime's private schema, which onnx.checker refuses (loading checks it as a custom
+    op: tests/test_ort_tool_forms.py)."""
     graph = to_graph(m)
     res = ExpandContrib().run(graph, Context(namer=Namer(graph), options=Options(**OLD_MIGRAPHX)))
     cleanup(graph)
