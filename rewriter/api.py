@@ -712,10 +712,11 @@ class _Rewrite:
     def new_verifier(self, feeds, labels):
         """The verifier on ``feeds``. When the original gives NaN or inf everywhere in an
         output on random integers in [0, 4) (T5's and BERT's masking overflows on a mask of
-        3), the same shapes are drawn again with integers in {0, 1}, then all 1: equal NaNs
+        3), or cannot run it (GroupQueryAttention refuses a mask summing past its length),
+        the same shapes are drawn again with integers in {0, 1}, then all 1: equal NaNs
         must not pass for a verified output."""
         from rewriter.verify import Verifier, make_feeds
-        from rewriter.verify.verifier import NonFiniteReference
+        from rewriter.verify.verifier import NonFiniteReference, OriginalRunError
 
         def make(feeds):
             v = Verifier(self.original, self.base_dir, feeds, path=self.path,
@@ -736,7 +737,7 @@ class _Rewrite:
             return v
         try:
             return make(feeds)
-        except NonFiniteReference as e:
+        except (NonFiniteReference, OriginalRunError) as e:
             random = self.inputs is None and not self.held_out and isinstance(feeds, dict)
             ints = [k for k, v in feeds.items() if np.issubdtype(np.asarray(v).dtype, np.integer)
                     ] if random else []
@@ -744,18 +745,23 @@ class _Rewrite:
                 where = "give real inputs with --inputs" if random else \
                     "give inputs on which it is finite"
                 raise InputError(f"{e}; {where}") from None
+            refused = isinstance(e, OriginalRunError)
+            if refused and not ints:
+                raise
             shapes = {k: list(np.shape(v)) for k, v in feeds.items()}
             for low, say in ((0, "0 or 1"), (1, "1")):
                 try:
                     v = make(make_feeds(self.original, shapes, self.seed, ints=(low, 2)))
-                except NonFiniteReference:
+                except (NonFiniteReference, OriginalRunError):
                     continue
                 self.ints = (low, 2)
                 self.report.warnings.append(
-                    f"random integers in [0, 4): {e}; verified with the integer inputs "
+                    f"random integers in [0, 4): {str(e)[:300]}; verified with the integer inputs "
                     f"({', '.join(ints)}) set to {say} instead (a mask, say): --inputs gives "
                     "real ones")
                 return v
+            if refused:   # not the integers' fault, as far as they tell: the sizes may be
+                raise
             raise InputError(f"{e}, with random integer inputs ({', '.join(ints)}) in [0, 4), "
                              "in {0, 1} and all 1: give real inputs with --inputs") from None
 

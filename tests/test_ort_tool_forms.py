@@ -8,6 +8,7 @@ import onnx.parser
 
 import rewriter
 from conftest import run_ort
+from rewriter.verify.feeds import weight_dims
 
 
 def parse(text: str, inits: dict, seed: int = 0) -> onnx.ModelProto:
@@ -49,3 +50,55 @@ def test_onnxruntime_default_domain_norm_loads_and_verifies():
     x = np.random.default_rng(1).standard_normal((2, 3, 16)).astype(np.float32)
     np.testing.assert_allclose(run_ort(out, {"x": x})[0], run_ort(m, {"x": x})[0],
                                rtol=1e-5, atol=1e-5)
+
+
+def genai_attention(packed: bool = False, norm: bool = False) -> onnx.ModelProto:
+    """The builder's attention block: the mask summed to seqlens_k - 1 and its length to
+    total_sequence_length, GroupQueryAttention (4 query heads, 2 KV heads of 16, RoPE inside)
+    over a KV cache whose head dim is symbolic, as the builder declares it; ``packed``: one
+    QKV projection, as the builder writes it unless told otherwise; ``norm``: the block's
+    SkipSimplifiedLayerNormalization after it, its input + skip read by the next block."""
+    head_dim = "kv_cache_dim"
+    proj = ("q = MatMul (x, Wqkv)", "q, , ") if packed else ("""q = MatMul (x, Wq)
+        k = MatMul (x, Wk)
+        v = MatMul (x, Wv)""", "q, k, v")
+    tail = """o = MatMul (a, Wo)
+        z, m1, m2, s = com.microsoft.SkipSimplifiedLayerNormalization <epsilon = 0.00001>
+            (o, x, G2)
+        w = MatMul (z, W2)
+        y = Add (w, s)""" if norm else "y = MatMul (a, Wo)"
+    return parse(f"""
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    g (float[B, S, 32] x, int64[B, T] attention_mask, float[B, 2, P, {head_dim}] past_k,
+       float[B, 2, P, {head_dim}] past_v) => (float[B, S, 32] y, float[B, 2, T2, 16] present_k,
+       float[B, 2, T2, 16] present_v) {{
+        one = Constant <value = int64[1] {{1}}> ()
+        axis = Constant <value = int64[1] {{1}}> ()
+        total = ReduceSum (attention_mask, axis)
+        s1 = Sub (total, one)
+        seqlens = Cast <to = 6> (s1)
+        shape = Shape (attention_mask)
+        idx = Constant <value = int64 {{1}}> ()
+        t64 = Gather (shape, idx)
+        tlen = Cast <to = 6> (t64)
+        {proj[0]}
+        a, present_k, present_v = com.microsoft.GroupQueryAttention
+            <num_heads = 4, kv_num_heads = 2, do_rotary = 1, scale = 0.25>
+            ({proj[1]}, past_k, past_v, seqlens, tlen, cos, sin)
+        {tail}
+    }}""", {"Wq": (32, 64), "Wk": (32, 32), "Wv": (32, 32), "Wo": (64, 32), "cos": (64, 8),
+            "sin": (64, 8), "Wqkv": (32, 128), "G2": (32,), "W2": (32, 32)})
+
+
+def test_random_inputs_run_a_kv_cache_attention():
+    # The KV cache's head dim is symbolic ("kv_cache_dim"): set to 1, 8, 32 ... it never
+    # ran, and a random mask of values up to 3 gives a seqlens_k out of range: --verify
+    # ended in exit 2 on every genai model without --input-shape. The head dim the
+    # attention's weights fix (64 / 4 heads) and a mask of ones now run it.
+    m = genai_attention()
+    out, report = rewriter.rewrite(m, verify=True)
+    assert report.verified and "integer inputs 0 or 1" in report.verified_with
+    assert weight_dims(m) == {"past_k": {3: 16}, "past_v": {3: 16}}
+    packed = genai_attention(packed=True)   # one QKV projection: 128 = (4 + 2 * 2) heads of 16
+    assert weight_dims(packed)["past_k"] == {3: 16}
+

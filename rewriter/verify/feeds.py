@@ -432,7 +432,8 @@ def weight_dims(model: onnx.ModelProto) -> dict[str, dict[int, int]]:
     """{input: {position: size}} for the symbolic input dims whose size a layer's weight
     fixes: a MatMul's contracted dim (B's rows), a Gemm's, a Conv's channels (W's input
     channels times the groups), a ConvTranspose's, an LSTM/GRU/RNN's input size (W's last
-    dim). madmom's beat trackers declare their input [input_dim_0, input_dim_1] and feed it
+    dim), a GroupQueryAttention's KV cache head dim (the query's width over its heads).
+    madmom's beat trackers declare their input [input_dim_0, input_dim_1] and feed it
     to an LSTM whose W is [1, 100, 266]: no size but 266 runs them, and nothing else in
     the model says so.
 
@@ -476,7 +477,33 @@ def weight_dims(model: onnx.ModelProto) -> dict[str, dict[int, int]]:
                 and got[axis] in where:
             found.setdefault(got[axis], set()).add(size)
 
+    producer = {o: n for n in model.graph.node for o in n.output}
+
+    def last_dim(name: str):
+        # shape inference stops at onnxruntime's own ops: a projection's weight says it too
+        got, p = dims(name), producer.get(name)
+        if got and isinstance(got[-1], int) and got[-1] > 0:
+            return got[-1]
+        if p is not None and p.op_type == "MatMul" and len(p.input) > 1:
+            w = dims(p.input[1])
+            return w[-1] if w and isinstance(w[-1], int) else None
+        if p is not None and p.op_type == "MatMulNBits":   # com.microsoft: N, the outputs
+            return next((a.i for a in p.attribute if a.name == "N"), None)
+        return None
+
     for n in model.graph.node:
+        if n.op_type == "GroupQueryAttention" and len(n.input) > 4:
+            # the KV cache's head dim (the genai builder declares it "kv_cache_dim"):
+            # the query's width over num_heads, or the packed QKV's over all heads
+            attr = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+            width, heads = last_dim(n.input[0]), int(attr.get("num_heads", 0))
+            if not n.input[1]:
+                heads += 2 * int(attr.get("kv_num_heads", 0))
+            if width and heads and width % heads == 0:
+                for past in n.input[3:5]:
+                    if past:
+                        fixes(past, -1, width // heads)
+            continue
         w = dims(n.input[1]) if len(n.input) > 1 and n.input[1] else None
         if not w:
             continue
