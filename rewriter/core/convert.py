@@ -21,7 +21,8 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 from .errors import InputError
 from .gs_io import export_model, import_model
 from .graph import (PACKED, SUBGRAPH_OPS, constant_tensors, graph_protos, iter_graphs,
-                    iter_model_tensors, node_bodies, onnx_bytes, packed, unique_node_names,
+                    iter_model_tensors, node_bodies, onnx_bytes, ort_default_domain, packed,
+                    unique_node_names,
                     weight_free_copy)
 from .load import ExternalValues, first_line, resolve_external
 
@@ -336,6 +337,14 @@ def refresh_shapes(graph: gs.Graph, tag: str) -> int:
     stand_in = onnx.ModelProto(ir_version=onnx.IR_VERSION)
     domains = graph.import_domains or [onnx.helper.make_opsetid("", graph.opset)]
     stand_in.opset_import.extend(domains)
+    # Inference stops at an op it has no schema for (a kept contrib op: GroupQueryAttention):
+    # its outputs' known shapes go with the stand-in, so that what follows is inferred, as
+    # it is when the written output (which declares them) is read again.
+    stand_in.graph.value_info.extend(
+        onnx.ValueInfoProto(name=o.name) for g in iter_graphs(graph) for n in g.nodes
+        if (n.domain or "") not in ("", "ai.onnx") or ort_default_domain(n.op, n.domain,
+                                                                         graph.opset)
+        for o in n.outputs if o.name and o.shape is not None)
     infos = shape_info(export(graph, stand_in).model)
     if not infos:
         return 0
