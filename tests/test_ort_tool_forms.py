@@ -11,7 +11,8 @@ from conftest import run_ort
 from rewriter.verify.feeds import weight_dims
 
 
-def parse(text: str, inits: dict, seed: int = 0) -> onnx.ModelProto:
+def parse(text: str, inits: dict, ints: dict | None = None, seed: int = 0
+          ) -> onnx.ModelProto:
     """ONNX text with distinct seeded initializers, not checked (onnx.checker refuses the
     default-domain schemas onnxruntime registers, which is what these tests are about)."""
     m = onnx.parser.parse_model(text)
@@ -19,6 +20,8 @@ def parse(text: str, inits: dict, seed: int = 0) -> onnx.ModelProto:
     for name, shape in inits.items():
         v = (rng.standard_normal(shape) * 0.3 + (1.0 if name.startswith("G") else 0.0))
         m.graph.initializer.append(onnx.numpy_helper.from_array(v.astype(np.float32), name))
+    for name, v in (ints or {}).items():
+        m.graph.initializer.append(onnx.numpy_helper.from_array(v.astype(np.int64), name))
     return m
 
 
@@ -52,14 +55,19 @@ def test_onnxruntime_default_domain_norm_loads_and_verifies():
                                rtol=1e-5, atol=1e-5)
 
 
-def genai_attention(packed: bool = False, norm: bool = False) -> onnx.ModelProto:
+def genai_attention(packed: bool = False, norm: bool = False, qk_norm: bool = False
+                    ) -> onnx.ModelProto:
     """The builder's attention block: the mask summed to seqlens_k - 1 and its length to
     total_sequence_length, GroupQueryAttention (4 query heads, 2 KV heads of 16, RoPE inside)
     over a KV cache whose head dim is symbolic, as the builder declares it; ``packed``: one
     QKV projection, as the builder writes it unless told otherwise; ``norm``: the block's
-    SkipSimplifiedLayerNormalization after it, its input + skip read by the next block."""
+    SkipSimplifiedLayerNormalization after it, its input + skip read by the next block;
+    ``qk_norm``: Qwen3's per-head RMSNorm of the query (Reshape, norm, Reshape back)."""
     head_dim = "kv_cache_dim"
-    proj = ("q = MatMul (x, Wqkv)", "q, , ") if packed else ("""q = MatMul (x, Wq)
+    proj = ("q = MatMul (x, Wqkv)", "q, , ") if packed else ("""q0 = MatMul (x, Wq)
+        h = Reshape (q0, heads)
+        hn = SimplifiedLayerNormalization <axis = -1, epsilon = 0.00001> (h, Gq)
+        q = Reshape (hn, width)""" if qk_norm else """q = MatMul (x, Wq)
         k = MatMul (x, Wk)
         v = MatMul (x, Wv)""", "q, k, v")
     tail = """o = MatMul (a, Wo)
@@ -87,7 +95,8 @@ def genai_attention(packed: bool = False, norm: bool = False) -> onnx.ModelProto
             ({proj[1]}, past_k, past_v, seqlens, tlen, cos, sin)
         {tail}
     }}""", {"Wq": (32, 64), "Wk": (32, 32), "Wv": (32, 32), "Wo": (64, 32), "cos": (64, 8),
-            "sin": (64, 8), "Wqkv": (32, 128), "G2": (32,), "W2": (32, 32)})
+            "sin": (64, 8), "Wqkv": (32, 128), "G2": (32,), "W2": (32, 32), "Gq": (16,)},
+        {"heads": np.array([0, -1, 16]), "width": np.array([0, -1, 64])})
 
 
 def test_random_inputs_run_a_kv_cache_attention():
@@ -101,6 +110,8 @@ def test_random_inputs_run_a_kv_cache_attention():
     assert weight_dims(m) == {"past_k": {3: 16}, "past_v": {3: 16}}
     packed = genai_attention(packed=True)   # one QKV projection: 128 = (4 + 2 * 2) heads of 16
     assert weight_dims(packed)["past_k"] == {3: 16}
+    # Qwen3: inference stops at the query's per-head norm; its Reshape back says 64
+    assert weight_dims(genai_attention(qk_norm=True))["past_k"] == {3: 16}
 
 
 def test_expanded_norms_after_a_contrib_op_are_a_fixed_point(tmp_path):

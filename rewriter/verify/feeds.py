@@ -428,6 +428,13 @@ def _inference_stub(model: onnx.ModelProto) -> onnx.ModelProto:
     return stub
 
 
+# Ops whose (first) output has their first input's last dim, for weight_dims' walk up from
+# an attention's query where shape inference stopped at a contrib op.
+KEEPS_LAST_DIM = {"RotaryEmbedding", "SimplifiedLayerNormalization", "LayerNormalization",
+                  "SkipSimplifiedLayerNormalization", "SkipLayerNormalization", "Add", "Mul",
+                  "Cast", "Identity"}
+
+
 def weight_dims(model: onnx.ModelProto) -> dict[str, dict[int, int]]:
     """{input: {position: size}} for the symbolic input dims whose size a layer's weight
     fixes: a MatMul's contracted dim (B's rows), a Gemm's, a Conv's channels (W's input
@@ -478,17 +485,28 @@ def weight_dims(model: onnx.ModelProto) -> dict[str, dict[int, int]]:
             found.setdefault(got[axis], set()).add(size)
 
     producer = {o: n for n in model.graph.node for o in n.output}
+    consts = constant_tensors(model.graph)
 
-    def last_dim(name: str):
-        # shape inference stops at onnxruntime's own ops: a projection's weight says it too
+    def last_dim(name: str, depth: int = 0):
+        # shape inference stops at onnxruntime's own ops: the projection's weight says it
+        # (through RotaryEmbedding, Qwen3's per-head norm's Reshapes, the DML form's casts)
         got, p = dims(name), producer.get(name)
         if got and isinstance(got[-1], int) and got[-1] > 0:
             return got[-1]
-        if p is not None and p.op_type == "MatMul" and len(p.input) > 1:
+        if p is None or depth > 8:
+            return None
+        if p.op_type == "MatMul" and len(p.input) > 1:
             w = dims(p.input[1])
             return w[-1] if w and isinstance(w[-1], int) else None
-        if p is not None and p.op_type == "MatMulNBits":   # com.microsoft: N, the outputs
+        if p.op_type == "MatMulNBits":   # com.microsoft: N, the outputs
             return next((a.i for a in p.attribute if a.name == "N"), None)
+        if p.op_type == "Reshape" and len(p.input) > 1 and p.input[1] in consts \
+                and consts[p.input[1]].data_location != onnx.TensorProto.EXTERNAL:
+            s = onnx.numpy_helper.to_array(consts[p.input[1]]).reshape(-1)
+            if s.size and s[-1] > 0:
+                return int(s[-1])
+        if p.op_type in KEEPS_LAST_DIM and p.input and p.output[0] == name:
+            return last_dim(p.input[0], depth + 1)
         return None
 
     for n in model.graph.node:
