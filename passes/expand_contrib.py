@@ -31,6 +31,10 @@ Before -> after::
     LayerNormalization (opset < 17) and SimplifiedLayerNormalization  =>  the decomposition
     MatMulNBits(A, B, scales, zp[N, n])     =>  MatMulNBits(A, B, scales, zp[N * n]): kept
                                                 (MIGraphX parses it), zero points 1-D as specified
+    Op(a, b, "", "")  (any contrib op kept)   =>  Op(a, b): trailing optional inputs left out,
+                                                as the schema allows; MIGraphX's parser counts
+                                                empty ones as inputs (the genai builder's 12-input
+                                                GroupQueryAttention: "Wrong number of inputs")
 
 The semantics are onnxruntime's CPU kernels' (contrib_ops/cpu: fused_activation.cc,
 fused_gemm.cc, the core MatMul's trans_batch, bert/bias_gelu.cc with B = sqrt(2/pi) and
@@ -176,6 +180,10 @@ class ExpandContrib(Pass):
                                             or _qlinear_conv_to_expand(node)):
                     continue
                 known = (node.domain or "") in (MS, "", "ai.onnx")
+                while node.domain == MS and node.inputs and not node.inputs[-1].name:
+                    node.inputs.pop()   # MIGraphX counts them: GroupQueryAttention's 12 refused
+                    res.count(f"trimmed-empty-inputs:{node.op}")
+                    res.changed = True
                 if node.op == "MatMulNBits" and node.domain == MS:
                     res.outcome(_flat_zero_points(node, ctx), "flattened-zero-points:MatMulNBits")
                     continue

@@ -126,3 +126,18 @@ def test_expanded_norms_after_a_contrib_op_are_a_fixed_point(tmp_path):
     second, _ = rewriter.rewrite(first)
     assert second.SerializeToString() == first.SerializeToString()
     assert "GroupQueryAttention" in [n.op_type for n in first.graph.node]
+
+
+def test_trailing_empty_contrib_inputs_left_out():
+    # The builder writes GroupQueryAttention with 12 inputs, the last three (position_ids,
+    # attention_bias, head_sink) empty; MIGraphX's parser counts empty names and refuses
+    # more than 11 ("GroupQueryAttention: Wrong number of inputs provided", 2.15 and 2.16).
+    m = genai_attention()
+    gqa = next(n for n in m.graph.node if n.op_type == "GroupQueryAttention")
+    gqa.input.extend(["", "", ""])
+    out, report = rewriter.rewrite(m, verify=True)
+    assert report.verified
+    kept = next(n for n in out.graph.node if n.op_type == "GroupQueryAttention")
+    assert list(kept.input) == list(gqa.input)[:9]
+    again, _ = rewriter.rewrite(out)
+    assert again.SerializeToString() == out.SerializeToString()
