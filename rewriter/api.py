@@ -678,6 +678,8 @@ class _Rewrite:
             what += self.branch_sets(verifier)
         if self.verifier.spectral:   # verifier.spectral_in_double: its float32 kernel is off
             what += ", DFT/STFT in float64"
+        if self.verifier.nbits:   # verifier.exact_kernels: level 4 quantizes activations
+            what += ", MatMulNBits at accuracy_level 0"
         from rewriter.verify.verifier import QUICK_FEEDS
         if len(self.verifier.feed_sets) > QUICK_FEEDS:
             what += f"; each pass checked on the first {QUICK_FEEDS}, the result on all"

@@ -141,3 +141,38 @@ def test_trailing_empty_contrib_inputs_left_out():
     assert list(kept.input) == list(gqa.input)[:9]
     again, _ = rewriter.rewrite(out)
     assert again.SerializeToString() == out.SerializeToString()
+
+
+def nbits_model(accuracy_level: int = 4) -> onnx.ModelProto:
+    """x [N, S, 64] -> MatMulNBits (4-bit, blocks of 32, onnxruntime's quantizer) -> y,
+    at the accuracy_level the genai builder writes for the CPU (4: activations in int8)."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    m = parse("""
+    <ir_version: 10, opset_import: ["" : 21]>
+    g (float[N, S, 64] x) => (float[N, S, 48] y) {
+        y = MatMul (x, W)
+    }""", {"W": (64, 48)})
+    q = MatMulNBitsQuantizer(m, block_size=32, is_symmetric=False,
+                             accuracy_level=accuracy_level)
+    q.process()
+    return q.model.model
+
+
+def test_matmul_nbits_reference_in_float():
+    # accuracy_level 4 lets onnxruntime's CPU kernel quantize the activations to int8: the
+    # reference was ~1e-2 off the weights' exact float product, which MIGraphX computes,
+    # and every genai int4 model failed MIGraphX's comparison (max_rel 6e-3 to 9e-3). The
+    # verifier runs MatMulNBits at accuracy_level 0, in the original and candidates alike.
+    from rewriter.verify.verifier import exact_kernels
+
+    m = nbits_model()
+    before = m.SerializeToString()
+    x = np.random.default_rng(2).standard_normal((2, 5, 64)).astype(np.float32)
+    exact = run_ort(nbits_model(accuracy_level=0), {"x": x})[0]
+    approx = run_ort(m, {"x": x})[0]
+    assert np.abs(approx - exact).max() > 1e-4   # the kernel the reference must not be
+    np.testing.assert_allclose(run_ort(exact_kernels(m), {"x": x})[0], exact, rtol=0, atol=0)
+    assert m.SerializeToString() == before
+    out, report = rewriter.rewrite(m, verify=True)
+    assert report.verified and "MatMulNBits" in report.verified_with

@@ -61,8 +61,10 @@ class Verifier:
         self._source = (original, base_dir, path)   # for rounding_noise, run only if needed
         self._reads: dict[str, tuple] = {}   # tensor: (joined, per feed set, classes)
         self.real: dict = {}   # output padded to the longest run: its real positions
-        # DFT/STFT run in float64 in the reference and every candidate (spectral_in_double)
+        # DFT/STFT run in float64 in the reference and every candidate (spectral_in_double),
+        # MatMulNBits at accuracy_level 0 (exact_kernels)
         self.spectral = has_spectral(original)
+        self.nbits = bool(approximate_nbits(original))
         renamed = runnable_names(original)   # onnxruntime refuses nodes sharing a name
         if renamed is not original:
             original, path = renamed, None
@@ -133,7 +135,7 @@ class Verifier:
         """Compare an :class:`rewriter.core.convert.Exported` model with the reference."""
         model = exported.model
         try:
-            sess = self.backend.session(spectral_in_double(model), exported.source_dir,
+            sess = self.backend.session(exact_kernels(model), exported.source_dir,
                                         initializers=exported.ort_initializers())
         except Exception as e:  # noqa: BLE001 - the caller names the pass or the input
             raise ModelLoadError(f"onnxruntime cannot load it: {_line(e)}") from None
@@ -297,7 +299,8 @@ class Verifier:
         it has float16 regions, which only a ModelProto's session rounds as stored: the
         candidates' sessions do, and a reference that did not would differ from them)."""
         original, base_dir, path = self._source
-        if path and not self.spectral and not ort.has_float16_region(original):
+        if path and not self.spectral and not self.nbits \
+                and not ort.has_float16_region(original):
             return ort.session(path)
         return _session(original, base_dir)
 
@@ -562,8 +565,35 @@ _SPECTRAL = {"DFT": (0,), "STFT": (0, 2)}
 
 def _session(model: onnx.ModelProto, base_dir, initializers=None):
     """An onnxruntime session for verification: every model the verifier runs, the
-    original's and each candidate's, with its DFT/STFT in float64 (spectral_in_double)."""
-    return ort.session(spectral_in_double(model), base_dir, initializers=initializers)
+    original's and each candidate's, with its exact kernels (:func:`exact_kernels`)."""
+    return ort.session(exact_kernels(model), base_dir, initializers=initializers)
+
+
+def approximate_nbits(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """MatMulNBits nodes whose accuracy_level lets onnxruntime compute in less than the
+    input's precision (4: the CPU kernel quantizes the activations to int8)."""
+    return [n for g in graph_protos(model.graph) for n in g.node
+            if n.op_type == "MatMulNBits" and n.domain == "com.microsoft"
+            and any(a.name == "accuracy_level" and a.i > 1 for a in n.attribute)]
+
+
+def exact_kernels(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` as the verifier runs it (a copy; ``model`` itself when nothing changes):
+    DFT/STFT in float64 (:func:`spectral_in_double`), and MatMulNBits at accuracy_level 0,
+    the dequantized weights' product in the input's type. The genai builder writes level 4
+    for the CPU, where onnxruntime quantizes the activations to int8: ~1e-2 relative off
+    the exact product, which MIGraphX computes (every int4 model failed its comparison,
+    max_rel 6e-3 to 9e-3 on 2.16). accuracy_level is a speed hint, not the op's meaning."""
+    model = spectral_in_double(model)
+    if not approximate_nbits(model):
+        return model
+    if not has_spectral(model):   # spectral_in_double copied it already otherwise
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        model = out
+    for n in approximate_nbits(model):
+        next(a for a in n.attribute if a.name == "accuracy_level").i = 0
+    return model
 
 
 def has_spectral(model: onnx.ModelProto) -> bool:
