@@ -111,17 +111,24 @@ def _contrib(domain, op: str, opset: int) -> bool:
 def _migraphx_parses(node: gs.Node, version) -> bool:
     """Whether MIGraphX (``version``, None: 2.15/2.16) parses this contrib node as it is:
     the op is in MIGRAPHX_PARSES at that version, float32 or float16, only its first output
-    read, and for the skip layer norms the ranks its parser accepts (SkipLayerNormalization:
-    input 3-D, skip 3-D or 2-D; the simplified one: input 2-D or 3-D, skip the same rank;
-    gamma, beta and bias 1-D)."""
+    read (and a skip norm's fourth, input + skip (+ bias), which the parsers return too: the
+    genai builder's residual stream), and for the skip layer norms the ranks its parser
+    accepts (SkipLayerNormalization: input 3-D, skip 3-D or 2-D; the simplified one: input
+    2-D or 3-D, skip the same rank; gamma, beta and bias 1-D). Not a simplified norm with a
+    bias: 2.15 and 2.16 add it after the norm instead of before it
+    (parse_skip_simplified_layer_normalization.cpp:120, cosine 0.34 on ref)."""
     since = MIGRAPHX_PARSES.get(node.op) if node.domain == MS else None
     if since is None or tuple(version or since) < since:
         return False
-    if any(t.name and t.outputs for t in node.outputs[1:]) or _dtype(node) not in (
+    read = [i for i, t in enumerate(node.outputs) if i and t.name and t.outputs]
+    if any(i != 3 or not node.op.startswith("Skip") for i in read) or _dtype(node) not in (
             np.float32, np.float16):
         return False
     if not node.op.startswith("Skip"):
         return True
+    if node.op == "SkipSimplifiedLayerNormalization" and len(node.inputs) > 3 \
+            and node.inputs[3].name:
+        return False
     ranks = [None if t.name == "" else _rank(t) for t in node.inputs]
     x, skip, params = ranks[0], ranks[1], ranks[2:]
     if any(r != 1 for r, t in zip(params, node.inputs[2:]) if t.name):
@@ -138,7 +145,11 @@ BROADCAST_RANK = {"Add", "Sub", "Mul", "Div", "Pow", "Where", "Relu", "Sigmoid",
                   "DequantizeLinear", "QuantizeLinear", "DynamicQuantizeLinear", "MatMul",
                   "MatMulInteger", "Gelu", "BiasGelu", "FastGelu", "QuickGelu", "BiasAdd",
                   "SkipLayerNormalization", "SkipSimplifiedLayerNormalization",
-                  "LayerNormalization", "SimplifiedLayerNormalization"}
+                  "LayerNormalization", "SimplifiedLayerNormalization", "MatMulNBits",
+                  "RotaryEmbedding", "GroupQueryAttention"}
+# ... of which only the first input's rank counts (the others: weights, caches, positions)
+FIRST_RANK = ("Skip", "LayerNorm", "SimplifiedLayerNorm", "MatMulNBits", "RotaryEmbedding",
+              "GroupQueryAttention")
 
 
 def _rank(t, depth: int = 0) -> int | None:
@@ -155,7 +166,7 @@ def _rank(t, depth: int = 0) -> int | None:
         ranks = ranks[:1]
     elif n.op in ("MatMul", "MatMulInteger"):
         ranks = ranks[:2]
-    elif n.op.startswith(("Skip", "LayerNorm", "SimplifiedLayerNorm")):
+    elif n.op.startswith(FIRST_RANK):
         ranks = ranks[:1]
     return None if not ranks or None in ranks else max(ranks)
 
