@@ -29,6 +29,8 @@ Before -> after::
                                                 QuantizeLinear(Cast(acc) * (xs*ws/ys), 1, yz)
     SkipSimplifiedLayerNormalization, and onnxruntime's own default-domain schemas
     LayerNormalization (opset < 17) and SimplifiedLayerNormalization  =>  the decomposition
+                                                (the last kept over the last axis, where
+                                                MIGraphX parses it: MIGRAPHX_PARSES_ORT)
     MatMulNBits(A, B, scales, zp[N, n])     =>  MatMulNBits(A, B, scales, zp[N * n]): kept
                                                 (MIGraphX parses it), zero points 1-D as specified
     Op(a, b, "", "")  (any contrib op kept)   =>  Op(a, b): trailing optional inputs left out,
@@ -92,6 +94,9 @@ ACTS = {"Relu": (), "Tanh": (), "Sigmoid": (), "Silu": (), "Softplus": (), "Soft
 MIGRAPHX_PARSES = {"Gelu": (2, 10), "BiasGelu": (2, 10), "FastGelu": (2, 10),
                    "SkipSimplifiedLayerNormalization": (2, 11),
                    "SkipLayerNormalization": (2, 13)}
+# onnxruntime's default-domain schemas MIGraphX parses by name (parse_simplified_layer_
+# normalization.cpp, added with the skip one): over the last axis only, its reduce's one axis.
+MIGRAPHX_PARSES_ORT = {"SimplifiedLayerNormalization": (2, 11)}
 # To find a dtype shape inference missed (it stops at the first contrib op): ops whose output
 # has the type of all their inputs (ALL_T), or of their first input (SAME_TYPE).
 ALL_T = {"Add", "Sub", "Mul", "Div", "MatMul", "Gemm", "Conv", "Sum", "Max", "Min", "Concat",
@@ -117,7 +122,15 @@ def _migraphx_parses(node: gs.Node, version) -> bool:
     2-D or 3-D, skip the same rank; gamma, beta and bias 1-D). Not a simplified norm with a
     bias: 2.15 and 2.16 add it after the norm instead of before it
     (parse_skip_simplified_layer_normalization.cpp:120, cosine 0.34 on ref)."""
-    since = MIGRAPHX_PARSES.get(node.op) if node.domain == MS else None
+    if node.domain == MS:
+        since = MIGRAPHX_PARSES.get(node.op)
+    else:   # the default-domain RMSNorm: x and scale, over the last axis, only y read
+        since = MIGRAPHX_PARSES_ORT.get(node.op)
+        x, axis = node.inputs[0], int(node.attrs.get("axis", -1))
+        rank = _rank(x)
+        if since is None or len(node.inputs) != 2 or rank is None or rank < 2 \
+                or axis not in (-1, rank - 1) or _rank(node.inputs[1]) != 1:
+            return False
     if since is None or tuple(version or since) < since:
         return False
     read = [i for i, t in enumerate(node.outputs) if i and t.name and t.outputs]

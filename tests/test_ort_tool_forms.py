@@ -46,11 +46,14 @@ def test_onnxruntime_default_domain_norm_loads_and_verifies():
     # writes was refused at load (exit 2, "No Op registered for SimplifiedLayerNormalization")
     m = genai_norms()
     before = m.SerializeToString()
-    out, report = rewriter.rewrite(m, verify=True)
+    out, report = rewriter.rewrite(m, verify=True, options={"migraphx_version": (2, 10)})
     assert report.verified and m.SerializeToString() == before
     ops = [n.op_type for n in out.graph.node]
-    assert "SimplifiedLayerNormalization" not in ops   # written as valid ONNX
+    assert "SimplifiedLayerNormalization" not in ops   # expanded: valid ONNX
     onnx.checker.check_model(out, full_check=True)
+    kept, report = rewriter.rewrite(m, verify=True)   # kept (MIGraphX parses it): checked
+    assert report.verified and "SimplifiedLayerNormalization" in [   # as on load
+        n.op_type for n in kept.graph.node]
     x = np.random.default_rng(1).standard_normal((2, 3, 16)).astype(np.float32)
     np.testing.assert_allclose(run_ort(out, {"x": x})[0], run_ort(m, {"x": x})[0],
                                rtol=1e-5, atol=1e-5)
@@ -243,3 +246,31 @@ def test_genai_forms_compile_and_compute_right_on_migraphx(tmp_path):
                                  verify=True, migraphx={"device": "ref", "samples": 2})
     info = report.extra["compile"]
     assert info["status"] == "compiled" and info["ok"], info.get("metrics")
+    _, report = rewriter.rewrite(genai_norms(), output=tmp_path / "rms.onnx", target="migraphx",
+                                 verify=True, migraphx={"device": "ref", "samples": 2})
+    info = report.extra["compile"]
+    assert info["status"] == "compiled" and info["ok"], info.get("metrics")
+    assert report.passes[0].counts["skip:parsed-by-migraphx:SimplifiedLayerNormalization"] == 1
+
+
+def test_onnxruntime_rms_norm_kept_where_migraphx_parses_it():
+    # MIGraphX 2.15 and 2.16 parse onnxruntime's default-domain SimplifiedLayerNormalization
+    # over the last axis (parse_simplified_layer_normalization.cpp, since 2.11): kept, exact,
+    # like the contrib norms; expanded for an older MIGraphX and over more than one axis
+    # (MIGraphX reduces over the one axis given).
+    m = genai_norms()
+    out, report = rewriter.rewrite(m, ["expand-contrib"], verify=True)
+    c = report.passes[0].counts
+    assert c["skip:parsed-by-migraphx:SimplifiedLayerNormalization"] == 1, c
+    assert "SimplifiedLayerNormalization" in [n.op_type for n in out.graph.node]
+    out, report = rewriter.rewrite(m, ["expand-contrib"], verify=True,
+                                   options={"migraphx_version": (2, 10)})
+    assert report.passes[0].counts["expanded:SimplifiedLayerNormalization"] == 1
+    wide = genai_norms()
+    wide.graph.node[0].attribute[0].i = 1   # axis 1: over [S, 16]
+    del wide.graph.initializer[0]
+    wide.graph.initializer.insert(0, onnx.numpy_helper.from_array(
+        np.linspace(0.5, 1.5, 48, dtype=np.float32).reshape(3, 16), "G1"))
+    wide.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 3
+    out, report = rewriter.rewrite(wide, ["expand-contrib"], verify=True)
+    assert report.passes[0].counts["expanded:SimplifiedLayerNormalization"] == 1
