@@ -743,13 +743,13 @@ class _Rewrite:
             random = self.inputs is None and not self.held_out and isinstance(feeds, dict)
             ints = [k for k, v in feeds.items() if np.issubdtype(np.asarray(v).dtype, np.integer)
                     ] if random else []
+            refused = isinstance(e, OriginalRunError)
+            if refused and not ints:   # the sizes' fault, say: fill_symbolic_dims tries others
+                raise
             if not ints:
                 where = "give real inputs with --inputs" if random else \
                     "give inputs on which it is finite"
                 raise InputError(f"{e}; {where}") from None
-            refused = isinstance(e, OriginalRunError)
-            if refused and not ints:
-                raise
             shapes = {k: list(np.shape(v)) for k, v in feeds.items()}
             for low, say in ((0, "0 or 1"), (1, "1")):
                 try:
