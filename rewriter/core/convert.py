@@ -337,13 +337,11 @@ def refresh_shapes(graph: gs.Graph, tag: str) -> int:
     stand_in = onnx.ModelProto(ir_version=onnx.IR_VERSION)
     domains = graph.import_domains or [onnx.helper.make_opsetid("", graph.opset)]
     stand_in.opset_import.extend(domains)
-    # Inference stops at an op it has no schema for (a kept contrib op: GroupQueryAttention):
-    # its outputs' known shapes go with the stand-in, so that what follows is inferred, as
-    # it is when the written output (which declares them) is read again.
+    # Inference stops at an op it has no schema for (a kept contrib op: GroupQueryAttention)
+    # and at a computed Reshape: the shapes known go with the stand-in, so that what follows
+    # is inferred, as it is when the written output (which declares them) is read again.
     stand_in.graph.value_info.extend(
         onnx.ValueInfoProto(name=o.name) for g in iter_graphs(graph) for n in g.nodes
-        if (n.domain or "") not in ("", "ai.onnx") or ort_default_domain(n.op, n.domain,
-                                                                         graph.opset)
         for o in n.outputs if o.name and o.shape is not None)
     infos = shape_info(export(graph, stand_in).model)
     if not infos:
