@@ -21,8 +21,7 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 from .errors import InputError
 from .gs_io import export_model, import_model
 from .graph import (PACKED, SUBGRAPH_OPS, constant_tensors, graph_protos, iter_graphs,
-                    iter_model_tensors, node_bodies, onnx_bytes, ort_default_domain, packed,
-                    unique_node_names,
+                    iter_model_tensors, node_bodies, onnx_bytes, packed, unique_node_names,
                     weight_free_copy)
 from .load import ExternalValues, first_line, resolve_external
 
