@@ -159,10 +159,10 @@ BROADCAST_RANK = {"Add", "Sub", "Mul", "Div", "Pow", "Where", "Relu", "Sigmoid",
                   "MatMulInteger", "Gelu", "BiasGelu", "FastGelu", "QuickGelu", "BiasAdd",
                   "SkipLayerNormalization", "SkipSimplifiedLayerNormalization",
                   "LayerNormalization", "SimplifiedLayerNormalization", "MatMulNBits",
-                  "RotaryEmbedding", "GroupQueryAttention"}
-# ... of which only the first input's rank counts (the others: weights, caches, positions)
+                  "RotaryEmbedding", "GroupQueryAttention", "Attention", "MultiHeadAttention"}
+# ... of which only the first input's rank counts (the others: weights, caches, masks)
 FIRST_RANK = ("Skip", "LayerNorm", "SimplifiedLayerNorm", "MatMulNBits", "RotaryEmbedding",
-              "GroupQueryAttention")
+              "GroupQueryAttention", "Attention", "MultiHeadAttention")
 
 
 def _rank(t, depth: int = 0) -> int | None:
