@@ -33,6 +33,10 @@ Before -> after::
                                                 MIGraphX parses it: MIGRAPHX_PARSES_ORT)
     MatMulNBits(A, B, scales, zp[N, n])     =>  MatMulNBits(A, B, scales, zp[N * n]): kept
                                                 (MIGraphX parses it), zero points 1-D as specified
+    Attention(x, w, b, mask_index[B])       =>  Attention(x, w, b, Cast(Range(S) < mask_index)):
+                                                kept (MIGraphX parses it), the mask raw [B, S]
+    EmbedLayerNormalization(ids, sids, W, P, S, g, b, mask)  =>  LayerNorm((W[ids] + P[:S])
+                                                + S[sids], g, b); mask_index = count(mask == 1)
     Op(a, b, "", "")  (any contrib op kept)   =>  Op(a, b): trailing optional inputs left out,
                                                 as the schema allows; MIGraphX's parser counts
                                                 empty ones as inputs (the genai builder's 12-input
@@ -56,7 +60,7 @@ inference stops at the first contrib op, so a dtype it missed is found by walkin
 ops whose output has their first input's type. If/Loop/Scan bodies are done too.
 
 Skipped, counted as ``<reason>:<Op>``: any other contrib op (``unsupported-contrib``:
-Attention, EmbedLayerNormalization, the NCHWc ops with blocked weights ...), an activation
+Attention, GroupQueryAttention, the NCHWc ops with blocked weights ...), an activation
 outside the table, a dtype not found or not float (``unknown-dtype``), FusedMatMul
 transposes of an input of unknown rank or rank < 2, used Mean/InvStdDev outputs of a norm, a
 float16 norm that must be decomposed (the kernels accumulate in float32), ops missing at the
@@ -211,6 +215,8 @@ class ExpandContrib(Pass):
                 if node.op == "MatMulNBits" and node.domain == MS:
                     res.outcome(_flat_zero_points(node, ctx), "flattened-zero-points:MatMulNBits")
                     continue
+                if node.op == "Attention" and node.domain == MS:
+                    res.outcome(_raw_mask(node, g, ctx), "raw-mask:Attention")
                 if _migraphx_parses(node, ctx.options.migraphx_version):
                     res.skip(f"parsed-by-migraphx:{node.op}")
                     continue
@@ -243,6 +249,50 @@ def _flat_zero_points(node: gs.Node, ctx: Context) -> str | None:
         return ""
     own_constant(node, 3, v.reshape(-1), ctx.namer, "flat")
     return None
+
+
+def _raw_mask(node: gs.Node, g: gs.Graph, ctx: Context) -> str | None:
+    """Attention's 1-D mask_index [B] (each sequence's length: right padding, what
+    EmbedLayerNormalization counts) as the raw [B, S] mask of ones and zeros that means the
+    same to onnxruntime (the same filter value on the same keys): MIGraphX 2.15 and 2.16
+    refuse the 1-D form ("Left/Right Padding not currently supported") and parse the raw
+    one. Not with a past (keys past + S long) nor a [2B] mask (ends and starts)."""
+    ins = list(node.inputs) + [gs.Variable("")] * 7
+    x, mask = ins[0], ins[3]
+    if not mask.name or ins[4].name or mask.shape is None or len(mask.shape) != 1:
+        return ""
+    if _rank(x) != 3 or mask.shape[0] is None or mask.shape[0] != _first_dim(x):
+        return "mask-not-batch-sized"
+    namer, i64 = ctx.namer, np.int64
+
+    def add(op, inputs, dtype, **attrs):
+        out = gs.Variable(namer(f"{mask.name}_{op.lower()}"), dtype=dtype)
+        g.nodes.append(gs.Node(op, namer(f"{mask.name}_{op.lower()}"), attrs, inputs, [out]))
+        return out
+
+    def const(v):
+        return gs.Constant(namer(f"{mask.name}_c"), np.asarray(v, dtype=i64))
+    shape = add("Shape", [x], i64)
+    length = add("Gather", [shape, const(1)], i64)   # a scalar: S
+    keys = add("Range", [const(0), length, const(1)], i64)
+    ends = add("Unsqueeze", [add("Cast", [mask], i64, to=7), const([1])], i64)
+    keep = add("Less", [keys, ends], np.bool_)
+    raw = add("Cast", [keep], np.int32, to=6)
+    raw.shape = [mask.shape[0], x.shape[1] if x.shape is not None else None]
+    node.inputs[3] = raw
+    return None
+
+
+def _first_dim(t, depth: int = 0):
+    """A tensor's first dim: its shape's, or its producer's first input's where that has the
+    same rank (BROADCAST_RANK ops; shape inference stops at a contrib op)."""
+    if t.shape is not None:
+        return t.shape[0] if t.shape else None
+    n = t.inputs[0] if t.inputs else None
+    if n is None or depth > 64 or n.op not in BROADCAST_RANK or t is not n.outputs[0] \
+            or not n.inputs or _rank(n.inputs[0]) != _rank(t):
+        return None
+    return _first_dim(n.inputs[0], depth + 1)
 
 
 class _Emit:
@@ -317,6 +367,8 @@ class _Emit:
 
 def _typed_inputs(node) -> list:
     if node.op == "MatMulIntegerToFloat":   # T3, its output's type, is its scales'
+        return node.inputs[2:3]
+    if node.op == "EmbedLayerNormalization":   # T, its word embedding's; ids are int32
         return node.inputs[2:3]
     if node.op in ALL_T:
         return [t for t in node.inputs if t.name]
@@ -645,6 +697,60 @@ def _skip_layer_norm(e: _Emit):
     _norm(e, s, gamma, beta, -1, float(e.attr("epsilon", 1e-12)), simplified, e.outs[0])
 
 
+def _embed_layer_norm(e: _Emit):
+    """EmbedLayerNormalization(ids, segment_ids, word, position, segment, gamma, beta, mask,
+    position_ids; epsilon), onnxruntime's optimizer's BERT embedding, which MIGraphX does
+    not parse, as embed_layer_norm.cc computes it: s = (word[ids] + position[position_ids or
+    0 .. S-1]) + segment[segment_ids]; y = LayerNorm(s, gamma, beta); mask_index[b] = how
+    many of mask[b] are 1 (0 without a mask); embedding_sum = s."""
+    ids, seg_ids, word, pos, seg, gamma, beta, mask, pos_ids = e.ins[:9]
+    if e.used(1) and int(e.attr("mask_index_type", 1)) != 1:
+        return "unsupported-mask-index-type"
+    if (seg_ids is None) != (seg is None) or gamma is None:
+        return "unsupported-form"
+    if e.opset < 13:   # Slice by inputs (10), ReduceSum's axes input (13)
+        return "op-needs-higher-opset"
+    if e.opset < 17 and e.dtype.itemsize < 4:
+        return "float16-layernorm-below-opset-17"   # the kernel accumulates in float32
+    count_mask, keep_sum = e.used(1), e.used(2)   # read before begin() detaches them
+    e.begin()
+    if ids.shape is not None and word.shape is not None and len(word.shape) == 2:
+        for y in e.outs[0:3:2]:   # [B, S, H]: the skip norms after it read their rank
+            if y.name and y.shape is None:
+                y.shape = list(ids.shape) + [word.shape[1]]
+    i64 = np.int64
+    x = e.op("Gather", word, ids)
+    if pos_ids is None:   # positions 0 .. S-1: the table's first S rows
+        shape = e.op("Shape", ids)
+        shape.dtype = i64
+        length = e.op("Gather", shape, e.const([1], i64))
+        length.dtype = i64
+        pos = e.op("Slice", pos, e.const([0], i64), length, e.const([0], i64))
+        x = e.op("Add", x, pos)
+    else:
+        x = e.op("Add", x, e.op("Gather", pos, pos_ids))
+    if seg is not None:
+        x = e.op("Add", x, e.op("Gather", seg, seg_ids), out=e.outs[2] if keep_sum else None)
+    elif keep_sum:
+        x = e.op("Identity", x, out=e.outs[2])
+    _norm(e, x, gamma, beta, -1, float(e.attr("epsilon", 1e-12)), False, e.outs[0])
+    if count_mask:
+        i32 = int(helper.np_dtype_to_tensor_dtype(np.dtype(np.int32)))
+        if mask is None:   # no mask: zeros, one per sequence
+            shape = e.op("Shape", ids)
+            shape.dtype = i64
+            batch = e.op("Gather", shape, e.const([0], i64))
+            batch.dtype = i64
+            e.op("ConstantOfShape", batch, out=e.outs[1],
+                 value=helper.make_tensor("zero", i32, [1], [0]))
+        else:
+            ones = e.op("Equal", mask, e.const(1, np.int32))
+            ones.dtype = np.bool_
+            count = e.op("Cast", ones, to=i32)
+            count.dtype = np.int32
+            e.op("ReduceSum", count, e.const([1], i64), keepdims=0, out=e.outs[1])
+
+
 def _nhwc_max_pool(e: _Emit):
     if e.opset < 12 and (e.dtype is None or e.dtype.kind != "f"):
         return "op-needs-higher-opset"
@@ -663,6 +769,6 @@ HANDLERS = {"FusedConv": _fused_conv, "FusedGemm": _fused_gemm, "FusedMatMul": _
             "SkipSimplifiedLayerNormalization": _skip_layer_norm,
             "NhwcMaxPool": _nhwc_max_pool, "DynamicQuantizeMatMul": _dynamic_quantize_matmul,
             "MatMulIntegerToFloat": _matmul_integer_to_float, "QGemm": _qgemm,
-            "QLinearConv": _qlinear_conv}
+            "QLinearConv": _qlinear_conv, "EmbedLayerNormalization": _embed_layer_norm}
 # Handlers whose op has an integer output, or a float one not typed as its inputs.
 INTEGER_OUT = {"NhwcMaxPool", "QGemm", "QLinearConv"}

@@ -251,6 +251,21 @@ def test_genai_forms_compile_and_compute_right_on_migraphx(tmp_path):
     info = report.extra["compile"]
     assert info["status"] == "compiled" and info["ok"], info.get("metrics")
     assert report.passes[0].counts["skip:parsed-by-migraphx:SimplifiedLayerNormalization"] == 1
+    bert = parse("""
+    <ir_version: 10, opset_import: ["" : 17, "com.microsoft" : 1]>
+    g (int32[B, S] ids, int32[B, S] sids, int32[B, S] mask) => (float[B, S, 16] y) {
+        e, mi = com.microsoft.EmbedLayerNormalization <epsilon = 0.00001>
+            (ids, sids, Wd, Ps, Sg, G, Bt, mask)
+        y = com.microsoft.Attention <num_heads = 2> (e, Wqkv, Bqkv, mi)
+    }""", {"Wd": (30, 16), "Ps": (12, 16), "Sg": (2, 16), "G": (16,), "Bt": (16,),
+           "Wqkv": (16, 48), "Bqkv": (48,)})
+    f = {"ids": np.array([[3, 1, 4, 1, 5, 9], [2, 6, 5, 3, 5, 8]], np.int32),
+         "sids": np.array([[0, 0, 0, 1, 1, 1], [0, 0, 1, 1, 1, 1]], np.int32),
+         "mask": np.array([[1] * 6, [1, 1, 1, 1, 0, 0]], np.int32)}
+    _, report = rewriter.rewrite(bert, output=tmp_path / "bert.onnx", target="migraphx",
+                                 verify=True, inputs=f, migraphx={"device": "ref"})
+    info = report.extra["compile"]   # before: EmbedLayerNormalization unknown, then the
+    assert info["status"] == "compiled" and info["ok"], info   # mask index refused
 
 
 def test_onnxruntime_rms_norm_kept_where_migraphx_parses_it():
@@ -314,3 +329,58 @@ def test_skip_norm_after_fused_attention_kept():
     }""", {"Wqkv": (16, 48), "Bqkv": (48,), "W": (16, 16), "G": (16,), "Bt": (16,)})
     out, report = rewriter.rewrite(m, ["expand-contrib"], verify=True)
     assert report.passes[0].counts["skip:parsed-by-migraphx:SkipLayerNormalization"] == 1
+
+
+@pytest.mark.parametrize("form", ["bert", "no-segment", "position-ids", "no-mask"])
+def test_embed_layer_norm_expanded_against_onnxruntime(form):
+    # onnxruntime's optimizer writes BERT's embeddings as EmbedLayerNormalization, which
+    # MIGraphX 2.15 and 2.16 do not parse ("does not know EmbedLayerNormalization", exit 2
+    # with the original refused too): Gather, Add, LayerNormalization and the mask's count.
+    seg = form != "no-segment"
+    ins = ["ids", "sids" if seg else "", "Wd", "Ps", "Sg" if seg else "", "G", "Bt",
+           "" if form == "no-mask" else "mask", "pids" if form == "position-ids" else ""]
+    while not ins[-1]:
+        ins.pop()
+    m = parse(f"""
+    <ir_version: 10, opset_import: ["" : 17, "com.microsoft" : 1]>
+    g (int32[B, S] ids, int32[B, S] sids, int32[B, S] mask, int32[1, S] pids)
+        => (float[B, S, 16] y, int32[B] mi, float[B, S, 16] es) {{
+        y, mi, es = com.microsoft.EmbedLayerNormalization <epsilon = 0.00001>
+            ({", ".join(ins)})
+    }}""", {"Wd": (30, 16), "Ps": (12, 16), "Sg": (2, 16), "G": (16,), "Bt": (16,)})
+    rng = np.random.default_rng(4)
+    f = {"ids": rng.integers(0, 30, (3, 7)).astype(np.int32),
+         "sids": rng.integers(0, 2, (3, 7)).astype(np.int32),
+         "mask": np.array([[1] * 7, [1] * 5 + [0] * 2, [1, 2, 1, 0, 1, 1, 3]], np.int32),
+         "pids": rng.integers(0, 12, (1, 7)).astype(np.int32)}
+    out, report = rewriter.rewrite(m, ["expand-contrib"], verify=True, inputs=f)
+    assert report.passes[0].counts["expanded:EmbedLayerNormalization"] == 1
+    assert not [n for n in out.graph.node if n.domain == "com.microsoft"]
+    onnx.checker.check_model(out, full_check=True)
+    for a, b in zip(run_ort(m, f), run_ort(out, f)):
+        assert a.dtype == b.dtype
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+
+
+def attention_1d_mask() -> onnx.ModelProto:
+    return parse("""
+    <ir_version: 10, opset_import: ["" : 17, "com.microsoft" : 1]>
+    g (float[B, S, 16] x, int32[B] lengths) => (float[B, S, 16] y) {
+        y = com.microsoft.Attention <num_heads = 2> (x, Wqkv, Bqkv, lengths)
+    }""", {"Wqkv": (16, 48), "Bqkv": (48,)})
+
+
+def test_attention_mask_index_as_a_raw_mask():
+    # BERT from onnxruntime's optimizer: Attention reads EmbedLayerNormalization's mask_index,
+    # each sequence's length, which MIGraphX 2.15 and 2.16 refuse ("Left/Right Padding not
+    # currently supported"); the [B, S] mask of ones before each length means the same.
+    m = attention_1d_mask()
+    f = {"x": np.random.default_rng(6).standard_normal((3, 7, 16)).astype(np.float32),
+         "lengths": np.array([7, 4, 1], np.int32)}
+    out, report = rewriter.rewrite(m, ["expand-contrib"], verify=True, inputs=f)
+    assert report.passes[0].counts["raw-mask:Attention"] == 1
+    att = next(n for n in out.graph.node if n.op_type == "Attention")
+    assert att.input[3] != "lengths"
+    np.testing.assert_allclose(run_ort(out, f)[0], run_ort(m, f)[0], rtol=1e-6, atol=1e-6)
+    again, _ = rewriter.rewrite(out, ["expand-contrib"])
+    assert again.SerializeToString() == out.SerializeToString()
