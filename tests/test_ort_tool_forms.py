@@ -384,3 +384,24 @@ def test_attention_mask_index_as_a_raw_mask():
     np.testing.assert_allclose(run_ort(out, f)[0], run_ort(m, f)[0], rtol=1e-6, atol=1e-6)
     again, _ = rewriter.rewrite(out, ["expand-contrib"])
     assert again.SerializeToString() == out.SerializeToString()
+
+
+def test_plan_on_int4_weights_says_they_are_quantized_already(tmp_path, capfd):
+    # --plan default on a genai int4 model: no Conv/MatMul/Gemm left, the MatMulNBits kept as
+    # they are (not quantized again), and the one line said "of 0 layers" without why.
+    from rewriter.cli import main
+
+    m = nbits_model()
+    src, calib = tmp_path / "m.onnx", tmp_path / "calib"
+    onnx.save(m, src)
+    calib.mkdir()
+    rng = np.random.default_rng(0)
+    for k in range(16):
+        np.savez(calib / f"{k}.npz", x=rng.standard_normal((1, 4, 64)).astype(np.float32))
+    out = tmp_path / "q.onnx"
+    assert main([str(src), "-o", str(out), "--plan", "default", "--calib", str(calib),
+                 "--target", "none"]) == 0
+    printed = capfd.readouterr()
+    said = [w for w in (printed.out + printed.err).splitlines() if "nothing is quantized" in w]
+    assert len(said) == 1 and "quantized already (MatMulNBits x1)" in said[0], said
+    assert [n.op_type for n in onnx.load(out).graph.node] == ["MatMulNBits"]

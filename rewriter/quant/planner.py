@@ -286,7 +286,7 @@ def layer_flops(node, shapes: dict | None = None) -> float:
 # Layers some other tool has quantized already: nothing left for a plan to choose.
 QUANTIZED_OPS = frozenset({"ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul",
                            "DynamicQuantizeLSTM", "DynamicQuantizeMatMul", "QGemm",
-                           "QAttention", "MatMulIntegerToFloat"})
+                           "QAttention", "MatMulIntegerToFloat", "MatMulNBits"})
 
 
 def quantized_already(graph) -> str:
