@@ -129,12 +129,14 @@ class ConvertFp16(Pass):
                     res.skip("weight-beyond-fp16")
                     too_big.append(f"{node_id(node)} (weights)")
                     continue
+                _typed_like_input(node)
                 region.add(id(node))
                 res.count(f"fp16-{node.op.lower()}")
             elif _follows(node) and typed and fp and all(
                     isinstance(t, gs.Constant) or id(producer.get(id(t))) in region for t in fp
             ) and any(not isinstance(t, gs.Constant) for t in fp) and not any(
                     _beyond_fp16(t) for t in fp):
+                _typed_like_input(node)
                 region.add(id(node))
                 res.count("fp16-follower")
         for node in reversed(graph.nodes):
@@ -230,6 +232,16 @@ def _transposes_into(p, t: gs.Tensor, region: set[int], outputs: set[int]) -> bo
             and len(p.inputs) == 1 and not isinstance(p.inputs[0], gs.Constant)
             and _is_float32(p.inputs[0]) and id(t) not in outputs
             and all(id(c) in region for c in t.outputs))
+
+
+def _typed_like_input(node) -> None:
+    """A region member's first output has its float32 input's type; where inference missed
+    it (it stops at a contrib op, and a norm expand-contrib wrote after one has no type),
+    it is set, so that the Cast back to float32 is placed (GPT-2 from onnxruntime's
+    optimizer: a float16 MatMul read by an Add outside the region, exit 3)."""
+    for t in node.outputs if node.op == "Split" else node.outputs[:1]:
+        if t.dtype is None and _float_inputs(node):
+            t.dtype = np.float32
 
 
 def _follows(node) -> bool:

@@ -405,3 +405,25 @@ def test_plan_on_int4_weights_says_they_are_quantized_already(tmp_path, capfd):
     said = [w for w in (printed.out + printed.err).splitlines() if "nothing is quantized" in w]
     assert len(said) == 1 and "quantized already (MatMulNBits x1)" in said[0], said
     assert [n.op_type for n in onnx.load(out).graph.node] == ["MatMulNBits"]
+
+
+def test_fp16_plan_after_an_expanded_norm(tmp_path):
+    # onnxruntime's optimizer on GPT-2, --plan fp16: a MatMul after a norm expand-contrib
+    # wrote had no inferred type (inference had stopped at the contrib op), so its FP16
+    # output was not cast back for the Add after it: exit 3 ("B has inconsistent type").
+    m = parse("""
+    <ir_version: 10, opset_import: ["" : 17, "com.microsoft" : 1]>
+    g (float[B, S, 16] x, float[S, 16] s) => (float[B, S, 16] y) {
+        n = com.microsoft.SkipSimplifiedLayerNormalization <epsilon = 0.00001> (x, s, G)
+        h = MatMul (n, W)
+        a = Add (h, b)
+        y = com.microsoft.FastGelu (a)
+    }""", {"W": (16, 16), "G": (16,), "b": (16,)})
+    rng = np.random.default_rng(0)
+    for k in range(16):
+        np.savez(tmp_path / f"{k}.npz", x=rng.standard_normal((1, 4, 16)).astype(np.float32),
+                 s=rng.standard_normal((4, 16)).astype(np.float32))
+    out, report = rewriter.rewrite(m, plan="fp16", calib=str(tmp_path), verify=True)
+    assert report.verified
+    assert report.passes[-1].counts["fp16-matmul"] == 1
+

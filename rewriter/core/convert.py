@@ -361,6 +361,9 @@ def refresh_shapes(graph: gs.Graph, tag: str) -> int:
             if t.shape is None or _more_static(new, t.shape):
                 t.shape = new
                 gained += 1
+            elem = vi.type.tensor_type.elem_type
+            if t.dtype is None and elem:   # a type inference missed the first time (after
+                t.dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)   # a contrib op)
     return gained
 
 
