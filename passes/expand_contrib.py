@@ -110,7 +110,8 @@ SAME_TYPE = {"Relu", "Sigmoid", "Tanh", "Erf", "Identity", "Transpose", "Reshape
              "Squeeze", "Unsqueeze", "Softmax", "MaxPool", "AveragePool", "GlobalAveragePool",
              "Pow", "Sqrt", "LayerNormalization", "BatchNormalization", "LeakyRelu", "Clip",
              "Neg", "Split", "Slice", "Gather", "Expand", "Pad", "Resize", "ReduceMean",
-             "ReduceSum"}
+             "ReduceSum", "Attention", "MultiHeadAttention", "GroupQueryAttention",
+             "RotaryEmbedding", "MatMulNBits"}
 
 
 def _contrib(domain, op: str, opset: int) -> bool:
@@ -219,11 +220,13 @@ class ExpandContrib(Pass):
                     res.outcome(_raw_mask(node, g, ctx), "raw-mask:Attention")
                 if _migraphx_parses(node, ctx.options.migraphx_version):
                     res.skip(f"parsed-by-migraphx:{node.op}")
+                    _type_kept(node)
                     continue
                 handler = HANDLERS.get(node.op) if known else None
                 if handler is None:
                     dom = "" if node.domain == MS else f"{node.domain}:"
                     res.skip(f"unsupported-contrib:{dom}{node.op}")
+                    _type_kept(node)
                     continue
                 e = _Emit(node, g, graph.opset, ctx, consts)
                 reason = (e.float_check() if node.op not in INTEGER_OUT else None) or handler(e)
@@ -234,6 +237,16 @@ class ExpandContrib(Pass):
                 res.count(f"expanded:{node.op}")
                 res.changed = True
         return res
+
+
+def _type_kept(node: gs.Node) -> None:
+    """A kept contrib op's first output gets its type T where inference (which stops at
+    the op) left none and SAME_TYPE / ALL_T say it: what reads it is then typed, and a
+    plan's FP16 layers after it are converted (BERT from onnxruntime's optimizer: all 6
+    MatMuls after its Attention skipped as unknown-input-dtype, nothing said)."""
+    y = node.outputs[0] if node.outputs else None
+    if y is not None and y.dtype is None and (node.op in SAME_TYPE or node.op in ALL_T):
+        y.dtype = _dtype(node)
 
 
 def _flat_zero_points(node: gs.Node, ctx: Context) -> str | None:

@@ -427,3 +427,21 @@ def test_fp16_plan_after_an_expanded_norm(tmp_path):
     assert report.verified
     assert report.passes[-1].counts["fp16-matmul"] == 1
 
+
+def test_fp16_plan_after_a_kept_attention(tmp_path):
+    # BERT from onnxruntime's optimizer, --plan fp16: the MatMuls after its Attention (kept:
+    # MIGraphX parses it) read a tensor of no inferred type and were all skipped
+    # (unknown-input-dtype), the output written as FP32 without a word.
+    m = parse("""
+    <ir_version: 10, opset_import: ["" : 17, "com.microsoft" : 1]>
+    g (float[B, S, 16] x) => (float[B, S, 16] y) {
+        a = com.microsoft.Attention <num_heads = 2> (x, Wqkv, Bqkv)
+        h = MatMul (a, W)
+        y = Relu (h)
+    }""", {"Wqkv": (16, 48), "Bqkv": (48,), "W": (16, 16)})
+    rng = np.random.default_rng(0)
+    for k in range(16):
+        np.savez(tmp_path / f"{k}.npz", x=rng.standard_normal((1, 4, 16)).astype(np.float32))
+    out, report = rewriter.rewrite(m, plan="fp16", calib=str(tmp_path), verify=True)
+    assert report.verified
+    assert report.passes[-1].counts["fp16-matmul"] == 1, report.passes[-1].counts
