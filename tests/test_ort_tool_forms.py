@@ -445,3 +445,15 @@ def test_fp16_plan_after_a_kept_attention(tmp_path):
     out, report = rewriter.rewrite(m, plan="fp16", calib=str(tmp_path), verify=True)
     assert report.verified
     assert report.passes[-1].counts["fp16-matmul"] == 1, report.passes[-1].counts
+
+
+def test_check_says_how_migraphx_reads_the_kv_cache():
+    # A decode step with a cache as long as the past (onnxruntime's present = past + 1):
+    # MIGraphX 2.15/2.16 write the new keys into the past buffer and keep its length, and
+    # the genai models' logits came out at cosine 0.74-0.998 with no word of why.
+    from rewriter.migraphx.check import check_model
+
+    found = [f for f in check_model(genai_attention()).findings
+             if f.code == "kv-cache-shared-buffer"]
+    assert len(found) == 1 and found[0].severity == "warning"
+    assert "past_present_share_buffer" in found[0].message

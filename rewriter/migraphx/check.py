@@ -556,6 +556,14 @@ class _Checker:
                      f"registers: parsing throws 'Unknown operator'"
                      + (f"; {hint}" if hint else ""), g.path)
             return
+        if op == "GroupQueryAttention" and node.domain == "com.microsoft":
+            # parse_group_query_attention.cpp (2.15, 2.16): concat_past_present writes the new
+            # keys into the past buffer at seqlens_k; present keeps the past's length
+            self.add("warning", "kv-cache-shared-buffer", label, op,
+                     "MIGraphX computes GroupQueryAttention on onnxruntime-genai's shared KV "
+                     "buffer (past_present_share_buffer): past_key/past_value must be buffers "
+                     "of the longest length, present keeps their length; a cache only as long "
+                     "as the past (present = past + new tokens) gives other outputs", g.path)
         cn = self.profile.get("contrib_named_ops", {})
         if op in cn.get("ops", ()) and node.domain in ("", "ai.onnx") and self.opset >= 23:
             self.add(cn["severity"], "standard-op-read-as-contrib", label, op,
