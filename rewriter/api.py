@@ -1447,11 +1447,16 @@ class _Rewrite:
                         f"one ulp, and a pass that re-rounds them was allowed {NOISE_FACTOR:g}x "
                         "that (max_rel and 1 - cosine): the Q/DQ model amplifies rounding")
                     continue
+                c = m.noise_cosine
                 self.report.warnings.append(
-                    f"output '{m.name}': max_rel {m.max_rel:.1e} is over the FP32 tolerance, "
-                    f"but the original itself moves by {m.noise:.1e} when its inputs move by "
-                    f"one ulp on these inputs, and a rewrite was allowed {NOISE_FACTOR:g}x "
-                    "that (cosine still meets its floor)"
+                    f"output '{m.name}': max_rel {m.max_rel:.1e}"
+                    + (f" and cosine {m.cosine:.4f} are" if c is not None else " is")
+                    + f" over the FP32 tolerance, but the original itself moves by "
+                    f"{m.noise:.1e}" + (f" (cosine {c:.4f})" if c is not None else "")
+                    + " when its inputs move by one ulp on these inputs, and a rewrite was "
+                    f"allowed {NOISE_FACTOR:g}x that"
+                    + (" (max_rel and 1 - cosine)" if c is not None
+                       else " (cosine still meets its floor)")
                     + (": real inputs (--inputs) check it better" if random else ""))
         for m in metrics:   # a small component under the budget, hidden by a large one
             low = [g for g in m.groups or [] if not g["ok"]]

@@ -48,6 +48,8 @@ class OutputMetrics:
     groups: list | None = None   # lossy: components of different scale (scale_groups)
     noise: float | None = None   # the original's own max_rel under 1-ulp input changes,
                                  # when the tolerance was widened to it (Verifier.check)
+    noise_cosine: float | None = None   # the original's own cosine under them, when the
+                                        # cosine floor was widened to it too (it misses it)
     noise_at: str = "inputs"     # where those changes were: "inputs", or "quantizers" (the
                                  # inputs of a Q/DQ model's activation QuantizeLinear nodes)
     strict_refused: str = ""   # refused by --strict only: "uncertified" (within the budget,
