@@ -40,6 +40,9 @@ Before -> after::
     x[N, C, H, W] -> ReduceMean(axes [2, 3] or [-1, -2], keepdims=1)  =>  GlobalAveragePool
     GlobalAveragePool -> x[N, C, 1, 1] -> Reshape([-1, C] / [0, C] / [N, C])  =>  Flatten(1)
                                         (the dynamo export's pooling head, TorchScript's form)
+    GatherND(x, constant indices [..., 1], batch_dims 0)  =>  Gather(x, indices[..., 0], axis 0)
+                                        (the dynamo export's relative position bias lookup
+                                        in Swin3D, TorchScript's form)
     Conv / ConvTranspose (x, W, B all zeros), Gemm's C all zeros (opset >= 11)  =>  no B / C
                                         (torchvision's zero-initialised biases: TorchScript
                                         keeps them, shared, dynamo's export has none)
@@ -170,6 +173,12 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
         node.attrs.clear()
         _keep_first_input(node)
         return "reduce-mean-to-global-pool"
+    if op == "GatherND" and _rows_gathered(node):
+        idx = node.inputs[1]
+        node.op, node.attrs = "Gather", {"axis": 0}
+        node.inputs[1] = gs.Constant(namer(f"{node.name or idx.name}_rows"),
+                                     np.ascontiguousarray(idx.values[..., 0]))
+        return "gather-nd-to-gather"
     if op in ("Reshape", "Expand") and static_shape(x) and static_shape(node.outputs[0]) and list(
             x.shape) == list(node.outputs[0].shape):
         return _bypassed(node, g, outs, f"removed-{op.lower()}")
@@ -720,6 +729,16 @@ def _global_mean(node) -> bool:
             or len(x.shape) < 3 or x.dtype not in (np.float16, np.float32, np.float64):
         return False
     return sorted(a % len(x.shape) for a in axes) == list(range(2, len(x.shape)))
+
+
+def _rows_gathered(node) -> bool:
+    """GatherND (batch_dims 0) by constant indices whose last dim is 1: rows of the data,
+    Gather(axis 0) by those indices without that dim (the dynamo exporter's table[index]
+    for Swin's relative position bias; TorchScript writes the Gather)."""
+    idx = node.inputs[1] if len(node.inputs) == 2 else None
+    return (isinstance(idx, gs.Constant) and not int(node.attrs.get("batch_dims", 0))
+            and idx.values.ndim >= 1 and idx.values.shape[-1] == 1
+            and np.issubdtype(idx.values.dtype, np.integer))
 
 
 def _flattens(node) -> bool:

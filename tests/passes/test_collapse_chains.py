@@ -1028,3 +1028,30 @@ def test_dynamo_pooling_head_is_torchscripts(rng):
                         "Reshape"]
     for a, b in zip(run_ort(m, feeds), run_ort(out, feeds)):  # the sum's order: rounding
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_gather_nd_of_rows_is_a_gather(rng):
+    """table[index] with a constant index: GatherND(table, idx[K, 1]) from the dynamo
+    exporter, Gather(table, idx[K]) from TorchScript (Swin3D's relative position bias); one
+    form from both. GatherND by indices reaching into two axes, with batch_dims, or by
+    computed indices stays."""
+    m = make_model("""
+    <ir_version: 9, opset_import: ["" : 17]>
+    g (float[5, 3] t, int64[4, 1] ci, float[2, 5, 3] b) => (float[2, 3, 3] y,
+            float[4] z, float[4, 3] c, float[2, 3] d) {
+        y = GatherND (t, I)
+        z = GatherND (t, I2)
+        c = GatherND (t, ci)
+        d = GatherND <batch_dims = 1> (b, IB)
+    }""", {"I": np.array([[[4], [0], [-1]], [[2], [2], [1]]], np.int64),
+           "I2": np.array([[0, 1], [4, 2], [3, 0], [1, 1]], np.int64),
+           "IB": np.array([[1], [3]], np.int64)})
+    feeds = {"t": rng.standard_normal((5, 3)).astype(np.float32),
+             "ci": np.array([[3], [0], [4], [1]], np.int64),
+             "b": rng.standard_normal((2, 5, 3)).astype(np.float32)}
+    out, rep = cc(m, inputs=feeds)
+    assert rep.passes[0].counts["gather-nd-to-gather"] == 1
+    assert ops(out) == ["Gather", "GatherND", "GatherND", "GatherND"]
+    g = out.graph.node[0]
+    assert [a.i for a in g.attribute if a.name == "axis"] == [0]
+    same(m, out, feeds)
