@@ -609,3 +609,35 @@ def test_a_float16_scale_before_a_conv_stays():
     out, rep = rewriter.rewrite(m, ["fuse-conv-bn"])
     assert rep.passes[0].counts.get("skip:float16-scale") == 1
     assert [n.op_type for n in out.graph.node] == ["Cast", "Mul", "Conv", "Cast"]
+
+
+def test_bn_before_unpadded_convs_goes_into_their_weights_and_biases():
+    """MaxViT's MBConv: BatchNorm -> 1x1 Conv (11 BNs left standing, each a float32 island
+    under --plan fp16). BN(x) -> Mul(c) read by a 1x1 conv with bias and a grouped 3x3
+    stride-2 conv without one, no padding: both take it. Before a padded conv, or read by
+    anything besides convs, the BN stays (its shift would reach the zero border)."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 8, 9, 9] x) => (float[N, 6, 9, 9] y1, float[N, 4, 4, 4] y2,
+            float[N, 6, 9, 9] y3, float[N, 6, 9, 9] y4, float[N, 8, 9, 9] r) {
+        a = BatchNormalization <epsilon = 0.001> (x, g, b, m, v)
+        s = Mul (a, c)
+        y1 = Conv (s, W1, B1)
+        y2 = Conv <group = 2, strides = [2, 2]> (s, W2)
+        p = BatchNormalization (x, g2, b2, m2, v2)
+        y3 = Conv <pads = [1, 1, 1, 1]> (p, W3, B1)
+        q = BatchNormalization (x, g3, b3, m3, v3)
+        y4 = Conv (q, W1, B1)
+        r = Relu (q)
+    }""", {"g": ("pos", (8,)), "b": (8,), "m": (8,), "v": ("pos", (8,)),
+           "c": ("pos", (1, 8, 1, 1)), "W1": (6, 8, 1, 1), "B1": (6,), "W2": (4, 4, 3, 3),
+           "g2": ("pos", (8,)), "b2": (8,), "m2": (8,), "v2": ("pos", (8,)),
+           "W3": (6, 8, 3, 3),
+           "g3": ("pos", (8,)), "b3": (8,), "m3": (8,), "v3": ("pos", (8,))})
+    out, rep = rewriter.rewrite(m, ["fuse-conv-bn"], verify=True,
+                                input_shapes={"x": [2, 8, 9, 9]})
+    assert rep.passes[0].counts["bn-into-next-conv"] == 1
+    assert ops(out).count("BatchNormalization") == 2 and "Mul" not in ops(out)
+    f = feeds((2, 8, 9, 9))
+    for r, o in zip(run_ort(m, f), run_ort(out, f)):
+        np.testing.assert_allclose(o, r, rtol=1e-5, atol=1e-5 * np.abs(r).max())
