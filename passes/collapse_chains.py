@@ -40,6 +40,9 @@ Before -> after::
     x[N, C, H, W] -> ReduceMean(axes [2, 3] or [-1, -2], keepdims=1)  =>  GlobalAveragePool
     GlobalAveragePool -> x[N, C, 1, 1] -> Reshape([-1, C] / [0, C] / [N, C])  =>  Flatten(1)
                                         (the dynamo export's pooling head, TorchScript's form)
+    Einsum("bhid,bhjd->bhij"-like: batch letters, one summed, one free in each operand)
+                            =>  MatMul(a, Transpose(b)) (Transposes only where the axes are
+                                        not [batch..., i, j] / [batch..., j, k] already)
     GatherND(x, constant indices [..., 1], batch_dims 0)  =>  Gather(x, indices[..., 0], axis 0)
                                         (the dynamo export's relative position bias lookup
                                         in Swin3D, TorchScript's form)
@@ -88,7 +91,7 @@ class CollapseChains(Pass):
     summary = "drop no-op Cast/Reshape/Slice/Expand/Transpose; collapse layout chains"
 
     shape_ops = ("Cast", "Reshape", "Expand", "Slice", "Squeeze", "Unsqueeze", "Transpose",
-                 "Add", "Sub", "Mul", "Div", "And", "Or", "Xor", "ReduceMean")
+                 "Add", "Sub", "Mul", "Div", "And", "Or", "Xor", "ReduceMean", "Einsum")
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()
@@ -173,6 +176,8 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
         node.attrs.clear()
         _keep_first_input(node)
         return "reduce-mean-to-global-pool"
+    if op == "Einsum" and _einsum_as_matmul(node, g, namer):
+        return "einsum-to-matmul"
     if op == "GatherND" and _rows_gathered(node):
         idx = node.inputs[1]
         node.op, node.attrs = "Gather", {"axis": 0}
@@ -729,6 +734,53 @@ def _global_mean(node) -> bool:
             or len(x.shape) < 3 or x.dtype not in (np.float16, np.float32, np.float64):
         return False
     return sorted(a % len(x.shape) for a in axes) == list(range(2, len(x.shape)))
+
+
+def _einsum_as_matmul(node: gs.Node, g: gs.Graph, namer) -> bool:
+    """Einsum of two float operands that is a batched matrix product: letters in both
+    operands and the output (the batch), one letter in both operands only (summed), one in
+    each operand alone; each letter once per term, no ellipsis. It becomes MatMul of the
+    operands transposed to [batch..., i, j] and [batch..., j, k] (and a Transpose after,
+    unless the output is [batch..., i, k]): MaxViT's attention, "bghid,bghjd->bghij" and
+    "bghij,bghjd->bghid", which the planner and --plan fp16 did not see as MatMuls."""
+    eq = node.attrs.get("equation", "")
+    eq = (eq.decode() if isinstance(eq, bytes) else str(eq)).replace(" ", "")
+    if len(node.inputs) != 2 or "->" not in eq or "." in eq or eq.count(",") != 1:
+        return False
+    (ta, tb), to = eq.split("->")[0].split(","), eq.split("->")[1]
+    a, b = node.inputs
+    if any(len(set(t)) != len(t) or not t.isalpha() for t in (ta, tb, to)) or any(
+            x.shape is None or len(x.shape) != len(t) or x.dtype not in (
+                np.float16, np.float32, np.float64) for x, t in ((a, ta), (b, tb))):
+        return False
+    batch = [c for c in to if c in ta and c in tb]
+    summed = [c for c in ta if c in tb and c not in to]
+    fa, fb = [c for c in ta if c not in tb], [c for c in tb if c not in ta]
+    if len(summed) != 1 or len(fa) != 1 or len(fb) != 1 or sorted(to) != sorted(
+            batch + fa + fb):
+        return False
+    y = node.outputs[0]
+    parts = []
+    for x, t, order in ((a, ta, batch + fa + summed), (b, tb, batch + summed + fb)):
+        perm = [t.index(c) for c in order]
+        if perm == sorted(perm):
+            parts.append(x)
+            continue
+        xt = gs.Variable(namer(f"{x.name}_t"), dtype=x.dtype)
+        g.nodes.append(gs.Node("Transpose", namer(f"{node.name or y.name}_transpose"),
+                               attrs={"perm": perm}, inputs=[x], outputs=[xt]))
+        parts.append(xt)
+    node.op, node.attrs = "MatMul", {}
+    node.inputs.clear()
+    node.inputs.extend(parts)
+    made = batch + fa + fb
+    if made != list(to):
+        mid = gs.Variable(namer(f"{y.name}_matmul"), dtype=y.dtype)
+        node.outputs[0] = mid
+        g.nodes.append(gs.Node("Transpose", namer(f"{node.name or y.name}_out"),
+                               attrs={"perm": [made.index(c) for c in to]}, inputs=[mid],
+                               outputs=[y]))
+    return True
 
 
 def _rows_gathered(node) -> bool:

@@ -1055,3 +1055,33 @@ def test_gather_nd_of_rows_is_a_gather(rng):
     g = out.graph.node[0]
     assert [a.i for a in g.attribute if a.name == "axis"] == [0]
     same(m, out, feeds)
+
+
+def test_einsum_of_a_batched_matrix_product_is_a_matmul(rng):
+    """MaxViT's attention is two Einsums ("bghid,bghjd->bghij", then "...ij,...jd->...id"),
+    which the planner and --plan fp16 never counted as layers (a float32 island per block,
+    66 Casts in all). A batched matrix product becomes MatMul, its operands transposed only
+    where needed; one operand, an ellipsis, two summed letters or none stay Einsum."""
+    m = make_model("""
+    <ir_version: 9, opset_import: ["" : 17]>
+    g (float[2, 3, 5, 4] q, float[2, 3, 6, 4] k, float[2, 3, 6, 7] v, float[3, 2, 6, 4] k2,
+       float[4, 5] u, float[2, 3, 4, 4] s) => (float[2, 3, 5, 7] o, float[2, 5, 3, 6] p,
+       float[2, 3, 5, 6] r, float[2, 3, 4] d, float[2, 3, 5, 6] e, float[4, 5, 5] w,
+       float[2, 3, 5] t) {
+        a = Einsum <equation = "bhid,bhjd->bhij"> (q, k)
+        o = Einsum <equation = "bhij, bhjd -> bhid"> (a, v)
+        p = Einsum <equation = "bhid,bhjd->bihj"> (q, k)
+        r = Einsum <equation = "bhid,hbjd->bhij"> (q, k2)
+        d = Einsum <equation = "bhii->bhi"> (s)
+        e = Einsum <equation = "...id,...jd->...ij"> (q, k)
+        w = Einsum <equation = "ij,ik->ijk"> (u, u)
+        t = Einsum <equation = "bhid,bhjd->bhi"> (q, k)
+    }""")
+    feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in (
+        ("q", (2, 3, 5, 4)), ("k", (2, 3, 6, 4)), ("v", (2, 3, 6, 7)), ("k2", (3, 2, 6, 4)),
+        ("u", (4, 5)), ("s", (2, 3, 4, 4)))}
+    out, rep = cc(m, inputs=feeds)
+    assert rep.passes[0].counts["einsum-to-matmul"] == 4
+    assert sorted(ops(out)) == sorted(["MatMul"] * 4 + ["Transpose"] * 4 + ["Einsum"] * 4)
+    for a, b in zip(run_ort(m, feeds), run_ort(out, feeds)):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
