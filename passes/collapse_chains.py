@@ -43,6 +43,9 @@ Before -> after::
     Einsum("bhid,bhjd->bhij"-like: batch letters, one summed, one free in each operand)
                             =>  MatMul(a, Transpose(b)) (Transposes only where the axes are
                                         not [batch..., i, j] / [batch..., j, k] already)
+    Gather(x, constant 0 .. n-1 in order, of any shape, on an axis of static size n)
+                            =>  Reshape (the dims after the axis static; the dynamo export's
+                                        as_strided pooling head at a static batch)
     GatherND(x, constant indices [..., 1], batch_dims 0)  =>  Gather(x, indices[..., 0], axis 0)
                                         (the dynamo export's relative position bias lookup
                                         in Swin3D, TorchScript's form)
@@ -91,7 +94,8 @@ class CollapseChains(Pass):
     summary = "drop no-op Cast/Reshape/Slice/Expand/Transpose; collapse layout chains"
 
     shape_ops = ("Cast", "Reshape", "Expand", "Slice", "Squeeze", "Unsqueeze", "Transpose",
-                 "Add", "Sub", "Mul", "Div", "And", "Or", "Xor", "ReduceMean", "Einsum")
+                 "Add", "Sub", "Mul", "Div", "And", "Or", "Xor", "ReduceMean", "Einsum",
+                 "Gather")
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()
@@ -178,6 +182,11 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
         return "reduce-mean-to-global-pool"
     if op == "Einsum" and _einsum_as_matmul(node, g, namer):
         return "einsum-to-matmul"
+    target = _gathers_in_order(node) if op == "Gather" else None
+    if target is not None:
+        node.op, node.attrs = "Reshape", {}
+        node.inputs[1] = gs.Constant(namer(f"{node.name or x.name}_shape"), target)
+        return "gather-to-reshape"
     if op == "GatherND" and _rows_gathered(node):
         idx = node.inputs[1]
         node.op, node.attrs = "Gather", {"axis": 0}
@@ -781,6 +790,25 @@ def _einsum_as_matmul(node: gs.Node, g: gs.Graph, namer) -> bool:
                                attrs={"perm": [made.index(c) for c in to]}, inputs=[mid],
                                outputs=[y]))
     return True
+
+
+def _gathers_in_order(node) -> np.ndarray | None:
+    """The Reshape target of a Gather whose constant indices are 0, 1, ..., n - 1 in order
+    over its axis of static size n (any index shape): [0] * axis, the indices' shape, the
+    static dims after it; None otherwise. The dynamo exporter's as_strided head at a static
+    batch (Swin3D-T: Reshape([-1]) -> Gather(arange(768) as [1, 768, 1, 1, 1]))."""
+    x, idx = node.inputs[0], node.inputs[1] if len(node.inputs) == 2 else None
+    if not isinstance(idx, gs.Constant) or x.shape is None or not np.issubdtype(
+            idx.values.dtype, np.integer):
+        return None
+    axis = int(node.attrs.get("axis", 0)) % max(len(x.shape), 1)
+    after = list(x.shape[axis + 1:])
+    n = x.shape[axis] if x.shape else None
+    if not isinstance(n, (int, np.integer)) or n < 1 or idx.values.size != n \
+            or not all(isinstance(d, (int, np.integer)) and d > 0 for d in after) \
+            or not np.array_equal(idx.values.ravel(), np.arange(n)):
+        return None
+    return np.array([0] * axis + list(idx.values.shape) + after, np.int64)
 
 
 def _rows_gathered(node) -> bool:

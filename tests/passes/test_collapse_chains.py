@@ -1085,3 +1085,31 @@ def test_einsum_of_a_batched_matrix_product_is_a_matmul(rng):
     assert sorted(ops(out)) == sorted(["MatMul"] * 4 + ["Transpose"] * 4 + ["Einsum"] * 4)
     for a, b in zip(run_ort(m, feeds), run_ort(out, feeds)):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+
+
+def test_gather_of_every_index_in_order_is_a_reshape(rng):
+    """Swin3D-T's dynamo export at a static batch pools as ReduceMean -> Reshape([-1]) ->
+    Gather(arange(768) shaped [1, 768, 1, 1, 1]) -> Reshape([1, 768]) (torch's as_strided):
+    the Gather is a Reshape, and the three Reshapes merge. Indices out of order, not all of
+    them, or over a symbolic axis stay Gathers."""
+    m = make_model("""
+    <ir_version: 9, opset_import: ["" : 17]>
+    g (float[2, 6, 4] x, float[N, 6] s) => (float[1, 12] y, float[2, 2, 3, 4] a,
+            float[2, 6, 4] p, float[2, 5, 4] q, float[N, 6] r) {
+        f = Reshape (x, m1)
+        h = Gather (f, I48)
+        y = Reshape (h, s12)
+        a = Gather <axis = 1> (x, I6)
+        p = Gather <axis = 1> (x, P6)
+        q = Gather <axis = 1> (x, I5)
+        r = Gather (s, IN)
+    }""", {"m1": np.array([-1]), "I48": np.arange(48).reshape(1, 12, 4, 1),
+           "s12": np.array([1, -1]), "I6": np.arange(6).reshape(2, 3),
+           "P6": np.array([1, 0, 2, 3, 4, 5]), "I5": np.arange(5), "IN": np.arange(2)})
+    m.graph.output[4].type.tensor_type.shape.dim[0].dim_value = 2
+    feeds = {"x": rng.standard_normal((2, 6, 4)).astype(np.float32),
+             "s": rng.standard_normal((2, 6)).astype(np.float32)}
+    out, rep = cc(m, inputs=feeds)
+    assert rep.passes[0].counts["gather-to-reshape"] == 2
+    assert ops(out) == ["Reshape", "Reshape", "Gather", "Gather", "Gather"]
+    same(m, out, feeds)
