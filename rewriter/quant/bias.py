@@ -25,9 +25,10 @@ boundary between the corrected and the uncorrected part of the model, times the 
 (at most 6.2 MiB a batch on YuNet at 320x320, 25 MiB on U2-Net-p). Past ``memory_bytes``
 (default 1 GiB: U2-Net-p's 38 batches fit) further batches are written to .npy files in a
 temporary folder and read back, the same bytes, at the disk's speed (U2-Net-p with 256 MiB
-wrote 8.6 GB over its 112 levels). Models with bodies (If/Loop/Scan may read any outer name)
-and anything unexpected are measured the old way: the model cut to the group's ancestors,
-run from the inputs.
+wrote 8.6 GB over its 112 levels). Models with a body (If/Loop/Scan may read any outer name)
+upstream of an INT8 layer, and anything unexpected, are measured the old way: the model cut
+to the group's ancestors, run from the inputs. A body only after the layers (a detector's
+NMS post-processing: SSDlite's one If) is never run by a step, and changes nothing.
 """
 from __future__ import annotations
 
@@ -141,13 +142,16 @@ def _plan(proto, groups, group_of, k: int, store):
     not one this handles (a body, a name not produced, nodes out of order)."""
     g = proto.graph
     producer: dict[str, int] = {}
+    bodies = set()
     for i, n in enumerate(g.node):
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                for a in n.attribute):
-            return None
+            bodies.add(i)
         for o in n.output:
             if o:
                 producer[o] = i
+    if bodies & _upstream(g, producer, [t for grp in groups for t in grp]):
+        return None   # a body a step would run may read any outer name
     inputs = {i.name for i in g.input} - {t.name for t in g.initializer}
     # depth[t]: 1 + the last group with a layer upstream of t (t included), 0 for none.
     # t is final at step k when depth[t] <= k. Needs nodes in topological order.
@@ -203,6 +207,17 @@ def _plan(proto, groups, group_of, k: int, store):
     for t in keep:
         store.depth[t] = depth.get(t, 0)
     return nodes, feeds_kept, feeds_data, keep, drop
+
+
+def _upstream(g, producer: dict[str, int], names: list[str]) -> set[int]:
+    """Indices of the nodes ``names`` are computed from (explicit inputs only)."""
+    seen, todo = set(), list(names)
+    while todo:
+        i = producer.get(todo.pop())
+        if i is not None and i not in seen:
+            seen.add(i)
+            todo.extend(x for x in g.node[i].input if x)
+    return seen
 
 
 class _Store:

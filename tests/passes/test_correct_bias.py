@@ -318,3 +318,38 @@ def test_a_model_with_a_body_is_measured_from_its_inputs(rng, monkeypatch):
     rec = [p for p in rep.passes if p.name == "correct-bias"][0]
     assert rec.counts["corrected-layers"] == 2
     assert measures[0].stats["whole"] == 2 and measures[0].stats["nodes_run"] == 0
+
+
+def test_a_body_after_every_layer_does_not_stop_the_cached_levels(rng, monkeypatch):
+    """SSDlite's TorchScript export has one If, in its NMS post-processing after every INT8
+    layer: every level was measured from the inputs (its --plan default ran for more than
+    10 minutes). A body no step runs changes nothing: cached levels, the shifts whole-model
+    runs give."""
+    from rewriter.passes.correct_bias import CorrectBias
+    from rewriter.quant import bias
+    text = SKIPS.replace("x) => (float[N, 8, 8, 8] y)", "x, bool cond) => (float[N, 8, 8, 8] t)")
+    text = text.replace("    y = Conv <pads = [1, 1, 1, 1]> (z, W4, B4)\n", """\
+    y = Conv <pads = [1, 1, 1, 1]> (z, W4, B4)
+    t = If (cond) <then_branch = th () => (float[N, 8, 8, 8] o) { o = Relu (y) },
+                   else_branch = el () => (float[N, 8, 8, 8] o) { o = Sigmoid (y) }>
+""")
+    m = make_model(text, SKIP_INITS, seed=7)
+    calib = [{"x": (rng.standard_normal((1, 4, 8, 8)) + 0.5).astype(np.float32),
+              "cond": np.array(i % 2 == 0)} for i in range(10)]
+    plan = {"rules": [{"match": {"op": "Conv"}, "precision": "int8"}],
+            "int8": {"equalize": False, "bias_correction": True}}
+    shifts, measures = [], []
+    real_run, real_init = CorrectBias.run, bias.LevelMeasure.__init__
+    monkeypatch.setattr(CorrectBias, "run", lambda self, g, ctx: shifts.append(
+        dict(ctx.bias_shift)) or real_run(self, g, ctx))
+    monkeypatch.setattr(bias.LevelMeasure, "__init__", lambda self, *a, **k: measures.append(
+        self) or real_init(self, *a, **k))
+    rewriter.rewrite(m, plan=plan, calib=calib)
+    assert measures[0].stats["steps"] == 4 and measures[0].stats["whole"] == 0
+    got = list(shifts)
+    shifts.clear()
+    monkeypatch.setattr(bias.LevelMeasure, "step", _whole_model_step)
+    rewriter.rewrite(m, plan=plan, calib=calib)
+    for g, w in zip(got, shifts):
+        for n in g:
+            np.testing.assert_allclose(g[n], w[n], rtol=1e-5, atol=1e-7)
