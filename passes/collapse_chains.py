@@ -451,17 +451,21 @@ def _reshape_then_axes(prev: gs.Node, node: gs.Node, namer) -> str | None:
 
 
 def _merge_concats(node: gs.Node, outs: set[int], members: set[int]) -> bool:
-    """Inputs of ``node`` that an inner Concat on the same axis writes for it alone give way
-    to that Concat's inputs (concatenation is associative): Concat(c, Concat(h, w)) ->
-    Concat(c, h, w), the shape vector of a Resize built from Shape -> Gather (trueocr's
-    text detector: three)."""
+    """Inputs of ``node`` that an inner Concat on the same axis writes for Concats on that
+    axis alone give way to that Concat's inputs (concatenation is associative):
+    Concat(c, Concat(h, w)) -> Concat(c, h, w), the shape vector of a Resize built from
+    Shape -> Gather (trueocr's text detector: three); an inner Concat two outer ones read
+    goes into both (RAFT's update block: Concat(net, inp, corr, flow) read by its two
+    gates, 12 times)."""
     axis = node.attrs.get("axis")
     spliced, changed = [], False
     for t in node.inputs:
         p = t.inputs[0] if len(t.inputs) == 1 else None
         if (p is not None and p.op == "Concat" and p.domain in (None, "", "ai.onnx")
                 and id(p) in members and p.attrs.get("axis") == axis and axis is not None
-                and len(t.outputs) == 1 and id(t) not in outs):
+                and id(t) not in outs and all(
+                    o.op == "Concat" and o.domain in (None, "", "ai.onnx")
+                    and o.attrs.get("axis") == axis for o in t.outputs)):
             spliced.extend(p.inputs)
             changed = True
         else:
