@@ -38,8 +38,10 @@ def test_a_miss_within_the_originals_own_rounding_noise_passes_with_a_warning():
     assert any("moves by" in w and "one ulp" in w for w in rep.warnings), rep.warnings
 
 
-def test_an_error_beyond_it_still_fails(monkeypatch):
-    """A fold that gets the weights 1% wrong: outside 8x the noise, exit 1 as before."""
+@pytest.mark.parametrize("chaotic", [False, True])
+def test_an_error_beyond_it_still_fails(monkeypatch, chaotic):
+    """A fold that gets the weights 1% wrong: outside 8x the noise, exit 1 as before; on the
+    chaotic model below (whose own noise misses the cosine floor) too."""
     from rewriter.passes import fuse_conv_bn
     real = fuse_conv_bn.FuseConvBn.run
 
@@ -52,7 +54,8 @@ def test_an_error_beyond_it_still_fails(monkeypatch):
 
     monkeypatch.setattr(fuse_conv_bn.FuseConvBn, "run", wrong)
     with pytest.raises(VerificationError):
-        rewriter.rewrite(model(), ["fuse-conv-bn"], verify=True)
+        rewriter.rewrite(chaotic_model() if chaotic else model(), ["fuse-conv-bn"],
+                         verify=True)
 
 
 # A Q/DQ model whose sums land on quantizer ties: x and the weights are multiples of sx
@@ -138,19 +141,3 @@ def test_a_miss_below_the_cosine_floor_passes_where_the_originals_own_noise_is_b
     assert m["ok"] and m["cosine"] < 0.99999 and m["noise_cosine"] < 0.99999, m
     assert 1 - m["cosine"] <= 8 * (1 - m["noise_cosine"]), m
     assert any("(cosine" in w and "1 - cosine" in w for w in rep.warnings), rep.warnings
-
-
-def test_a_chaotic_models_real_error_still_fails(monkeypatch):
-    from rewriter.passes import fuse_conv_bn
-    real = fuse_conv_bn.FuseConvBn.run
-
-    def wrong(self, graph, ctx):
-        res = real(self, graph, ctx)
-        for node in graph.nodes:
-            if node.op == "Conv":
-                node.inputs[1].values = node.inputs[1].values * np.float32(1.01)
-        return res
-
-    monkeypatch.setattr(fuse_conv_bn.FuseConvBn, "run", wrong)
-    with pytest.raises(VerificationError):
-        rewriter.rewrite(chaotic_model(), ["fuse-conv-bn"], verify=True)
