@@ -274,7 +274,7 @@ def _raw_mask(node: gs.Node, g: gs.Graph, ctx: Context) -> str | None:
     x, mask = ins[0], ins[3]
     if not mask.name or ins[4].name or mask.shape is None or len(mask.shape) != 1:
         return ""
-    if _rank(x) != 3 or mask.shape[0] is None or mask.shape[0] != _first_dim(x):
+    if _rank(x) != 3 or mask.shape[0] is None or mask.shape[0] not in _first_dims(x):
         return "mask-not-batch-sized"
     namer, i64 = ctx.namer, np.int64
 
@@ -296,16 +296,25 @@ def _raw_mask(node: gs.Node, g: gs.Graph, ctx: Context) -> str | None:
     return None
 
 
-def _first_dim(t, depth: int = 0):
-    """A tensor's first dim: its shape's, or its producer's first input's where that has the
-    same rank (BROADCAST_RANK ops; shape inference stops at a contrib op)."""
-    if t.shape is not None:
-        return t.shape[0] if t.shape else None
-    n = t.inputs[0] if t.inputs else None
-    if n is None or depth > 64 or n.op not in BROADCAST_RANK or t is not n.outputs[0] \
-            or not n.inputs or _rank(n.inputs[0]) != _rank(t):
-        return None
-    return _first_dim(n.inputs[0], depth + 1)
+def _first_dims(t) -> list:
+    """A tensor's first dim as its shape says it, then as its producer's first input's says
+    it where that has the same rank (BROADCAST_RANK ops), and so on up: inference stops at
+    a contrib op, and gives a broadcast with a computed operand a fresh name (optimum's BERT
+    embeddings: [B, S] + position embeddings sliced to a computed length is [unk, unk]).
+    Those name one dim on any input the model runs on: a first dim of 1 that broadcasts to
+    k > 1 leaves a mask of that length neither k nor 2k long, which onnxruntime refuses."""
+    dims = []
+    for _ in range(64):
+        if t.shape is not None:
+            if not t.shape:
+                break
+            dims.append(t.shape[0])
+        n = t.inputs[0] if t.inputs else None
+        if n is None or n.op not in BROADCAST_RANK or t is not n.outputs[0] \
+                or not n.inputs or _rank(n.inputs[0]) != _rank(t):
+            break
+        t = n.inputs[0]
+    return [d for d in dims if d is not None]
 
 
 class _Emit:

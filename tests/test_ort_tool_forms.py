@@ -386,6 +386,34 @@ def test_attention_mask_index_as_a_raw_mask():
     assert again.SerializeToString() == out.SerializeToString()
 
 
+def test_attention_mask_count_after_computed_position_embeddings():
+    # optimum's BERT through ORTOptimizer (level 2 or 99): the mask index is ReduceSum(Cast(mask))
+    # and the position embeddings are sliced to a computed length, so inference names the
+    # embeddings' sum [unk, unk, 16]: the mask was not seen as batch-sized and MIGraphX refused
+    # the 1-D form (exit 2, "Left/Right Padding not currently supported").
+    m = parse("""
+    <ir_version: 10, opset_import: ["" : 17, "com.microsoft" : 1]>
+    g (int64[B, S] ids, int64[B, S] mask) => (float[B, S, 16] y) {
+        s = Shape <start = 1, end = 2> (ids)
+        zero = Constant <value = int64[1] {0}> ()
+        ax = Constant <value = int64[1] {1}> ()
+        pids = Slice (Pids, zero, s, ax)
+        pos = Gather (P, pids)
+        tok = Gather (W, ids)
+        emb = Add (tok, pos)
+        x = LayerNormalization <axis = -1> (emb, G, Bt)
+        m32 = Cast <to = 6> (mask)
+        lengths = ReduceSum <keepdims = 0> (m32, ax)
+        y = com.microsoft.Attention <num_heads = 2> (x, Wqkv, Bqkv, lengths)
+    }""", {"W": (32, 16), "P": (12, 16), "G": (16,), "Bt": (16,), "Wqkv": (16, 48),
+           "Bqkv": (48,)}, {"Pids": np.arange(12)[None]})
+    f = {"ids": np.random.default_rng(7).integers(0, 32, (3, 7)),
+         "mask": np.array([[1] * 7, [1] * 4 + [0] * 3, [1] + [0] * 6])}
+    out, report = rewriter.rewrite(m, ["expand-contrib"], verify=True, inputs=f)
+    assert report.passes[0].counts["raw-mask:Attention"] == 1
+    np.testing.assert_allclose(run_ort(out, f)[0], run_ort(m, f)[0], rtol=1e-6, atol=1e-6)
+
+
 def test_plan_on_int4_weights_says_they_are_quantized_already(tmp_path, capfd):
     # --plan default on a genai int4 model: no Conv/MatMul/Gemm left, the MatMulNBits kept as
     # they are (not quantized again), and the one line said "of 0 layers" without why.
