@@ -703,8 +703,8 @@ class _Rewrite:
             except InputError as e:   # that branch does not run at these sizes: say so
                 self.report.warnings.append(
                     f"random inputs with {name} = {np.asarray(value).ravel()[0]} ({why}) do "
-                    f"not run the original: {str(e)[:200]}; that branch is not verified "
-                    "(--inputs)")
+                    f"not run the original: {getattr(e, 'reason', str(e)[:200])}; that "
+                    "branch is not verified (--inputs)")
                 continue
             self.verifier = v
             keep.append(extra)

@@ -776,6 +776,30 @@ def test_random_inputs_reach_the_branch_an_equal_selects():
     assert e.value.report.verified_with.endswith("and with sr = 16000 (compared by an Equal)")
 
 
+def test_a_branch_the_original_cannot_run_says_onnxruntimes_why():
+    # CLIP's text tower from optimum at a vocabulary of 256: Equal(ids, 49407) picks the pooled
+    # token, and ids of 49407 leave the embedding table. The warning cut onnxruntime's message
+    # at 200 characters, after the feeds' sizes and its own wrapper: "... Status Messag".
+    m = onnx.parser.parse_model("""
+    <ir_version: 10, opset_import: ["" : 17]>
+    g (int64[1, S] ids) => (float[1, S, 4] y) {
+        eos = Constant <value = int64 {49407}> ()
+        ax = Constant <value = int64[1] {-1}> ()
+        e = Equal (ids, eos)
+        u = Unsqueeze (e, ax)
+        hit = Cast <to = 1> (u)
+        t = Gather (W, ids)
+        y = Add (t, hit)
+    }""")
+    m.graph.initializer.append(numpy_helper.from_array(np.ones((256, 4), np.float32), "W"))
+    with pytest.raises(Exception) as direct:   # onnxruntime's own why, on that input
+        ort.run(ort.session(m), {"ids": np.full((1, 8), 49407, np.int64)})
+    why = str(direct.value).split("Status Message: ")[-1].strip()
+    _, report = rewriter.rewrite(m, verify=True)
+    said = next(w for w in report.warnings if "49407" in w)
+    assert f"do not run the original: Gather node: {why}; that branch" in said, said
+
+
 def test_random_inputs_are_long_enough_to_check_attention():
     """Self-attention over a symbolic sequence length: with 1 there (the default before),
     the broken scores verified; random inputs now put 8 in symbolic dims past the batch,

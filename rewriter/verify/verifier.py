@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 
@@ -18,7 +20,12 @@ from rewriter.verify.metrics import (MIN_COSINE, TINY_OUTPUT, CosineSums, Output
 
 
 class OriginalRunError(InputError):
-    """onnxruntime loads the original model but cannot run it on the feeds given."""
+    """onnxruntime loads the original model but cannot run it on the feeds given; ``reason``
+    is onnxruntime's why, without the feeds' sizes."""
+
+    def __init__(self, message: str, reason: str = ""):
+        super().__init__(message)
+        self.reason = reason or message
 
 
 class NonFiniteReference(InputError):
@@ -94,7 +101,7 @@ class Verifier:
             given = ", ".join(f"{k} {list(np.shape(v))} {np.asarray(v).dtype}"
                               for k, v in self.feed_sets[0].items())
             raise OriginalRunError(f"onnxruntime cannot run the original model on these "
-                                   f"inputs ({given}): {_line(e)}") from None
+                                   f"inputs ({given}): {_line(e)}", _line(e)) from None
         # quick's reference, the first sets' runs (none kept where quick is this verifier),
         # copied: onnxruntime's arrays keep its session, and its arena, alive (0.9 GB more
         # at the peak on the thirtieth round's PaiNN)
@@ -548,8 +555,16 @@ class ModelLoadError(RuntimeError):
 
 
 def _line(e: BaseException) -> str:
+    """The first line of an error, onnxruntime's wrapper ("[ONNXRuntimeError] : 2 :
+    INVALID_ARGUMENT : Non-zero status code returned while running Gather node. Name:'g'
+    Status Message: ...", 130 characters before the why) said as "Gather node 'g': ..."."""
     s = str(e).strip().splitlines()
-    return (s[0] if s else type(e).__name__)[:300]
+    s = s[0] if s else type(e).__name__
+    m = re.match(r"\[ONNXRuntimeError\] : \d+ : \w+ : Non-zero status code returned while "
+                 r"running (\S+) node\. Name:'([^']*)' Status Message: (.*)", s)
+    if m:
+        s = f"{m[1]} node{f' {m[2]!r}' if m[2] else ''}: {m[3]}"
+    return s[:300]
 
 
 def _short_miss(m: OutputMetrics) -> str:
