@@ -203,6 +203,7 @@ class ExpandContrib(Pass):
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()
         consts: dict = {}
+        raws: dict = {}
         for g in iter_graphs(graph):
             for node in list(g.nodes):   # topological: producers first, their dtypes set
                 if not node.outputs or not (_contrib(node.domain, node.op, graph.opset)
@@ -217,7 +218,7 @@ class ExpandContrib(Pass):
                     res.outcome(_flat_zero_points(node, ctx), "flattened-zero-points:MatMulNBits")
                     continue
                 if node.op == "Attention" and node.domain == MS:
-                    res.outcome(_raw_mask(node, g, ctx), "raw-mask:Attention")
+                    res.outcome(_raw_mask(node, g, ctx, raws), "raw-mask:Attention")
                 if _migraphx_parses(node, ctx.options.migraphx_version):
                     res.skip(f"parsed-by-migraphx:{node.op}")
                     _type_kept(node)
@@ -264,18 +265,26 @@ def _flat_zero_points(node: gs.Node, ctx: Context) -> str | None:
     return None
 
 
-def _raw_mask(node: gs.Node, g: gs.Graph, ctx: Context) -> str | None:
+def _raw_mask(node: gs.Node, g: gs.Graph, ctx: Context, raws: dict) -> str | None:
     """Attention's 1-D mask_index [B] (each sequence's length: right padding, what
     EmbedLayerNormalization counts) as the raw [B, S] mask of ones and zeros that means the
     same to onnxruntime (the same filter value on the same keys): MIGraphX 2.15 and 2.16
     refuse the 1-D form ("Left/Right Padding not currently supported") and parse the raw
-    one. Not with a past (keys past + S long) nor a [2B] mask (ends and starts)."""
+    one. Not with a past (keys past + S long) nor a [2B] mask (ends and starts). One raw
+    mask per mask and sequence: a later Attention whose x comes, through the first inputs of
+    shape-keeping ops, from an earlier one's x reads the same (BERT's layers, 6 nodes each)."""
     ins = list(node.inputs) + [gs.Variable("")] * 7
     x, mask = ins[0], ins[3]
     if not mask.name or ins[4].name or mask.shape is None or len(mask.shape) != 1:
         return ""
-    if _rank(x) != 3 or mask.shape[0] is None or mask.shape[0] not in _first_dims(x):
+    chain = _first_chain(x)
+    if _rank(x) != 3 or mask.shape[0] is None or mask.shape[0] not in [
+            t.shape[0] for t in chain if t.shape]:
         return "mask-not-batch-sized"
+    made = next((raws[mask.name, t.name] for t in chain if (mask.name, t.name) in raws), None)
+    if made is not None:
+        node.inputs[3] = made
+        return None
     namer, i64 = ctx.namer, np.int64
 
     def add(op, inputs, dtype, **attrs):
@@ -292,29 +301,26 @@ def _raw_mask(node: gs.Node, g: gs.Graph, ctx: Context) -> str | None:
     keep = add("Less", [keys, ends], np.bool_)
     raw = add("Cast", [keep], np.int32, to=6)
     raw.shape = [mask.shape[0], x.shape[1] if x.shape is not None else None]
-    node.inputs[3] = raw
+    node.inputs[3] = raws[mask.name, x.name] = raw
     return None
 
 
-def _first_dims(t) -> list:
-    """A tensor's first dim as its shape says it, then as its producer's first input's says
-    it where that has the same rank (BROADCAST_RANK ops), and so on up: inference stops at
-    a contrib op, and gives a broadcast with a computed operand a fresh name (optimum's BERT
-    embeddings: [B, S] + position embeddings sliced to a computed length is [unk, unk]).
-    Those name one dim on any input the model runs on: a first dim of 1 that broadcasts to
-    k > 1 leaves a mask of that length neither k nor 2k long, which onnxruntime refuses."""
-    dims = []
+def _first_chain(t) -> list:
+    """``t``, its producer's first input where that has the same rank (BROADCAST_RANK ops),
+    and so on up: their first two dims name ``t``'s on any input the model runs on. Inference
+    stops at a contrib op, and gives a broadcast with a computed operand fresh names
+    (optimum's BERT embeddings: [B, S] + position embeddings sliced to a computed length is
+    [unk, unk, 64]); a 1 up the chain that broadcasts to k > 1 leaves a mask onnxruntime
+    refuses for the original too (a count neither k nor 2k long, a raw mask not k wide)."""
+    chain = []
     for _ in range(64):
-        if t.shape is not None:
-            if not t.shape:
-                break
-            dims.append(t.shape[0])
+        chain.append(t)
         n = t.inputs[0] if t.inputs else None
         if n is None or n.op not in BROADCAST_RANK or t is not n.outputs[0] \
-                or not n.inputs or _rank(n.inputs[0]) != _rank(t):
+                or not n.inputs or _rank(n.inputs[0]) != _rank(t) or _rank(t) == 0:
             break
         t = n.inputs[0]
-    return [d for d in dims if d is not None]
+    return chain
 
 
 class _Emit:

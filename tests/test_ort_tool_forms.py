@@ -414,6 +414,26 @@ def test_attention_mask_count_after_computed_position_embeddings():
     np.testing.assert_allclose(run_ort(out, f)[0], run_ort(m, f)[0], rtol=1e-6, atol=1e-6)
 
 
+def test_attention_layers_share_one_raw_mask():
+    # BERT's layers all read the one mask count: one raw mask for them, not 6 nodes per layer
+    # (optimum's BERT through ORTOptimizer, target none: 30 -> 42 nodes with one per layer).
+    m = parse("""
+    <ir_version: 10, opset_import: ["" : 17, "com.microsoft" : 1]>
+    g (float[B, S, 16] x, int32[B] lengths) => (float[B, S, 16] y) {
+        a = com.microsoft.Attention <num_heads = 2> (x, Wqkv, Bqkv, lengths)
+        h = com.microsoft.SkipLayerNormalization (a, x, G, Bt)
+        y = com.microsoft.Attention <num_heads = 2> (h, Wqkv2, Bqkv, lengths)
+    }""", {"Wqkv": (16, 48), "Wqkv2": (16, 48), "Bqkv": (48,), "G": (16,), "Bt": (16,)})
+    f = {"x": np.random.default_rng(8).standard_normal((3, 7, 16)).astype(np.float32),
+         "lengths": np.array([7, 4, 1], np.int32)}
+    out, report = rewriter.rewrite(m, ["expand-contrib"], verify=True, inputs=f)
+    assert report.passes[0].counts["raw-mask:Attention"] == 2
+    atts = [n for n in out.graph.node if n.op_type == "Attention"]
+    assert atts[0].input[3] == atts[1].input[3] != "lengths"
+    assert [n.op_type for n in out.graph.node].count("Range") == 1
+    np.testing.assert_allclose(run_ort(out, f)[0], run_ort(m, f)[0], rtol=1e-6, atol=1e-6)
+
+
 def test_plan_on_int4_weights_says_they_are_quantized_already(tmp_path, capfd):
     # --plan default on a genai int4 model: no Conv/MatMul/Gemm left, the MatMulNBits kept as
     # they are (not quantized again), and the one line said "of 0 layers" without why.
