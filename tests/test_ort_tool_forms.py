@@ -495,6 +495,32 @@ def test_fp16_plan_after_a_kept_attention(tmp_path):
     assert report.passes[-1].counts["fp16-matmul"] == 1, report.passes[-1].counts
 
 
+def test_fp16_plan_on_the_pooler_after_a_kept_norm(tmp_path):
+    # optimum's BERT through ORTOptimizer, --plan fp16: the pooler and classifier Gemms read a
+    # Gather of a kept SkipLayerNormalization's output, typed but of unknown rank, which the
+    # refreshed inference was not told: both skipped (unknown-input-dtype), FP32 without a
+    # word, and under --plan default the FP16 classifier too.
+    m = parse("""
+    <ir_version: 10, opset_import: ["" : 17, "com.microsoft" : 1]>
+    g (float[B, S, 16] x, float[B, S, 16] r) => (float[B, 3] y) {
+        a = com.microsoft.Attention <num_heads = 2> (x, Wqkv, Bqkv)
+        h = com.microsoft.SkipLayerNormalization (a, r, G, Bt)
+        i0 = Constant <value = int64 {0}> ()
+        first = Gather <axis = 1> (h, i0)
+        p = Gemm <transB = 1> (first, Wp, Bp)
+        t = Tanh (p)
+        y = Gemm <transB = 1> (t, Wc, Bc)
+    }""", {"Wqkv": (16, 48), "Bqkv": (48,), "G": (16,), "Bt": (16,), "Wp": (16, 16),
+           "Bp": (16,), "Wc": (3, 16), "Bc": (3,)})
+    rng = np.random.default_rng(0)
+    for k in range(16):
+        np.savez(tmp_path / f"{k}.npz", x=rng.standard_normal((1, 4, 16)).astype(np.float32),
+                 r=rng.standard_normal((1, 4, 16)).astype(np.float32))
+    out, report = rewriter.rewrite(m, plan="fp16", calib=str(tmp_path), verify=True)
+    assert report.verified
+    assert report.passes[-1].counts["fp16-gemm"] == 2, report.passes[-1].counts
+
+
 def test_check_says_how_migraphx_reads_the_kv_cache():
     # A decode step with a cache as long as the past (onnxruntime's present = past + 1):
     # MIGraphX 2.15/2.16 write the new keys into the past buffer and keep its length, and

@@ -341,7 +341,7 @@ def refresh_shapes(graph: gs.Graph, tag: str) -> int:
     # is inferred, as it is when the written output (which declares them) is read again.
     stand_in.graph.value_info.extend(
         onnx.ValueInfoProto(name=o.name) for g in iter_graphs(graph) for n in g.nodes
-        for o in n.outputs if o.name and o.shape is not None)
+        for o in n.outputs if o.name and (o.shape is not None or o.dtype is not None))
     infos = shape_info(export(graph, stand_in).model)
     if not infos:
         return 0
@@ -350,10 +350,14 @@ def refresh_shapes(graph: gs.Graph, tag: str) -> int:
     for g, look in scoped_infos(graph, infos):
         for name, t in g.tensors().items():
             vi = look.get(name)
-            if (not isinstance(t, gs.Variable) or vi is None
-                    or not vi.type.HasField("tensor_type")
-                    or not vi.type.tensor_type.HasField("shape")):
+            if not isinstance(t, gs.Variable) or vi is None or not vi.type.HasField(
+                    "tensor_type"):
                 continue
+            elem = vi.type.tensor_type.elem_type
+            if t.dtype is None and elem:   # a type inference missed the first time (after
+                t.dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)   # a contrib op)
+            if not vi.type.tensor_type.HasField("shape"):
+                continue   # typed only: what reads a kept contrib op's output
             new = [d.dim_value if d.HasField("dim_value") else
                    (d.dim_param if d.dim_param in own else
                     f"{tag}{d.dim_param}" if d.dim_param else None)
@@ -361,9 +365,6 @@ def refresh_shapes(graph: gs.Graph, tag: str) -> int:
             if t.shape is None or _more_static(new, t.shape):
                 t.shape = new
                 gained += 1
-            elem = vi.type.tensor_type.elem_type
-            if t.dtype is None and elem:   # a type inference missed the first time (after
-                t.dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)   # a contrib op)
     return gained
 
 
