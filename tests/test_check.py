@@ -452,6 +452,16 @@ def test_external_scale_not_checked(tmp_path):
 # -- inputs, channels, plans ----------------------------------------------------------------------
 
 
+def test_input_shape_advice_puts_the_size_a_weight_fixes():
+    # optimum's image exports declare pixel_values [batch_size, num_channels, height, width]:
+    # the advice said 1x{num_channels}x{height}x{width}, where the first conv's weight says 3.
+    model = build("""
+    g (float[N, C, H, W] x) => (float[N, 4, H2, W2] y) { y = Conv <pads = [1, 1, 1, 1]> (x, w) }""",
+                  w=np.ones((4, 3, 3, 3), np.float32))
+    (f,) = [f for f in check_model(model).findings if f.code == "dynamic-input-dim"]
+    assert "--input-shape x:1x3x{H}x{W} " in f.message, f.message
+
+
 def test_dynamic_dims_need_input_shape():
     model = build("""
     g (float[N,3,H,8] x) => (float[N,3,H,8] y) { y = Relu(x) }""")

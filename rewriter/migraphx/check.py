@@ -425,6 +425,7 @@ class _Checker:
                  typed: onnx.ModelProto | None = None, examples: Mapping | None = None):
         self.model, self.profile, self.version = model, profile, version
         self.examples = {k: [int(d) for d in v] for k, v in (examples or {}).items()}
+        self.fixed_dims: dict | None = None   # weight_dims, when advice needs it
         self.kernel_dqs: set[str] = set()
         self.kernel_blockers: dict[str, list[str]] = {}
         self.qdq_layers: list[str] = []
@@ -976,15 +977,26 @@ class _Checker:
         when it fits the declared dims; else 1 for a leading batch and a placeholder such as
         ``{height}`` in the other symbolic dims, for the user to replace: any number here
         would be a guess (1 is what MIGraphX silently takes, ``image:1x1x1x3`` was the
-        advice), and one that --input-shape accepted would compile at that guess."""
+        advice), and one that --input-shape accepted would compile at that guess. A dim a
+        layer's weight fixes is that size (a conv's channels: ``pixel_values:1x3x{height}``,
+        not ``{num_channels}``)."""
         ex = self.examples.get(name)
         if ex is not None and len(ex) == len(dims) and all(
                 not (isinstance(d, int) and d > 0) or d == e for d, e in zip(dims, ex)):
             return ex
+        if self.fixed_dims is None:
+            from rewriter.verify.feeds import weight_dims
+            try:
+                self.fixed_dims = weight_dims(self.model)
+            except Exception:   # advice only: no sizes rather than no check
+                self.fixed_dims = {}
+        fixed = self.fixed_dims.get(name, {})
         out = []
         for i, d in enumerate(dims):
             if isinstance(d, int) and d > 0:
                 out.append(d)
+            elif i in fixed:
+                out.append(fixed[i])
             elif i == 0 and len(dims) > 1:
                 out.append(1)
             else:
