@@ -55,18 +55,18 @@ def shape_info(model: onnx.ModelProto, fixed: dict[str, list[int]] | None = None
     except Exception:
         return {}
     out = ShapeInfos()
-    scopes = []   # (the graph's own infos, its parent's index), in graph_protos' order
+    scopes = []   # (the graph's own infos, its infos of outer names, its parent's index)
     _scopes(inferred.graph, -1, scopes)
     torn = set()  # names two bodies each define, differently
-    for own, parent in scopes:
+    for own, _, _ in scopes:
         for name, vi in own.items():
             have = out.setdefault(name, vi)
             if have is not vi and have.type != vi.type:
                 torn.add(name)
-    for own, parent in scopes[1:]:
+    for _, outer, _ in scopes:
         # A body's value_info for an outer tensor (onnx writes one, often less static:
         # akiki-vad's [unk, 128, unk] for a [1, 128, 1]) never replaces the outer one.
-        for name, vi in own.outer.items():
+        for name, vi in outer.items():
             out.setdefault(name, vi)
     for name in torn:
         del out[name]
@@ -98,22 +98,18 @@ class ShapeInfos(dict):
     scopes: list = []
 
 
-class _Own(dict):
-    outer: dict   # value_info a body holds for tensors of its enclosing graphs
-
-
 def _scopes(g: onnx.GraphProto, parent: int, acc: list) -> None:
-    """``acc`` gets ``g``'s own infos and its parent's index, then its bodies', in
-    :func:`graph_protos`' order (that of :func:`iter_graphs` over the imported graph)."""
-    own = _Own()
+    """``acc`` gets (``g``'s infos of its own names, of outer names, its parent's index),
+    then its bodies', in :func:`graph_protos`' order (that of :func:`iter_graphs` over the
+    imported graph)."""
+    own, outer = {}, {}
     # a body's own names: what its nodes write and its inputs (an output may be outer)
     local = None if parent < 0 else {o for n in g.node for o in n.output} | {
         vi.name for vi in g.input}
-    own.outer = {}
     for vi in list(g.value_info) + list(g.output) + list(g.input):
         # inputs and outputs win over a stale value_info
-        (own if local is None or vi.name in local else own.outer)[vi.name] = vi
-    acc.append((own, parent))
+        (own if local is None or vi.name in local else outer)[vi.name] = vi
+    acc.append((own, outer, parent))
     me = len(acc) - 1
     for n in g.node:
         if n.op_type not in SUBGRAPH_OPS and n.domain in ("", "ai.onnx"):
@@ -136,11 +132,11 @@ def scoped_infos(graph: gs.Graph, infos: dict):
     if len(scopes) != len(graphs):
         return [(g, infos) for g in graphs]
     out = []
-    for own, parent in scopes:
+    for own, _, parent in scopes:
         chain = [own]
         while parent >= 0:
             chain.append(scopes[parent][0])
-            parent = scopes[parent][1]
+            parent = scopes[parent][2]
         out.append(ChainMap(*chain, infos))
     return list(zip(graphs, out))
 
@@ -191,7 +187,7 @@ def _distrust_wrong_stft(graph: onnx.GraphProto, infos: dict[str, onnx.ValueInfo
             if not tainted.isdisjoint(names) and not tainted.issuperset(n.output):
                 tainted.update(o for o in n.output if o)
                 grew = True
-    for d in [infos] + [own for own, _ in getattr(infos, "scopes", [])]:
+    for d in [infos] + [own for own, _, _ in getattr(infos, "scopes", [])]:
         for name in tainted & d.keys():
             vi = onnx.ValueInfoProto()
             vi.CopyFrom(d[name])

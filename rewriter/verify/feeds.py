@@ -110,7 +110,7 @@ def expression_dims(inputs: list, shapes: dict[str, list[int]], given=()) -> Non
     values, exprs = {}, []
     for vi in inputs:
         for i, d in enumerate(vi.type.tensor_type.shape.dim):
-            if not d.dim_param or _declared(d) or i >= len(shapes[vi.name]):
+            if not d.dim_param or i >= len(shapes[vi.name]):
                 continue
             e = dim_expression(d.dim_param)
             if e is None:
@@ -362,14 +362,9 @@ def branch_values(model: onnx.ModelProto, limit: int = 3) -> dict[str, list]:
     An input an If reads as its condition (:func:`condition_inputs`) gets True and False."""
     from rewriter.core.graph import constant_tensors, graph_protos
 
-    consts, consumers = {}, {}
-    for g in graph_protos(model.graph):   # a body reads outer names: names are global
-        for name, t in constant_tensors(g).items():
-            if int(np.prod(t.dims)) == 1:
-                consts[name] = t
-        for n in g.node:
-            for i, x in enumerate(n.input):
-                consumers.setdefault(x, []).append((n, i))
+    consts = {name: t for g in graph_protos(model.graph)   # a body reads outer names
+              for name, t in constant_tensors(g).items() if int(np.prod(t.dims)) == 1}
+    consumers = _consumers(model)
     out: dict[str, list] = {}
     for vi in real_inputs(model):
         values = []
@@ -386,17 +381,23 @@ def branch_values(model: onnx.ModelProto, limit: int = 3) -> dict[str, list]:
     return out
 
 
+def _consumers(model: onnx.ModelProto) -> dict[str, list]:
+    """{tensor name: [(node, input index)]} over the graph and its bodies."""
+    from rewriter.core.graph import graph_protos
+
+    out: dict[str, list] = {}
+    for g in graph_protos(model.graph):
+        for n in g.node:
+            for i, x in enumerate(n.input):
+                out.setdefault(x, []).append((n, i))
+    return out
+
+
 def condition_inputs(model: onnx.ModelProto) -> set[str]:
     """Inputs an If reads as its condition, directly or through value-preserving ops:
     optimum's merged decoders take use_cache_branch, and a random bool verified one of
     their two branches only."""
-    from rewriter.core.graph import graph_protos
-
-    consumers = {}
-    for g in graph_protos(model.graph):
-        for n in g.node:
-            for i, x in enumerate(n.input):
-                consumers.setdefault(x, []).append((n, i))
+    consumers = _consumers(model)
     return {vi.name for vi in real_inputs(model)
             if any(n.op_type == "If" and i == 0 for n, i in _value_reads(vi.name, consumers))}
 

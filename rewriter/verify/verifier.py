@@ -33,7 +33,10 @@ class NonFiniteReference(InputError):
     nothing to compare, and equal NaNs must not pass for a verified output."""
 
 
-NOISE_COSINE_MIN = 0.99   # see Verifier.allow_noise
+# The cosine the original's own one-ulp response must keep for it to widen the cosine floor
+# (Verifier.allow_noise): below it the inputs test nothing (a YOLOv8 head whose ties reorder:
+# 0.84 under one ulp, and 8x that 1 - cosine passed any output, a wrong one too).
+NOISE_COSINE_MIN = 0.99
 
 
 class Verifier:
@@ -165,9 +168,6 @@ class Verifier:
         self.allow_noise(metrics, numerics, depth)
         return metrics
 
-    # The cosine the original's own one-ulp response must keep for it to widen the floor:
-    # below it the inputs test nothing (a YOLOv8 head whose ties reorder: 0.84 under one
-    # ulp, and 8x that 1 - cosine passed any output, a wrong one too).
     def allow_noise(self, metrics: list[OutputMetrics], numerics: Numerics,
                     depth: int) -> None:
         """FP32 misses within NOISE_FACTOR times the original's own one-ulp response
