@@ -30,8 +30,8 @@ Reshape that only adds or drops unit dims becomes that Unsqueeze or Squeeze. A -
 symbolic entry only when every other entry is a positive integer ([N*H, 192] is
 [-1, 192]): then it always equals the entry; next to a 0 it does not (onnxruntime's
 [0, 4, 16, -1] fails on an empty batch).
-Skipped with a reason: a branch whose tensor names clash with the enclosing graph's
-(if-name-clash).
+A branch tensor named like one of the enclosing graph's is renamed (a fresh name); a branch
+output named like the If's output at its place simply becomes it.
 
 Shapes come from ONNX shape inference (data propagation on), run once before the pipeline,
 If/Loop/Scan bodies included; bodies are processed like the top level. Where a round folded
@@ -92,7 +92,8 @@ class FoldShapes(Pass):
                     if node.op == "If":
                         cond = values.get(id(node.inputs[0]))
                         if cond is not None and cond.concrete() and cond.arr.size == 1:
-                            reason = _inline_if(node, g, bool(cond.arr.ravel()[0]), outs)
+                            reason = _inline_if(node, g, bool(cond.arr.ravel()[0]), outs,
+                                                ctx.namer)
                             if reason:
                                 res.skip(reason)
                             else:
@@ -670,16 +671,21 @@ def _reshape_out_shape(node: gs.Node) -> bool:
 
 # --- If with a known condition ------------------------------------------------------------
 
-def _inline_if(node: gs.Node, g: gs.Graph, cond: bool, graph_outputs: set[int]) -> str | None:
+def _inline_if(node: gs.Node, g: gs.Graph, cond: bool, graph_outputs: set[int],
+               namer) -> str | None:
     branch = node.attrs.get("then_branch" if cond else "else_branch")
     if not isinstance(branch, gs.Graph) or len(branch.outputs) != len(node.outputs):
         return "if-malformed"
-    outer = g.tensors()
-    for name, t in branch.tensors().items():
-        if name in outer and outer[name] is not t:
-            return "if-name-clash"
     if any(t.name == "" for t in branch.outputs):
         return "if-malformed"
+    outer = g.tensors()
+    # A branch output named as the If's output at its place becomes that output (optimum's
+    # merged decoders name them so); any other name the enclosing graph has is renamed.
+    clash = [t for name, t in branch.tensors().items()
+             if name in outer and outer[name] is not t and not any(
+                 t is bo and io.name == name for bo, io in zip(branch.outputs, node.outputs))]
+    for t in clash:
+        t.name = namer(t.name)
     own = {id(n) for n in branch.nodes}
     outs = list(node.outputs)
     node.outputs.clear()

@@ -458,3 +458,32 @@ def test_dims_are_compared_without_simplifying_polynomials_or_twice(monkeypatch)
         assert eq(sympy.floor(x / 2), y) is None
         assert eq(sympy.floor(2 * x / 2), x) is True
     assert len(calls) == 1   # floor(2x/2) is x already; floor(x/2) - y once
+
+
+def test_if_whose_branch_reuses_outer_names_inlines_with_fresh_names():
+    # optimum's merged decoders: the branches' outputs are named as the If's outputs, and a
+    # name inside a branch may be one the enclosing graph defines after the If ('t' here).
+    # Both were "if-name-clash" and the If stayed, cache branch and all (MIGraphX refuses
+    # an If whose branches return other shapes).
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4] x) => (float[N, 4] y, float[N, 4] z) {
+        s = Shape (x)
+        w = Gather <axis = 0> (s, one)
+        c = Equal (w, four)
+        y = If (c) <
+            then_branch = t1 () => (float[N, 4] y) { t = Sigmoid (x)
+                                                     y = Relu (t) },
+            else_branch = e1 () => (float[N, 4] y) { t = Neg (x)
+                                                     y = Abs (t) }
+        >
+        t = Neg (y)
+        z = Mul (t, x)
+    }""", {"one": np.array(1, np.int64), "four": np.array(4, np.int64)})
+    onnx.checker.check_model(m, full_check=True)
+    out, rep = fs(m)
+    assert rep.passes[0].counts["inlined-if"] == 1
+    assert "If" not in ops(out) and "Sigmoid" in ops(out) and "Abs" not in ops(out)
+    assert [o.name for o in out.graph.output] == ["y", "z"]
+    onnx.checker.check_model(out, full_check=True)
+    same_at(m, out, "x", [(1, 4), (3, 4)])
