@@ -812,6 +812,11 @@ def _gathers_in_order(node) -> np.ndarray | None:
             or not all(isinstance(d, (int, np.integer)) and d > 0 for d in after) \
             or not np.array_equal(idx.values.ravel(), np.arange(n)):
         return None
+    if not axis and not idx.values.shape and not after:
+        # x[0] of a [1] tensor: a Reshape to [] has a zero-element shape, which MIGraphX
+        # refuses (2.15 at parse; 2.16 in Whisper's decoder, "MULTIBROADCAST: input
+        # dimensions should be > 0"). The Gather stays.
+        return None
     return np.array([0] * axis + list(idx.values.shape) + after, np.int64)
 
 

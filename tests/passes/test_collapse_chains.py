@@ -2,6 +2,7 @@
 
 import numpy as np
 import onnx
+import pytest
 from conftest import make_model, ops, run_ort
 
 import rewriter
@@ -1139,3 +1140,46 @@ def test_a_concat_two_concats_read_goes_into_both(rng):
     assert ops(out).count("Concat") == 6, ops(out)
     same(m, out, {"x": rng.standard_normal((2, 3, 4)).astype(np.float32),
                   "z": rng.standard_normal((2, 2, 4)).astype(np.float32)})
+
+
+def _scalar_of_a_shape():
+    """Whisper's decoder (optimum): Shape(Range(...))[0], a scalar from a [1] tensor."""
+    return make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4] x) => (float[N, 4] y) {
+        s = Shape (x)
+        n = Gather (s, zero)
+        r = Range (zero, n, one)
+        t = Shape (r)
+        k = Gather (t, zero)
+        nk = Add (n, k)
+        h = Div (nk, two)
+        ku = Unsqueeze (h, ax)
+        sh = Concat <axis = 0> (ku, four)
+        e = Expand (row, sh)
+        y = Add (x, e)
+    }""", {"zero": np.array(0), "one": np.array(1), "two": np.array(2), "ax": np.array([0]),
+           "four": np.array([4]), "row": np.arange(4, dtype=np.float32)})
+
+
+def test_the_only_element_of_a_one_element_tensor_stays_a_gather(rng):
+    # As a Reshape it needs a zero-element shape [], which MIGraphX 2.15 refuses at parse
+    # and 2.16 in Whisper's decoder ("MULTIBROADCAST: input dimensions should be > 0").
+    m = _scalar_of_a_shape()
+    feeds = {"x": rng.standard_normal((3, 4)).astype(np.float32)}
+    out, rep = cc(m, inputs=feeds)
+    assert "gather-to-reshape" not in rep.passes[0].counts
+    assert not any(0 in onnx.numpy_helper.to_array(t).shape for t in out.graph.initializer)
+    same(m, out, feeds)
+
+
+@pytest.mark.migraphx
+def test_a_scalar_of_a_shape_compiles_on_migraphx(tmp_path, migraphx_version):
+    from rewriter.migraphx import backend
+
+    out, _ = cc(_scalar_of_a_shape())
+    path = tmp_path / "o.onnx"
+    onnx.save(out, path)
+    x = np.ones((3, 4), np.float32)
+    run = backend.compile_and_run(str(path), {"x": x}, {"x": [3, 4]}, target="ref")
+    np.testing.assert_array_equal(run.outputs[0], x + np.arange(4, dtype=np.float32))
