@@ -80,6 +80,7 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
             migraphx: dict[str, Any] | None = None,
             labels: Any = None,
             fix_shapes: bool = False,
+            set_inputs: dict[str, Any] | None = None,
             ) -> tuple[onnx.ModelProto, Report]:
     """Rewrite a model with a pipeline of passes (default: registry.default_pipeline(target)).
 
@@ -100,6 +101,11 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
         fix_shapes: write ``input_shapes`` into the output's graph inputs and fold what
             becomes static (like onnxsim's --overwrite-input-shape). MIGraphX turns
             symbolic dims into 1 on its own; fixing them here is the explicit way.
+        set_inputs: {input name: value}: each of these inputs becomes a constant of that
+            value (a number, bool or array, broadcast to its dims) and leaves the output
+            model's interface; the original is verified with that value fed (optimum's
+            merged decoders: ``{"use_cache_branch": True}`` keeps the cache branch only,
+            which MIGraphX compiles where it refuses the If).
         inputs: user inputs for verification instead of random ones: one feed, or a list
             of feeds (samples; they may differ in size: outputs are compared per sample,
             MIGraphX runs those of the first one's shape). They imply ``verify``, as
@@ -181,7 +187,7 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
                                    _mapping("options", options), base_dir,
                                    _mapping("data", data), plan,
                                    calib, progress, target, migraphx, labels,
-                                   fix_shapes).run(materialize)
+                                   fix_shapes, set_inputs).run(materialize)
     except RewriteError as e:
         if api:
             in_api_words(e)
@@ -293,7 +299,7 @@ class _Rewrite:
 
     def __init__(self, model, passes, output, verify, input_shapes, inputs, seed, options,
                  base_dir, data, plan, calib, progress, target, migraphx, labels=None,
-                 fix_shapes=False):
+                 fix_shapes=False, set_inputs=None):
         _check_arguments(target, migraphx, seed, inputs, input_shapes, labels, calib, options,
                          plan)
         target = None if target == "none" else target
@@ -306,6 +312,8 @@ class _Rewrite:
         self.progress, self.target, self.migraphx = progress, target, migraphx
         self.labels = labels
         self.fix_shapes, self.fixed = fix_shapes, None
+        self.set_inputs = _mapping("set_inputs", set_inputs)
+        self.set_said: list[str] = []   # "name = value" for each input set_inputs set
         self.fill = None   # random inputs' size in symbolic dims past the batch (None: 1)
         self.ints = (0, 4)   # random integer inputs' [low, high) (new_verifier may narrow it)
         self.planner_settings = options.pop("planner", None)
@@ -368,17 +376,20 @@ class _Rewrite:
 
     @property
     def path(self) -> str | None:
+        """The input's file, where it is the original as read (not after set_inputs)."""
         return None if isinstance(self.model_arg, (onnx.ModelProto, bytes, bytearray)) \
-            else str(self.model_arg)
+            or self.set_said else str(self.model_arg)
 
     # -- the steps, in order ------------------------------------------------------------------
 
     def run(self, materialize: bool):
         t0 = time.perf_counter()
         self.load()
+        self.set_input_values()
         self.plan_and_data()
-        self.report = Report(input=self.path or "<model>",
-                             output=str(self.output) if self.output else None)
+        self.report = Report(input="<model>" if isinstance(
+            self.model_arg, (onnx.ModelProto, bytes, bytearray)) else str(self.model_arg),
+            output=str(self.output) if self.output else None)
         self.report.warnings += self.early_warnings
         self.describe_input()
         self.import_graph()
@@ -477,6 +488,36 @@ class _Rewrite:
         out = self.output
         if out is not None and Path(out).exists() and os.path.samefile(out, model):
             raise InputError(f"{out}: output would overwrite the input; choose another path")
+
+    def set_input_values(self) -> None:
+        """set_inputs: the original from here on is the input model with those inputs
+        constant (an exact substitution: it computes what the input model computes with
+        them fed), held in memory; --input-shape and user inputs drop them."""
+        if not self.set_inputs:
+            return
+        from rewriter.core.convert import set_input_values
+        model = self.original
+        self.set_said = set_input_values(model, self.set_inputs, self.input_shapes)
+        self.original = model   # not read from its file again
+        if self.input_shapes:
+            self.input_shapes = {k: v for k, v in self.input_shapes.items()
+                                 if k not in self.set_inputs}
+        values = {t.name: t for t in model.graph.initializer if t.name in self.set_inputs}
+        for feed in [self.inputs] if isinstance(self.inputs, dict) else self.inputs or []:
+            for name in set(feed) & set(values):
+                given, want = np.asarray(feed[name]), onnx.numpy_helper.to_array(values[name])
+                if given.shape != want.shape or not np.array_equal(given, want):
+                    raise InputError(f"--inputs gives {name} another value than --set-input "
+                                     f"{name} sets: drop one")
+        if isinstance(self.inputs, dict):   # the caller's dicts are not changed
+            self.inputs = {k: v for k, v in self.inputs.items() if k not in values}
+        elif self.inputs is not None:
+            self.inputs = [{k: v for k, v in f.items() if k not in values} for f in self.inputs]
+        self.early_warnings.append(
+            f"--set-input: {', '.join(self.set_said)}: no longer input"
+            f"{'s' if len(self.set_said) > 1 else ''} of the output model; verified against "
+            "the original with "
+            + ("these values" if len(self.set_said) > 1 else "this value") + " fed")
 
     def plan_and_data(self) -> None:
         """The plan (``auto``: chosen by the planner now), its passes, and the calibration

@@ -81,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(repeatable, or comma-separated: a:1x16,b:1x16; random inputs put "
                         "the size a weight fixes, else 1 in a symbolic batch, 8 in other "
                         "symbolic dims)")
+    g.add_argument("--set-input", action="append", metavar="NAME=VALUE",
+                   help="make an input a constant of this value (a number, true or false, "
+                        "filling its dims) and drop it from the output's inputs, e.g. "
+                        "use_cache_branch=true: a merged decoder's If then folds to one "
+                        "branch (repeatable)")
     g.add_argument("--fix-shapes", action="store_true",
                    help="write the --input-shape dims into the output model's inputs and "
                         "fold the shape arithmetic that becomes static (MIGraphX turns "
@@ -242,7 +247,7 @@ def _run(args) -> int:
     if args.report:   # now, not after the run (then only a warning)
         check_output_path(args.report, "--report")
     from rewriter.api import rewrite
-    from rewriter.verify import load_inputs, parse_shape_args
+    from rewriter.verify import load_inputs, parse_shape_args, parse_value_args
 
     shapes = parse_shape_args(args.input_shape)
     target = None if args.target == "none" else args.target
@@ -266,6 +271,7 @@ def _run(args) -> int:
         model, report = rewrite(
             args.model, passes, output=args.output, verify=args.verify or bool(args.inputs),
             input_shapes=shapes, inputs=inputs, seed=args.seed, fix_shapes=args.fix_shapes,
+            set_inputs=parse_value_args(args.set_input),
             options={"fold_size_limit": args.fold_size_limit,
                      "planner": _planner_settings(args),
                      **pad,

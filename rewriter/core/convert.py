@@ -364,6 +364,83 @@ def refresh_shapes(graph: gs.Graph, tag: str) -> int:
     return gained
 
 
+def set_input_values(model: onnx.ModelProto, values: dict, shapes: dict | None = None
+                     ) -> list[str]:
+    """--set-input: each named graph input becomes an initializer holding its value (a
+    number, a bool or an array, broadcast to the input's dims; symbolic dims from
+    ``shapes``), and leaves the interface, so that folding can take the branch or the size it
+    decides (optimum's merged decoders: ``use_cache_branch``). ``model`` is changed in place;
+    returns what was set, said as "name = value"."""
+    inits = {t.name: t for t in model.graph.initializer}
+    inputs = {vi.name: vi for vi in model.graph.input if vi.name not in inits}
+    said = []
+    for name, value in values.items():
+        vi = inputs.get(name)
+        if vi is None:
+            raise InputError(f"--set-input names '{name}', which is not a graph input "
+                             f"(inputs: {', '.join(inputs) or 'none'})")
+        tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
+        if tt is None or not tt.elem_type or tt.elem_type == onnx.TensorProto.STRING:
+            raise InputError(f"--set-input {name}: only numeric and bool tensor inputs")
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
+        given = (shapes or {}).get(name)
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim] \
+            if tt.HasField("shape") else None
+        if given is not None:
+            dims = list(given)
+        arr = _input_value(name, value, dtype)
+        if dims is None or None in dims:
+            if dims is not None and arr.ndim == len(dims):
+                dims = list(arr.shape)   # an array of the input's rank sizes it
+            else:
+                raise InputError(f"--set-input {name}: its dims are not all fixed "
+                                 f"({_dims_text(tt)}): add --input-shape {name}:DIMS")
+        try:
+            arr = np.array(np.broadcast_to(arr, dims), dtype=dtype)
+        except ValueError:
+            raise InputError(f"--set-input {name}: a value of shape {list(arr.shape)} does "
+                             f"not fit its dims {dims}") from None
+        model.graph.input.remove(vi)
+        model.graph.initializer.append(onnx.numpy_helper.from_array(arr, name))
+        shown = arr.ravel()[0] if arr.size and (arr == arr.ravel()[0]).all() else "the array"
+        said.append(f"{name} = {shown}")
+    return said
+
+
+def _input_value(name: str, value, dtype) -> np.ndarray:
+    """The value --set-input gives, as an array of the input's type: a string from the CLI
+    ("1", "0.5", "true"), or a number, a bool or an array from the API; refused where the
+    type would change it (2.5 for an integer input, 300 for uint8)."""
+    if isinstance(value, str):
+        low = value.strip().lower()
+        if low in ("true", "false"):
+            value = low == "true"
+        else:
+            try:
+                value = float(low) if any(c in low for c in ".en") else int(low)
+            except ValueError:
+                raise InputError(f"--set-input {name}={value}: a number, true or false"
+                                 ) from None
+    try:
+        arr = np.asarray(value)
+        if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or
+                                       arr.dtype == np.bool_):
+            raise TypeError
+        with np.errstate(all="ignore"):
+            cast = arr.astype(dtype)
+    except (TypeError, ValueError):
+        raise InputError(f"--set-input {name}: a number, a bool or an array of them, got "
+                         f"{type(value).__name__}") from None
+    if arr.size and not np.array_equal(cast.astype(arr.dtype), arr, equal_nan=True):
+        raise InputError(f"--set-input {name}={value}: not a {np.dtype(dtype).name} value")
+    return cast
+
+
+def _dims_text(tt) -> str:
+    return "x".join(d.dim_param or (str(d.dim_value) if d.HasField("dim_value") else "?")
+                    for d in tt.shape.dim) if tt.HasField("shape") else "no shape"
+
+
 def check_fixed_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]] | None,
                        share: bool = True, lenient: bool = False) -> dict[str, list[int]]:
     """--fix-shapes: every named input exists, has that rank, and its static dims agree;

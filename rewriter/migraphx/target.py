@@ -671,6 +671,8 @@ def _compile_sizes(report, checked, exported, original, base_dir, output, mgx, i
             f"; nor with {' or '.join(v)} {where}" for v, where in (
                 (past, "in the symbolic dims past the batch"),
                 (firsts, "in the first dims too")) if v) + ": --input-shape sets the sizes"
+    if info.get("status") == "failed" and info.get("set_input"):
+        info["error"] += "; " + info["set_input"]
     f, fill_batch = fills[k]
     if k > 0 and info.get("status") == "compiled" and (f in FALLBACK_FILLS or fill_batch):
         where = "; ".join(f"{n} at {v}" for n, v in free.items())
@@ -768,6 +770,7 @@ def _compile_output(report, checked, exported, original, base_dir, output, mgx, 
                 and model_path is not None and backend == "migraphx" \
                 and not info.get("original_refused"):
             from rewriter.migraphx.backend import _dims
+            from rewriter.verify.feeds import condition_inputs
             dims = _dims(feed_sets[0], {k: v for k, v in (input_shapes or {}).items() if k})
             run = {"feeds": feed_sets[:1]} if info["stage"] == "run" else {}
             err = _backend(backend).refuses(
@@ -781,6 +784,11 @@ def _compile_output(report, checked, exported, original, base_dir, output, mgx, 
                                  f"{shown}: {err.message} (not caused by the rewrite)")
                 if err.message not in own:   # the rewrite got past that one, not past another
                     info["error"] += f"; the rewritten model fails otherwise: {own}"
+                conds = sorted(condition_inputs(original)) if "PARSE_IF" in err.message else []
+                if conds:   # optimum's merged decoders: use_cache_branch (said last)
+                    info["set_input"] = " or ".join(
+                        f"--set-input {c}=true (or false)" for c in conds[:2]) + \
+                        " keeps one branch of the If"
                 if err.stage == "parse" and _symbolic(exported.model) \
                         and _fixed_parses(model_path, dims, tmp):
                     flags = " ".join(f"--input-shape {k}:{'x'.join(map(str, v))}"

@@ -41,6 +41,21 @@ def parse_shape_args(items: list[str] | None) -> dict[str, list[int]]:
     return out
 
 
+def parse_value_args(items: list[str] | None) -> dict[str, str]:
+    """``name=value`` (repeatable) -> {name: "value"}; the value is read against the
+    input's type later (rewriter.core.convert.set_input_values)."""
+    out: dict[str, str] = {}
+    for item in items or []:
+        name, eq, value = item.rpartition("=")
+        if not eq or not name or not value.strip():
+            raise InputError(f"--set-input '{item}': expected NAME=VALUE, e.g. "
+                             "use_cache_branch=true")
+        if name in out and out[name] != value:
+            raise InputError(f"--set-input gives {name} twice: {out[name]} and {value}")
+        out[name] = value
+    return out
+
+
 def real_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     """Graph inputs that are not initializers (old IR lists weights as inputs too)."""
     inits = {t.name for t in model.graph.initializer}
