@@ -1577,11 +1577,22 @@ class _Rewrite:
         from rewriter.migraphx.target import backend_available, compile_output
         # Without MIGraphX the step is only reported: a released original stays unread.
         original = self.original if backend_available(self.migraphx) else None
-        compile_output(self.report, self.migraphx_checked, exported, original,
-                       self.base_dir, self.output, {"progress": self.progress, **self.migraphx},
-                       {**(self.input_shapes or {}), **self.random_shapes},
-                       self.inputs, self.seed, self.held_out, self.plan, self.verifier,
-                       self.path, fill=self.fill, ints=self.ints)
+        import tempfile
+        with tempfile.TemporaryDirectory(prefix="rewrite-original-") as tmp:
+            path = self.path
+            if path is None and original is not None:
+                # In memory (the API's ModelProto, --set-input): on file too, so that a
+                # refusal is tried on the original as well ("not caused by the rewrite"):
+                # without it, --set-input on Whisper's merged decoder blamed the rewrite.
+                from rewriter.core.convert import Exported
+                path = os.path.join(tmp, "original.onnx")
+                save_model(Exported(original, {}, self.base_dir), path)
+            compile_output(self.report, self.migraphx_checked, exported, original,
+                           self.base_dir, self.output,
+                           {"progress": self.progress, **self.migraphx},
+                           {**(self.input_shapes or {}), **self.random_shapes},
+                           self.inputs, self.seed, self.held_out, self.plan, self.verifier,
+                           path, fill=self.fill, ints=self.ints)
         self.seconds["migraphx"] += time.perf_counter() - t
 
     # -- failures -------------------------------------------------------------------------------

@@ -124,11 +124,15 @@ def test_integer_and_float_values_are_checked_against_the_type():
 
 
 @pytest.mark.migraphx
-@pytest.mark.parametrize("flag", [True, False])
-def test_merged_form_compiles_on_migraphx_once_its_condition_is_set(tmp_path, flag):
+@pytest.mark.parametrize("flag, on_file", [(True, True), (False, False)])
+def test_merged_form_compiles_on_migraphx_once_its_condition_is_set(tmp_path, flag, on_file):
+    # In memory too: the original is tried on MIGraphX from a file of its own (it was not
+    # tried at all, and a refusal of both was put on the rewrite).
     pytest.importorskip("migraphx", reason="MIGraphX is not installed (not on PyPI/Debian)")
-    m = tmp_path / "m.onnx"
-    onnx.save(_merged("1"), m)
+    m = _merged("1")
+    if on_file:
+        onnx.save(m, tmp_path / "m.onnx")
+        m = tmp_path / "m.onnx"
     _, rep = rewriter.rewrite(m, output=tmp_path / "o.onnx", target="migraphx",
                               migraphx={"device": "ref"}, input_shapes={"past": [1, 5, 4]})
     info = rep.extra["compile"]   # the If's branches return other shapes: refused
