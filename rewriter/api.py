@@ -833,7 +833,8 @@ class _Rewrite:
             self.said_sizes(tried, free, fill, feeds, dense=dense)
             self.fill = fill
             return v, f"{what}, symbolic dims {fill}"
-        v = self.fill_first_dims(verifier, free, what)
+        v = self.fill_sum_dims(verifier, free, what) or \
+            self.fill_first_dims(verifier, free, what)
         if v is not None:
             return v
         derived = weight_dims(self.original)
@@ -845,6 +846,49 @@ class _Rewrite:
         raise InputError(f"{error} (symbolic dims set to 1: {where}; nor did "
                          f"{' or '.join(map(str, sizes))} run, in the first dims too; give "
                          f"your sizes, e.g. {example} with the 1s replaced)") from None
+
+    def fill_sum_dims(self, verifier, free: dict, what: str):
+        """Random inputs for a dim that is the sum of two others but declared with a name of
+        its own (a decoder's attention mask, past + new long: torch's 'total', the dynamo
+        exporter's 's64'; optimum's declared sums are feeds.expression_dims'): every other
+        symbolic dim at FIRST_FILL, each named one in turn at twice that. Returns
+        (verifier, what) or None; the sizes that ran are kept for the MIGraphX compare."""
+        from rewriter.verify.feeds import (FIRST_FILL, batch_names, input_shape, make_feeds,
+                                           real_inputs, weight_dims)
+
+        inputs = [vi for vi in real_inputs(self.original) if vi.name in free]
+        names = list(dict.fromkeys(d.dim_param for vi in inputs for i, d in enumerate(
+            vi.type.tensor_type.shape.dim) if i in free[vi.name] and d.dim_param))
+        if not 3 <= len(names) <= 16:   # a sum of two others; a few tries, not hundreds
+            return None
+        derived, batches = weight_dims(self.original), batch_names(self.original)
+        base = {vi.name: input_shape(vi, self.input_shapes or {}, fill=FIRST_FILL,
+                                     batches=batches, derived=derived.get(vi.name))
+                for vi in inputs}
+        for name in names:
+            shapes = dict(self.input_shapes or {})
+            for vi in inputs:
+                dims = vi.type.tensor_type.shape.dim
+                if any(dims[i].dim_param == name for i in free[vi.name]):
+                    shapes[vi.name] = [2 * FIRST_FILL if i in free[vi.name] and
+                                       dims[i].dim_param == name else v
+                                       for i, v in enumerate(base[vi.name])]
+            try:
+                feeds = make_feeds(self.original, shapes, self.seed, fill=FIRST_FILL)
+                v = verifier(feeds)
+            except InputError:
+                continue
+            self.random_shapes = {vi.name: list(np.shape(feeds[vi.name])) for vi in inputs}
+            self.fill = FIRST_FILL
+            shown = ", ".join(f"{k}:{'x'.join(map(str, d))}" for k, d in
+                              self.random_shapes.items())
+            self.report.warnings.append(
+                f"random inputs with one size in every symbolic dim do not run the original "
+                f"model; verified with {FIRST_FILL} there and {2 * FIRST_FILL} in '{name}' "
+                f"(the sum of two others, as a decoder's mask is past + new long: {shown}): "
+                "--input-shape sets the sizes you use")
+            return v, f"{what}, symbolic dims {FIRST_FILL}, '{name}' {2 * FIRST_FILL}"
+        return None
 
     def fill_first_dims(self, verifier, free: dict, what: str):
         """The last resort for random inputs: the first dim takes the sizes too, for inputs

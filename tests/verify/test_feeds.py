@@ -2,6 +2,7 @@
 
 import numpy as np
 import onnx
+import pytest
 from conftest import make_model, run_ort
 
 from rewriter.verify.feeds import length_inputs, make_feeds
@@ -99,3 +100,22 @@ def test_dim_expressions_read_only_arithmetic_of_known_dims():
     # 'batch-size' reads as a difference of two names no input has: left as a plain dim
     m = _kv_mask_model("batch-size")
     assert make_feeds(m, fill=8)["mask"].shape == (1, 8)
+
+
+def test_a_sum_dim_with_a_name_of_its_own_is_tried_at_twice_the_size(tmp_path):
+    """torch's exports of a decoder with a KV cache name the mask's length on its own
+    ('total'; the dynamo exporter 's64'): no one size in every dim runs them, so --verify
+    asked for --input-shape. Each named dim in turn at twice the others' size does."""
+    import rewriter
+
+    m = _kv_mask_model("total")
+    out, rep = rewriter.rewrite(m, verify=True)
+    said = [w for w in rep.warnings if "16 in 'total'" in w]
+    assert said and "mask:1x16" in said[0], rep.warnings
+    assert out.graph.input[2].name == "mask"
+    # a dim no sum fixes still fails with the error that names --input-shape
+    bad = _kv_mask_model("total")
+    bad.graph.input[1].type.tensor_type.shape.dim[1].dim_param = "other"
+    bad.graph.node[0].input[:] = ["past", "x", "x"]   # kv is past + 2 new: 24, never 16
+    with pytest.raises(rewriter.InputError, match="--input-shape"):
+        rewriter.rewrite(bad, verify=True)
