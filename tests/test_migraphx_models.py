@@ -323,6 +323,12 @@ def test_a_0d_input_is_shown_as_such_where_the_original_fails_too(tmp_path):
     report, info = rewrite_on_migraphx(path, tmp_path, inputs=feeds)
     assert info["status"] == "failed", info    # 2.15 and 2.16: "unordered nodes"
     assert "the original model either at input:1x512, state:2x1x128, sr:[]:" in info["error"]
+    # Its Ifs branch on Equal(sr, 16000): the error names the flag, and with it the
+    # branches fold (MIGraphX folds an If on a constant) and the model compiles.
+    assert info["error"].endswith("--set-input sr=16000 keeps one branch of the If")
+    report, info = rewrite_on_migraphx(path, tmp_path, inputs=feeds, set_inputs={"sr": 16000})
+    assert info["status"] == "compiled", info.get("error")
+    assert_fp32_ok(info)
 
 
 def _save_text(tmp_path, text: str, **inits) -> Path:

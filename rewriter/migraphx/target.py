@@ -771,7 +771,6 @@ def _compile_output(report, checked, exported, original, base_dir, output, mgx, 
                 and model_path is not None and backend == "migraphx" \
                 and not info.get("original_refused"):
             from rewriter.migraphx.backend import _dims
-            from rewriter.verify.feeds import condition_inputs
             dims = _dims(feed_sets[0], {k: v for k, v in (input_shapes or {}).items() if k})
             run = {"feeds": feed_sets[:1]} if info["stage"] == "run" else {}
             err = _backend(backend).refuses(
@@ -785,11 +784,9 @@ def _compile_output(report, checked, exported, original, base_dir, output, mgx, 
                                  f"{shown}: {err.message} (not caused by the rewrite)")
                 if err.message not in own:   # the rewrite got past that one, not past another
                     info["error"] += f"; the rewritten model fails otherwise: {own}"
-                conds = sorted(condition_inputs(original)) if "PARSE_IF" in err.message else []
-                if conds:   # optimum's merged decoders: use_cache_branch (said last)
-                    info["set_input"] = " or ".join(
-                        f"--set-input {c}=true (or false)" for c in conds[:2]) + \
-                        " keeps one branch of the If"
+                hint = _set_input_hint(original)
+                if hint:   # said last
+                    info["set_input"] = hint
                 if err.stage == "parse" and _symbolic(exported.model) \
                         and _fixed_parses(model_path, dims, tmp):
                     flags = " ".join(f"--input-shape {k}:{'x'.join(map(str, v))}"
@@ -800,6 +797,23 @@ def _compile_output(report, checked, exported, original, base_dir, output, mgx, 
             else:
                 does = {"parse": "parses", "compile": "compiles"}.get(info["stage"], "runs")
                 info["error"] += f" (the original model {does} at {shown}: the rewrite broke it)"
+
+
+def _set_input_hint(original) -> str:
+    """Where the original is refused and an If's branch is chosen by a graph input (its
+    condition: optimum's merged decoders' use_cache_branch; or compared with a constant:
+    Silero VAD's Equal(sr, 16000)), the flag that makes the input a constant: MIGraphX
+    folds an If on a constant condition (parse_if.cpp), and the refused branch may go."""
+    from rewriter.core.graph import graph_protos
+    from rewriter.verify.feeds import branch_values
+
+    if not any(n.op_type == "If" for g in graph_protos(original.graph) for n in g.node):
+        return ""
+    flags = [f"--set-input {name}=" + ("true (or false)" if isinstance(values[0], bool)
+                                       else f"{values[0]:g}" if isinstance(values[0], float)
+                                       else str(values[0]))
+             for name, values in branch_values(original).items()]
+    return f"{' or '.join(flags[:2])} keeps one branch of the If" if flags else ""
 
 
 def _unknown_in_original(result, original) -> list[str]:
