@@ -63,6 +63,7 @@ CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("rewrite_caller", d
 API_NAMES = {
     "--calib": "calib=", "--plan": "plan=", "--verify": "verify=True", "--inputs": "inputs=",
     "--input-shape": "input_shapes=", "--fix-shapes": "fix_shapes=True", "--seed": "seed=",
+    "--set-input": "set_inputs=",
     "--passes": "passes=", "--target": "target=", "--labels": "labels=",
     "--migraphx-target": 'migraphx={"device": ...}',
     "--save-mxr": 'migraphx={"save_mxr": ...}',
