@@ -814,3 +814,31 @@ def test_rewriter_imported_from_a_zip_reads_its_profile(tmp_path):
     p = subprocess.run([sys.executable, "-c", code, str(zipped)], capture_output=True,
                        text=True, timeout=120, cwd=tmp_path)
     assert p.stdout.split() == ["True", "True", "True"], p.stderr[-2000:]
+
+
+def test_an_if_chosen_by_an_input_names_the_set_input():
+    # optimum's merged decoders (If on use_cache_branch) and Silero VAD (If on Equal(sr,
+    # 16000)) pass the static check, then MIGraphX refuses them at parse; the finding names
+    # the flag that folds the If. An If on a computed condition says nothing.
+    from rewriter.migraphx.check import check_model as check
+
+    text = """<ir_version: 8, opset_import: ["" : 17]>
+    g (float[2] x, int64 sr, bool c) => (float[2] y, float[2] z) {
+        k = Constant <value = int64 {16000}> ()
+        e = Equal (sr, k)
+        y = If (e) <then_branch = t () => (float[2] a) { a = Relu (x) },
+                    else_branch = f () => (float[2] b) { b = Neg (x) }>
+        s = ReduceSum (x)
+        zero = Constant <value = float {0.0}> ()
+        p = Greater (s, zero)
+        z = If (p) <then_branch = t2 () => (float[2] a2) { a2 = Relu (x) },
+                    else_branch = f2 () => (float[2] b2) { b2 = Neg (x) }>
+    }"""
+    found = [f for f in check(onnx.parser.parse_model(text)).findings
+             if f.code == "if-chosen-by-input"]
+    assert [f.severity for f in found] == ["info"]
+    assert "--set-input sr=16000 makes it a constant" in found[0].message
+    text = text.replace("e = Equal (sr, k)", "e = Identity (c)")
+    found = [f for f in check(onnx.parser.parse_model(text)).findings
+             if f.code == "if-chosen-by-input"]
+    assert len(found) == 1 and "--set-input c=true (or false)" in found[0].message

@@ -483,6 +483,29 @@ class _Checker:
         self.main = self.visit(self.typed.graph, "", None, self.moved)
         self.check_inputs(self.main)
         self.check_plan(self.main, plan_int8_nodes)
+        self.check_branch_inputs()
+
+    def check_branch_inputs(self) -> None:
+        """An If whose branch a graph input chooses (its condition, or compared with a
+        constant): MIGraphX folds an If on a constant condition, and parses one on a
+        run-time condition only where both branches return the same shapes at the sizes
+        given (parse_if.cpp, PARSE_IF; optimum's merged decoders' branches do not, and
+        declare that they do)."""
+        from rewriter.core.graph import graph_protos
+        from rewriter.verify.feeds import branch_values
+
+        ifs = [n for g in graph_protos(self.model.graph) for n in g.node if n.op_type == "If"]
+        if not ifs:
+            return
+        for name, values in branch_values(self.model).items():
+            v = values[0]
+            value = "true (or false)" if isinstance(v, bool) else f"{v:g}" \
+                if isinstance(v, float) else str(v)
+            self.add("info", "if-chosen-by-input", node_id(ifs[0]), "If",
+                     f"input '{name}' chooses an If's branch at run time: MIGraphX parses "
+                     "it only where both branches return the same shapes at the sizes given "
+                     "(PARSE_IF); --set-input "
+                     f"{name}={value} makes it a constant and keeps one branch")
 
     def visit(self, graph: onnx.GraphProto, path: str, outer: _Graph | None,
               extra_inits: dict | None = None) -> _Graph:
