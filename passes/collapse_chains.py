@@ -45,7 +45,8 @@ Before -> after::
                                         not [batch..., i, j] / [batch..., j, k] already)
     Gather(x, constant 0 .. n-1 in order, of any shape, on an axis of static size n)
                             =>  Reshape (the dims after the axis static; the dynamo export's
-                                        as_strided pooling head at a static batch)
+                                        as_strided pooling head at a static batch); x[0]
+                                        of a [1] tensor => Squeeze (never a Reshape to [])
     GatherND(x, constant indices [..., 1], batch_dims 0)  =>  Gather(x, indices[..., 0], axis 0)
                                         (the dynamo export's relative position bias lookup
                                         in Swin3D, TorchScript's form)
@@ -183,6 +184,18 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
     if op == "Einsum" and _einsum_as_matmul(node, g, namer):
         return "einsum-to-matmul"
     target = _gathers_in_order(node) if op == "Gather" else None
+    if target is not None and not target.size:
+        # x[0] of a [1] tensor: a Reshape to [] has a zero-element shape, which MIGraphX
+        # refuses (2.15 at parse; 2.16 in Whisper's decoder, "MULTIBROADCAST: input
+        # dimensions should be > 0"); a Squeeze is the same, and pairs with an Unsqueeze.
+        node.op, node.attrs = "Squeeze", {}
+        axes = np.array([0], np.int64)
+        if opset >= 13:
+            node.inputs[1] = gs.Constant(namer(f"{node.name or x.name}_axes"), axes)
+        else:
+            del node.inputs[1]
+            node.attrs["axes"] = [0]
+        return "gather-to-squeeze"
     if target is not None:
         node.op, node.attrs = "Reshape", {}
         node.inputs[1] = gs.Constant(namer(f"{node.name or x.name}_shape"), target)
@@ -811,11 +824,6 @@ def _gathers_in_order(node) -> np.ndarray | None:
     if not isinstance(n, (int, np.integer)) or n < 1 or idx.values.size != n \
             or not all(isinstance(d, (int, np.integer)) and d > 0 for d in after) \
             or not np.array_equal(idx.values.ravel(), np.arange(n)):
-        return None
-    if not axis and not idx.values.shape and not after:
-        # x[0] of a [1] tensor: a Reshape to [] has a zero-element shape, which MIGraphX
-        # refuses (2.15 at parse; 2.16 in Whisper's decoder, "MULTIBROADCAST: input
-        # dimensions should be > 0"). The Gather stays.
         return None
     return np.array([0] * axis + list(idx.values.shape) + after, np.int64)
 
