@@ -145,7 +145,7 @@ def cut_model(model: onnx.ModelProto, outputs: list[str], reads: dict) -> onnx.M
     will be fed, or an array: a constant then}), its constants and the graph inputs it
     reads directly, as a model whose inputs are those tensors: the replay of a selection's
     post-processing (verifier, migraphx.target) and each step of bias correction's
-    measuring (quant.bias)."""
+    measuring (quant.bias). What a node's bodies read from outside counts as its inputs."""
     g = model.graph
     producer = {o: n for n in g.node for o in n.output if o}
     inits = {t.name: t for t in g.initializer}
@@ -161,7 +161,7 @@ def cut_model(model: onnx.ModelProto, outputs: list[str], reads: dict) -> onnx.M
             inputs.append(t)
         elif t in producer:
             keep.add(id(producer[t]))
-            stack.extend(producer[t].input)
+            stack.extend(node_reads(producer[t]))
     m = onnx.ModelProto()
     m.ir_version = model.ir_version
     m.opset_import.extend(model.opset_import)
@@ -178,7 +178,7 @@ def cut_model(model: onnx.ModelProto, outputs: list[str], reads: dict) -> onnx.M
             for j, o in enumerate(c.output):
                 if o in fed:
                     c.output[j] = f"{o}__replayed_unused"
-    used = {t for n in sub.node for t in n.input}
+    used = {t for n in sub.node for t in node_reads(n)}
     sub.initializer.extend(inits[t] for t in sorted(used & set(inits)))
     for t in sorted(set(inputs), key=(list(reads) + list(graph_inputs)).index):
         if t not in reads:
@@ -370,6 +370,22 @@ def node_bodies(n: onnx.NodeProto) -> list[onnx.GraphProto]:
     """A node's graph attributes (If's branches, a Loop's or Scan's body)."""
     return [a.g for a in n.attribute if a.type == onnx.AttributeProto.GRAPH] + [
         g for a in n.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs]
+
+
+def node_reads(n: onnx.NodeProto) -> list[str]:
+    """The names a node reads: its inputs, then the outer names its bodies read (an If's
+    branch may read any tensor of the graph around it, not only its condition)."""
+    bodies = node_bodies(n)
+    if not bodies:
+        return list(n.input)
+    reads = dict.fromkeys(n.input)
+    for b in bodies:
+        own = {i.name for i in b.input} | {t.name for t in b.initializer} | {
+            t.values.name for t in b.sparse_initializer}
+        for m in b.node:
+            reads.update(dict.fromkeys(x for x in node_reads(m) if x not in own))
+            own.update(m.output)
+    return list(reads)
 
 
 # Ops whose outputs select or order elements by value: what follows them changes wholesale

@@ -25,10 +25,13 @@ boundary between the corrected and the uncorrected part of the model, times the 
 (at most 6.2 MiB a batch on YuNet at 320x320, 25 MiB on U2-Net-p). Past ``memory_bytes``
 (default 1 GiB: U2-Net-p's 38 batches fit) further batches are written to .npy files in a
 temporary folder and read back, the same bytes, at the disk's speed (U2-Net-p with 256 MiB
-wrote 8.6 GB over its 112 levels). Models with a body (If/Loop/Scan may read any outer name)
-upstream of an INT8 layer, and anything unexpected, are measured the old way: the model cut
-to the group's ancestors, run from the inputs. A body only after the layers (a detector's
-NMS post-processing: SSDlite's one If) is never run by a step, and changes nothing.
+wrote 8.6 GB over its 112 levels). A node with a body (If/Loop/Scan) reads what its node
+lists and the outer names its bodies read (core.graph.node_reads): both count as its
+inputs, here and in the cut sub-models (Faster R-CNN's RPN If, before its INT8 box head,
+reads three tensors from outside). A body only after the layers (a detector's NMS
+post-processing: SSDlite's one If) is never run by a step. Anything unexpected (a layer
+inside a body, nodes out of order) is measured the old way: the model cut to the group's
+ancestors, run from the inputs.
 """
 from __future__ import annotations
 
@@ -37,10 +40,9 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import onnx
 
 from rewriter.core.errors import InputError
-from rewriter.core.graph import cut_model
+from rewriter.core.graph import cut_model, node_reads
 from rewriter.core.progress import progress_bar
 
 MEMORY_BYTES = 1 << 30
@@ -139,19 +141,14 @@ class LevelMeasure:
 def _plan(proto, groups, group_of, k: int, store):
     """What step k runs: (nodes in order, kept tensors it reads, graph inputs it reads,
     tensors to fetch and keep, kept tensors to drop after it); None when the model is
-    not one this handles (a body, a name not produced, nodes out of order)."""
+    not one this handles (a layer not produced at the top level, nodes out of order)."""
     g = proto.graph
     producer: dict[str, int] = {}
-    bodies = set()
+    reads = [node_reads(n) for n in g.node]   # a body's outer reads count as its node's
     for i, n in enumerate(g.node):
-        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-               for a in n.attribute):
-            bodies.add(i)
         for o in n.output:
             if o:
                 producer[o] = i
-    if bodies & _upstream(g, producer, [t for grp in groups for t in grp]):
-        return None   # a body a step would run may read any outer name
     inputs = {i.name for i in g.input} - {t.name for t in g.initializer}
     # depth[t]: 1 + the last group with a layer upstream of t (t included), 0 for none.
     # t is final at step k when depth[t] <= k. Needs nodes in topological order.
@@ -161,11 +158,11 @@ def _plan(proto, groups, group_of, k: int, store):
     live = set(inputs)
     for i, n in enumerate(g.node):
         up = 0
-        for x in n.input:
+        for x in reads[i]:
             if x in producer and producer[x] >= i:
                 return None
             up = max(up, depth.get(x, 0))
-        on = any(x in live for x in n.input)
+        on = any(x in live for x in reads[i])
         for o in n.output:
             depth[o] = max(up, group_of[o] + 1) if o in group_of else up
             if on:
@@ -192,7 +189,7 @@ def _plan(proto, groups, group_of, k: int, store):
                     reached.add(t)
                 continue
             seen.add(i)
-            todo.extend(x for x in g.node[i].input if x)
+            todo.extend(x for x in reads[i] if x)
         return sorted(seen), reached
 
     kept = set(store.names())
@@ -207,17 +204,6 @@ def _plan(proto, groups, group_of, k: int, store):
     for t in keep:
         store.depth[t] = depth.get(t, 0)
     return nodes, feeds_kept, feeds_data, keep, drop
-
-
-def _upstream(g, producer: dict[str, int], names: list[str]) -> set[int]:
-    """Indices of the nodes ``names`` are computed from (explicit inputs only)."""
-    seen, todo = set(), list(names)
-    while todo:
-        i = producer.get(todo.pop())
-        if i is not None and i not in seen:
-            seen.add(i)
-            todo.extend(x for x in g.node[i].input if x)
-    return seen
 
 
 class _Store:
