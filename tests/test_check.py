@@ -210,6 +210,19 @@ def test_resize_modes_refused():
     assert sorted(named(result, "resize-mode-refused")) == ["a_node", "b_node", "c_node"]
 
 
+def test_cubic_resize_refused_on_2_15_only():
+    """2.15's Resize parser throws on mode=cubic; 2.16 parses it and matches onnxruntime
+    (tests/test_migraphx_rules.py): YOLOS's and DINOv2's interpolated position embeddings
+    were called refused on 2.16, where they compile (thirty-sixth round)."""
+    model = build("""
+    g (float[1,1,4,4] x) => (float[1,1,8,8] a) {
+        a = Resize <mode="cubic"> (x, , s)
+    }""", s=np.array([1, 1, 2, 2], np.float32))
+    for version, refused in (((2, 15, 0), True), (None, True), ((2, 16, 0), False)):
+        assert bool(named(check_model(model, version=version), "resize-mode-refused")) \
+            == refused, version
+
+
 def test_cubic_grid_sample_refused_linear_and_nearest_accepted():
     """MIGraphX's cubic GridSample throws for more than one channel and computes border and
     reflection padding wrongly (tests/test_migraphx_rules.py, both builds)."""

@@ -407,6 +407,41 @@ def test_nonzero_and_nms_outputs_are_padded_as_the_check_says(tmp_path, migraphx
     assert sorted(flagged) == ["nz_node", "sel_node"]
 
 
+def test_cubic_resize_as_the_check_says(migraphx_version):
+    """Resize mode=cubic on MIGraphX against onnxruntime, every coordinate mode, two
+    cubic_coeff_a, up- and downscaling: 2.15 throws on every one, 2.16 agrees on every one
+    (thirty-sixth round); the check refuses it where MIGraphX throws."""
+    import migraphx
+    from conftest import run_ort
+
+    r = np.random.default_rng(0)
+    seen = set()
+    for ctm in ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"):
+        for a in (-0.75, -0.5):
+            for sc in ("1, 1, 2, 2", "1, 1, 0.5, 0.5", "1, 1, 1.5, 0.75"):
+                model = onnx.parser.parse_model(f"""
+                <ir_version: 9, opset_import: ["" : 18]>
+                g (float[1,2,8,8] x) => (float[1,2,?,?] y) <float[4] s = {{{sc}}}> {{
+                    y = Resize <mode="cubic", coordinate_transformation_mode="{ctm}",
+                                cubic_coeff_a={a}> (x, , s)
+                }}""")
+                x = r.standard_normal((1, 2, 8, 8)).astype(np.float32)
+                want = run_ort(model, {"x": x})[0]
+                try:
+                    prog = migraphx.parse_onnx_buffer(model.SerializeToString())
+                    prog.compile(migraphx.get_target("ref"))
+                    got = np.array(prog.run({"x": migraphx.argument(x)})[0])
+                except Exception:   # noqa: BLE001 - what MIGraphX throws is measured
+                    seen.add("throws")
+                    continue
+                seen.add("right" if np.allclose(got.reshape(want.shape), want, atol=1e-5)
+                         else "wrong")
+    flagged = any(f.code == "resize-mode-refused" and f.severity == "error"
+                  for f in check_model(model, version=migraphx_version).findings)
+    assert len(seen) == 1 and seen != {"wrong"}, seen
+    assert flagged == (seen == {"throws"})
+
+
 @pytest.mark.parametrize("mode", ["linear", "nearest", "cubic"])
 def test_grid_sample_modes_as_the_check_says(mode, migraphx_version):
     """GridSample on MIGraphX against onnxruntime, every padding mode and align_corners:
