@@ -40,7 +40,8 @@ Before -> after::
     x[N, C, H, W] -> ReduceMean(axes [2, 3] or [-1, -2], keepdims=1)  =>  GlobalAveragePool
     GlobalAveragePool -> x[N, C, 1, 1] -> Reshape([-1, C] / [0, C] / [N, C])  =>  Flatten(1)
                                         (the dynamo export's pooling head, TorchScript's form)
-    Einsum("bhid,bhjd->bhij"-like: batch letters, one summed, one free in each operand)
+    Einsum("bhid,bhjd->bhij"-like: batch letters, one summed, one free in each operand,
+           or more in one, "bythwc,hkc->bythwk")
                             =>  MatMul(a, Transpose(b)) (Transposes only where the axes are
                                         not [batch..., i, j] / [batch..., j, k] already)
     Gather(x, constant 0 .. n-1 in order, of any shape, on an axis of static size n)
@@ -81,7 +82,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from rewriter.core.graph import (BROADCAST_OPS, REDUCE_OPS, SAME_SHAPE_OPS, bypass, const_ints,
-                                 iter_graphs, standard_view_tensors, static_shape)
+                                 iter_graphs, own_constant, standard_view_tensors,
+                                 static_shape)
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
@@ -765,10 +767,14 @@ def _global_mean(node) -> bool:
 def _einsum_as_matmul(node: gs.Node, g: gs.Graph, namer) -> bool:
     """Einsum of two float operands that is a batched matrix product: letters in both
     operands and the output (the batch), one letter in both operands only (summed), one in
-    each operand alone; each letter once per term, no ellipsis. It becomes MatMul of the
-    operands transposed to [batch..., i, j] and [batch..., j, k] (and a Transpose after,
-    unless the output is [batch..., i, k]): MaxViT's attention, "bghid,bghjd->bghij" and
-    "bghij,bghjd->bghid", which the planner and --plan fp16 did not see as MatMuls."""
+    each operand alone, or more in one of them, which lead the product's batch and broadcast
+    the other operand; each letter once per term, no ellipsis. It becomes MatMul of the
+    operands transposed to [batch..., i, j] and [batch..., j, k] (a constant's values
+    transposed; a Transpose after unless the output is [batch..., i, k]), the letter taken
+    as i or k the one that needs the fewest Transposes: MaxViT's attention,
+    "bghid,bghjd->bghij" and "bghij,bghjd->bghid", and MViT's relative positions,
+    "bythwc,hkc->bythwk" against a table, which the planner and --plan fp16 did not see as
+    MatMuls."""
     eq = node.attrs.get("equation", "")
     eq = (eq.decode() if isinstance(eq, bytes) else str(eq)).replace(" ", "")
     if len(node.inputs) != 2 or "->" not in eq or "." in eq or eq.count(",") != 1:
@@ -782,30 +788,69 @@ def _einsum_as_matmul(node: gs.Node, g: gs.Graph, namer) -> bool:
     batch = [c for c in to if c in ta and c in tb]
     summed = [c for c in ta if c in tb and c not in to]
     fa, fb = [c for c in ta if c not in tb], [c for c in tb if c not in ta]
-    if len(summed) != 1 or len(fa) != 1 or len(fb) != 1 or sorted(to) != sorted(
-            batch + fa + fb):
+    if len(summed) != 1 or not fa or not fb or min(len(fa), len(fb)) != 1 \
+            or sorted(to) != sorted(batch + fa + fb):
         return False
+    lead = fa if len(fb) == 1 else fb
+    best = None
+    # a letter of the leading operand as its row (column), or a unit axis put in by a
+    # Reshape and taken out after (all its letters lead): views, which merge with their
+    # neighbours where a Transpose would be a copy ("bythwc,wkc->bythwk")
+    for f in lead + ([None] if len(lead) > 1 else []):
+        ext = [c for c in lead if c != f]
+        i, k = (f or "", fb[0]) if lead is fa else (fa[0], f or "")
+        orders = ((ext if lead is fa else []) + batch + [i] * bool(i) + summed,
+                  (ext if lead is fb else []) + batch + summed + [k] * bool(k))
+        made = ext + batch + [c for c in (i, k) if c]
+        cost = sum(order != list(t) for x, t, order in zip((a, b), (ta, tb), orders)
+                   if not isinstance(x, gs.Constant)) + (made != list(to)) + 0.9 * (f is None)
+        if best is None or cost < best[0]:
+            best = (cost, orders, made, f is None)
+    _, orders, made, unit = best
     y = node.outputs[0]
-    parts = []
-    for x, t, order in ((a, ta, batch + fa + summed), (b, tb, batch + summed + fb)):
+    dims = {c: d for x, t in ((a, ta), (b, tb)) for c, d in zip(t, x.shape)}
+
+    def _shape(letters, unit_at):   # static dims where known (they merge), else 0 / -1
+        if all(isinstance(dims[c], (int, np.integer)) for c in letters):
+            out = [int(dims[c]) for c in letters]
+        else:
+            out = [0] * (len(letters) - 1) + [-1]
+        return np.array(out[:unit_at] + [1] * (unit_at is not None) + out[unit_at:]
+                        if unit_at is not None else out, np.int64)
+
+    for n, (x, t, order) in enumerate(zip((a, b), (ta, tb), orders)):
         perm = [t.index(c) for c in order]
-        if perm == sorted(perm):
-            parts.append(x)
-            continue
-        xt = gs.Variable(namer(f"{x.name}_t"), dtype=x.dtype)
-        g.nodes.append(gs.Node("Transpose", namer(f"{node.name or y.name}_transpose"),
-                               attrs={"perm": perm}, inputs=[x], outputs=[xt]))
-        parts.append(xt)
+        if perm != sorted(perm) and isinstance(x, gs.Constant):
+            own_constant(node, n, np.ascontiguousarray(np.transpose(x.values, perm)), namer,
+                         "t")
+        elif perm != sorted(perm):
+            xt = gs.Variable(namer(f"{x.name}_t"), dtype=x.dtype)
+            g.nodes.append(gs.Node("Transpose", namer(f"{node.name or y.name}_transpose"),
+                                   attrs={"perm": perm}, inputs=[x], outputs=[xt]))
+            node.inputs[n] = xt
+        if unit and x is (a if lead is fa else b):   # [..., j] -> [..., 1, j] / [..., j, 1]
+            xu = gs.Variable(namer(f"{x.name}_unit"), dtype=x.dtype)
+            g.nodes.append(gs.Node("Reshape", namer(f"{node.name or y.name}_unit"),
+                                   inputs=[node.inputs[n], gs.Constant(
+                                       namer(f"{x.name}_unit_shape"),
+                                       _shape(order, len(order) - (lead is fa)))],
+                                   outputs=[xu]))
+            node.inputs[n] = xu
     node.op, node.attrs = "MatMul", {}
-    node.inputs.clear()
-    node.inputs.extend(parts)
-    made = batch + fa + fb
-    if made != list(to):
+    if made != list(to) or unit:
         mid = gs.Variable(namer(f"{y.name}_matmul"), dtype=y.dtype)
         node.outputs[0] = mid
-        g.nodes.append(gs.Node("Transpose", namer(f"{node.name or y.name}_out"),
-                               attrs={"perm": [made.index(c) for c in to]}, inputs=[mid],
-                               outputs=[y]))
+        if unit:   # the unit axis out: [..., 1, k] / [..., i, 1] -> [...]
+            sq = y if made == list(to) else gs.Variable(namer(f"{y.name}_row"), dtype=y.dtype)
+            g.nodes.append(gs.Node("Reshape", namer(f"{node.name or y.name}_squeeze"),
+                                   inputs=[mid, gs.Constant(
+                                       namer(f"{y.name}_squeeze_shape"),
+                                       _shape(made, None))], outputs=[sq]))
+            mid = sq
+        if made != list(to):
+            g.nodes.append(gs.Node("Transpose", namer(f"{node.name or y.name}_out"),
+                                   attrs={"perm": [made.index(c) for c in to]},
+                                   inputs=[mid], outputs=[y]))
     return True
 
 

@@ -1202,3 +1202,33 @@ def test_a_scalar_of_a_shape_compiles_on_migraphx(tmp_path, migraphx_version):
     x = np.ones((3, 4), np.float32)
     run = backend.compile_and_run(str(path), {"x": x}, {"x": [3, 4]}, target="ref")
     np.testing.assert_array_equal(run.outputs[0], x + np.arange(4, dtype=np.float32))
+
+
+def test_einsum_with_letters_one_operand_leads_is_a_matmul(rng):
+    """MViT-V2's relative positions (torchvision, dynamo export): "bythwc,hkc->bythwk" and
+    "bythwc,wkc->bythwk" against a constant table, 32 Einsums the planner never counted:
+    the letters only the first operand has lead the product's batch and broadcast the
+    table, which is transposed in its values (no Transpose node); the row is the letter that
+    needs no Transpose where there is one, else a unit axis put in and taken out by
+    Reshapes (views) where Transposes would be needed. Extra letters in the second operand
+    likewise; in both operands it stays Einsum."""
+    m = make_model("""
+    <ir_version: 9, opset_import: ["" : 17]>
+    g (float[2, 1, 3, 4, 5, 6] q, float[3, 5, 6] u, float[2, 3, 6] v, float[4, 7, 6] th,
+       float[5, 7, 6] tw)
+      => (float[2, 1, 3, 4, 5, 7] h, float[2, 1, 3, 4, 5, 7] w, float[2, 1, 3, 4, 7, 5] s,
+          float[3, 2, 5, 3] n) {
+        h = Einsum <equation = "bythwc,hkc->bythwk"> (q, th)
+        w = Einsum <equation = "bythwc,wkc->bythwk"> (q, tw)
+        s = Einsum <equation = "hkc,bythwc->bythkw"> (th, q)
+        n = Einsum <equation = "xic,yjc->xyij"> (u, v)
+    }""", inits={"th": (4, 7, 6), "tw": (5, 7, 6)})
+    feeds = {"q": rng.standard_normal((2, 1, 3, 4, 5, 6)).astype(np.float32),
+             "u": rng.standard_normal((3, 5, 6)).astype(np.float32),
+             "v": rng.standard_normal((2, 3, 6)).astype(np.float32)}
+    out, rep = cc(m, inputs=feeds)
+    assert rep.passes[0].counts["einsum-to-matmul"] == 3
+    assert sorted(ops(out)) == sorted(["MatMul"] * 3 + ["Reshape"] * 2 + ["Transpose"]
+                                      + ["Einsum"])
+    for a, b in zip(run_ort(m, feeds), run_ort(out, feeds)):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
