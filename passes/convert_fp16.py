@@ -55,6 +55,10 @@ SAFE = {
     # projection, TorchScript's ViT (4 Casts a block, 48 in ViT-B/16). By computed indices
     # (boxes a TopK picks) it is post-processing, which stays float32 (_follows).
     "Gather",
+    # ScatterND by constant indices without a reduction writes its updates' values into its
+    # data's: torch's slice assignment as the dynamo exporter writes it (MViT-V2's relative
+    # positions added into the attention, 3 a block: a float32 island, 162 Casts in all)
+    "ScatterND",
 }
 
 
@@ -245,7 +249,8 @@ def _typed_like_input(node) -> None:
 
 
 def _follows(node) -> bool:
-    return node.op in SAFE and (node.op != "Gather" or isinstance(node.inputs[1], gs.Constant))
+    return node.op in SAFE and (node.op not in ("Gather", "ScatterND") or isinstance(
+        node.inputs[1], gs.Constant)) and node.attrs.get("reduction", "none") == "none"
 
 
 def _float_inputs(node) -> list:
