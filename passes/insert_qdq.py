@@ -270,16 +270,20 @@ class InsertQdq(Pass):
         from rewriter.core.progress import progress_bar
 
         # GPTQ rounding can take a minute (a 9216-wide conv): a bar when it runs.
+        kept: dict[str, list[str]] = {}
         for node in progress_bar(ctx.progress and bool(ctx.hessians), iterable=layers,
                                  desc="int8 weights", unit="layer"):
-            nid = node_id(node)
             reason = site.quantize(node)
             if reason:
                 res.skip(reason)
-                res.notes.append(f"{nid}: {reason}")
+                kept.setdefault(reason, []).append(node_id(node))
             else:
                 res.count(f"int8-{node.op.lower()}")
                 res.changed = True
+        for reason, ids in kept.items():   # one line a reason (MViT-V2: 48 lines of one)
+            res.notes.append(f"{reason}: {len(ids)} layer{'s' * (len(ids) > 1)} kept float32: "
+                             + ", ".join(ids[:3])
+                             + (f" and {len(ids) - 3} more" if len(ids) > 3 else ""))
         res.count("qdq-activation-pairs", len(site.act_cache))
         if site.int32_bias and form == "mul":
             res.notes.append("bias: int32 is not used with weight form mul: the bias is the "

@@ -149,6 +149,22 @@ def test_skip_reasons_and_missing_range():
     assert "QuantizeLinear" not in ops(out)
 
 
+def test_layers_kept_float_for_one_reason_are_one_note():
+    """MViT-V2's 48 relative-position MatMuls against 3-D tables under --plan default were
+    48 note lines, one a layer; one line a reason now, naming the first three."""
+    body = "\n".join(f"        y{i} = MatMul (x, T)" for i in range(5))
+    outs = ", ".join(f"float[2, 3, 5, 7] y{i}" for i in range(5))
+    m = make_model(f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2, 3, 5, 6] x, float[3, 6, 7] T) => ({outs}) {{
+{body}
+    }}""", {"T": (3, 6, 7)})
+    out, rep = quantize(m, "int8", {})
+    assert rep.passes[0].counts["skip:matmul-weight-not-2d"] == 5
+    assert rep.passes[0].notes[-1:] == [
+        "matmul-weight-not-2d: 5 layers kept float32: y0, y1, y2 and 2 more"]
+
+
 def test_a_range_that_is_not_finite_keeps_the_layer_float():
     """A range of inf or NaN (the input held one on the calibration data): int8 has
     neither, so the layer stays float (activation-not-finite); the other sites, sharing
