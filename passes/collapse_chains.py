@@ -40,6 +40,9 @@ Before -> after::
     x[N, C, H, W] -> ReduceMean(axes [2, 3] or [-1, -2], keepdims=1)  =>  GlobalAveragePool
     GlobalAveragePool -> x[N, C, 1, 1] -> Reshape([-1, C] / [0, C] / [N, C])  =>  Flatten(1)
                                         (the dynamo export's pooling head, TorchScript's form)
+    x -> Reshape(merging runs of axes) -> Transpose(p) -> Reshape  =>  x -> Transpose(those
+                                        runs moved whole) -> Reshape (the dynamo export's
+                                        k.transpose(-1, -2) of a 4-D attention)
     Einsum("bhid,bhjd->bhij"-like: batch letters, one summed, one free in each operand,
            or more in one, "bythwc,hkc->bythwk")
                             =>  MatMul(a, Transpose(b)) (Transposes only where the axes are
@@ -215,6 +218,8 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
         return _bypassed(node, g, outs, "removed-reshape")
     if op == "Reshape" and _round_trip(node, g, outs, members):
         return "removed-reshape-round-trip"
+    if op == "Reshape" and _grouped_transpose(node, outs, members, namer):
+        return "merged-reshape-into-transpose"
     if op == "Reshape" and _flattens(node):
         node.op = "Flatten"
         node.attrs.clear()
@@ -463,6 +468,64 @@ def _reshape_then_axes(prev: gs.Node, node: gs.Node, namer) -> str | None:
     else:                          # axes as an attribute (opset < 13)
         node.inputs.append(target)
     return "merged-reshape"
+
+
+def _merged_runs(xs: list, ys: list) -> list[list[int]] | None:
+    """The runs of consecutive axes of a shape ``xs`` whose products are the dims of ``ys``
+    (a Reshape that only merges axes; size-1 axes join any run), None when it splits one."""
+    if not xs or not ys or 0 in xs or 0 in ys:
+        return None
+    groups, i = [], 0
+    for d in ys:
+        run, prod = [], 1
+        while i < len(xs) and prod < d:
+            run.append(i)
+            prod *= xs[i]
+            i += 1
+        if prod != d:
+            return None
+        groups.append(run)
+    if any(d != 1 for d in xs[i:]):
+        return None
+    groups[-1].extend(range(i, len(xs)))
+    return groups
+
+
+def _grouped_transpose(node: gs.Node, outs: set[int], members: set[int], namer) -> bool:
+    """x -> Reshape(merging runs of x's axes) -> Transpose(p) -> Reshape: the Transpose of
+    x that moves those runs whole, then the Reshape (static shapes; the first Reshape goes,
+    and the last where it is then the identity). torch's dynamo export writes a 4-D
+    attention's k.transpose(-1, -2) as Reshape([-1, 18, 16]) -> Transpose([0, 2, 1]) ->
+    Reshape([1, 4, 16, 18]): 3 nodes a layer more than TorchScript's one Transpose (HF
+    DeiT, DINOv2, YOLOS). A 0 in the last Reshape's shape copies a dim of its input, which
+    changes: it is written as the output's static shape."""
+    shape = const_ints(node, 1, "shape")
+    if shape is None or (0 in shape and not int(node.attrs.get("allowzero", 0))
+                         and not static_shape(node.outputs[0])):
+        return False
+    t = node.inputs[0]
+    tr = t.inputs[0] if len(t.inputs) == 1 else None
+    if tr is None or tr.op != "Transpose" or id(tr) not in members or len(t.outputs) != 1 \
+            or id(t) in outs:
+        return False
+    y = tr.inputs[0]
+    r1 = y.inputs[0] if len(y.inputs) == 1 else None
+    if r1 is None or r1.op != "Reshape" or id(r1) not in members or len(y.outputs) != 1 \
+            or id(y) in outs or not (static_shape(r1.inputs[0]) and static_shape(y)):
+        return False
+    x = r1.inputs[0]
+    groups = _merged_runs(list(x.shape), list(y.shape))
+    perm = list(tr.attrs.get("perm") or reversed(range(len(y.shape))))
+    if groups is None or sorted(perm) != list(range(len(groups))):
+        return False
+    q = [i for a in perm for i in groups[a]]
+    if 0 in shape and not int(node.attrs.get("allowzero", 0)):
+        node.inputs[1] = gs.Constant(namer(f"{node.name or t.name}_shape"),
+                                     np.array(node.outputs[0].shape, np.int64))
+    tr.inputs[0] = x
+    tr.attrs["perm"] = q
+    t.shape = [x.shape[i] for i in q]
+    return True
 
 
 def _merge_concats(node: gs.Node, outs: set[int], members: set[int]) -> bool:

@@ -1232,3 +1232,36 @@ def test_einsum_with_letters_one_operand_leads_is_a_matmul(rng):
                                       + ["Einsum"])
     for a, b in zip(run_ort(m, feeds), run_ort(out, feeds)):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+
+
+def test_a_transpose_between_reshapes_that_merge_axes_is_one_transpose(rng):
+    """torch's dynamo export writes a 4-D attention's k.transpose(-1, -2) as Reshape([-1,
+    18, 16]) -> Transpose([0, 2, 1]) -> Reshape([1, 4, 16, 18]) (HF DeiT, DINOv2, YOLOS: 3
+    nodes a layer where TorchScript has one Transpose): the Transpose of x moving the merged
+    runs whole, the Reshapes gone where the identity. A 0 in the last shape copied a dim of
+    the Reshape's input, which changes (optimum's DETR: [0, -1, 64]): written as the static
+    output shape. A Reshape that splits an axis the Transpose moves stays."""
+    m = make_model("""
+    <ir_version: 9, opset_import: ["" : 17]>
+    g (float[1, 4, 18, 16] x, float[4, 10, 16] u, float[2, 6] v)
+      => (float[1, 4, 16, 18] y, float[1, 10, 64] z, float[2, 6] w) {
+        a = Reshape (x, s1)
+        b = Transpose <perm = [0, 2, 1]> (a)
+        y = Reshape (b, s2)
+        c = Reshape (u, s3)
+        d = Transpose <perm = [0, 2, 1, 3]> (c)
+        z = Reshape (d, s4)
+        e = Reshape (v, s5)
+        f = Transpose <perm = [0, 2, 1]> (e)
+        w = Reshape (f, s6)
+    }""", {"s1": np.array([-1, 18, 16]), "s2": np.array([1, 4, 16, 18]),
+           "s3": np.array([1, 4, 10, 16]), "s4": np.array([0, -1, 64]),
+           "s5": np.array([2, 2, 3]), "s6": np.array([2, 6])})
+    feeds = {"x": rng.standard_normal((1, 4, 18, 16)).astype(np.float32),
+             "u": rng.standard_normal((4, 10, 16)).astype(np.float32),
+             "v": rng.standard_normal((2, 6)).astype(np.float32)}
+    out, rep = cc(m, inputs=feeds)
+    assert rep.passes[0].counts["merged-reshape-into-transpose"] == 2
+    assert sorted(ops(out)) == sorted(["Transpose"] * 3 + ["Reshape"] * 3), ops(out)
+    for a, b in zip(run_ort(m, feeds), run_ort(out, feeds)):
+        np.testing.assert_array_equal(b, a)
