@@ -33,6 +33,7 @@ Before -> after::
                                                                 at a put in / taken out)
     Concat(a, Concat(b, c)) on one axis, the inner one read only there  =>  Concat(a, b, c)
     Shape(x) -> Slice(a:b) -> y (opset >= 15; x's rank known)  =>  Shape(x, start, end)
+    Shape(x) -> Gather(i) -> Unsqueeze(0) (opset >= 15)  =>  Shape(x, i, i + 1)
     Slices of x on one axis, step 1, that tile its static dim  =>  one Split (TorchScript's
                                         x.chunk(2, 1) in ShuffleNet: the dynamo export's form)
     x -> Slice(axes A) -> Slice(axes B), A and B disjoint  =>  x -> Slice(A ∪ B)
@@ -297,6 +298,9 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
         # TorchScript's x.shape[:2] at opset >= 15: the dynamo exporter writes Shape(start,
         # end) (deeplabv3's two Resize sizes)
         return _sliced_shape(node, prev)
+    if op == "Unsqueeze" and prev.op == "Gather" and opset >= 15:
+        # TorchScript's x.size(i) put into a shape: Shape -> Gather(i) -> Unsqueeze(0)
+        return _gathered_dim(node, prev, namer)
     if op == "Shape" and prev.op == "Transpose":
         # Read only by this Shape: the Transpose moves data for nothing but its dims.
         return "shape-before-transpose" if _shape_before_transpose(None, prev, x, g, namer,
@@ -1140,6 +1144,32 @@ def _sliced_shape(node: gs.Node, shape: gs.Node) -> str | None:
     node.inputs.clear()
     node.inputs.append(x)
     return "sliced-shape"
+
+
+def _gathered_dim(node: gs.Node, gather: gs.Node, namer) -> str | None:
+    """Unsqueeze(axes [0]) of a Gather (axis 0, one constant index) of a Shape's output, read
+    only there: the Shape of that one dim (start, end); the Unsqueeze becomes it (its output
+    keeps its name), the Gather dead, the Shape too once no other Gather reads it (optimum's
+    DETR over symbolic sizes: 18, 411 -> 386 nodes with what merges after; onnxslim 409)."""
+    shape = gather.inputs[0].inputs[0] if len(gather.inputs[0].inputs) == 1 else None
+    idx = gather.inputs[1] if len(gather.inputs) == 2 else None
+    if shape is None or shape.op != "Shape" or shape.domain not in (None, "", "ai.onnx") \
+            or not isinstance(idx, gs.Constant) or idx.values.shape != () \
+            or int(gather.attrs.get("axis", 0)) != 0 or const_ints(node, 1, "axes") != [0]:
+        return None
+    x = shape.inputs[0]
+    if x.shape is None:
+        return None
+    r = len(x.shape)
+    lo, hi = _clamp(int(shape.attrs.get("start", 0)), r), _clamp(int(shape.attrs.get("end", r)), r)
+    i = int(idx.values)
+    i = i + (hi - lo) if i < 0 else i
+    if not 0 <= i < hi - lo:
+        return None
+    node.op, node.attrs = "Shape", {"start": lo + i, "end": lo + i + 1}
+    node.inputs.clear()
+    node.inputs.append(x)
+    return "gathered-dim-as-shape"
 
 
 def _clamp(v: int, n: int) -> int:

@@ -1265,3 +1265,32 @@ def test_a_transpose_between_reshapes_that_merge_axes_is_one_transpose(rng):
     assert sorted(ops(out)) == sorted(["Transpose"] * 3 + ["Reshape"] * 3), ops(out)
     for a, b in zip(run_ort(m, feeds), run_ort(out, feeds)):
         np.testing.assert_array_equal(b, a)
+
+
+def test_a_gathered_dim_put_into_a_shape_is_a_shape_of_that_dim(rng):
+    """TorchScript's x.size(i) put into a shape over symbolic dims: Shape -> Gather(i) ->
+    Unsqueeze(0), two nodes a dim where Shape(start=i, end=i + 1) is one (optimum's DETR:
+    18, 411 -> 386 nodes; onnxslim 409). A negative index counts from the end; a Gather
+    read elsewhere too stays for that reader."""
+    m = make_model("""
+    <ir_version: 9, opset_import: ["" : 17]>
+    g (float[N, 3, H, W] x) => (float[N, 3, ?, W] y, int64 n2) {
+        s = Shape (x)
+        g0 = Gather <axis = 0> (s, zero)
+        u0 = Unsqueeze (g0, ax)
+        g1 = Gather <axis = 0> (s, one)
+        u1 = Unsqueeze (g1, ax)
+        g3 = Gather <axis = 0> (s, last)
+        u3 = Unsqueeze (g3, ax)
+        c = Concat <axis = 0> (u0, u1, minus1, u3)
+        y = Reshape (x, c)
+        n2 = Mul (g1, two)
+    }""", {"zero": np.array(0), "one": np.array(1), "last": np.array(-1),
+           "ax": np.array([0]), "minus1": np.array([-1]), "two": np.array(2)})
+    feeds = {"x": rng.standard_normal((2, 3, 4, 5)).astype(np.float32)}
+    out, rep = cc(m, inputs=feeds)
+    assert rep.passes[0].counts["gathered-dim-as-shape"] == 2
+    assert sorted(ops(out)) == sorted(["Shape"] * 3 + ["Gather", "Unsqueeze", "Mul", "Concat",
+                                                       "Reshape"])
+    for a, b in zip(run_ort(m, feeds), run_ort(out, feeds)):
+        np.testing.assert_array_equal(b, a)
