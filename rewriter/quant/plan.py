@@ -353,6 +353,7 @@ def resolve(plan: Plan, nodes: list, inside: list = ()) -> Assignment:
     mats = [i for i in main_ids if ops[i] in ("MatMul", "Gemm")]
     computed = {node_id(n) for n in layers + body if computed_weight(n)}
     trans_a = {node_id(n) for n in layers + body if _transposed_a(n)}
+    not_2d = {node_id(n) for n in layers + body if _weights_not_2d(n)}
     # The classifier is the last MatMul/Gemm with a weight: an attention's activation x
     # activation MatMul is no classifier (a YOLOv8-seg's backbone one was taken, eighth
     # round). Nodes that cannot say (NodeProto) count as weighted.
@@ -377,7 +378,7 @@ def resolve(plan: Plan, nodes: list, inside: list = ()) -> Assignment:
                 break
         else:
             prec[i], why[i] = plan.default, "default"
-    no_kernel, no_weight, in_body, main = [], [], [], set(main_ids)
+    no_kernel, no_weight, in_body, batched, main = [], [], [], [], set(main_ids)
     stored = {node_id(n): stored_int8_weight(n) for n in layers + body}
     for i in ids:
         if prec[i] == "int8" and i not in main:
@@ -393,6 +394,9 @@ def resolve(plan: Plan, nodes: list, inside: list = ()) -> Assignment:
         elif prec[i] == "int8" and i in trans_a:
             no_kernel.append(i)
             prec[i], why[i] = "fp32", why[i] + " (transA=1: no int8 form)"
+        elif prec[i] == "int8" and i in not_2d:
+            batched.append(i)
+            prec[i], why[i] = "fp32", why[i] + " (weight not 2-D)"
     # One line per kind, not per layer: a 12-block ViT gave 24 lines of its attention
     # MatMuls, which the user cannot act on (eleventh round).
     notes = []
@@ -417,6 +421,10 @@ def resolve(plan: Plan, nodes: list, inside: list = ()) -> Assignment:
         notes.append(f"{_count(rest)} planned int8 have a computed second input, not "
                      "a weight (attention's Q x K^T and attn x V; INT8 needs a constant "
                      f"one); kept fp32: {_names(rest)}")
+    if batched:
+        notes.append(f"{_count(batched)} planned int8 (MatMul) have a weight that is not 2-D "
+                     f"(a batch of weights; INT8 quantises 2-D ones); kept fp32: "
+                     f"{_names(batched)}")
     if in_body:   # Silero VAD v5: all 12 of its layers in the If branches of its two rates
         notes.append(f"{_count(in_body)} planned int8 sit inside If/Loop/Scan bodies, where INT8 "
                      f"is not calibrated nor inserted (FP16 is); kept fp32: {_names(in_body)}")
@@ -445,7 +453,16 @@ def int8_capable(node) -> bool:
     on its own output measured its float16 layers as INT8, where insert-qdq leaves them as
     they are, and planned them INT8 at no loss (fuzz seed 62007, case 170)."""
     return _op(node) in INT8_OPS and not computed_weight(node) and not _transposed_a(node) \
-        and (not hasattr(node, "inputs") or float32_layer(node))
+        and not _weights_not_2d(node) and (not hasattr(node, "inputs") or float32_layer(node))
+
+
+def _weights_not_2d(node) -> bool:
+    """A MatMul whose constant weight is not 2-D (a batch of weights: MViT-V2's relative
+    positions against [t, c, k] tables): insert-qdq keeps it float (skip:matmul-weight-not-2d),
+    so it is no INT8 layer (the report counted MViT-V2's 48 as INT8)."""
+    w = getattr(node, "inputs", [None, None])[1:2]
+    return _op(node) == "MatMul" and bool(w) and isinstance(w[0], gs.Constant) \
+        and w[0].values.ndim != 2
 
 
 def _transposed_a(node) -> bool:

@@ -756,3 +756,25 @@ def test_inf_and_minus_inf_in_one_channel_say_nothing_through_the_api(rng):
         out, rep = rewriter.rewrite(m, plan="int8", calib=calib, target="none")
     layers = rep.extra["plan"]["layers"]
     assert [layers[i]["precision"] for i in ("a", "h")] == ["fp32", "fp32"]
+
+
+def test_a_matmul_whose_weight_is_not_2d_is_not_planned_int8(rng):
+    """MViT-V2's 48 relative-position MatMuls read [t, c, k] tables, which insert-qdq keeps
+    float (skip:matmul-weight-not-2d), yet the report's plan counted them INT8 (160 INT8
+    layers for the 112 quantised). Kept fp32 and said now, beside a MatMul that goes INT8."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[3, 5, 6] x) => (float[3, 5, 4] y) {
+        a = MatMul (x, T)
+        y = MatMul (a, W)
+    }""", {"T": (3, 6, 7), "W": (7, 4)})
+    calib = [{"x": rng.standard_normal((3, 5, 6)).astype(np.float32)} for _ in range(8)]
+    out, rep = rewriter.rewrite(m, plan="int8", calib=calib, target="none")
+    layers = rep.extra["plan"]["layers"]
+    assert [v["precision"] for v in layers.values()] == ["fp32", "int8"]
+    assert "weight not 2-D" in list(layers.values())[0]["why"]
+    said = [w for w in rep.warnings if "not 2-D" in w]
+    assert len(said) == 1 and "1 layer planned int8 (MatMul)" in said[0], rep.warnings
+    g = rewriter.core.convert.to_graph(m)
+    assert [plan_mod.int8_capable(n) for n in g.nodes] == [False, True]
+    assert ops(out).count("QuantizeLinear") == 1
