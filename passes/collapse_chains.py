@@ -895,7 +895,7 @@ def _einsum_as_matmul(node: gs.Node, g: gs.Graph, namer) -> bool:
             g.nodes.append(gs.Node("Transpose", namer(f"{node.name or y.name}_transpose"),
                                    attrs={"perm": perm}, inputs=[x], outputs=[xt]))
             node.inputs[n] = xt
-        if unit and x is (a if lead is fa else b):   # [..., j] -> [..., 1, j] / [..., j, 1]
+        if unit and n == (0 if lead is fa else 1):   # [..., j] -> [..., 1, j] / [..., j, 1]
             xu = gs.Variable(namer(f"{x.name}_unit"), dtype=x.dtype)
             g.nodes.append(gs.Node("Reshape", namer(f"{node.name or y.name}_unit"),
                                    inputs=[node.inputs[n], gs.Constant(
