@@ -894,3 +894,26 @@ def test_a_name_both_branches_compute_gets_no_shape_from_the_other():
     assert report.ok
     x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
     _same_outputs(model, out, {"c": np.array(False), "x": x})
+
+
+@pytest.mark.parametrize("plan", [None, "fp16"])
+def test_an_output_declared_with_another_type_than_its_input_is_refused(plan):
+    """Fuzz seed 61714 case 987: graph output 'x' is graph input 'x' (float) declared
+    int8. onnxruntime runs it (and returns float); the graph holds one tensor for the name,
+    which took the output's type, and convert-fp16 then wrote a model onnxruntime refused
+    (exit 3). A one-line input error now; the same model declared float is rewritten."""
+    import rewriter
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    def model(out_type):
+        g = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g",
+                         [h.make_tensor_value_info("x", T.FLOAT, [1, 4])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [1, 4]),
+                          h.make_tensor_value_info("x", out_type, [1, 4])])
+        return h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+    with pytest.raises(rewriter.InputError, match="graph output 'x' is the input of that "
+                                                  "name, float32, but is declared int8"):
+        rewriter.rewrite(model(T.INT8), plan=plan)
+    out, _ = rewriter.rewrite(model(T.FLOAT), plan=plan, verify=True)
+    assert [o.name for o in out.graph.output] == ["y", "x"]

@@ -521,6 +521,9 @@ def validate_model(model: onnx.ModelProto, what: str = "model",
         bad = _size_problem(t)
         if bad:
             raise InputError(f"{what}: {bad}")
+    bad = _output_type_contradiction(model.graph)
+    if bad:
+        raise InputError(f"{what}: {bad}")
     original = model
     if not whole:
         model = weight_free_copy(model, keep_dims=False)
@@ -549,6 +552,29 @@ def validate_model(model: onnx.ModelProto, what: str = "model",
         raise InputError(f"{what}: onnx.checker rejects it: {first_line(e)}") from None
     except Exception as e:  # e.g. protobuf size errors
         raise InputError(f"{what}: cannot be checked: {first_line(e)}") from None
+
+
+def _output_type_contradiction(g: onnx.GraphProto) -> str | None:
+    """A graph output that is a graph input or an initializer, declared with another element
+    type: onnxruntime runs it (and returns the input's type); the checker lets it pass;
+    the graph we build holds one tensor for the name and took the output's type (fuzz seed
+    61714 case 987: input x float, output x int8, and convert-fp16 wrote a model onnxruntime
+    refused, exit 3)."""
+    have = {vi.name: vi.type.tensor_type.elem_type for vi in g.input
+            if vi.type.HasField("tensor_type")}
+    have.update({t.name: t.data_type for t in g.initializer})
+    for o in g.output:
+        want = o.type.tensor_type.elem_type if o.type.HasField("tensor_type") else 0
+        if o.name in have and want and have[o.name] and want != have[o.name]:
+            name = onnx.helper.tensor_dtype_to_np_dtype
+            try:
+                a, b = name(have[o.name]).name, name(want).name
+            except (KeyError, TypeError, ValueError):
+                a, b = str(have[o.name]), str(want)
+            kind = "initializer" if any(t.name == o.name for t in g.initializer) else "input"
+            return (f"graph output '{o.name}' is the {kind} of that name, {a}, but is "
+                    f"declared {b}: fix the declaration")
+    return None
 
 
 def _output_shapes(model: onnx.ModelProto) -> bool:
