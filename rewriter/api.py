@@ -759,7 +759,8 @@ class _Rewrite:
         the same shapes are drawn again with integers in {0, 1}, then all 1: equal NaNs
         must not pass for a verified output."""
         from rewriter.verify import Verifier, make_feeds
-        from rewriter.verify.verifier import NonFiniteReference, OriginalRunError
+        from rewriter.verify.verifier import (NARROWER_INTS, NonFiniteReference,
+                                              OriginalRunError)
 
         def make(feeds):
             v = Verifier(self.original, self.base_dir, feeds, path=self.path,
@@ -792,12 +793,12 @@ class _Rewrite:
                     "give inputs on which it is finite"
                 raise InputError(f"{e}; {where}") from None
             shapes = {k: list(np.shape(v)) for k, v in feeds.items()}
-            for low, say in ((0, "0 or 1"), (1, "1")):
+            for narrower, say in NARROWER_INTS:
                 try:
-                    v = make(make_feeds(self.original, shapes, self.seed, ints=(low, 2)))
+                    v = make(make_feeds(self.original, shapes, self.seed, ints=narrower))
                 except (NonFiniteReference, OriginalRunError):
                     continue
-                self.ints = (low, 2)
+                self.ints = narrower
                 self.report.warnings.append(
                     f"random integers in [0, 4): {str(e)[:300]}; verified with the integer inputs "
                     f"({', '.join(ints)}) set to {say} instead (a mask, say): --inputs gives "
@@ -1067,9 +1068,9 @@ class _Rewrite:
             self.seconds["bias-correction"] = measuring
             return records
         t = time.perf_counter()
-        err = [_output_error(e, fp32_exported, self.calib_data) for e in (
-            export(uncorrected, self.original, self.base_dir),
-            export(self.graph, self.original, self.base_dir))]
+        err = _output_errors([export(g, self.original, self.base_dir)
+                              for g in (uncorrected, self.graph)], fp32_exported,
+                             self.calib_data)
         self.seconds["bias-correction"] = measuring + time.perf_counter() - t
         self.report.extra.setdefault("bias_correction", {})["calibration_error"] = err
         if err[1] > BIAS_GUARD * err[0]:
@@ -1645,12 +1646,10 @@ class _Rewrite:
         with tempfile.TemporaryDirectory(prefix="rewrite-original-") as tmp:
             path = self.path
             if path is None and original is not None:
-                # In memory (the API's ModelProto, --set-input): on file too, so that a
-                # refusal is tried on the original as well ("not caused by the rewrite"):
-                # without it, --set-input on Whisper's merged decoder blamed the rewrite.
-                from rewriter.core.convert import Exported
-                path = os.path.join(tmp, "original.onnx")
-                save_model(Exported(original, {}, self.base_dir), path)
+                # In memory (the API's ModelProto, --set-input): on file too where MIGraphX
+                # refuses or misses, so the original is tried as well ("not caused by the
+                # rewrite"; --set-input on Whisper's merged decoder blamed the rewrite).
+                path = _OnFile(original, self.base_dir, os.path.join(tmp, "original.onnx"))
             compile_output(self.report, self.migraphx_checked, exported, original,
                            self.base_dir, self.output,
                            {"progress": self.progress, **self.migraphx},
@@ -1781,6 +1780,23 @@ def _weight_constant(node) -> bool:
                                      or isinstance(stored_int8_weight(node), StoredInt8))
 
 
+class _OnFile(os.PathLike):
+    """An in-memory model's file, written where it is first asked for: a compile that
+    passes never asks (the MIGraphX step tries the original only on a refusal or a miss)."""
+
+    def __init__(self, model: onnx.ModelProto, base_dir, path: str):
+        self.model, self.base_dir, self.path, self.written = model, base_dir, path, False
+
+    def __fspath__(self) -> str:
+        if not self.written:
+            from rewriter.core.convert import Exported
+            save_model(Exported(self.model, {}, self.base_dir), self.path)
+            self.written = True
+        return self.path
+
+    __str__ = __fspath__
+
+
 # Bias correction is kept unless it raises the calibration samples' mean output error
 # (1 - cosine to FP32) by more than this factor: in-sample it lowers the error of a model
 # whose samples agree, and a small rise is noise of the shifts' rounding.
@@ -1788,26 +1804,28 @@ BIAS_GUARD = 1.1
 GUARD_BATCHES = 16   # each run three times: FP32, INT8 with and without the corrections
 
 
-def _output_error(exported, fp32, data) -> float:
-    """Mean over the float outputs and the first GUARD_BATCHES calibration batches of
-    1 - cosine between ``exported``'s outputs and ``fp32``'s (outputs of another shape, a
-    selection's, are left out)."""
+def _output_errors(candidates: list, fp32, data) -> list[float]:
+    """For each of ``candidates`` (Exported), the mean over the float outputs and the first
+    GUARD_BATCHES calibration batches of 1 - cosine between its outputs and ``fp32``'s
+    (outputs of another shape, a selection's, are left out); one pass over the data, the
+    FP32 model run once per batch."""
     from rewriter.core.ort import session
     from rewriter.verify.metrics import cosine
 
     runs = [session(e.model, e.source_dir, initializers=e.ort_initializers())
-            for e in (exported, fp32)]
+            for e in (fp32, *candidates)]
     names = [o.name for o in fp32.model.graph.output]
-    errs = []
+    errs: list[list[float]] = [[] for _ in candidates]
     for i, feeds in enumerate(data):
         if i == GUARD_BATCHES:
             break
-        got, want = (s.run(names, {k: feeds[k] for k in (x.name for x in s.get_inputs())})
-                     for s in runs)
-        errs += [1.0 - cosine(a, b) for a, b in zip(got, want)   # not a selection's
-                 if np.issubdtype(np.asarray(b).dtype, np.floating) and np.size(b)
-                 and np.shape(a) == np.shape(b)]
-    return float(np.mean(errs)) if errs else 0.0
+        want, *gots = (s.run(names, {x.name: feeds[x.name] for x in s.get_inputs()})
+                       for s in runs)
+        for e, got in zip(errs, gots):
+            e += [1.0 - cosine(a, b) for a, b in zip(got, want)   # not a selection's
+                  if np.issubdtype(np.asarray(b).dtype, np.floating) and np.size(b)
+                  and np.shape(a) == np.shape(b)]
+    return [float(np.mean(e)) if e else 0.0 for e in errs]
 
 
 def _int8_levels(graph, outs: set) -> dict:

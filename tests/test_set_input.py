@@ -4,6 +4,8 @@ model here has the form of optimum's merged decoders: an If on a boolean input w
 branches return caches of different lengths (MIGraphX refuses such an If; with the
 condition set, fold-shapes keeps one branch)."""
 
+import os
+
 import numpy as np
 import onnx
 import pytest
@@ -143,3 +145,24 @@ def test_merged_form_compiles_on_migraphx_once_its_condition_is_set(tmp_path, fl
     info = rep.extra["compile"]
     assert info["status"] == "compiled" and info["ok"], info.get("error")
     assert [x["name"] for x in info["metrics"]] == ["logits", "present"]
+
+
+@pytest.mark.migraphx
+def test_an_in_memory_original_is_written_only_where_migraphx_refuses(tmp_path,
+                                                                      monkeypatch):
+    # The original is tried on MIGraphX only on a refusal or a miss: a compile that passes
+    # does not write it (a toolchain's 2 GB ModelProto, each call).
+    pytest.importorskip("migraphx", reason="MIGraphX is not installed (not on PyPI/Debian)")
+    import rewriter.api as api
+
+    written = []
+    real = api.save_model
+    monkeypatch.setattr(api, "save_model",
+                        lambda exp, path, **kw: written.append(path) or real(exp, path, **kw))
+    _, rep = rewriter.rewrite(_merged("1"), target="migraphx", migraphx={"device": "ref"},
+                              set_inputs={"use_cache": True})
+    assert rep.extra["compile"]["status"] == "compiled" and not written
+    _, rep = rewriter.rewrite(_merged("1"), target="migraphx", migraphx={"device": "ref"},
+                              input_shapes={"past": [1, 5, 4]})
+    assert "PARSE_IF" in rep.extra["compile"]["original_refused"]
+    assert [os.path.basename(p) for p in written].count("original.onnx") == 1

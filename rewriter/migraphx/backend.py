@@ -612,7 +612,7 @@ def refuses(model_path: str | os.PathLike, dims: dict[str, list[int]], target: s
     error. Runs in a child process (:func:`isolated`)."""
     _require()   # not installed: said here, no child started
     try:
-        return isolated(_refuses, model_path, dims, target, feeds)
+        return isolated(_refuses, os.fspath(model_path), dims, target, feeds)
     except MigraphxError as e:   # the child died
         return e
 
@@ -646,8 +646,8 @@ def compile_and_run(model_path: str | os.PathLike, feeds, input_shapes: dict[str
     320x320 detector image)."""
     _require()
     n = len(feeds) if isinstance(feeds, list) else 1
-    return isolated(_compile_and_run, model_path, feeds, input_shapes, target, fast_math,
-                    save_mxr, progress, bar={"total": n, "desc": f"MIGraphX {target}"}
+    return isolated(_compile_and_run, os.fspath(model_path), feeds, input_shapes, target,
+                    fast_math, save_mxr, progress, bar={"total": n, "desc": f"MIGraphX {target}"}
                     if progress and n > 1 else None)
 
 

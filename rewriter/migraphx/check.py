@@ -55,8 +55,8 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from rewriter.core.errors import InputError
-from rewriter.core.graph import (SMALL_TENSOR, has_function_body, node_id, tensor_nbytes,
-                                 weight_free_copy)
+from rewriter.core.graph import (SMALL_TENSOR, graph_protos, has_function_body, node_id,
+                                 tensor_nbytes, weight_free_copy)
 from rewriter.core.integer_ops import COMPUTED, INTEGER_OPS, integer_op_wrong
 from rewriter.core.pass_base import parse_version
 
@@ -250,6 +250,23 @@ def check_model(model: onnx.ModelProto | str | os.PathLike,
                "ops_source": profile.get("ops_source", "profile"),
                "shape_inference": checker.inferred}
     return CheckResult(checker.findings, summary, checker.qdq_layers)
+
+
+def set_input_flags(model: onnx.ModelProto) -> dict[str, str]:
+    """{input: the --set-input flag that makes it a constant} for the graph inputs that
+    choose an If's branch (its condition: optimum's merged decoders' use_cache_branch; or
+    compared with a constant: Silero VAD's Equal(sr, 16000)); none without an If. MIGraphX
+    folds an If on a constant condition and parses one on a run-time condition only where
+    both branches return the same shapes at the sizes given (parse_if.cpp, PARSE_IF;
+    optimum's merged decoders' branches do not, and declare that they do)."""
+    from rewriter.verify.feeds import branch_values
+
+    if not any(n.op_type == "If" for g in graph_protos(model.graph) for n in g.node):
+        return {}
+    return {name: f"--set-input {name}=" + (
+        "true (or false)" if isinstance(v[0], bool) else f"{v[0]:g}"
+        if isinstance(v[0], float) else str(v[0]))
+        for name, v in branch_values(model).items()}
 
 
 def _moved_weights(model: onnx.ModelProto, typed: onnx.ModelProto) -> dict:
@@ -486,26 +503,17 @@ class _Checker:
         self.check_branch_inputs()
 
     def check_branch_inputs(self) -> None:
-        """An If whose branch a graph input chooses (its condition, or compared with a
-        constant): MIGraphX folds an If on a constant condition, and parses one on a
-        run-time condition only where both branches return the same shapes at the sizes
-        given (parse_if.cpp, PARSE_IF; optimum's merged decoders' branches do not, and
-        declare that they do)."""
-        from rewriter.core.graph import graph_protos
-        from rewriter.verify.feeds import branch_values
-
-        ifs = [n for g in graph_protos(self.model.graph) for n in g.node if n.op_type == "If"]
-        if not ifs:
+        """An If whose branch a graph input chooses: :func:`set_input_flags`."""
+        flags = set_input_flags(self.model)
+        if not flags:
             return
-        for name, values in branch_values(self.model).items():
-            v = values[0]
-            value = "true (or false)" if isinstance(v, bool) else f"{v:g}" \
-                if isinstance(v, float) else str(v)
-            self.add("info", "if-chosen-by-input", node_id(ifs[0]), "If",
+        first_if = next(n for g in graph_protos(self.model.graph) for n in g.node
+                        if n.op_type == "If")
+        for name, flag in flags.items():
+            self.add("info", "if-chosen-by-input", node_id(first_if), "If",
                      f"input '{name}' chooses an If's branch at run time: MIGraphX parses "
                      "it only where both branches return the same shapes at the sizes given "
-                     "(PARSE_IF); --set-input "
-                     f"{name}={value} makes it a constant and keeps one branch")
+                     f"(PARSE_IF); {flag} makes it a constant and keeps one branch")
 
     def visit(self, graph: onnx.GraphProto, path: str, outer: _Graph | None,
               extra_inits: dict | None = None) -> _Graph:

@@ -689,7 +689,7 @@ def _narrowing(report, ints: tuple[int, int], random: bool, compile_with) -> tup
     on random integers in [0, 4) (T5's masking overflows on a mask of 3), again with
     integers in {0, 1}, then all 1, as --verify does (api's new_verifier): without
     --verify, nothing had narrowed them. Returns the integers that ran."""
-    from rewriter.verify.verifier import NonFiniteReference
+    from rewriter.verify.verifier import NARROWER_INTS, NonFiniteReference
 
     try:
         compile_with(ints)
@@ -698,15 +698,15 @@ def _narrowing(report, ints: tuple[int, int], random: bool, compile_with) -> tup
         if not random or ints != (0, 4):
             raise
         first = e
-    for low, say in ((0, "0 or 1"), (1, "1")):
+    for narrower, say in NARROWER_INTS:
         try:
-            compile_with((low, 2))
+            compile_with(narrower)
         except NonFiniteReference:
             continue
         report.warnings.append(f"MIGraphX's random inputs, integers in [0, 4): {first}; "
                                f"compared with the integer inputs set to {say} instead (a "
                                "mask, say): --inputs gives real ones")
-        return low, 2
+        return narrower
     raise first
 
 
@@ -739,7 +739,9 @@ def _compile_output(report, checked, exported, original, base_dir, output, mgx, 
                 made.append(verifier)
             else:
                 from rewriter.verify import Verifier
-                made.append(Verifier(original, base_dir, feed_sets, path=model_path,
+                # an api._OnFile not written yet: in memory, not written for onnxruntime
+                path = model_path if getattr(model_path, "written", True) else None
+                made.append(Verifier(original, base_dir, feed_sets, path=path,
                                      lossy=lossy, strict=strict))
         return made[0]
 
@@ -800,19 +802,10 @@ def _compile_output(report, checked, exported, original, base_dir, output, mgx, 
 
 
 def _set_input_hint(original) -> str:
-    """Where the original is refused and an If's branch is chosen by a graph input (its
-    condition: optimum's merged decoders' use_cache_branch; or compared with a constant:
-    Silero VAD's Equal(sr, 16000)), the flag that makes the input a constant: MIGraphX
-    folds an If on a constant condition (parse_if.cpp), and the refused branch may go."""
-    from rewriter.core.graph import graph_protos
-    from rewriter.verify.feeds import branch_values
+    """Where the original is refused: the flags that fold its Ifs (check.set_input_flags)."""
+    from rewriter.migraphx.check import set_input_flags
 
-    if not any(n.op_type == "If" for g in graph_protos(original.graph) for n in g.node):
-        return ""
-    flags = [f"--set-input {name}=" + ("true (or false)" if isinstance(values[0], bool)
-                                       else f"{values[0]:g}" if isinstance(values[0], float)
-                                       else str(values[0]))
-             for name, values in branch_values(original).items()]
+    flags = list(set_input_flags(original).values())
     return f"{' or '.join(flags[:2])} keeps one branch of the If" if flags else ""
 
 

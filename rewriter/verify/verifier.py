@@ -33,6 +33,12 @@ class NonFiniteReference(InputError):
     nothing to compare, and equal NaNs must not pass for a verified output."""
 
 
+# Random integer inputs are drawn in [0, 4); where the original gives NaN or inf everywhere
+# on them (T5's masking overflows on a mask of 3) or refuses them, again in these, in order
+# (api's new_verifier, and the MIGraphX step without --verify): [low, high), as said.
+NARROWER_INTS = (((0, 2), "0 or 1"), ((1, 2), "1"))
+
+
 # The cosine the original's own one-ulp response must keep for it to widen the cosine floor
 # (Verifier.allow_noise): below it the inputs test nothing (a YOLOv8 head whose ties reorder:
 # 0.84 under one ulp, and 8x that 1 - cosine passed any output, a wrong one too).

@@ -241,6 +241,38 @@ def _whole_model_step(self, exported, k):
     return {n: got[n].mean for n in part}
 
 
+def _spy_levels(monkeypatch, memory=None) -> tuple[list, list]:
+    """(the shifts correct-bias is handed, level by level; the LevelMeasures made, with
+    ``memory`` as their budget where given), filled as the API runs."""
+    from rewriter.passes.correct_bias import CorrectBias
+    from rewriter.quant import bias
+    shifts, measures = [], []
+    real_run, real_init = CorrectBias.run, bias.LevelMeasure.__init__
+    kw = {} if memory is None else {"memory_bytes": memory}
+    monkeypatch.setattr(CorrectBias, "run", lambda self, g, ctx: shifts.append(
+        dict(ctx.bias_shift)) or real_run(self, g, ctx))
+    monkeypatch.setattr(bias.LevelMeasure, "__init__", lambda self, *a, **k: measures.append(
+        self) or real_init(self, *a, **dict(k, **kw)))
+    return shifts, measures
+
+
+def _same_as_whole_model(m, plan, calib, shifts: list, monkeypatch):
+    """The shifts ``shifts`` holds (a _spy_levels run) equal, level by level, those that
+    running every level's ancestors from the inputs gives; returns that run's model."""
+    from rewriter.quant import bias
+    got = list(shifts)
+    shifts.clear()
+    monkeypatch.setattr(bias.LevelMeasure, "step", _whole_model_step)
+    whole, _ = rewriter.rewrite(m, plan=plan, calib=calib)
+    assert len(shifts) == len(got)
+    for level, (g, w) in enumerate(zip(got, shifts)):
+        assert g.keys() == w.keys()
+        for n in g:
+            np.testing.assert_allclose(g[n], w[n], rtol=1e-5, atol=1e-7,
+                                       err_msg=f"level {level}, {n}")
+    return whole
+
+
 @pytest.mark.parametrize("memory", [None, 0, 5000])
 @pytest.mark.parametrize("form", ["mul", "axis"])
 def test_cached_levels_give_the_shifts_whole_model_runs_give(form, memory, rng, monkeypatch):
@@ -249,19 +281,12 @@ def test_cached_levels_give_the_shifts_whole_model_runs_give(form, memory, rng, 
     the ones running every level's ancestors from the inputs gives, with a skip over a
     level, two layers sharing an input and a graph input read again at the last level.
     It runs fewer nodes, and nothing stays kept at the end."""
-    from rewriter.passes.correct_bias import CorrectBias
-    from rewriter.quant import bias
     m = make_model(SKIPS, SKIP_INITS, seed=7)
     calib = [{"x": (rng.standard_normal((1, 4, 8, 8)) + 0.5).astype(np.float32)}
              for _ in range(10)]
     plan = {"rules": [{"match": {"op": "Conv"}, "precision": "int8"}],
             "int8": {"equalize": False, "bias_correction": True, "weight_form": form}}
-    shifts, measures = [], []
-    real_run, real_init = CorrectBias.run, bias.LevelMeasure.__init__
-    monkeypatch.setattr(CorrectBias, "run", lambda self, g, ctx: shifts.append(
-        dict(ctx.bias_shift)) or real_run(self, g, ctx))
-    monkeypatch.setattr(bias.LevelMeasure, "__init__", lambda self, *a, **k: measures.append(
-        self) or real_init(self, *a, **dict(k, memory_bytes=memory)))
+    shifts, measures = _spy_levels(monkeypatch, memory)
     cached, rep = rewriter.rewrite(m, plan=plan, calib=calib)
     assert [sorted(s) for s in shifts] == [["a"], ["b", "c"], ["d"], ["y"]]
     stats = measures[0].stats
@@ -274,16 +299,7 @@ def test_cached_levels_give_the_shifts_whole_model_runs_give(form, memory, rng, 
     # batch; not every activation of every level.
     if memory is None:
         assert 0 < stats["peak_bytes"] <= (4 + 8 + 8) * 64 * 4 * len(calib), stats
-    got = list(shifts)
-    shifts.clear()
-    monkeypatch.setattr(bias.LevelMeasure, "step", _whole_model_step)
-    whole, _ = rewriter.rewrite(m, plan=plan, calib=calib)
-    assert len(shifts) == len(got)
-    for level, (g, w) in enumerate(zip(got, shifts)):
-        assert g.keys() == w.keys()
-        for n in g:
-            np.testing.assert_allclose(g[n], w[n], rtol=1e-5, atol=1e-7,
-                                       err_msg=f"level {level}, {n}")
+    whole = _same_as_whole_model(m, plan, calib, shifts, monkeypatch)
     # The cached steps start past the corrected part: fewer nodes run.
     assert stats["nodes_run"] < 0.7 * measures[-1].stats["nodes_run"], (
         stats, measures[-1].stats)
@@ -298,8 +314,6 @@ def test_a_body_reading_an_outer_tensor_is_a_step_like_any_node(rng, monkeypatch
     from outside counts as its node's inputs (Faster R-CNN's RPN If, before its INT8 box
     head: every level was measured from the inputs, 553 s). Cached levels, no whole-model
     step, the shifts whole-model runs give."""
-    from rewriter.passes.correct_bias import CorrectBias
-    from rewriter.quant import bias
     m = make_model("""
     <ir_version: 8, opset_import: ["" : 17]>
     g (float[N, 4, 8, 8] x, bool c) => (float[N, 8, 8, 8] y) {
@@ -324,27 +338,14 @@ def test_a_body_reading_an_outer_tensor_is_a_step_like_any_node(rng, monkeypatch
               "c": np.array(i % 2 == 0)} for i in range(8)]
     plan = {"rules": [{"match": {"op": "Conv"}, "precision": "int8"}],
             "int8": {"equalize": False, "bias_correction": True}}
-    shifts, measures = [], []
-    real_run, real_init = CorrectBias.run, bias.LevelMeasure.__init__
-    monkeypatch.setattr(CorrectBias, "run", lambda self, g, ctx: shifts.append(
-        dict(ctx.bias_shift)) or real_run(self, g, ctx))
-    monkeypatch.setattr(bias.LevelMeasure, "__init__", lambda self, *a, **k: measures.append(
-        self) or real_init(self, *a, **k))
+    shifts, measures = _spy_levels(monkeypatch)
     _, rep = rewriter.rewrite(m, plan=plan, calib=calib)
     rec = [p for p in rep.passes if p.name == "correct-bias"][0]
     assert rec.counts["corrected-layers"] == 3
     assert [sorted(s) for s in shifts] == [["a"], ["b"], ["y"]]
     stats = measures[0].stats
     assert stats["steps"] == 3 and stats["whole"] == 0 and stats["nodes_run"] > 0, stats
-    got = list(shifts)
-    shifts.clear()
-    monkeypatch.setattr(bias.LevelMeasure, "step", _whole_model_step)
-    rewriter.rewrite(m, plan=plan, calib=calib)
-    assert len(shifts) == len(got)
-    for g, w in zip(got, shifts):
-        assert g.keys() == w.keys()
-        for n in g:
-            np.testing.assert_allclose(g[n], w[n], rtol=1e-5, atol=1e-7, err_msg=n)
+    _same_as_whole_model(m, plan, calib, shifts, monkeypatch)
 
 
 def test_a_body_after_every_layer_does_not_stop_the_cached_levels(rng, monkeypatch):
@@ -352,8 +353,6 @@ def test_a_body_after_every_layer_does_not_stop_the_cached_levels(rng, monkeypat
     layer: every level was measured from the inputs (its --plan default ran for more than
     10 minutes). A body no step runs changes nothing: cached levels, the shifts whole-model
     runs give."""
-    from rewriter.passes.correct_bias import CorrectBias
-    from rewriter.quant import bias
     text = SKIPS.replace("x) => (float[N, 8, 8, 8] y)", "x, bool cond) => (float[N, 8, 8, 8] t)")
     text = text.replace("    y = Conv <pads = [1, 1, 1, 1]> (z, W4, B4)\n", """\
     y = Conv <pads = [1, 1, 1, 1]> (z, W4, B4)
@@ -365,21 +364,10 @@ def test_a_body_after_every_layer_does_not_stop_the_cached_levels(rng, monkeypat
               "cond": np.array(i % 2 == 0)} for i in range(10)]
     plan = {"rules": [{"match": {"op": "Conv"}, "precision": "int8"}],
             "int8": {"equalize": False, "bias_correction": True}}
-    shifts, measures = [], []
-    real_run, real_init = CorrectBias.run, bias.LevelMeasure.__init__
-    monkeypatch.setattr(CorrectBias, "run", lambda self, g, ctx: shifts.append(
-        dict(ctx.bias_shift)) or real_run(self, g, ctx))
-    monkeypatch.setattr(bias.LevelMeasure, "__init__", lambda self, *a, **k: measures.append(
-        self) or real_init(self, *a, **k))
+    shifts, measures = _spy_levels(monkeypatch)
     rewriter.rewrite(m, plan=plan, calib=calib)
     assert measures[0].stats["steps"] == 4 and measures[0].stats["whole"] == 0
-    got = list(shifts)
-    shifts.clear()
-    monkeypatch.setattr(bias.LevelMeasure, "step", _whole_model_step)
-    rewriter.rewrite(m, plan=plan, calib=calib)
-    for g, w in zip(got, shifts):
-        for n in g:
-            np.testing.assert_allclose(g[n], w[n], rtol=1e-5, atol=1e-7)
+    _same_as_whole_model(m, plan, calib, shifts, monkeypatch)
 
 
 def test_a_correction_that_raises_the_calibration_error_is_undone():
