@@ -105,7 +105,8 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
             value (a number, bool or array, broadcast to its dims) and leaves the output
             model's interface; the original is verified with that value fed (optimum's
             merged decoders: ``{"use_cache_branch": True}`` keeps the cache branch only,
-            which MIGraphX compiles where it refuses the If).
+            which MIGraphX compiles where it refuses the If). Feeds in ``inputs`` and
+            ``calib`` may carry such an input only with the value set.
         inputs: user inputs for verification instead of random ones: one feed, or a list
             of feeds (samples; they may differ in size: outputs are compared per sample,
             MIGraphX runs those of the first one's shape). They imply ``verify``, as
@@ -502,13 +503,13 @@ class _Rewrite:
         if self.input_shapes:
             self.input_shapes = {k: v for k, v in self.input_shapes.items()
                                  if k not in self.set_inputs}
-        values = {t.name: t for t in model.graph.initializer if t.name in self.set_inputs}
-        for feed in [self.inputs] if isinstance(self.inputs, dict) else self.inputs or []:
-            for name in set(feed) & set(values):
-                given, want = np.asarray(feed[name]), onnx.numpy_helper.to_array(values[name])
-                if given.shape != want.shape or not np.array_equal(given, want):
-                    raise InputError(f"--inputs gives {name} another value than --set-input "
-                                     f"{name} sets: drop one")
+        from rewriter.quant.data import check_set_values
+        values = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer
+                  if t.name in self.set_inputs}
+        check_set_values([self.inputs] if isinstance(self.inputs, dict) else self.inputs or [],
+                         values, "--inputs")
+        if self.calib is not None:
+            check_set_values(self.calib, values)
         if isinstance(self.inputs, dict):   # the caller's dicts are not changed
             self.inputs = {k: v for k, v in self.inputs.items() if k not in values}
         elif self.inputs is not None:

@@ -85,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="make an input a constant of this value (a number, true or false, "
                         "filling its dims) and drop it from the output's inputs, e.g. "
                         "use_cache_branch=true: a merged decoder's If then folds to one "
-                        "branch (repeatable)")
+                        "branch; samples in --inputs or --calib that carry it must hold "
+                        "this value (repeatable)")
     g.add_argument("--fix-shapes", action="store_true",
                    help="write the --input-shape dims into the output model's inputs and "
                         "fold the shape arithmetic that becomes static (MIGraphX turns "

@@ -82,6 +82,33 @@ def test_cli_sets_an_input_and_says_so(tmp_path, capfd):
     assert [i.name for i in onnx.load(dst).graph.input] == ["x", "past"]
 
 
+def test_calibration_samples_must_carry_the_value_set(tmp_path, capfd):
+    # Samples of the other branch are ones the written model never runs: calibrating on
+    # them was silent (the key was ignored as an extra one).
+    m = _merged("1")
+    good = [feeds(True, p) for p in (2, 3, 4)]
+    out, _ = rewriter.rewrite(m, plan="default", calib=good, set_inputs={"use_cache": True})
+    assert "If" not in ops(out)
+    with pytest.raises(InputError, match="calibration sample|--calib sample 2 gives use_cache"):
+        rewriter.rewrite(m, plan="default", calib=good[:2] + [feeds(False)],
+                         set_inputs={"use_cache": True})
+    src, calib = tmp_path / "m.onnx", tmp_path / "calib"
+    onnx.save(m, src)
+    calib.mkdir()
+    for j, f in enumerate(good + [feeds(False, 6)]):
+        np.savez(calib / f"s{j}.npz", **f)
+    code, _, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--plan", "default", "--calib",
+                       calib, "--set-input", "use_cache=1", "--target", "none")
+    assert code == 2
+    assert_one_line(err, "s3.npz gives use_cache another value than --set-input use_cache",
+                    "(False, not True)")
+    assert not (tmp_path / "o.onnx").exists()
+    (calib / "s3.npz").unlink()
+    code, _, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--plan", "default", "--calib",
+                       calib, "--set-input", "use_cache=1", "--target", "none")
+    assert code == 0, err
+
+
 @pytest.mark.parametrize("argv, fragments", [
     (["--set-input", "nope=1"], ["'nope', which is not a graph input", "use_cache"]),
     (["--set-input", "use_cache=2"], ["use_cache=2: not a bool value"]),

@@ -597,6 +597,44 @@ def check_preprocess_applies(source) -> None:
                              f"{kind} files, which are inputs already")
 
 
+def check_set_values(source, values: dict, where: str = "--calib") -> None:
+    """Samples (a folder of .npz files, or an iterable of feeds) that carry an input
+    --set-input made a constant must hold the value set: a sample of another value is one
+    the written model never runs (optimum's merged decoder fed use_cache_branch false where
+    it was set true), so calibrating or verifying on it would judge the wrong branch. Only
+    those keys are read; unreadable files are left to the loader's errors."""
+    if isinstance(source, (str, os.PathLike)):
+        files, kind, _ = _scan(Path(source))
+        if kind != NPZ:
+            return
+        samples: Iterator = ((str(p), _set_keys(p, values)) for p in files)
+    elif isinstance(source, (list, tuple)):
+        samples = ((f"{where} sample {j}", d) for j, d in enumerate(source)
+                   if isinstance(d, dict))
+    else:
+        return
+    for place, feed in samples:
+        for name in set(feed) & set(values):
+            given, want = np.asarray(feed[name]), np.asarray(values[name])
+            if given.shape != want.shape or not np.array_equal(given, want):
+                raise InputError(f"{place} gives {name} another value than --set-input "
+                                 f"{name} sets ({_shown(given)}, not {_shown(want)}): the "
+                                 "written model runs only the value set; drop one")
+
+
+def _set_keys(path: Path, values: dict) -> dict:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {n: z[n] for n in values if n in z.files}
+    except Exception:  # noqa: BLE001 - the loader says what is wrong with the file
+        return {}
+
+
+def _shown(a: np.ndarray) -> str:
+    flat = a.ravel()
+    return str(flat[0]) if flat.size and (flat == flat[0]).all() else f"an array {list(a.shape)}"
+
+
 def class_indices(labels, where: str) -> np.ndarray:
     """``labels`` as int64 class indices, or InputError: a 1.5 was taken as class 1, a -1
     as a class no output picks (each a sample judged wrong, unsaid), 1e30 an OverflowError
