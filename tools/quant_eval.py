@@ -135,6 +135,11 @@ def run(task: str, plans: list, n_calib: int, n_eval: int, calib_seed: int, eval
                **judge(ref, outputs(str(out), xe), ye)}
         if "planner" in rep.extra:
             row["planner"] = rep.extra["planner"]
+        bias = rep.extra.get("bias_correction", {})
+        if "calibration_error" in bias:   # the guard's figures: without, with the shifts
+            row["bias_correction"] = {"calibration_error": bias["calibration_error"],
+                                      "undone": any(w.startswith("bias correction undone")
+                                                    for w in rep.warnings)}
         rows.append(row)
         print(line(row), flush=True)
     return rows
@@ -174,6 +179,10 @@ def line(r: dict) -> str:
     if "acc" in r:
         s += (f"  acc {r['acc_fp32']:.3f} -> {r['acc']:.3f} (drop {r['drop_points']:+.1f} "
               f"[{r['drop_ci'][0]:+.1f}, {r['drop_ci'][1]:+.1f}] pts)")
+    if "bias_correction" in r:
+        b = r["bias_correction"]
+        s += (f"  bias {b['calibration_error'][0]:.2e} -> {b['calibration_error'][1]:.2e}"
+              f" {'undone' if b['undone'] else 'kept'}")
     return s + f"  {r['seconds']}s"
 
 
