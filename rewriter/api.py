@@ -1044,8 +1044,7 @@ class _Rewrite:
         t = time.perf_counter()   # the measuring; the pass and its check count elsewhere
         ref = channel_stats(fp32_exported.model, outs, self.calib_data,
                             base_dir=fp32_exported.source_dir,
-                            initializers=fp32_exported.ort_initializers(), per_batch=True,
-                            **kw)
+                            initializers=fp32_exported.ort_initializers(), **kw)
         levels = _int8_levels(self.graph, set(outs))
         groups = [[o for o in outs if levels.get(o, 0) == v]
                   for v in sorted({levels.get(o, 0) for o in outs})]
@@ -1058,8 +1057,7 @@ class _Rewrite:
                 got = measure.step(export(self.graph, self.original, self.base_dir), k)
                 measuring += time.perf_counter() - t
                 self.report.extra["bias_correction"] = dict(measure.stats, levels=len(groups))
-                self.ctx.bias_shift = {name: _bias_shift(got[name], ref[name])
-                                       for name in part}
+                self.ctx.bias_shift = {name: got[name] - ref[name].mean for name in part}
                 # Checked once, after the last level: a plan is judged as a whole, and a
                 # check per layer ran the whole model over the held-out samples each time
                 # (81 runs, 100 s, on a YOLOv5's 81 INT8 convs).
@@ -1805,17 +1803,6 @@ class _OnFile(os.PathLike):
 # whose samples agree, and a small rise is noise of the shifts' rounding.
 BIAS_GUARD = 1.1
 GUARD_BATCHES = 16   # each run three times: FP32, INT8 with and without the corrections
-BIAS_SHIFT = "mean"   # "median": an experiment (benchmarks_quant.md), not adopted
-
-
-def _bias_shift(got, ref) -> np.ndarray:
-    """One INT8 layer's per-channel output shift, quantised minus FP32, from their
-    ChannelStats on the same calibration batches: the mean over every position
-    (BIAS_SHIFT "mean"), or the median over the batches of each batch's shift ("median")."""
-    if BIAS_SHIFT == "median" and got.batch_means is not None \
-            and ref.batch_means is not None and len(got.batch_means) == len(ref.batch_means):
-        return np.median(got.batch_means - ref.batch_means, axis=0)
-    return got.mean - ref.mean
 
 
 def _output_errors(candidates: list, fp32, data) -> list[float]:

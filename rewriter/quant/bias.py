@@ -38,7 +38,6 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -46,16 +45,13 @@ from rewriter.core.errors import InputError
 from rewriter.core.graph import cut_model, node_reads
 from rewriter.core.progress import progress_bar
 
-if TYPE_CHECKING:
-    from rewriter.quant.ranges import ChannelStats
-
 MEMORY_BYTES = 1 << 30
 
 
 class LevelMeasure:
     """Measure ``groups`` (lists of INT8 layer output names) one after another: call
     :meth:`step` with k = 0, 1, ... and the model as corrected so far; each returns the
-    per-channel statistics (ChannelStats, with each batch's means) of group k's tensors. Use as a context manager (the spill folder is
+    per-channel means of group k's tensors. Use as a context manager (the spill folder is
     removed on exit). ``stats`` counts what ran, for reports and tests."""
 
     def __init__(self, groups: list[list[str]], data, progress: bool = False,
@@ -73,8 +69,8 @@ class LevelMeasure:
     def __exit__(self, *exc):
         self.store.close()
 
-    def step(self, exported, k: int) -> dict[str, ChannelStats]:
-        """Per-channel statistics (overall and per batch) of group k's tensors on ``exported`` (an Exported: groups
+    def step(self, exported, k: int) -> dict[str, np.ndarray]:
+        """Per-channel means of group k's tensors on ``exported`` (an Exported: groups
         before k corrected, the ones from k on not yet)."""
         from rewriter.quant.data import CalibrationData, load_calibration
 
@@ -96,7 +92,7 @@ class LevelMeasure:
         inits += ([np.ascontiguousarray(exported.array(n)) for n in inits[0]],)
         from rewriter.quant.ranges import _augmented_session, _ChannelReducer
         sess = _augmented_session(sub, [], exported.source_dir, inits)
-        reducer = _ChannelReducer(per_batch=True)
+        reducer = _ChannelReducer()
         gone = [n for n in feeds_kept if n in drop]
         stream = iter(self.data) if feeds_data else None
         bar = progress_bar(self.progress, total=len(self.data),
@@ -127,7 +123,7 @@ class LevelMeasure:
         self.stats["peak_bytes"] = max(self.stats["peak_bytes"], self.store.peak)
         self.stats["spilled_bytes"] = self.store.spilled
         reducer.finish(self.groups[k], False)
-        return {n: reducer.result[n] for n in self.groups[k]}
+        return {n: reducer.result[n].mean for n in self.groups[k]}
 
     def _whole(self, exported, k: int) -> dict[str, np.ndarray]:
         """The old way: the model cut to group k's ancestors, run from the inputs."""
@@ -138,9 +134,8 @@ class LevelMeasure:
         part = self.groups[k]
         keep_only_upstream(exported.model, part)
         got = channel_stats(exported.model, part, self.data, base_dir=exported.source_dir,
-                            initializers=exported.ort_initializers(), progress=self.progress,
-                            per_batch=True)
-        return {n: got[n] for n in part}
+                            initializers=exported.ort_initializers(), progress=self.progress)
+        return {n: got[n].mean for n in part}
 
 
 def _plan(proto, groups, group_of, k: int, store):

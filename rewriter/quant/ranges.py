@@ -252,17 +252,14 @@ class ChannelStats:
 
     absmax: np.ndarray    # max |x| per channel
     mean: np.ndarray      # mean x per channel
-    batch_means: np.ndarray | None = None   # [batches, channels], with per_batch
 
 
 def channel_stats(model, tensors: list[str], data, chunk: int = 64, base_dir=None,
-                  initializers=None, progress: bool = True,
-                  per_batch: bool = False) -> dict[str, ChannelStats]:
+                  initializers=None, progress: bool = True) -> dict[str, ChannelStats]:
     """Per-channel max |x| and mean of each tensor over the calibration data (axis 1 is the
-    channel; a tensor of rank < 2 counts as one channel), and with ``per_batch`` each
-    batch's means too. Streams like :func:`collect_ranges`: bounded memory, identical
-    results for any ``chunk``."""
-    reducer = _ChannelReducer(per_batch)
+    channel; a tensor of rank < 2 counts as one channel). Streams like
+    :func:`collect_ranges`: bounded memory, identical results for any ``chunk``."""
+    reducer = _ChannelReducer()
     tensors = list(dict.fromkeys(tensors))
     _stream(model, tensors, data, reducer, chunk, base_dir, initializers, progress,
             "channel statistics")
@@ -346,11 +343,10 @@ def _stream(model, tensors: list[str], data, reducer, chunk: int, base_dir, init
 
 
 class _ChannelReducer:
-    def __init__(self, per_batch: bool = False):
+    def __init__(self):
         self.absmax: dict[str, np.ndarray] = {}
         self.total: dict[str, np.ndarray] = {}
         self.count: dict[str, int] = {}
-        self.batches: dict[str, list[np.ndarray]] | None = {} if per_batch else None
         self.result: dict[str, ChannelStats] = {}
 
     def update(self, name: str, a: np.ndarray) -> None:
@@ -377,15 +373,12 @@ class _ChannelReducer:
             self.absmax[name], self.total[name] = m, s
             self.count[name] = 0
         self.count[name] += a.shape[0] * a.shape[2]
-        if self.batches is not None:
-            self.batches.setdefault(name, []).append(s / max(1, a.shape[0] * a.shape[2]))
 
     def finish(self, names: list[str], progress: bool) -> None:
         for n in names:
             if n in self.absmax:
-                self.result[n] = ChannelStats(
-                    self.absmax.pop(n), self.total.pop(n) / max(1, self.count.pop(n)),
-                    None if self.batches is None else np.stack(self.batches.pop(n)))
+                self.result[n] = ChannelStats(self.absmax.pop(n),
+                                              self.total.pop(n) / max(1, self.count.pop(n)))
 
 
 def _classify_tensors(proto: onnx.ModelProto, tensors: list[str]) -> tuple[list[str], list[str]]:

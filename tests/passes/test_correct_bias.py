@@ -237,9 +237,8 @@ def _whole_model_step(self, exported, k):
     keep_only_upstream(exported.model, part)
     self.stats["nodes_run"] += len(exported.model.graph.node) * len(self.data)
     got = channel_stats(exported.model, part, self.data, base_dir=exported.source_dir,
-                        initializers=exported.ort_initializers(), progress=False,
-                        per_batch=True)
-    return {n: got[n] for n in part}
+                        initializers=exported.ort_initializers(), progress=False)
+    return {n: got[n].mean for n in part}
 
 
 def _spy_levels(monkeypatch, memory=None) -> tuple[list, list]:
