@@ -722,6 +722,8 @@ class _Rewrite:
             what += ", DFT/STFT in float64"
         if self.verifier.nbits:   # verifier.exact_kernels: level 4 quantizes activations
             what += ", MatMulNBits at accuracy_level 0"
+        if self.verifier.random:   # verifier.seeded_random: they draw anew in every session
+            what += f", {'/'.join(self.verifier.random)} seeded alike in both (the same draws)"
         from rewriter.verify.verifier import QUICK_FEEDS
         if len(self.verifier.feed_sets) > QUICK_FEEDS:
             what += f"; each pass checked on the first {QUICK_FEEDS}, the result on all"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import zlib
 
 import numpy as np
 import onnx
@@ -84,6 +85,7 @@ class Verifier:
         # MatMulNBits at accuracy_level 0 (exact_kernels)
         self.spectral = has_spectral(original)
         self.nbits = bool(approximate_nbits(original))
+        self.random = sorted({n.op_type for n in unseeded_random(original)})
         renamed = runnable_names(original)   # onnxruntime refuses nodes sharing a name
         if renamed is not original:
             original, path = renamed, None
@@ -325,7 +327,7 @@ class Verifier:
         it has float16 regions, which only a ModelProto's session rounds as stored: the
         candidates' sessions do, and a reference that did not would differ from them)."""
         original, base_dir, path = self._source
-        if path and not self.spectral and not self.nbits \
+        if path and not self.spectral and not self.nbits and not self.random \
                 and not ort.has_float16_region(original):
             return ort.session(path)
         return _session(original, base_dir)
@@ -618,17 +620,48 @@ def exact_kernels(model: onnx.ModelProto) -> onnx.ModelProto:
     the dequantized weights' product in the input's type. The genai builder writes level 4
     for the CPU, where onnxruntime quantizes the activations to int8: ~1e-2 relative off
     the exact product, which MIGraphX computes (every int4 model failed its comparison,
-    max_rel 6e-3 to 9e-3 on 2.16). accuracy_level is a speed hint, not the op's meaning."""
-    model = spectral_in_double(model)
+    max_rel 6e-3 to 9e-3 on 2.16). accuracy_level is a speed hint, not the op's meaning.
+    Random ops without a seed get one (:func:`seeded_random`)."""
+    model = seeded_random(spectral_in_double(model))
     if not approximate_nbits(model):
         return model
-    if not has_spectral(model):   # spectral_in_double copied it already otherwise
+    if not has_spectral(model) and not unseeded_random(model):   # copied already otherwise
         out = onnx.ModelProto()
         out.CopyFrom(model)
         model = out
     for n in approximate_nbits(model):
         next(a for a in n.attribute if a.name == "accuracy_level").i = 0
     return model
+
+
+RANDOM_OPS = ("RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+              "Multinomial", "Bernoulli")
+
+
+def unseeded_random(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The random ops that draw anew in every session (no ``seed`` attribute)."""
+    return [n for g in graph_protos(model.graph) for n in g.node
+            if n.op_type in RANDOM_OPS and n.domain in ("", "ai.onnx")
+            and not any(a.name == "seed" for a in n.attribute)]
+
+
+def seeded_random(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with a seed on every random op that has none (a copy; ``model`` itself
+    when it has none), for verification only. Unseeded, VITS's noise differs on every run
+    of the original itself (its waveform's length too), so any rewrite failed --verify,
+    named as the first pass that changed the graph. The seed comes from the node's name
+    (its first output's where it has none), which the passes keep: the reference and
+    every candidate draw the same values, in a fresh session each, run on the same inputs
+    in the same order (onnxruntime seeds each kernel once, when the session is made).
+    What is verified is the rewrite given the same draws."""
+    if not unseeded_random(model):
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for n in unseeded_random(out):
+        key = (n.name or n.output[0]).encode()
+        n.attribute.append(onnx.helper.make_attribute("seed", float(zlib.crc32(key) % (1 << 24))))
+    return out
 
 
 def has_spectral(model: onnx.ModelProto) -> bool:
