@@ -86,6 +86,7 @@ class Verifier:
         self.spectral = has_spectral(original)
         self.nbits = bool(approximate_nbits(original))
         self.random = sorted({n.op_type for n in unseeded_random(original)})
+        self.random_outputs = random_outputs(original)
         renamed = runnable_names(original)   # onnxruntime refuses nodes sharing a name
         if renamed is not original:
             original, path = renamed, None
@@ -640,9 +641,32 @@ RANDOM_OPS = ("RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUnifor
 
 def unseeded_random(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     """The random ops that draw anew in every session (no ``seed`` attribute)."""
-    return [n for g in graph_protos(model.graph) for n in g.node
-            if n.op_type in RANDOM_OPS and n.domain in ("", "ai.onnx")
-            and not any(a.name == "seed" for a in n.attribute)]
+    return [n for g in graph_protos(model.graph) for n in g.node if _unseeded(n)]
+
+
+def _unseeded(n: onnx.NodeProto) -> bool:
+    return n.op_type in RANDOM_OPS and n.domain in ("", "ai.onnx") \
+        and not any(a.name == "seed" for a in n.attribute)
+
+
+def random_outputs(model: onnx.ModelProto) -> dict[str, str]:
+    """{graph output: the random ops it is computed from ('RandomNormalLike')}: a backend
+    with its own generator (MIGraphX) draws other values than onnxruntime, seeded or not,
+    so these outputs cannot be compared across backends. A node whose bodies hold such an
+    op counts as one."""
+    def rand(n):
+        return n.op_type in RANDOM_OPS and n.domain in ("", "ai.onnx")
+    tainted: dict[str, set] = {}
+    for n in model.graph.node:
+        src = {n.op_type} if rand(n) else set()
+        for a in n.attribute:
+            for g in [a.g] if a.HasField("g") else list(a.graphs):
+                src |= {b.op_type for sub in graph_protos(g) for b in sub.node if rand(b)}
+        src = src.union(*(tainted.get(i, ()) for i in n.input))
+        if src:
+            tainted.update((o, src) for o in n.output if o)
+    return {o.name: "/".join(sorted(tainted[o.name])) for o in model.graph.output
+            if o.name in tainted}
 
 
 def seeded_random(model: onnx.ModelProto) -> onnx.ModelProto:

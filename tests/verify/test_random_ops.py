@@ -71,3 +71,10 @@ def test_the_rewritten_model_keeps_its_random_ops_unseeded(tmp_path):
     out, _ = rewriter.rewrite(model(), verify=True)
     assert [n.op_type for n in out.graph.node].count("RandomNormalLike") == 1
     assert unseeded_random(out) and "Add" in [n.op_type for n in out.graph.node]
+
+
+def test_random_outputs_are_those_computed_from_random_ops():
+    from rewriter.verify.verifier import random_outputs
+    m = model()
+    m.graph.output.append(onnx.helper.make_tensor_value_info("c", onnx.TensorProto.FLOAT, [8]))
+    assert random_outputs(m) == {"y": "RandomNormalLike/RandomUniformLike"}
