@@ -1683,9 +1683,16 @@ class _Rewrite:
             if layer:
                 self.report.extra["first_divergent_layer"] = layer
                 msg += f"; first layer beyond budget: {layer}"
-        if lossy and self.fp32_snapshot is not None and not layer:
-            msg += _selected(metrics, exported.model.graph)
         missed = [m.name for m in metrics if not m.ok and not m.strict_refused]
+        a = getattr(self.ctx, "assignment", None)
+        sized = [m.name for m in metrics if m.name in missed and not m.shape_ok]
+        near = _size_int8(self.graph, sized, a.precision) if sized and a is not None else None
+        if near:   # not a selection's order nor the layers before the output: its size
+            msg += (f"; '{sized[0]}' comes out in another shape than the original's: its size "
+                    "is computed from values the plan moves (a length rounded from them, as "
+                    "VITS's durations)")
+        elif lossy and self.fp32_snapshot is not None and not layer:
+            msg += _selected(metrics, exported.model.graph)
         if lossy and self.plan is not None and missed:   # not a --strict refusal: a miss
             ints = all(m.integer for m in metrics if m.name in missed)
             # an error in units missed (certify.judge_abs): its tolerance is the key to change
@@ -1695,21 +1702,24 @@ class _Rewrite:
             # top-1 missed where cosine held: min_cosine was suggested, which changes nothing
             flips = all(_missed_top1_only(m.certificate) for m in metrics if m.name in missed)
             msg += self.remedy(missed, "max_abs" if units else "min_top1" if ints or flips
-                               else "min_cosine")
+                               else "min_cosine", near)
         err = VerificationError(msg)
         err.report = self.report
         return err
 
-    def remedy(self, failing: list, key: str = "min_cosine") -> str:
+    def remedy(self, failing: list, key: str = "min_cosine", sizing=None) -> str:
         """What to do about a plan that misses its budget: the INT8 layers nearest the
-        failing outputs (a plan's overrides can keep them FP16), and the planner. The error
-        named the output and the bound only (YuNet's objectness heads, nineteenth round)."""
+        failing outputs (a plan's overrides can keep them FP16), or ``sizing``, those its
+        size is computed from, and the planner. The error named the output and the bound
+        only (YuNet's objectness heads, nineteenth round)."""
         a = getattr(self.ctx, "assignment", None)
-        near = _nearest_int8(self.graph, failing, a.precision) if a is not None else []
+        near = sizing or (_nearest_int8(self.graph, failing, a.precision) if a is not None
+                          else [])
         keep = ""
         if near:
             shown = ", ".join(near[:4]) + (f" and {len(near) - 4} more" if len(near) > 4 else "")
-            keep = f"keep the INT8 layers nearest it ({shown}) fp16 in a plan's overrides"
+            which = "its size is computed from" if sizing else "nearest it"
+            keep = f"keep the INT8 layers {which} ({shown}) fp16 in a plan's overrides"
         if getattr(self, "planner_report", None) is not None:   # --plan auto missed it
             # --target-speedup only reports; --min-cosine is the planner's budget and this
             # one's alike: the planner's choice is what did not hold on the held-out part.
@@ -1722,9 +1732,13 @@ class _Rewrite:
             steps = ["--plan auto (the planner keeps sensitive layers out of INT8)"]
         if keep:
             steps.append(keep)
-        # integer outputs are held to min_top1 (their share of equal values), not cosine
-        steps.append(f"or a {'higher' if key == 'max_abs' else 'lower'} verify {key} if this "
-                     "drift is acceptable")
+        # integer outputs are held to min_top1 (their share of equal values), not cosine;
+        # no bound accepts an output of another shape
+        if not sizing:
+            steps.append(f"or a {'higher' if key == 'max_abs' else 'lower'} verify {key} if "
+                         "this drift is acceptable")
+        elif len(steps) > 1:
+            steps[-1] = "or " + steps[-1]
         return "; to meet the budget: " + ", ".join(steps)
 
     def first_divergence(self, exported) -> str | None:
@@ -1751,17 +1765,18 @@ class _Rewrite:
                                 self.verifier.feed_sets[:8], budget, labels)
 
 
-def _nearest_int8(graph, outputs: list, precision: dict) -> list:
-    """The INT8 layers (node ids) first met walking up from the graph outputs ``outputs``:
-    through any op, and through layers of another precision, stopping at an INT8 one."""
+def _nearest_int8(graph, outputs: list, precision: dict, start=None, stop=()) -> list:
+    """The INT8 layers (node ids) first met walking up from the graph outputs ``outputs``
+    (or the tensors ``start``): through any op but ``stop``, and through layers of another
+    precision, stopping at an INT8 one."""
     from rewriter.quant.plan import LAYER_OPS
     want = set(outputs)
-    todo = [t for t in graph.outputs if t.name in want]
+    todo = list(start) if start is not None else [t for t in graph.outputs if t.name in want]
     seen, found = set(), []
     while todo:
         t = todo.pop()
         for n in t.inputs:
-            if id(n) in seen:
+            if id(n) in seen or n.op in stop:
                 continue
             seen.add(id(n))
             nid = node_id(n)
@@ -1770,6 +1785,32 @@ def _nearest_int8(graph, outputs: list, precision: dict) -> list:
             else:
                 todo.extend(n.inputs)   # a constant has no producer: the walk ends
     return sorted(set(found))
+
+
+# The inputs of each op that size its output (a VITS waveform's length is a Range to the
+# durations' sum); Shape and Size read a tensor's shape, not its values.
+_SIZE_INPUTS = {"Range": (0, 1, 2), "ConstantOfShape": (0,), "Expand": (1,), "Tile": (1,),
+                "Reshape": (1,), "Slice": (1, 2, 3, 4), "Resize": (2, 3), "Pad": (1,),
+                "NonZero": (0,), "OneHot": (1,)}
+
+
+def _size_int8(graph, outputs: list, precision: dict) -> list:
+    """The INT8 layers nearest the values an output's size is computed from: the computed
+    size inputs (:data:`_SIZE_INPUTS`) of the ops it is computed from, walked up to their
+    layers, not through Shape or Size."""
+    import onnx_graphsurgeon as gs
+    want = set(outputs)
+    todo = [t for t in graph.outputs if t.name in want]
+    seen, sizes = set(), []
+    while todo:
+        for n in todo.pop().inputs:
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            sizes += [n.inputs[i] for i in _SIZE_INPUTS.get(n.op, ())
+                      if i < len(n.inputs) and not isinstance(n.inputs[i], gs.Constant)]
+            todo.extend(n.inputs)
+    return _nearest_int8(graph, [], precision, start=sizes, stop=("Shape", "Size"))
 
 
 def _weight_constant(node) -> bool:

@@ -1294,3 +1294,38 @@ def test_a_second_class_output_that_flips_fails_the_plan():
     out = [[kind_out[i:i + 1], gate_out[i:i + 1]] for i in range(n)]
     j = cv._judge(list(range(n)), out)
     assert not j["met"] and "gate" in j["why"] and j["accuracy_fp32"] == 1.0
+
+
+def test_a_plan_that_changes_an_output_size_names_the_layers_the_size_comes_from():
+    """VITS's waveform is as long as its rounded durations: an INT8 duration predictor moves
+    them and the waveform comes out in another shape. The error called it a selection's
+    reordering ('quantize the model without its post-processing') or named the layers
+    nearest the output, which do not size it; now it says the shape changed and names the
+    INT8 layers its size is computed from, and suggests no lower min_cosine."""
+    from conftest import make_model
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 4, 8] x) => (float[1, 2, L] y) {
+        a = Conv (x, W1)
+        s = ReduceSum <keepdims = 0> (a)
+        b = Abs (s)
+        c = Mul (b, k)
+        d = Ceil (c)
+        n = Cast <to = 7> (d)
+        r = Range (zero, n, one)
+        rf = Cast <to = 1> (r)
+        f = Reshape (rf, shape)
+        y = Conv (f, W2)
+    }""", {"W1": (4, 4, 1), "W2": (2, 1, 1), "k": np.array(300, np.float32),
+           "zero": np.array(0, np.int64), "one": np.array(1, np.int64),
+           "shape": np.array([1, 1, -1], np.int64)}, seed=3)
+    rng = np.random.default_rng(4)
+    calib = [{"x": rng.standard_normal((1, 4, 8)).astype(np.float32)} for _ in range(24)]
+    plan = {"rules": [{"match": {"op": ["Conv"]}, "precision": "int8"}]}
+    with pytest.raises(rewriter.VerificationError) as e:
+        rewriter.rewrite(m, plan=plan, calib=calib, verify=True)
+    msg = str(e.value)
+    assert "'y' comes out in another shape than the original's" in msg, msg
+    named = msg.split("its size is computed from (")[1].split(")")[0]
+    assert named == "Conv_0" or named.endswith("a"), msg   # the first conv, not the last
+    assert "min_cosine" not in msg.split("to meet the budget")[1], msg
