@@ -128,10 +128,12 @@ class ConvertFp16(Pass):
                 if big > FP16_SAFE:
                     res.skip("range-beyond-fp16")
                     too_big.append(f"{node_id(node)} ({big:.3g})")
+                    _kept_fp32(assignment, node_id(node), "activations beyond float16")
                     continue
                 if any(_beyond_fp16(t) for t in node.inputs[1:]):   # clamped, a new layer
                     res.skip("weight-beyond-fp16")
                     too_big.append(f"{node_id(node)} (weights)")
+                    _kept_fp32(assignment, node_id(node), "weights beyond float16")
                     continue
                 _typed_like_input(node)
                 region.add(id(node))
@@ -261,3 +263,10 @@ def _is_float32(t) -> bool:
     if isinstance(t, gs.Constant):
         return t.values.dtype == np.float32
     return t.dtype is not None and np.dtype(t.dtype) == np.float32
+
+
+def _kept_fp32(assignment, nid: str, why: str) -> None:
+    """A layer planned FP16 that stays float32 is an FP32 layer of the plan: the report's
+    layers and counts say what was written (the hot UNet's 8 convs were counted FP16)."""
+    assignment.precision[nid] = "fp32"
+    assignment.why[nid] += f" ({why})"

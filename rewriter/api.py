@@ -984,7 +984,14 @@ class _Rewrite:
                 lossy=p.numerics is Numerics.LOSSY)
 
     def run_plan(self, records: list) -> list:
-        """Resolve the plan on the FP32-rewritten graph, calibrate, run its passes."""
+        """Resolve the plan on the FP32-rewritten graph, calibrate, run its passes; the
+        report's layers then say what the passes wrote (convert-fp16 keeps in float32 the
+        FP16 layers float16 cannot hold)."""
+        records = self._run_plan(records)
+        self.report.extra["plan"].update(_plan_layers(self.ctx.assignment))
+        return records
+
+    def _run_plan(self, records: list) -> list:
         self.done = list(records)
         t = time.perf_counter()
         from rewriter.quant.plan import body_nodes, resolve
@@ -1096,9 +1103,7 @@ class _Rewrite:
 
         a = resolve(self.plan, list(self.graph.nodes), body_nodes(self.graph))
         self.ctx.assignment = a
-        self.report.extra["plan"] = {"source": self.plan.source, "layers": {
-            i: {"op": a.op[i], "precision": a.precision[i], "why": a.why[i]} for i in a.order},
-            "counts": a.counts()}
+        self.report.extra["plan"] = {"source": self.plan.source, **_plan_layers(a)}
         self.report.warnings.extend(a.notes)
         asks = any(p in ("int8", "fp16") for p in self.plan_asks())
         main = a.main
@@ -1763,6 +1768,13 @@ class _Rewrite:
         budget = self.plan.verify["min_cosine"] if self.plan is not None else 0.99
         return layer_divergence(self.fp32_snapshot, exported, names,
                                 self.verifier.feed_sets[:8], budget, labels)
+
+
+def _plan_layers(a) -> dict:
+    """The report's plan entries of an assignment: each layer's op, precision and why, and
+    the counts."""
+    return {"layers": {i: {"op": a.op[i], "precision": a.precision[i], "why": a.why[i]}
+                       for i in a.order}, "counts": a.counts()}
 
 
 def _nearest_int8(graph, outputs: list, precision: dict, start=None, stop=()) -> list:

@@ -301,6 +301,17 @@ def test_moving_a_transpose_past_the_entry_cast_changes_nothing_in_onnxruntime(r
     np.testing.assert_array_equal(ort.run(ort.session(a), x)[0], ort.run(ort.session(b), x)[0])
 
 
+def test_the_reports_plan_counts_an_fp16_layer_kept_float32_as_fp32(rng):
+    """The hot UNet's --plan fp16 kept 8 convs float32 (range-beyond-fp16) and the report's
+    plan still listed all 99 layers FP16: it lists what was written, with why."""
+    calib = [{"x": rng.standard_normal((1, 4, 6, 6)).astype(np.float32)} for _ in range(10)]
+    _, rep = rewriter.rewrite(_big_model(), plan="fp16", calib=calib, target="none")
+    plan = rep.to_dict()["plan"]
+    kept = {k: v for k, v in plan["layers"].items() if v["precision"] == "fp32"}
+    assert len(kept) == 1 and plan["counts"]["fp32"] == 1 and plan["counts"]["fp16"] == 1
+    assert next(iter(kept.values()))["why"].endswith("(activations beyond float16)"), kept
+
+
 def test_a_float16_model_from_a_file_is_referenced_as_stored(tmp_path, rng):
     """The reference ran from the file, where no float16 value was kept as stored, and each
     candidate from its ModelProto, where they are: sink-transposes on a plan's output moved
