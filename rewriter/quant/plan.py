@@ -66,15 +66,18 @@ PER_AXIS_BREAKS_FROM = (2, 16)
 
 BUILTIN = {
     # The classic recipe: first and last conv FP16, middle convs/matmuls INT8, classifier FP16
-    # ("last" per output head: a detector's box and class convs at every level).
+    # ("last" per output head: a detector's box and class convs at every level). A
+    # ConvTranspose is asked INT8 too, so that the plan says it stays FP32: MIGraphX quantizes
+    # convolution and dot only (simplify_qdq.cpp:48 at f729a52faf, the 2.16 build), and a
+    # layer no rule named was left FP32 without a word (HiFi-GAN's upsamplers).
     "default": {"version": 1, "default": "fp32", "rules": [
         {"match": {"position": "first_conv"}, "precision": "fp16"},
         {"match": {"position": "last_conv"}, "precision": "fp16"},
         {"match": {"position": "classifier"}, "precision": "fp16"},
-        {"match": {"op": list(INT8_OPS)}, "precision": "int8"},
+        {"match": {"op": list(LAYER_OPS)}, "precision": "int8"},
     ]},
     "int8": {"version": 1, "default": "fp32", "rules": [
-        {"match": {"op": list(INT8_OPS)}, "precision": "int8"}]},
+        {"match": {"op": list(LAYER_OPS)}, "precision": "int8"}]},
     "fp16": {"version": 1, "default": "fp16", "rules": []},
 }
 
@@ -403,8 +406,8 @@ def resolve(plan: Plan, nodes: list, inside: list = ()) -> Assignment:
     if no_kernel:
         kinds = ", ".join(sorted({ops[i] + (" transA=1" if i in trans_a else "")
                                   for i in no_kernel}))
-        notes.append(f"{_count(no_kernel)} planned int8 ({kinds}) have no int8 kernel in "
-                     f"MIGraphX; kept fp32: {_names(no_kernel)}")
+        notes.append(f"{_count(no_kernel)} planned int8 ({kinds}) {_have(no_kernel)} no int8 "
+                     f"kernel in MIGraphX; kept fp32: {_names(no_kernel)}")
     by_reason: dict[str, list] = {}
     for i in no_weight:
         if isinstance(stored[i], str):
@@ -412,23 +415,28 @@ def resolve(plan: Plan, nodes: list, inside: list = ()) -> Assignment:
     for reason, hand in by_reason.items():
         # PP-OCRv6 rec tiny's int8 convs were reported as attention before; those with a
         # symmetric int8 weight and per-channel scales go INT8 now, keeping that weight
-        notes.append(f"{_count(hand)} planned int8 have a weight the graph dequantises "
+        notes.append(f"{_count(hand)} planned int8 {_have(hand)} a weight the graph dequantises "
                      f"(stored as an integer, weight-only quantized) that INT8 cannot keep "
                      f"as it is ({reason}: {_STORED_WHY[reason]}); kept fp32 as they are: "
                      f"{_names(hand)}")
     rest = [i for i in no_weight if not isinstance(stored[i], str)]
     if rest:
-        notes.append(f"{_count(rest)} planned int8 have a computed second input, not "
+        notes.append(f"{_count(rest)} planned int8 {_have(rest)} a computed second input, not "
                      "a weight (attention's Q x K^T and attn x V; INT8 needs a constant "
                      f"one); kept fp32: {_names(rest)}")
     if batched:
-        notes.append(f"{_count(batched)} planned int8 (MatMul) have a weight that is not 2-D "
-                     f"(a batch of weights; INT8 quantises 2-D ones); kept fp32: "
+        notes.append(f"{_count(batched)} planned int8 (MatMul) {_have(batched)} a weight that "
+                     f"is not 2-D (a batch of weights; INT8 quantises 2-D ones); kept fp32: "
                      f"{_names(batched)}")
     if in_body:   # Silero VAD v5: all 12 of its layers in the If branches of its two rates
-        notes.append(f"{_count(in_body)} planned int8 sit inside If/Loop/Scan bodies, where INT8 "
-                     f"is not calibrated nor inserted (FP16 is); kept fp32: {_names(in_body)}")
+        notes.append(f"{_count(in_body)} planned int8 {'sits' if len(in_body) == 1 else 'sit'} "
+                     "inside If/Loop/Scan bodies, where INT8 is not calibrated nor inserted "
+                     f"(FP16 is); kept fp32: {_names(in_body)}")
     return Assignment(prec, why, ids, ops, notes, ids[len(main_ids):])
+
+
+def _have(names: list) -> str:
+    return "has" if len(names) == 1 else "have"
 
 
 def _count(names: list) -> str:

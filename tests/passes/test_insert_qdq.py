@@ -1,5 +1,6 @@
 """insert-qdq: Q/DQ exactly where the plan says, in MIGraphX's int8 form."""
 
+import copy
 import numpy as np
 import onnx
 import pytest
@@ -564,6 +565,36 @@ def test_a_gemm_with_transposed_activation_is_not_planned_int8(rng):
     g = rewriter.core.convert.to_graph(m)
     assert [plan_mod.int8_capable(n) for n in g.nodes] == [False, True]
     assert ops(out).count("QuantizeLinear") == 1
+
+
+@pytest.mark.parametrize("plan", ["default", "int8"])
+def test_the_presets_say_a_conv_transpose_stays_fp32(rng, plan):
+    """MIGraphX quantizes convolution and dot only: a middle ConvTranspose (a decoder's
+    or a vocoder's upsampler) stayed FP32 under the presets without a word, since their
+    INT8 rule did not name it. It is asked INT8 now and kept fp32 with the no-kernel
+    note; the model written is the same."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 4, 8, 8] x) => (float[1, 4, 16, 16] y) {
+        a = Conv <pads = [1, 1, 1, 1]> (x, W1)
+        b = Relu (a)
+        c = Conv <pads = [1, 1, 1, 1]> (b, W2)
+        d = Relu (c)
+        e = ConvTranspose <strides = [2, 2], kernel_shape = [2, 2]> (d, W3)
+        f = Relu (e)
+        y = Conv <pads = [1, 1, 1, 1]> (f, W4)
+    }""", {"W1": (8, 4, 3, 3), "W2": (8, 8, 3, 3), "W3": (8, 8, 2, 2), "W4": (4, 8, 3, 3)})
+    calib = [{"x": rng.standard_normal((1, 4, 8, 8)).astype(np.float32)} for _ in range(8)]
+    out, rep = rewriter.rewrite(m, plan=plan, calib=calib, target="none")
+    before = copy.deepcopy(plan_mod.BUILTIN[plan])   # the preset as it was
+    before["rules"][-1]["match"]["op"] = ["Conv", "MatMul", "Gemm"]
+    same, _ = rewriter.rewrite(m, plan=before, calib=calib, target="none")
+    assert out.SerializeToString() == same.SerializeToString()
+    e = rep.extra["plan"]["layers"]["e"]
+    assert e["precision"] == "fp32" and "no int8 kernel" in e["why"], e
+    said = [w for w in rep.warnings if "no int8 kernel" in w]
+    assert said == ["1 layer planned int8 (ConvTranspose) has no int8 kernel in MIGraphX; "
+                    "kept fp32: e"], rep.warnings
 
 
 def test_a_layer_whose_second_input_is_computed_is_not_planned_int8(rng):
