@@ -917,3 +917,21 @@ def test_an_output_declared_with_another_type_than_its_input_is_refused(plan):
         rewriter.rewrite(model(T.INT8), plan=plan)
     out, _ = rewriter.rewrite(model(T.FLOAT), plan=plan, verify=True)
     assert [o.name for o in out.graph.output] == ["y", "x"]
+
+
+def test_a_graph_without_outputs_is_refused(tmp_path, capfd):
+    """Fuzz seed 61721 (the 'outputs' mutation, five models): a graph whose outputs are all
+    gone passes onnx's checker; every node is dead, and the empty graph left (initializers
+    nothing reads) failed onnxruntime's load: exit 3, blaming a pass. Bad input now."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from test_cli import assert_one_line, run
+
+    w = onnx.numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
+    g = h.make_graph([h.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                     [h.make_tensor_value_info("x", T.FLOAT, [1, 4])], [], [w])
+    src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 13)]), src)
+    code, _, err = run(capfd, src, "-o", dst, "--target", "none")
+    assert code == 2 and not dst.exists()
+    assert_one_line(err, "the graph has no outputs: nothing to compute")

@@ -524,6 +524,11 @@ def validate_model(model: onnx.ModelProto, what: str = "model",
     bad = _output_type_contradiction(model.graph)
     if bad:
         raise InputError(f"{what}: {bad}")
+    if not model.graph.output:
+        # The checker passes it; every node is dead, and the empty graph left was exit 3
+        # (onnxruntime refuses a model whose initializers nothing reads; fuzz seed 61721).
+        raise InputError(f"{what}: the graph has no outputs: nothing to compute (onnxruntime "
+                         "refuses to run it: 'At least one output should be requested')")
     original = model
     if not whole:
         model = weight_free_copy(model, keep_dims=False)
