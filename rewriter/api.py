@@ -667,6 +667,7 @@ class _Rewrite:
 
     def make_verifier(self) -> None:
         if not self.verify:
+            self.check_migraphx_feeds()
             return
         t = time.perf_counter()
         from rewriter.verify import make_feeds
@@ -811,6 +812,22 @@ class _Rewrite:
                 raise
             raise InputError(f"{e}, with random integer inputs ({', '.join(ints)}) in [0, 4), "
                              "in {0, 1} and all 1: give real inputs with --inputs") from None
+
+    def check_migraphx_feeds(self) -> None:
+        """Without --verify, the MIGraphX step draws its random inputs after the output is
+        written; inputs it cannot draw (absurd declared dims, a string input) are bad
+        input, said before anything is written (they were exit 2 with the output written:
+        fuzz seed 61721). The sizes are its first ones (target._compile_sizes)."""
+        if self.target != "migraphx" or self.migraphx is None or self.inputs is not None \
+                or (self.plan is not None and self.held_out):
+            return
+        from rewriter.migraphx.target import backend_available
+        if not backend_available(self.migraphx):
+            return
+        from rewriter.verify.feeds import FIRST_FILL, feed_shapes, symbolic_dims, weight_dims
+        free = symbolic_dims(self.original, self.input_shapes,
+                             derived=weight_dims(self.original))
+        feed_shapes(self.original, self.input_shapes, fill=FIRST_FILL if free else None)
 
     def fill_symbolic_dims(self, error, what: str, verifier):
         """Random inputs with FIRST_FILL, 32, then 1, in the symbolic dims did not run the

@@ -609,9 +609,12 @@ def _snapshot(folder: Path) -> dict:
 
 
 def _original_too(line: str) -> bool:
-    """``--target migraphx``: MIGraphX fails the original as it failed the written output
-    (exit 2, the output stays written, docs/robustness.md's contract)."""
-    return line.startswith("rewrite: error: MIGraphX") and "original" in line
+    """``--target migraphx``: MIGraphX fails the original as it failed the written output,
+    or, without --verify, the MIGraphX step is the first to run the original and
+    onnxruntime cannot (exit 2, the output stays written, docs/robustness.md's contract)."""
+    return line.startswith("rewrite: error: MIGraphX") and "original" in line or any(
+        line.startswith("rewrite: error: " + s) for s in (
+            "onnxruntime cannot run the original model", "the original model's output"))
 
 
 def classify(res: dict, folder: Path, out: Path, before: dict,

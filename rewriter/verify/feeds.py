@@ -206,34 +206,14 @@ def make_feeds(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = Non
     everywhere on them (an attention mask of 3 overflows T5's masking: api.new_verifier).
     """
     rng = np.random.default_rng(seed)
-    shapes = shapes or {}
-    unknown = set(shapes) - {i.name for i in real_inputs(model)} - {""}
-    if unknown:
-        names = ", ".join(i.name for i in real_inputs(model))
-        raise InputError(f"--input-shape names unknown input(s) {sorted(unknown)}; inputs: {names}")
     feeds = {}
-    batches = batch_names(model) if fill is not None else frozenset()
-    total = 0.0
     bounds = index_bounds(model)
     boxes = box_inputs(model)
-    derived = weight_dims(model)
     inputs = real_inputs(model)
-    for vi in inputs:
-        if not vi.type.HasField("tensor_type"):
-            raise InputError(f"input '{vi.name}' is not a tensor; pass it with --inputs")
-    sizes = {vi.name: list(input_shape(vi, shapes, fill=fill, batches=batches,
-                                       derived=derived.get(vi.name), fill_batch=fill_batch))
-             for vi in inputs}
-    expression_dims(inputs, sizes, given=shapes)
+    sizes = feed_shapes(model, shapes, fill, fill_batch)
     for vi in inputs:
         dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
         shape = sizes[vi.name]
-        # Declared dims can be absurd (2^40): refuse before numpy tries to allocate them.
-        total += float(np.prod([float(d) for d in shape])) * np.dtype(dtype).itemsize
-        if total > MAX_FEED_BYTES:
-            raise InputError(f"input '{vi.name}' of shape {shape} is too large for random "
-                             f"inputs (all inputs over {MAX_FEED_BYTES >> 20} MB); set smaller "
-                             "dims with --input-shape or pass --inputs")
         if np.issubdtype(dtype, np.floating) and vi.name in boxes and shape and shape[-1] == 4:
             # RoiAlign's rois: N(0,1) corners are inverted boxes of under a pixel, on
             # which onnxruntime and MIGraphX differ (half_pixel); valid boxes instead
@@ -248,11 +228,9 @@ def make_feeds(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = Non
             x = rng.standard_normal(shape).astype(dtype)
         elif dtype == np.bool_:
             x = rng.random(shape) < 0.5
-        elif np.issubdtype(dtype, np.integer):
+        else:
             x = rng.integers(ints[0], max(ints[0] + 1, min(ints[1], bounds.get(vi.name, 4))),
                              size=shape).astype(dtype)
-        else:
-            raise InputError(f"input '{vi.name}' has dtype {dtype}; pass it with --inputs")
         feeds[vi.name] = np.asarray(x, dtype=dtype)   # 0-d stays an array, not a scalar
     for name, (size, dtype) in length_inputs(model, feeds).items():
         # a separate stream: every other input keeps the values it had
@@ -260,6 +238,42 @@ def make_feeds(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = Non
         x = np.random.default_rng([seed, 1]).integers(max(1, size // 2), size + 1, n)
         feeds[name] = np.concatenate([[size], x[1:]])[:n].astype(dtype)
     return feeds
+
+
+def feed_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = None,
+                fill: int | None = None, fill_batch: bool = False) -> dict[str, list[int]]:
+    """{input: the shape :func:`make_feeds` draws it at}, checked without allocating:
+    InputError for an unknown --input-shape name, an input that is not a tensor or of a
+    type random inputs cannot take, and inputs over MAX_FEED_BYTES in all (declared dims
+    can be absurd, 2^40). The MIGraphX step asks before the output is written, where
+    --verify has not already drawn them (a failure then wrote the output: exit 2)."""
+    shapes = shapes or {}
+    inputs = real_inputs(model)
+    unknown = set(shapes) - {i.name for i in inputs} - {""}
+    if unknown:
+        names = ", ".join(i.name for i in inputs)
+        raise InputError(f"--input-shape names unknown input(s) {sorted(unknown)}; inputs: {names}")
+    for vi in inputs:
+        if not vi.type.HasField("tensor_type"):
+            raise InputError(f"input '{vi.name}' is not a tensor; pass it with --inputs")
+    batches = batch_names(model) if fill is not None else frozenset()
+    derived = weight_dims(model)
+    sizes = {vi.name: list(input_shape(vi, shapes, fill=fill, batches=batches,
+                                       derived=derived.get(vi.name), fill_batch=fill_batch))
+             for vi in inputs}
+    expression_dims(inputs, sizes, given=shapes)
+    total = 0.0
+    for vi in inputs:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
+        if not (np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.integer)
+                or dtype == np.bool_):
+            raise InputError(f"input '{vi.name}' has dtype {dtype}; pass it with --inputs")
+        total += float(np.prod([float(d) for d in sizes[vi.name]])) * dtype.itemsize
+        if total > MAX_FEED_BYTES:
+            raise InputError(f"input '{vi.name}' of shape {sizes[vi.name]} is too large for "
+                             f"random inputs (all inputs over {MAX_FEED_BYTES >> 20} MB); set "
+                             "smaller dims with --input-shape or pass --inputs")
+    return sizes
 
 
 def length_inputs(model: onnx.ModelProto, feeds: dict) -> dict[str, tuple[int, object]]:
