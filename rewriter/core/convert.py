@@ -316,6 +316,9 @@ def _schema_dtypes(graph: gs.Graph, model: onnx.ModelProto) -> None:
                         onnx.TensorProto.DataType.Value(kind))
 
 
+KEPT = "kept~"   # refresh_shapes' mark of a declared dim name (onnx never writes a ~)
+
+
 def _more_static(new: list, old: list) -> bool:
     """Same rank, and more dims known as sizes in ``new`` than in ``old``."""
     return len(new) == len(old) and sum(isinstance(d, int) for d in new) > sum(
@@ -328,7 +331,8 @@ def refresh_shapes(graph: gs.Graph, tag: str) -> int:
     static than the one it has. Weights are not copied (:func:`export` stubs them). onnx
     names the dims it cannot resolve ``unk__N`` afresh in every run: those names are
     prefixed with ``tag`` so that no dim of this run shares a name (and so a value, for
-    fold-shapes) with one of another run. Returns how many tensors gained a static dim."""
+    fold-shapes) with one of another run; a name the graph declares already keeps it. Returns
+    how many tensors gained a static dim."""
     stand_in = onnx.ModelProto(ir_version=onnx.IR_VERSION)
     domains = graph.import_domains or [onnx.helper.make_opsetid("", graph.opset)]
     stand_in.opset_import.extend(domains)
@@ -338,10 +342,20 @@ def refresh_shapes(graph: gs.Graph, tag: str) -> int:
     stand_in.graph.value_info.extend(
         onnx.ValueInfoProto(name=o.name) for g in iter_graphs(graph) for n in g.nodes
         for o in n.outputs if o.name and (o.shape is not None or o.dtype is not None))
-    infos = shape_info(export(graph, stand_in).model)
+    model = export(graph, stand_in).model
+    own = {d for t in graph.inputs for d in (t.shape or []) if isinstance(d, str)}
+    # A dim the graph declares already (an earlier run's unk__N) keeps its name wherever
+    # onnx carries it to: marked here, so that only this run's fresh names get ``tag``. Else
+    # a tensor that gained a static dim would take "tag + name" where the tensors that kept
+    # their shapes say "name" (one value, two symbols: a Reshape's dims not seen as copies).
+    for gp in graph_protos(model.graph):
+        for vi in (*gp.input, *gp.output, *gp.value_info):
+            for d in vi.type.tensor_type.shape.dim:
+                if d.dim_param and d.dim_param not in own:
+                    d.dim_param = KEPT + d.dim_param
+    infos = shape_info(model)
     if not infos:
         return 0
-    own = {d for t in graph.inputs for d in (t.shape or []) if isinstance(d, str)}
     gained = 0
     for g, look in scoped_infos(graph, infos):
         for name, t in g.tensors().items():
@@ -356,6 +370,7 @@ def refresh_shapes(graph: gs.Graph, tag: str) -> int:
                 continue   # typed only: what reads a kept contrib op's output
             new = [d.dim_value if d.HasField("dim_value") else
                    (d.dim_param if d.dim_param in own else
+                    d.dim_param[len(KEPT):] if d.dim_param.startswith(KEPT) else
                     f"{tag}{d.dim_param}" if d.dim_param else None)
                    for d in vi.type.tensor_type.shape.dim]
             if t.shape is None or _more_static(new, t.shape):

@@ -487,3 +487,25 @@ def test_if_whose_branch_reuses_outer_names_inlines_with_fresh_names():
     assert [o.name for o in out.graph.output] == ["y", "z"]
     onnx.checker.check_model(out, full_check=True)
     same_at(m, out, "x", [(1, 4), (3, 4)])
+
+
+def test_refreshed_shapes_keep_the_dim_names_they_had():
+    """A tensor that gains a static dim in a refresh takes the new shape; the dim names it
+    shares with tensors that keep theirs must stay the same names (RT-DETR's decoder: the
+    query tensor gained its width, the Reshape after the attention kept [B, N, 4, 16], and
+    its target Concat(Shape(query)[0:2], [64]) was seen as copies only on a second run)."""
+    import onnx_graphsurgeon as gs
+
+    from rewriter.core.convert import refresh_shapes
+    x = gs.Variable("x", np.float32, ["N", 8])
+    u = gs.Variable("u", np.float32, ["unk__1", 8])           # the first inference's names
+    p = gs.Variable("p", np.float32, ["unk__1", "unk__3"])    # less static than it is
+    q = gs.Variable("q", np.float32, ["unk__1", 2, 4])
+    g = gs.Graph(nodes=[gs.Node("Relu", inputs=[x], outputs=[u]),
+                        gs.Node("Relu", inputs=[u], outputs=[p]),
+                        gs.Node("Reshape", inputs=[p, gs.Constant(
+                            "s", np.array([0, 2, 4], np.int64))], outputs=[q])],
+                 inputs=[x], outputs=[q], opset=17)
+    assert refresh_shapes(g, "r0_") == 1
+    assert p.shape == ["unk__1", 8] and q.shape[0] == p.shape[0], (p.shape, q.shape)
+    assert u.shape == ["unk__1", 8]
