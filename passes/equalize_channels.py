@@ -24,7 +24,9 @@ over each input channel (``w_c``, all INT8 consumers of the tensor):
 s is normalised to max 1 and floored at 1e-4 (an all-zero channel stays zero).
 
 Where 1/s goes: into the producing conv's output rows and bias when the tensor comes from a
-Conv, directly or through a Relu (positively homogeneous: Relu(y / s) = Relu(y) / s), or
+Conv or ConvTranspose (its output channels are W's axis 1, per group: DPT's reassemble
+stage upsamples with one; a Mul after it, a second rewrite's fuse-conv-bn folded), directly
+or through a Relu (positively homogeneous: Relu(y / s) = Relu(y) / s), or
 into a BatchNormalization's scale and bias, and nothing else reads it: no op is added.
 Otherwise, in particular after HardSwish, HardSigmoid, Relu6/Clip or Sigmoid, which are NOT
 positively homogeneous (HardSwish(x / s) != HardSwish(x) / s), the function is kept exact by
@@ -205,14 +207,21 @@ class EqualizeChannels(Pass):
             conv = x.inputs[0]
         if conv.op == "BatchNormalization":
             return self._fold_into_bn(conv, s, ctx, res, fits)
-        if conv.op != "Conv" or not isinstance(conv.inputs[1], gs.Constant):
+        if conv.op not in ("Conv", "ConvTranspose") or not isinstance(conv.inputs[1],
+                                                                       gs.Constant):
             return False
-        if int(conv.attrs.get("group", 1)) != 1 and int(conv.attrs.get("group", 1)) != len(s):
-            return False
+        group = int(conv.attrs.get("group", 1))
         w = conv.inputs[1].values.astype(np.float64)
-        if w.shape[0] != len(s):
+        if conv.op == "ConvTranspose":
+            # its output channel g * (C_out / group) + j is W[g's input rows, j]
+            if w.ndim < 3 or w.shape[0] % group or w.shape[1] * group != len(s):
+                return False
+            rows = s.reshape(group, 1, -1, *(1,) * (w.ndim - 2))
+            w = (w.reshape(group, w.shape[0] // group, *w.shape[1:]) / rows).reshape(w.shape)
+        elif (group != 1 and group != len(s)) or w.shape[0] != len(s):
             return False
-        w = w / s.reshape((-1,) + (1,) * (w.ndim - 1))
+        else:
+            w = w / s.reshape((-1,) + (1,) * (w.ndim - 1))
         b = (conv.inputs[2].values.astype(np.float64) / s
              if len(conv.inputs) > 2 and isinstance(conv.inputs[2], gs.Constant) else None)
         if len(conv.inputs) > 2 and b is None:

@@ -420,3 +420,34 @@ def test_a_mul_for_a_transposed_input_goes_before_the_transpose(rng):
     assert "Mul" in readers["t2"]               # after the shared one
     again, _ = rewriter.rewrite(out, target="none")
     assert again.SerializeToString() == out.SerializeToString()
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_a_convtranspose_before_the_conv_takes_the_scales(rng, group):
+    """DPT's reassemble stage: ConvTranspose -> Conv. The equalizing Mul after the
+    ConvTranspose was folded into its weights by a second rewrite's fuse-conv-bn (--plan
+    default: not a fixed point); 1/s now goes into its output channels (W's axis 1, per
+    group) and bias: no Mul, the same function, and a second rewrite changes nothing."""
+    w1 = rng.standard_normal((4, 6 // group, 2, 2)).astype(np.float32)
+    w1[:, :2] *= 30.0                       # output channels of very different ranges
+    m = make_model(f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4, 4, 4] x) => (float[N, 5, 8, 8] y) {{
+        a = ConvTranspose <strides = [2, 2], group = {group}> (x, W1, B1)
+        y = Conv <pads = [1, 1, 1, 1]> (a, W2, B2)
+    }}""", {"W1": w1, "B1": (6,), "W2": (5, 6, 3, 3), "B2": (5,)})
+    feeds = [{"x": rng.standard_normal((2, 4, 4, 4)).astype(np.float32)} for _ in range(4)]
+    out, rep = equalize(m, ["y"], feeds)
+    assert rep.ok   # verified against the original: same function
+    counts = rep.passes[0].counts
+    assert counts["folded-into-producer"] == 1 and "mul-inserted" not in counts, counts
+    assert ops(out) == ops(m)
+    eq = stats_of(out, ["a"], feeds)["a"].absmax
+    before = stats_of(m, ["a"], feeds)["a"].absmax
+    assert eq.max() / eq.min() < before.max() / before.min()
+    calib = [{"x": rng.standard_normal((1, 4, 4, 4)).astype(np.float32)} for _ in range(8)]
+    out, rep = rewriter.rewrite(m, plan="int8", calib=calib, target="none", verify=True)
+    ct = [n for n in out.graph.node if n.op_type == "ConvTranspose"][0]
+    assert [n.op_type for n in out.graph.node if ct.output[0] in n.input] == ["QuantizeLinear"]
+    again, _ = rewriter.rewrite(out, target="none")
+    assert again.SerializeToString() == out.SerializeToString()
