@@ -32,6 +32,8 @@ Before -> after::
     x -> Reshape(s) -> Unsqueeze(a) / Squeeze(a) -> y        =>  x -> Reshape(s with the 1s
                                                                 at a put in / taken out)
     Concat(a, Concat(b, c)) on one axis, the inner one read only there  =>  Concat(a, b, c)
+    Concat(a) of Unsqueeze(a) of all k equal parts of Split(x, a)  =>  Reshape(x, [0.., k, s, ..])
+                                        (TorchScript's x.unfold(a, s, s), PatchTST: dynamo's form)
     Shape(x) -> Slice(a:b) -> y (opset >= 15; x's rank known)  =>  Shape(x, start, end)
     Shape(x) -> Gather(i) -> Unsqueeze(0) (opset >= 15)  =>  Shape(x, i, i + 1)
     Slices of x on one axis, step 1, that tile its static dim  =>  one Split (TorchScript's
@@ -252,6 +254,8 @@ def _rewrite(node: gs.Node, g: gs.Graph, outs: set[int], members: set[int], opse
         return _drop_pair(node, g, outs, "removed-concat")
     if op == "Concat" and _merge_concats(node, outs, members):
         return "merged-concat"
+    if op == "Concat" and _stacked_split(node, outs, members, namer):
+        return "stacked-split-to-reshape"
     prev = x.inputs[0] if len(x.inputs) == 1 else None
     if (op == "Transpose" and prev is not None and prev.op == "Transpose"
             and len(x.outputs) == 2 and id(prev) in members and id(x) not in outs):
@@ -557,6 +561,43 @@ def _merge_concats(node: gs.Node, outs: set[int], members: set[int]) -> bool:
             node.inputs.pop()
         node.inputs.extend(spliced)
     return changed
+
+
+def _stacked_split(node: gs.Node, outs: set[int], members: set[int], namer) -> bool:
+    """Concat(axis a) of Unsqueeze(axis a) of every output of one Split(axis a) into k equal
+    parts of s, in order, each read only there, is x's axis a as [k, s]: Reshape(x, [0] * a
+    + [k, s] + x's static dims after a) (TorchScript's x.unfold(a, s, s) over the whole
+    axis, PatchTST's patches: the dynamo export's Reshape)."""
+    ups = [t.inputs[0] if len(t.inputs) == 1 else None for t in node.inputs]
+    if len(ups) < 2 or any(u is None or u.op != "Unsqueeze" or id(u) not in members
+                           or u.domain not in (None, "", "ai.onnx") for u in ups):
+        return False
+    split = ups[0].inputs[0].inputs[0] if len(ups[0].inputs[0].inputs) == 1 else None
+    x = split.inputs[0] if split is not None and split.op == "Split" else None
+    if x is None or id(split) not in members or x.shape is None or [
+            u.inputs[0] for u in ups] != list(split.outputs) or any(
+            len(t.outputs) != 1 or id(t) in outs for t in [*split.outputs, *node.inputs]):
+        return False
+    r, k = len(x.shape), len(ups)
+    a = int(split.attrs.get("axis", 0))
+    a = a + r if a < 0 else a
+    sizes = (const_ints(split, 1, "split") if len(split.inputs) > 1 or "split" in split.attrs
+             else None)
+    n = x.shape[a] if 0 <= a < r else None
+    if sizes is None and isinstance(n, (int, np.integer)) and n % k == 0:
+        sizes = [int(n) // k] * k
+    tail = list(x.shape[a + 1:])
+    if (not sizes or len(set(sizes)) != 1 or len(sizes) != k or sizes[0] <= 0 or any(
+            not isinstance(d, (int, np.integer)) or d <= 0 for d in tail)
+            or any(_norm_axes(const_ints(u, 1, "axes") or [], u) != [a] for u in ups)
+            or _norm_axes([node.attrs.get("axis", 0)], node) != [a]):
+        return False
+    shape = np.array([0] * a + [k, sizes[0]] + [int(d) for d in tail], np.int64)
+    while node.inputs:
+        node.inputs.pop()
+    node.op, node.attrs = "Reshape", {}
+    node.inputs.extend([x, gs.Constant(namer(f"{node.outputs[0].name}_shape"), shape)])
+    return True
 
 
 def _merge_unsqueezes(prev: gs.Node, node: gs.Node, namer) -> str | None:

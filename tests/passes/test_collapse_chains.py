@@ -1294,3 +1294,44 @@ def test_a_gathered_dim_put_into_a_shape_is_a_shape_of_that_dim(rng):
                                                        "Reshape"])
     for a, b in zip(run_ort(m, feeds), run_ort(out, feeds)):
         np.testing.assert_array_equal(b, a)
+
+
+def _stacked(split_sizes, unsq_axis, cat_axis, extra="", order=None):
+    """x[N, 3, 32] -> Split(axis 2) -> Unsqueeze each -> Concat: TorchScript's
+    x.unfold(2, 8, 8) (PatchTST's patches)."""
+    parts = ", ".join(f"p{i}" for i in range(len(split_sizes)))
+    ups = "\n".join(f"        u{i} = Unsqueeze (p{i}, ua)" for i in range(len(split_sizes)))
+    cat = ", ".join(f"u{i}" for i in order or range(len(split_sizes)))
+    return make_model(f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 3, 32] x) => (float[N, 3, A, B] y{", float[N, 3, C] z" if extra else ""}) {{
+        {parts} = Split <axis = 2> (x, sizes)
+{ups}
+        y = Concat <axis = {cat_axis}> ({cat})
+        {extra}
+    }}""", {"sizes": np.array(split_sizes, np.int64), "ua": np.array([unsq_axis], np.int64)})
+
+
+@pytest.mark.parametrize("axes", [(2, 2), (-2, -2), (2, -2)])
+def test_a_split_stacked_back_on_its_axis_is_a_reshape(rng, axes):
+    m = _stacked([8, 8, 8, 8], *axes)
+    out, rep = cc(m, input_shapes={"x": [2, 3, 32]})
+    assert ops(out) == ["Reshape"], ops(out)
+    assert rep.passes[0].counts["stacked-split-to-reshape"] == 1
+    shape = [t for t in out.graph.initializer][0]
+    assert onnx.numpy_helper.to_array(shape).tolist() == [0, 0, 4, 8]
+    for n in (1, 2, 0):   # an empty batch too: 0 copies it
+        same(m, out, {"x": rng.standard_normal((n, 3, 32)).astype(np.float32)})
+    again, _ = cc(out)
+    assert again.SerializeToString() == out.SerializeToString()
+
+
+@pytest.mark.parametrize("case", ["reordered", "after-axis", "other-axis", "part-read"])
+def test_a_split_stacked_otherwise_stays(rng, case):
+    m = {"reordered": lambda: _stacked([8, 8, 8, 8], 2, 2, order=[1, 0, 2, 3]),
+         "after-axis": lambda: _stacked([8, 8, 8, 8], 3, 3),    # [.., s, k]: a transpose
+         "other-axis": lambda: _stacked([8, 8, 8, 8], 1, 1),
+         "part-read": lambda: _stacked([8, 8, 8, 8], 2, 2, "z = Relu (p1)")}[case]()
+    out, rep = cc(m, input_shapes={"x": [2, 3, 32]})
+    assert "Split" in ops(out) and "stacked-split-to-reshape" not in rep.passes[0].counts
+    same(m, out, {"x": rng.standard_normal((2, 3, 32)).astype(np.float32)})
