@@ -287,10 +287,16 @@ def test_a_batchnorm_before_the_conv_takes_the_scales(rng):
     eq = stats_of(out, [bn.output[0]], feeds)[bn.output[0]].absmax
     before = stats_of(m, ["b"], feeds)["b"].absmax
     assert eq.max() / eq.min() < before.max() / before.min()
-    calib = [{"x": rng.standard_normal((1, 4, 8, 8)).astype(np.float32)} for _ in range(8)]
+    _int8_reads_it_and_is_a_fixed_point(m, "BatchNormalization", (1, 4, 8, 8), rng)
+
+
+def _int8_reads_it_and_is_a_fixed_point(m, op, shape, rng):
+    """Under plan int8 the producer ``op``'s output goes straight to the quantiser (no Mul
+    between), and a second rewrite changes nothing."""
+    calib = [{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(8)]
     out, rep = rewriter.rewrite(m, plan="int8", calib=calib, target="none", verify=True)
-    bn = [n for n in out.graph.node if n.op_type == "BatchNormalization"][0]
-    assert [n.op_type for n in out.graph.node if bn.output[0] in n.input] == ["QuantizeLinear"]
+    p = [n for n in out.graph.node if n.op_type == op][0]
+    assert [n.op_type for n in out.graph.node if p.output[0] in n.input] == ["QuantizeLinear"]
     again, _ = rewriter.rewrite(out, target="none")
     assert again.SerializeToString() == out.SerializeToString()
 
@@ -445,9 +451,4 @@ def test_a_convtranspose_before_the_conv_takes_the_scales(rng, group):
     eq = stats_of(out, ["a"], feeds)["a"].absmax
     before = stats_of(m, ["a"], feeds)["a"].absmax
     assert eq.max() / eq.min() < before.max() / before.min()
-    calib = [{"x": rng.standard_normal((1, 4, 4, 4)).astype(np.float32)} for _ in range(8)]
-    out, rep = rewriter.rewrite(m, plan="int8", calib=calib, target="none", verify=True)
-    ct = [n for n in out.graph.node if n.op_type == "ConvTranspose"][0]
-    assert [n.op_type for n in out.graph.node if ct.output[0] in n.input] == ["QuantizeLinear"]
-    again, _ = rewriter.rewrite(out, target="none")
-    assert again.SerializeToString() == out.SerializeToString()
+    _int8_reads_it_and_is_a_fixed_point(m, "ConvTranspose", (1, 4, 4, 4), rng)
