@@ -215,3 +215,76 @@ def test_the_check_flags_output_padding_next_to_pads_until_it_is_moved(rng):
     past = conv_transpose_model(rng, (0, 1, 0, 0), (0, 1))   # left by the pass: still flagged
     out, _ = rewriter.rewrite(past, target="migraphx")
     assert codes(out).count("convtranspose-output-padding") == 1
+
+
+# Softplus around and past the threshold, and past where log(1 + exp(x)) overflows float32
+SOFTPLUS_X = [-100.0, -1.0, 0.0, 10.0, 19.99, 20.0, 20.001, 30.0, 88.0, 88.8, 89.0, 1e3, 3e38]
+
+
+def softplus_model(dtype="float", guard=None):
+    """x -> Linear -> Softplus (Mamba's time steps); ``guard``: the dynamo exporter's
+    Where(x > guard, x, Softplus(x)) around it."""
+    body = ("""
+        c = Greater (h, t)
+        s = Softplus (h)
+        y = Where (c, h, s)""" if guard is not None else """
+        y = Softplus (h)""")
+    np_dtype = {"float": np.float32, "float16": np.float16, "double": np.float64}[dtype]
+    inits = {"one": np.array(1.0, np_dtype), "t": np.array(guard or 0.0, np_dtype)}
+    if guard is None:
+        del inits["t"]
+    return make_model(f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g ({dtype}[1, 13] x) => ({dtype}[1, 13] y) {{
+        h = Mul (x, one)
+        {body}
+    }}""", inits)
+
+
+def test_softplus_is_guarded_past_20_exactly():
+    """(onnxruntime has no float16 Softplus kernel: float32 only.)"""
+    m = softplus_model()
+    out, rep = rewriter.rewrite(m, ["default-attributes"], verify=True)
+    assert rep.passes[0].counts.get("softplus-guarded") == 1
+    assert [n.op_type for n in out.graph.node] == ["Mul", "Softplus", "Greater", "Where"]
+    x = np.array(SOFTPLUS_X, np.float32)[None]
+    np.testing.assert_array_equal(run_ort(m, {"x": x})[0], run_ort(out, {"x": x})[0])
+    again, rep2 = rewriter.rewrite(out, ["default-attributes"])
+    assert again.SerializeToString() == out.SerializeToString() and not rep2.passes[0].counts
+
+
+@pytest.mark.parametrize("guard,dtype,kept", [(20.0, "float", "guarded"),
+                                              (88.0, "float", "guarded"),
+                                              (100.0, "float", "guarded again"),
+                                              (None, "double", "float64")])
+def test_a_guarded_or_float64_softplus_stays(guard, dtype, kept):
+    m = softplus_model(dtype, guard)   # (onnxruntime has no float64 Softplus: not verified)
+    out, rep = rewriter.rewrite(m, ["default-attributes"], verify=dtype == "float")
+    counts = rep.passes[0].counts
+    if kept == "guarded again":   # past 88 the guard leaves an inf in: guarded at 20 too
+        assert counts.get("softplus-guarded") == 1
+        return
+    assert [n.op_type for n in out.graph.node] == [n.op_type for n in m.graph.node]
+    assert counts == ({"skip:softplus-float64": 1} if kept == "float64" else {}), counts
+
+
+@pytest.mark.migraphx
+def test_migraphx_overflows_softplus_and_the_guard_keeps_it_finite(tmp_path, migraphx_version):
+    """Measured on 2.15 and 2.16 (ref): Softplus(89) and past is inf (log(1 + exp(x)));
+    guarded, every value is onnxruntime's within float rounding. Should a build fix it,
+    the first assert says the guard is no longer needed, never that it is wrong."""
+    import migraphx
+    m = softplus_model()
+    out, _ = rewriter.rewrite(m, target="migraphx")
+    x = np.array(SOFTPLUS_X, np.float32)[None]
+    want = run_ort(m, {"x": x})[0]
+
+    def on_migraphx(model):
+        path = tmp_path / "m.onnx"
+        onnx.save(model, path)
+        p = migraphx.parse_onnx(str(path))
+        p.compile(migraphx.get_target("ref"))
+        return np.array(p.run({"x": migraphx.argument(x)})[-1]).reshape(want.shape)
+
+    assert not np.isfinite(on_migraphx(m)).all()
+    np.testing.assert_allclose(on_migraphx(out), want, rtol=1e-6, atol=1e-6)
