@@ -175,27 +175,29 @@ def test_output_padding_stays_where_moving_it_is_not_exact(rng, pads, opad, extr
     assert (reason is None and not counts) or counts.get(reason) == 1
 
 
+def on_migraphx(model, x, like, tmp_path):
+    """The model's last output on MIGraphX's ref target for input x, shaped as like."""
+    import migraphx
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    p = migraphx.parse_onnx(str(path))
+    p.compile(migraphx.get_target("ref"))
+    return np.array(p.run({"x": migraphx.argument(x)})[-1]).reshape(like.shape)
+
+
 @pytest.mark.migraphx
 def test_migraphx_computes_output_padding_next_to_pads_wrong_and_the_rewrite_right(
         rng, tmp_path, migraphx_version):
     """Measured on 2.15 and 2.16 (ref): right shape, wrong values (max abs error ~1 on
     unit-normal data); after the rewrite equal to onnxruntime. Should a build fix it, the
     first assert says the rewrite is no longer needed, never that it is wrong."""
-    import migraphx
     m = conv_transpose_model(rng, (1, 1, 1, 1), (1, 1), strides=(2, 2), kernel=(3, 3))
     out, _ = rewriter.rewrite(m, target="migraphx")
     x = rng.standard_normal((1, 4, 3, 5)).astype(np.float32)
     want = run_ort(m, {"x": x})[0]
 
-    def on_migraphx(model):
-        path = tmp_path / "m.onnx"
-        onnx.save(model, path)
-        p = migraphx.parse_onnx(str(path))
-        p.compile(migraphx.get_target("ref"))
-        return np.array(p.run({"x": migraphx.argument(x)})[-1]).reshape(want.shape)
-
-    assert np.abs(on_migraphx(m) - want).max() > 0.1
-    np.testing.assert_allclose(on_migraphx(out), want, rtol=1e-5, atol=1e-5)
+    assert np.abs(on_migraphx(m, x, want, tmp_path) - want).max() > 0.1
+    np.testing.assert_allclose(on_migraphx(out, x, want, tmp_path), want, rtol=1e-5, atol=1e-5)
 
 
 def test_the_check_flags_output_padding_next_to_pads_until_it_is_moved(rng):
@@ -273,18 +275,10 @@ def test_migraphx_overflows_softplus_and_the_guard_keeps_it_finite(tmp_path, mig
     """Measured on 2.15 and 2.16 (ref): Softplus(89) and past is inf (log(1 + exp(x)));
     guarded, every value is onnxruntime's within float rounding. Should a build fix it,
     the first assert says the guard is no longer needed, never that it is wrong."""
-    import migraphx
     m = softplus_model()
     out, _ = rewriter.rewrite(m, target="migraphx")
     x = np.array(SOFTPLUS_X, np.float32)[None]
     want = run_ort(m, {"x": x})[0]
 
-    def on_migraphx(model):
-        path = tmp_path / "m.onnx"
-        onnx.save(model, path)
-        p = migraphx.parse_onnx(str(path))
-        p.compile(migraphx.get_target("ref"))
-        return np.array(p.run({"x": migraphx.argument(x)})[-1]).reshape(want.shape)
-
-    assert not np.isfinite(on_migraphx(m)).all()
-    np.testing.assert_allclose(on_migraphx(out), want, rtol=1e-6, atol=1e-6)
+    assert not np.isfinite(on_migraphx(m, x, want, tmp_path)).all()
+    np.testing.assert_allclose(on_migraphx(out, x, want, tmp_path), want, rtol=1e-6, atol=1e-6)
