@@ -855,3 +855,31 @@ def test_an_if_chosen_by_an_input_names_the_set_input():
     found = [f for f in check(onnx.parser.parse_model(text)).findings
              if f.code == "if-chosen-by-input"]
     assert len(found) == 1 and "--set-input c=true (or false)" in found[0].message
+
+
+def test_a_bare_softplus_is_named_and_the_guarded_form_is_not():
+    """MIGraphX computes Softplus as log(1 + exp(x)): inf from x = 89 (h104's Mamba, both
+    builds; the real-build test is test_default_attributes'). The pipeline guards it;
+    `rewrite check` on an original named nothing (thirty-eighth round). The guard the
+    pipeline writes, and a float64 Softplus, are not named."""
+    bare = build("g (float[2, 8] x) => (float[2, 8] y) { y = Softplus (x) }")
+    assert named(check_model(bare), "softplus-overflow") == ["y_node"]
+    guarded = build("""
+    g (float[2, 8] x) => (float[2, 8] y) {
+        s = Softplus (x)
+        c = Greater (x, t)
+        y = Where (c, x, s)
+    }""", t=np.float32(20))
+    assert "softplus-overflow" not in codes(check_model(guarded))
+    loose = build("""
+    g (float[2, 8] x) => (float[2, 8] y) {
+        s = Softplus (x)
+        c = Greater (x, t)
+        y = Where (c, x, s)
+    }""", t=np.float32(100))   # past 88: inf between 89 and 100
+    assert named(check_model(loose), "softplus-overflow") == ["s_node"]
+    wide = build("g (double[2, 8] x) => (double[2, 8] y) { y = Softplus (x) }")
+    assert "softplus-overflow" not in codes(check_model(wide))
+    import rewriter
+    out, _ = rewriter.rewrite(bare, target="migraphx", migraphx={"device": "ref"})
+    assert "softplus-overflow" not in codes(check_model(out))

@@ -652,6 +652,9 @@ class _Checker:
             self.add(ctp["severity"], "convtranspose-output-padding", label, op,
                      f"output_padding {list(_attr(node, 'output_padding', []))} next to pads "
                      f"{list(_attr(node, 'pads', []))}: {ctp['reason']}", g.path)
+        sp = self.profile.get("softplus_overflow")
+        if sp and op == "Softplus" and not self.softplus_guarded(g, node, sp["finite_to"]):
+            self.add(sp["severity"], "softplus-overflow", label, op, sp["reason"], g.path)
         ltc = self.profile.get("loop_trip_count")
         if ltc and op == "Loop" and not (node.input and node.input[0]):
             self.add(ltc["severity"], "loop-trip-count-unbounded", label, op,
@@ -699,6 +702,26 @@ class _Checker:
                 node.op_type, "to_float_reason")]
             self.add(r["severity"], "integer-zero-point", node_id(node), node.op_type,
                      f"{form}: {why}", g.path)
+
+    @staticmethod
+    def softplus_guarded(g: _Graph, node: onnx.NodeProto, finite_to: float) -> bool:
+        """Is the Softplus read only by Where(Greater(x, t <= finite_to), x, it), the form
+        default-attributes writes, or of float64 (finite far past 89)?"""
+        x, y = node.input[0], node.output[0]
+        t = g.types.get(x)
+        if t is not None and t.tensor_type.elem_type == TensorProto.DOUBLE:
+            return True
+        readers = [n for n in g.graph.node if y in n.input] + [
+            o for o in g.graph.output if o.name == y]
+        w = readers[0] if len(readers) == 1 else None
+        if not isinstance(w, onnx.NodeProto) or w.op_type != "Where" \
+                or list(w.input[1:]) != [x, y]:
+            return False
+        c = g.producer.get(w.input[0])
+        if c is None or c.op_type != "Greater" or c.input[0] != x:
+            return False
+        v = _value(g.tensor(c.input[1]))
+        return v is not None and v.size == 1 and float(v.ravel()[0]) <= finite_to
 
     def check_dtype_attrs(self, g: _Graph, node: onnx.NodeProto) -> None:
         bad, codes = self.profile.get("refused_dtypes", {}), self.refused_codes
