@@ -935,3 +935,30 @@ def test_a_graph_without_outputs_is_refused(tmp_path, capfd):
     code, _, err = run(capfd, src, "-o", dst, "--target", "none")
     assert code == 2 and not dst.exists()
     assert_one_line(err, "the graph has no outputs: nothing to compute")
+
+
+def test_a_custom_domains_conv_is_not_a_convolution_and_undefined_calls_are_refused():
+    """Fuzz seed 61722 (op_swap on a function call): a node 'local.Conv' with one input,
+    in the domain of the model's own functions, which defines no 'Conv'. onnx's checker
+    passes it; fuse-conv-bn took it for a convolution and read its weight (exit 3). A call
+    no function defines is bad input now; a custom domain's 'Conv' (a plugin's) passes
+    through untouched."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    def model(domain, functions):
+        g = h.make_graph([h.make_node("Relu", ["x"], ["r"]),
+                          h.make_node("Conv", ["r"], ["y"], domain=domain)], "g",
+                         [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 4, 4])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [1, 2, 4, 4])])
+        return h.make_model(g, functions=functions, opset_imports=[
+            h.make_opsetid("", 17), h.make_opsetid(domain, 1)])
+    twice = h.make_function("local", "twice", ["a"], ["b"], [h.make_node("Add", ["a", "a"],
+                                                                          ["b"])],
+                            [h.make_opsetid("", 17)])
+    with pytest.raises(InputError, match="node 'y' calls local.Conv, which no function of "
+                                         "the model defines"):
+        rewriter.rewrite(model("local", [twice]), target="none")
+    out, rep = rewriter.rewrite(model("plugin", []), target="none")
+    assert [(n.op_type, n.domain) for n in out.graph.node] == [("Relu", ""),
+                                                              ("Conv", "plugin")]
