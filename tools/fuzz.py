@@ -614,7 +614,8 @@ def _original_too(line: str) -> bool:
     onnxruntime cannot (exit 2, the output stays written, docs/robustness.md's contract)."""
     return line.startswith("rewrite: error: MIGraphX") and "original" in line or any(
         line.startswith("rewrite: error: " + s) for s in (
-            "onnxruntime cannot run the original model", "the original model's output"))
+            "onnxruntime cannot run the original model", "onnxruntime cannot load the "
+            "original model", "the original model's output"))
 
 
 def classify(res: dict, folder: Path, out: Path, before: dict,
