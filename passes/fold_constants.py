@@ -86,8 +86,8 @@ class FoldConstants(Pass):
             for node in list(g.nodes):
                 if not node.outputs:
                     continue
-                if node.op in ("Identity", "Dropout"):
-                    reason = _bypass(node, g, outputs)
+                if node.op in ("Identity", "Dropout") and node.domain in (None, "", "ai.onnx"):
+                    reason = _bypass(node, g, outputs)   # a plugin's 'Identity' is its own
                     res.outcome(reason, f"removed-{node.op.lower()}")
                     continue
                 reason = _check(node, outputs)

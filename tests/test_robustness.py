@@ -962,3 +962,23 @@ def test_a_custom_domains_conv_is_not_a_convolution_and_undefined_calls_are_refu
     out, rep = rewriter.rewrite(model("plugin", []), target="none")
     assert [(n.op_type, n.domain) for n in out.graph.node] == [("Relu", ""),
                                                               ("Conv", "plugin")]
+
+
+@pytest.mark.parametrize("op", ["Identity", "Dropout", "Conv", "BatchNormalization", "Mul"])
+@pytest.mark.parametrize("target", ["none", "migraphx"])
+def test_a_plugins_op_named_like_an_onnx_op_passes_through(op, target):
+    """A custom domain's op may share an ONNX op's name and do anything: fold-constants
+    bypassed a plugin's 'Identity' and 'Dropout' as its own (the node gone, silently; every
+    name of the default pipeline's ops tried, on both targets, only these two)."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    for ins in (["r"], ["r", "x"]):
+        g = h.make_graph([h.make_node("Relu", ["x"], ["r"]),
+                          h.make_node(op, ins, ["y"], domain="plugin")], "g",
+                         [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 4, 4])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [1, 2, 4, 4])])
+        m = h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("plugin", 1)])
+        out, _ = rewriter.rewrite(m, target=target)
+        assert [(n.op_type, n.domain, list(n.input)) for n in out.graph.node
+                if n.domain == "plugin"] == [(op, "plugin", ins)]
