@@ -825,9 +825,10 @@ class _Rewrite:
         if not backend_available(self.migraphx):
             return
         from rewriter.verify.feeds import FIRST_FILL, feed_shapes, symbolic_dims, weight_dims
-        free = symbolic_dims(self.original, self.input_shapes,
-                             derived=weight_dims(self.original))
-        feed_shapes(self.original, self.input_shapes, fill=FIRST_FILL if free else None)
+        derived = weight_dims(self.original)   # shape inference: once for both
+        free = symbolic_dims(self.original, self.input_shapes, derived=derived)
+        feed_shapes(self.original, self.input_shapes, fill=FIRST_FILL if free else None,
+                    derived=derived)
 
     def fill_symbolic_dims(self, error, what: str, verifier):
         """Random inputs with FIRST_FILL, 32, then 1, in the symbolic dims did not run the

@@ -573,21 +573,15 @@ def _undefined_function_call(model: onnx.ModelProto) -> str | None:
                and not d.startswith(("ai.onnx.", "com.microsoft"))}
     if not domains:
         return None
-    from rewriter.core.graph import graph_protos
-    bodies = [model.graph] + [g for f in model.functions for n in f.node
-                              for g in _node_graphs(n)]
-    calls = [n for b in bodies for g in graph_protos(b) for n in g.node]
-    calls += [n for f in model.functions for n in f.node]
-    for n in calls:
+    from rewriter.core.graph import graph_protos, node_bodies
+    graphs = [model.graph] + [b for f in model.functions for n in f.node
+                              for b in node_bodies(n)]
+    calls = [n for f in model.functions for n in f.node]
+    for n in calls + [n for b in graphs for g in graph_protos(b) for n in g.node]:
         if n.domain in domains and (n.domain, n.op_type) not in defined:
             return (f"node '{n.name or (n.output[0] if n.output else n.op_type)}' calls "
                     f"{n.domain}.{n.op_type}, which no function of the model defines")
     return None
-
-
-def _node_graphs(n: onnx.NodeProto) -> list:
-    return [a.g for a in n.attribute if a.HasField("g")] + [
-        g for a in n.attribute for g in a.graphs]
 
 
 def _output_type_contradiction(g: onnx.GraphProto) -> str | None:

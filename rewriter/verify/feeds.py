@@ -241,12 +241,14 @@ def make_feeds(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = Non
 
 
 def feed_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = None,
-                fill: int | None = None, fill_batch: bool = False) -> dict[str, list[int]]:
+                fill: int | None = None, fill_batch: bool = False,
+                derived: dict | None = None) -> dict[str, list[int]]:
     """{input: the shape :func:`make_feeds` draws it at}, checked without allocating:
     InputError for an unknown --input-shape name, an input that is not a tensor or of a
     type random inputs cannot take, and inputs over MAX_FEED_BYTES in all (declared dims
     can be absurd, 2^40). The MIGraphX step asks before the output is written, where
-    --verify has not already drawn them (a failure then wrote the output: exit 2)."""
+    --verify has not already drawn them (a failure then wrote the output: exit 2).
+    ``derived``: :func:`weight_dims`'s result where the caller has it (it infers shapes)."""
     shapes = shapes or {}
     inputs = real_inputs(model)
     unknown = set(shapes) - {i.name for i in inputs} - {""}
@@ -257,7 +259,7 @@ def feed_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = No
         if not vi.type.HasField("tensor_type"):
             raise InputError(f"input '{vi.name}' is not a tensor; pass it with --inputs")
     batches = batch_names(model) if fill is not None else frozenset()
-    derived = weight_dims(model)
+    derived = weight_dims(model) if derived is None else derived
     sizes = {vi.name: list(input_shape(vi, shapes, fill=fill, batches=batches,
                                        derived=derived.get(vi.name), fill_batch=fill_batch))
              for vi in inputs}

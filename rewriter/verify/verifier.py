@@ -10,7 +10,8 @@ import onnx
 
 from rewriter.core import ort
 from rewriter.core.errors import InputError
-from rewriter.core.graph import cut_model, graph_protos, runnable_names, selection_reads
+from rewriter.core.graph import (cut_model, graph_protos, node_bodies, runnable_names,
+                                  selection_reads)
 from rewriter.core.pass_base import Numerics
 from rewriter.verify.certify import judge_units, sample_abs_errors
 from rewriter.verify.feeds import join_runs, stack_runs
@@ -644,9 +645,12 @@ def unseeded_random(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     return [n for g in graph_protos(model.graph) for n in g.node if _unseeded(n)]
 
 
+def _random(n: onnx.NodeProto) -> bool:
+    return n.op_type in RANDOM_OPS and n.domain in ("", "ai.onnx")
+
+
 def _unseeded(n: onnx.NodeProto) -> bool:
-    return n.op_type in RANDOM_OPS and n.domain in ("", "ai.onnx") \
-        and not any(a.name == "seed" for a in n.attribute)
+    return _random(n) and not any(a.name == "seed" for a in n.attribute)
 
 
 def random_outputs(model: onnx.ModelProto) -> dict[str, str]:
@@ -654,14 +658,11 @@ def random_outputs(model: onnx.ModelProto) -> dict[str, str]:
     with its own generator (MIGraphX) draws other values than onnxruntime, seeded or not,
     so these outputs cannot be compared across backends. A node whose bodies hold such an
     op counts as one."""
-    def rand(n):
-        return n.op_type in RANDOM_OPS and n.domain in ("", "ai.onnx")
     tainted: dict[str, set] = {}
     for n in model.graph.node:
-        src = {n.op_type} if rand(n) else set()
-        for a in n.attribute:
-            for g in [a.g] if a.HasField("g") else list(a.graphs):
-                src |= {b.op_type for sub in graph_protos(g) for b in sub.node if rand(b)}
+        src = {n.op_type} if _random(n) else set()
+        for g in node_bodies(n):
+            src |= {b.op_type for sub in graph_protos(g) for b in sub.node if _random(b)}
         src = src.union(*(tainted.get(i, ()) for i in n.input))
         if src:
             tainted.update((o, src) for o in n.output if o)
