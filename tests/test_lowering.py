@@ -82,6 +82,16 @@ def test_skipped_without_a_driver(tmp_path, monkeypatch):
     assert low.status == "skipped" and "migraphx-driver not found" in low.headline()
 
 
+def test_the_fp16_warning_only_when_int8_kernels_are_lost():
+    low = lowering.Lowering("ok", "driver", "2.16.0", planned=3, lowered=3)
+    assert low.fp16_line() is None and "quantize_fp16" not in low.render()   # not measured
+    low.fp16_lowered = 3   # a MIGraphX whose quantize_fp16 keeps them: nothing to say
+    assert low.fp16_line() is None and low.to_dict()["fp16_warning"] is None
+    low.fp16_lowered = 1
+    assert "1 of these 3 lower to int8 kernels" in low.fp16_line()
+    assert low.fp16_line() in low.render() and low.to_dict()["fp16_warning"] == low.fp16_line()
+
+
 @pytest.mark.migraphx
 def test_layers_are_named_right_on_migraphx(tmp_path, migraphx_version, migraphx_driver):
     """A plan that puts every other layer in INT8, and one INT8 layer that cannot lower (its
@@ -103,6 +113,12 @@ def test_layers_are_named_right_on_migraphx(tmp_path, migraphx_version, migraphx
     assert {x["name"]: x["kernel"] for x in low["layers"]} == {
         "a": "quant_convolution", "c": "quant_convolution", "z": "quant_dot"}
     assert low["headline"] == "3 of 3 planned INT8 layers lower to quant_convolution/quant_dot"
+    # MIGraphX's own quantize_fp16 (the driver's --fp16) drops the Q/DQ zero points that
+    # simplify_qdq matches: none would lower (2.15, 2.16), and the summary says so
+    assert low["fp16_lowered"] == 0, low
+    assert "0 of these 3 lower to int8 kernels" in low["fp16_warning"]
+    from rewriter.migraphx.target import render
+    assert low["fp16_warning"] in render(report.extra["compile"])
 
 
 @pytest.mark.migraphx

@@ -605,6 +605,27 @@ def _output_names(model_path) -> list[str]:
     return [o.name for o in model.graph.output]
 
 
+def save_quantized_fp16(model_path: str | os.PathLike, dims: dict[str, list[int]],
+                        out_path: str | os.PathLike) -> None:
+    """Parse ``model_path`` at ``dims``, apply MIGraphX's own ``quantize_fp16`` (what
+    ``migraphx-driver --fp16`` and onnxruntime's ``migraphx_fp16_enable`` run before
+    compiling) and save the program to ``out_path`` (.mxr), in a child process."""
+    _require()
+    isolated(_save_quantized_fp16, os.fspath(model_path), dims, os.fspath(out_path))
+
+
+def _save_quantized_fp16(model_path, dims, out_path) -> None:
+    mgx = _require()
+    _refuse_crash(model_path)
+    prog = _parse(mgx, model_path, dims)
+    _stage("quantize_fp16")
+    try:
+        mgx.quantize_fp16(prog)
+        mgx.save(prog, out_path)
+    except Exception as e:
+        raise MigraphxError("quantize_fp16", _clean(e)) from None
+
+
 def refuses(model_path: str | os.PathLike, dims: dict[str, list[int]], target: str | None = None,
              feeds: list | None = None) -> MigraphxError | None:
     """What MIGraphX says when it parses ``model_path`` at ``dims`` (and compiles it for

@@ -158,6 +158,9 @@ class Lowering:
     error: str | None = None
     reason: str | None = None         # why skipped
     what: str = "planned INT8 layers"
+    # of ``lowered``, how many still do after MIGraphX's own quantize_fp16 (its driver's
+    # --fp16, onnxruntime's migraphx_fp16_enable); None: not measured
+    fp16_lowered: int | None = None
 
     def headline(self) -> str:
         if self.status == "skipped":
@@ -167,6 +170,15 @@ class Lowering:
         s = (f"{self.lowered} of {self.planned} {self.what} lower to "
              f"quant_convolution/quant_dot")
         return s + ("" if self.named else " (by count: layers could not be mapped one to one)")
+
+    def fp16_line(self) -> str | None:
+        """A warning when MIGraphX's own quantize_fp16 would take int8 kernels away."""
+        if self.fp16_lowered is None or self.fp16_lowered >= self.lowered:
+            return None
+        return (f"compile this model as written: after MIGraphX's own quantize_fp16 "
+                f"(migraphx-driver --fp16, onnxruntime's migraphx_fp16_enable), "
+                f"{self.fp16_lowered} of these {self.lowered} lower to int8 kernels: it removes "
+                "the zero points simplify_qdq matches (docs/migraphx.md)")
 
     def float_layers(self) -> list[Layer]:
         """The planned layers that stay float; none are named when the layers could not
@@ -179,12 +191,15 @@ class Lowering:
         lines = [f"{self.headline()} [{self.source}, MIGraphX {self.version}]"]
         for x in self.float_layers():
             lines.append(f"  stays float: {x.name} ({x.op}): {x.why_float or 'no reason known'}")
+        if self.fp16_line():
+            lines.append("  " + self.fp16_line())
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["headline"] = self.headline()
         d["stays_float"] = {x.name: x.why_float for x in self.float_layers()}
+        d["fp16_warning"] = self.fp16_line()
         return d
 
 
@@ -219,9 +234,11 @@ def map_layers(model, planned: Sequence[str], kernels: Sequence[str]) -> tuple[l
 
 
 def run_driver(driver: str, model_path: str | os.PathLike, input_dims: Mapping[str, Sequence[int]],
-               passes: Sequence[str] = GPU_PASSES, timeout: float = 900) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) of ``migraphx-driver read`` with ``passes`` applied."""
-    cmd = [driver, "read", os.fspath(model_path), "--onnx"]
+               passes: Sequence[str] = GPU_PASSES, timeout: float = 900,
+               fmt: str = "--onnx") -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of ``migraphx-driver read`` with ``passes`` applied
+    (``fmt``: ``--migraphx`` for a saved program)."""
+    cmd = [driver, "read", os.fspath(model_path), fmt]
     dims = [tok for name, d in input_dims.items() for tok in (f"@{name}", *map(str, d))]
     if dims:
         cmd += ["--input-dim", *dims]
@@ -274,11 +291,12 @@ def compact(names: Sequence[str], limit: int = 4) -> str:
 
 def lower_int8(model_path: str | os.PathLike, input_dims: Mapping[str, Sequence[int]],
                planned: Sequence[str], *, model=None, findings=None,
-               driver: str | None = None) -> Lowering:
+               driver: str | None = None, fp16: bool = True) -> Lowering:
     """Run MIGraphX's GPU passes up to simplify_qdq on ``model_path`` and say which of the
     ``planned`` INT8 layers (node ids) became quant_convolution/quant_dot, and why the others
     did not (``findings``: the static check's, whose plan-int8-stays-float reasons name
-    each layer's blocker)."""
+    each layer's blocker). ``fp16``: also count them after MIGraphX's own quantize_fp16
+    (``fp16_lowered``), when the Python module is there."""
     import onnx
 
     driver = driver or find_driver()
@@ -304,8 +322,39 @@ def lower_int8(model_path: str | os.PathLike, input_dims: Mapping[str, Sequence[
     quant = sum(1 for k in kernels if k.startswith("quant_"))
     lowered = (sum(1 for x in layers if x.planned_int8 and x.int8) if named
                else min(quant, len(planned)))
-    return Lowering("ok", source, version, len(planned), lowered, named,
-                    [x for x in layers if x.planned_int8], quant)
+    result = Lowering("ok", source, version, len(planned), lowered, named,
+                      [x for x in layers if x.planned_int8], quant)
+    if lowered and fp16:
+        result.fp16_lowered = _fp16_lowered(driver, model_path, input_dims, model, planned,
+                                            named, lowered)
+    return result
+
+
+def _fp16_lowered(driver, model_path, input_dims, model, planned, named, lowered) -> int | None:
+    """Of the planned layers that lower, how many still do when MIGraphX's own
+    quantize_fp16 runs first, as its driver's --fp16 and onnxruntime's migraphx_fp16_enable
+    run it before compiling. On 2.15 and 2.16 none do: its simplify_algebra drops a zero
+    point of 0 from every Q/DQ (eliminate_zero_point), and simplify_qdq matches only a DQ
+    that has one (match/dq_helpers.hpp:40-45). None when the Python module cannot say."""
+    from rewriter.migraphx import backend
+
+    if not backend.available()[0]:
+        return None
+    with tempfile.TemporaryDirectory(prefix="rewrite-mgx-") as tmp:
+        mxr = os.path.join(tmp, "fp16.mxr")
+        try:
+            backend.save_quantized_fp16(model_path, {k: list(v) for k, v in input_dims.items()},
+                                        mxr)
+        except Exception:   # noqa: BLE001 - a refusal here says nothing of the model as written
+            return None
+        rc, out, _ = run_driver(driver, mxr, {}, fmt="--migraphx")
+    if rc != 0:
+        return None
+    kernels = main_kernels(out)
+    layers, same = map_layers(model, planned, kernels)
+    if named and same:
+        return sum(1 for x in layers if x.planned_int8 and x.int8)
+    return min(lowered, sum(1 for k in kernels if k.startswith("quant_")))
 
 
 def _reasons(findings) -> dict[str, str]:

@@ -500,6 +500,8 @@ def render(info: dict[str, Any]) -> str:
         lines.append("  " + low["headline"] + f" [{low['source']}, MIGraphX {low['version']}]")
         for name, why in low.get("stays_float", {}).items():
             lines.append(f"    stays float: {name}: {why or 'no reason known'}")
+        if low.get("fp16_warning"):
+            lines.append("    " + low["fp16_warning"])
     return "\n".join(lines)
 
 
