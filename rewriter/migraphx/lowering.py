@@ -176,7 +176,7 @@ class Lowering:
         if self.fp16_lowered is None or self.fp16_lowered >= self.lowered:
             return None
         return (f"compile this model as written: after MIGraphX's own quantize_fp16 "
-                f"(migraphx-driver --fp16, onnxruntime's migraphx_fp16_enable), "
+                f"(migraphx-driver --fp16, onnxruntime's migraphx_fp16_enable; --bf16 alike), "
                 f"{self.fp16_lowered} of these {self.lowered} lower to int8 kernels: it removes "
                 "the zero points simplify_qdq matches (docs/migraphx.md)")
 
