@@ -883,3 +883,62 @@ def test_a_bare_softplus_is_named_and_the_guarded_form_is_not():
     import rewriter
     out, _ = rewriter.rewrite(bare, target="migraphx", migraphx={"device": "ref"})
     assert "softplus-overflow" not in codes(check_model(out))
+
+
+def _slice_in_body(where: str) -> onnx.ModelProto:
+    """x[s:e] summed, s and e graph inputs, inside a Loop or Scan body, an If branch or at
+    the top level (TorchScript's EmbeddingBag: a Loop slicing the indices bag by bag; also
+    tests/test_migraphx_rules.py)."""
+    z = helper.make_tensor("z", TensorProto.INT64, [1], [0])
+    sl = [helper.make_node("Slice", ["x", "s", "e", "z"], ["sl"], name="sl_node"),
+          helper.make_node("ReduceSum", ["sl", "z"], ["r"], keepdims=0, name="r_node")]
+    vi = helper.make_tensor_value_info
+    r4 = vi("r", TensorProto.FLOAT, [4])
+    inits = [z]
+    if where == "top":
+        nodes, out = [sl[0], helper.make_node("ReduceSum", ["sl", "z"], ["y"], keepdims=0,
+                                              name="y_node")], [4]
+    elif where == "loop":
+        body = helper.make_graph(sl + [helper.make_node("Identity", ["c"], ["co"])], "body",
+                                 [vi("i", TensorProto.INT64, []), vi("c", TensorProto.BOOL, [])],
+                                 [vi("co", TensorProto.BOOL, []), r4])
+        nodes, out = [helper.make_node("Loop", ["n", "t"], ["y"], body=body, name="y_node")], [3, 4]
+        inits += [helper.make_tensor("t", TensorProto.BOOL, [], [True]),
+                  helper.make_tensor("n", TensorProto.INT64, [], [3])]
+    elif where == "scan":
+        body = helper.make_graph(sl + [helper.make_node("Add", ["st", "r"], ["st2"]),
+                                       helper.make_node("Identity", ["st2"], ["so"])], "body",
+                                 [vi("st", TensorProto.FLOAT, [4]),
+                                  vi("xi", TensorProto.FLOAT, [4])],
+                                 [vi("st2", TensorProto.FLOAT, [4]),
+                                  vi("so", TensorProto.FLOAT, [4])])
+        nodes = [helper.make_node("Scan", ["init", "x"], ["fin", "y"], body=body,
+                                  num_scan_inputs=1, name="y_node")]
+        out = [10, 4]
+        inits.append(helper.make_tensor("init", TensorProto.FLOAT, [4], [0] * 4))
+    else:
+        branch = [helper.make_graph(sl, b, [], [r4]) for b in ("then", "else")]
+        nodes = [helper.make_node("ReduceSum", ["x"], ["sx"], keepdims=0),
+                 helper.make_node("Greater", ["sx", "zf"], ["cond"]),
+                 helper.make_node("If", ["cond"], ["y"], then_branch=branch[0],
+                                  else_branch=branch[1], name="y_node")]
+        out = [4]
+        inits.append(helper.make_tensor("zf", TensorProto.FLOAT, [], [0.0]))
+    graph = helper.make_graph(nodes, where, [vi("x", TensorProto.FLOAT, [10, 4]),
+                                             vi("s", TensorProto.INT64, [1]),
+                                             vi("e", TensorProto.INT64, [1])],
+                              [vi("y", TensorProto.FLOAT, out)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("where,severity", [("top", "warning"), ("if", "warning"),
+                                            ("loop", "error"), ("scan", "error")])
+def test_slice_with_computed_bounds_in_a_loop_body_is_an_error(where, severity):
+    """MIGraphX parses a Loop's or Scan's body at fixed shapes: a Slice there whose starts
+    and ends are computed throws 'lens() called on a dynamic shape' on 2.15 and 2.16; at the
+    top level or in an If branch it compiles (tests/test_migraphx_rules.py runs each)."""
+    found = {f.severity for f in check_model(_slice_in_body(where)).findings
+             if f.code == "input-not-constant" and f.node == "sl_node"}
+    assert found == {severity}

@@ -481,3 +481,31 @@ def test_grid_sample_modes_as_the_check_says(mode, migraphx_version):
                   for f in check_model(model, version=migraphx_version).findings)
     assert seen == ({"right", "wrong", "throws"} if mode == "cubic" else {"right"}), seen
     assert flagged == (mode == "cubic")
+
+
+@pytest.mark.parametrize("where", ["top", "if", "loop", "scan"])
+def test_slice_with_computed_bounds_in_bodies_as_the_check_says(where, migraphx_version):
+    """A Slice with run-time starts and ends: MIGraphX compiles it at the top level and in
+    an If branch (and gets onnxruntime's values), and throws 'lens() called on a dynamic
+    shape' inside a Loop's or Scan's body (2.15 and 2.16: TorchScript's EmbeddingBag
+    export, thirty-ninth round); the check's error is there and only there."""
+    import migraphx
+    from conftest import run_ort
+    from test_check import _slice_in_body
+
+    model = _slice_in_body(where)
+    feeds = {"x": np.arange(40, dtype=np.float32).reshape(10, 4), "s": np.array([2]),
+             "e": np.array([5])}
+    want = run_ort(model, feeds)[-1]
+    try:
+        prog = migraphx.parse_onnx_buffer(model.SerializeToString())
+        prog.compile(migraphx.get_target("ref"))
+        got = np.array(prog.run({k: migraphx.argument(v) for k, v in feeds.items()})[-1])
+        outcome = "right" if np.allclose(got.reshape(want.shape), want) else "wrong"
+    except Exception as e:   # noqa: BLE001 - what MIGraphX throws is measured
+        assert "dynamic shape" in str(e)
+        outcome = "throws"
+    assert outcome == ("throws" if where in ("loop", "scan") else "right")
+    errors = {f.node for f in check_model(model, version=migraphx_version).findings
+              if f.code == "input-not-constant" and f.severity == "error"}
+    assert errors == ({"sl_node"} if outcome == "throws" else set())   # starts and ends

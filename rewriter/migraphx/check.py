@@ -292,8 +292,10 @@ class _Graph:
     """One graph's lookups: producers, constants, types; outer scopes chained."""
 
     def __init__(self, graph: onnx.GraphProto, path: str, outer: "_Graph | None",
-                 profile: dict, extra_inits: dict | None = None):
+                 profile: dict, extra_inits: dict | None = None, in_loop: bool = False):
         self.graph, self.path, self.outer = graph, path, outer
+        # a Loop's or Scan's body, or a graph inside one: MIGraphX parses it at fixed shapes
+        self.in_loop = in_loop or (outer is not None and outer.in_loop)
         self.inits = {t.name: t for t in graph.initializer}
         self.inits.update(extra_inits or {})   # weights a typed copy holds as graph inputs
         self.inits.update({s.values.name: s.values for s in graph.sparse_initializer})
@@ -516,8 +518,8 @@ class _Checker:
                      f"(PARSE_IF); {flag} makes it a constant and keeps one branch")
 
     def visit(self, graph: onnx.GraphProto, path: str, outer: _Graph | None,
-              extra_inits: dict | None = None) -> _Graph:
-        g = _Graph(graph, path, outer, self.profile, extra_inits)
+              extra_inits: dict | None = None, in_loop: bool = False) -> _Graph:
+        g = _Graph(graph, path, outer, self.profile, extra_inits, in_loop)
         self.check_values(g)
         for node in graph.node:
             self.check_node(g, node)
@@ -528,7 +530,7 @@ class _Checker:
                 for i, sub in enumerate(subs):
                     name = a.name if len(subs) == 1 else f"{a.name}[{i}]"
                     sub_path = f"{path}/{node_id(node)}/{name}" if path else f"{node_id(node)}/{name}"
-                    self.visit(sub, sub_path, g)
+                    self.visit(sub, sub_path, g, in_loop=node.op_type in ("Loop", "Scan"))
         return g
 
     # -- values and ops -----------------------------------------------------------------------
@@ -632,12 +634,16 @@ class _Checker:
                 self.add(rule["severity"], rule["code"], label, op,
                          f"{rule['attribute']}={value!r}: {rule['reason']}", g.path)
         for rule in self.constant_rules.get(op, ()):
+            # optional "loop_body": the severity and reason inside a Loop's or Scan's body
+            sev, why = ((rule["loop_body"]["severity"], rule["loop_body"]["reason"])
+                        if g.in_loop and "loop_body" in rule else
+                        (rule["severity"], rule["reason"]))
             for idx, what in rule["inputs"].items():
                 i = int(idx)
                 if i < len(node.input) and node.input[i] and not g.is_const(node.input[i]):
-                    self.add(rule["severity"], "input-not-constant", label, op,
+                    self.add(sev, "input-not-constant", label, op,
                              f"input {i} ({what}, '{node.input[i]}') is computed at run time: "
-                             f"{rule['reason']}", g.path)
+                             f"{why}", g.path)
         padded = self.profile.get("padded_outputs", {})
         rule = padded.get("ops", {}).get(op)
         if rule and not all(g.is_const(n) for n in node.input[:rule["inputs"]] if n):
