@@ -271,8 +271,12 @@ class InsertQdq(Pass):
 
         # GPTQ rounding can take a minute (a 9216-wide conv): a bar when it runs.
         kept: dict[str, list[str]] = {}
+        gptq = plan is not None and plan.int8.get("rounding") == "gptq"
+        nearest: list[str] = []   # INT8 convs GPTQ's 2-D statistics cannot round
         for node in progress_bar(ctx.progress and bool(ctx.hessians), iterable=layers,
                                  desc="int8 weights", unit="layer"):
+            rank = (len(node.inputs[1].shape) if node.op == "Conv" and len(node.inputs) > 1
+                    and isinstance(node.inputs[1], gs.Constant) else 4)
             reason = site.quantize(node)
             if reason:
                 res.skip(reason)
@@ -280,6 +284,14 @@ class InsertQdq(Pass):
             else:
                 res.count(f"int8-{node.op.lower()}")
                 res.changed = True
+                if gptq and rank != 4:
+                    nearest.append(node_id(node))
+        if nearest:
+            res.skip("gptq-conv-not-2d", len(nearest))
+            res.notes.append(f"GPTQ rounding takes 2-D convs: {len(nearest)} INT8 "
+                             f"conv{'s' * (len(nearest) > 1)} (1-D / 3-D) rounded to nearest: "
+                             + ", ".join(nearest[:3])
+                             + (f" and {len(nearest) - 3} more" if len(nearest) > 3 else ""))
         for reason, ids in kept.items():   # one line a reason (MViT-V2: 48 lines of one)
             res.notes.append(f"{reason}: {len(ids)} layer{'s' * (len(ids) > 1)} kept float32: "
                              + ", ".join(ids[:3])

@@ -807,3 +807,32 @@ def test_a_matmul_whose_weight_is_not_2d_is_not_planned_int8(rng):
     }""", {"T": (3, 6, 7), "W": (7, 4)})
     calib = [{"x": rng.standard_normal((3, 5, 6)).astype(np.float32)} for _ in range(8)]
     _first_kept_fp32(m, calib, "weight not 2-D", "not 2-D", "1 layer planned int8 (MatMul)")
+
+
+def test_gptq_says_which_convs_it_does_not_round(rng):
+    """GPTQ's statistics are 2-D im2col: a Conv1d (PointNet) or Conv3d (a 3-D UNet) INT8
+    layer keeps nearest rounding, counted and named, where it was left out without a word
+    (thirty-ninth round); the 2-D conv beside them is rounded."""
+    m = make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 4, 16] x, float[1, 4, 4, 6, 6] v, float[1, 4, 8, 8] z) =>
+      (float[1, 8, 16] y, float[1, 8, 4, 6, 6] u, float[1, 8, 8, 8] t) {
+        y = Conv <pads = [1, 1]> (x, w1)
+        u = Conv <pads = [1, 1, 1, 1, 1, 1]> (v, w3)
+        t = Conv <pads = [1, 1, 1, 1]> (z, w2)
+    }""", {"w1": (8, 4, 3), "w3": (8, 4, 3, 3, 3), "w2": (8, 4, 3, 3)})
+    calib = [{"x": rng.standard_normal((1, 4, 16)).astype(np.float32),
+              "v": rng.standard_normal((1, 4, 4, 6, 6)).astype(np.float32),
+              "z": rng.standard_normal((1, 4, 8, 8)).astype(np.float32)} for _ in range(8)]
+    plan = {"version": 1, "default": "int8"}
+    _, rep = rewriter.rewrite(m, plan=plan, calib=calib, target="none")
+    ins = next(p for p in rep.passes if p.name == "insert-qdq")
+    assert ins.counts["int8-conv"] == 3 and ins.counts["weights-gptq-rounded"] == 1
+    assert ins.counts["skip:gptq-conv-not-2d"] == 2
+    assert [n for n in ins.notes if "GPTQ" in n] == [
+        "GPTQ rounding takes 2-D convs: 2 INT8 convs (1-D / 3-D) rounded to nearest: y, u"]
+    _, rep = rewriter.rewrite(m, plan={**plan, "int8": {"rounding": "nearest"}}, calib=calib,
+                              target="none")
+    ins = next(p for p in rep.passes if p.name == "insert-qdq")
+    assert "skip:gptq-conv-not-2d" not in ins.counts
+    assert not any("GPTQ" in n for n in ins.notes)
