@@ -15,6 +15,9 @@ Preconditions (else skipped with a reason):
 * a float dtype (float, double, float16, bfloat16);
 * the MatMul's output is read by this Add only and is not a graph output.
 
+A Gemm followed by such an Add takes it into its C (C' = beta * C + c, beta 1; no C: c):
+PointNet's T-Net adds the identity to its last Linear's output so (``folded-into-gemm``).
+
 The Add's output tensor keeps its name (it becomes the Gemm's). Gemm adds the bias in a
 different order than MatMul then Add, so results agree to rounding, not bit for bit
 (Numerics.CLOSE). If/Loop/Scan bodies are processed too.
@@ -25,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rewriter.core.graph import iter_graphs
+from rewriter.core.graph import iter_graphs, own_constant
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 
@@ -33,36 +36,32 @@ class FuseMatmulAdd(Pass):
     name = "fuse-matmul-add"
     phase = Phase.FUSE
     numerics = Numerics.CLOSE
-    summary = "MatMul + bias Add -> Gemm (2-D inputs, constant bias)"
+    summary = "MatMul + bias Add -> Gemm; a constant Add after a Gemm into its C (2-D)"
 
-    shape_ops = ("MatMul",)
+    shape_ops = ("MatMul", "Gemm")
 
     def run(self, graph: gs.Graph, ctx: Context) -> PassResult:
         res = PassResult()
         for g in iter_graphs(graph):
             outs = {id(t) for t in g.outputs}
             for node in list(g.nodes):
-                if node.op != "MatMul" or node.domain not in (None, "", "ai.onnx") or not node.outputs:
+                if node.domain not in (None, "", "ai.onnx") or not node.outputs:
                     continue
-                res.outcome(_fuse(node, outs), "fused")
+                if node.op == "MatMul":
+                    res.outcome(_fuse(node, outs), "fused")
+                elif node.op == "Gemm":
+                    res.outcome(_fold_add(node, outs, ctx), "folded-into-gemm")
         return res
 
 
 def _fuse(mm: gs.Node, outs: set[int]) -> str | None:
-    y = mm.outputs[0]
-    if len(y.outputs) != 1 or id(y) in outs or y.outputs[0].op != "Add":
-        return ""
-    add = y.outputs[0]
-    if add.domain not in (None, "", "ai.onnx") or len(add.inputs) != 2:
-        return ""
-    c = add.inputs[1] if add.inputs[0] is y else add.inputs[0]
-    if c is y or not isinstance(c, gs.Constant):
-        return "bias-not-constant"
+    found = _bias_add(mm, outs)
+    if isinstance(found, str):
+        return found
+    add, c = found
     a, b = mm.inputs
     if a.shape is None or b.shape is None or len(a.shape) != 2 or len(b.shape) != 2:
         return "not-2d"
-    if y.dtype is None or np.dtype(y.dtype).kind != "f" and str(y.dtype) != "bfloat16":
-        return "not-float"
     m, n = a.shape[0], b.shape[1]
     cs = list(c.shape)
     if len(cs) > 2 or not _fits(cs, m, n):
@@ -73,6 +72,55 @@ def _fuse(mm: gs.Node, outs: set[int]) -> str | None:
     mm.op = "Gemm"
     mm.inputs.append(c)
     mm.outputs[0] = out
+    return None
+
+
+def _bias_add(mm: gs.Node, outs: set[int]) -> tuple[gs.Node, gs.Tensor] | str:
+    """The Add after ``mm`` that only it feeds, and the Add's other input; "" otherwise."""
+    y = mm.outputs[0]
+    if len(y.outputs) != 1 or id(y) in outs or y.outputs[0].op != "Add":
+        return ""
+    add = y.outputs[0]
+    if add.domain not in (None, "", "ai.onnx") or len(add.inputs) != 2:
+        return ""
+    c = add.inputs[1] if add.inputs[0] is y else add.inputs[0]
+    if c is y or not isinstance(c, gs.Constant):
+        return "bias-not-constant"
+    if y.dtype is None or np.dtype(y.dtype).kind != "f" and str(y.dtype) != "bfloat16":
+        return "not-float"
+    return add, c
+
+
+def _fold_add(gemm: gs.Node, outs: set[int], ctx: Context) -> str | None:
+    found = _bias_add(gemm, outs)
+    if isinstance(found, str):
+        return "" if found == "bias-not-constant" else found   # a residual Add: no site
+    add, c = found
+    a, b = gemm.inputs[0], gemm.inputs[1]
+    if a.shape is None or b.shape is None or len(a.shape) != 2 or len(b.shape) != 2:
+        return "not-2d"
+    m = a.shape[1 if gemm.attrs.get("transA", 0) else 0]
+    n = b.shape[0 if gemm.attrs.get("transB", 0) else 1]
+    if len(c.shape) > 2 or not _fits(list(c.shape), m, n):
+        return "bias-shape"
+    old = gemm.inputs[2] if len(gemm.inputs) > 2 and gemm.inputs[2].name else None
+    if old is not None and not isinstance(old, gs.Constant):
+        return "bias-not-constant"
+    dtype = c.values.dtype
+    beta = float(gemm.attrs.get("beta", 1.0))
+    cv = c.values if old is None else (beta * old.values.astype(np.float64)
+                                       + c.values.astype(np.float64)).astype(dtype)
+    if old is None and len(gemm.inputs) == 2:
+        gemm.inputs.append(c)
+    elif old is None:   # an empty name: no C
+        gemm.inputs[2] = c
+    else:
+        own_constant(gemm, 2, cv, ctx.namer, "plus")
+    gemm.attrs["beta"] = 1.0
+    out = add.outputs[0]
+    add.inputs.clear()
+    add.outputs.clear()
+    gemm.outputs[0] = out
     return None
 
 
