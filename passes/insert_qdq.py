@@ -272,7 +272,7 @@ class InsertQdq(Pass):
         # GPTQ rounding can take a minute (a 9216-wide conv): a bar when it runs.
         kept: dict[str, list[str]] = {}
         gptq = plan is not None and plan.int8.get("rounding") == "gptq"
-        nearest: list[str] = []   # INT8 convs GPTQ's 2-D statistics cannot round
+        nearest: list[str] = []   # INT8 convs GPTQ's statistics cannot round (3-D)
         for node in progress_bar(ctx.progress and bool(ctx.hessians), iterable=layers,
                                  desc="int8 weights", unit="layer"):
             rank = (len(node.inputs[1].shape) if node.op == "Conv" and len(node.inputs) > 1
@@ -284,12 +284,12 @@ class InsertQdq(Pass):
             else:
                 res.count(f"int8-{node.op.lower()}")
                 res.changed = True
-                if gptq and rank != 4:
+                if gptq and rank > 4:
                     nearest.append(node_id(node))
         if nearest:
-            res.skip("gptq-conv-not-2d", len(nearest))
-            res.notes.append(f"GPTQ rounding takes 2-D convs: {len(nearest)} INT8 "
-                             f"conv{'s' * (len(nearest) > 1)} (1-D / 3-D) rounded to nearest: "
+            res.skip("gptq-conv-3d", len(nearest))
+            res.notes.append(f"GPTQ rounding takes 1-D and 2-D convs: {len(nearest)} INT8 "
+                             f"conv{'s' * (len(nearest) > 1)} (3-D) rounded to nearest: "
                              + ", ".join(nearest[:3])
                              + (f" and {len(nearest) - 3} more" if len(nearest) > 3 else ""))
         for reason, ids in kept.items():   # one line a reason (MViT-V2: 48 lines of one)
@@ -450,7 +450,7 @@ class _Site:
             else:
                 q, s_w = quantize_weight(values, axis)
                 h = self.ctx.hessians.get(self.current) if self.current is not None else None
-                if h is not None and values.ndim == 4 and axis in (0, None):
+                if h is not None and values.ndim in (3, 4) and axis in (0, None):
                     q = gptq_round(values, s_w, h, h.shape[0])
                     self.ctx.weight_cache[(self.current,) + key] = (q, s_w)
             if self.current in self.ctx.hessians:

@@ -27,7 +27,7 @@ STACK_BYTES = 16 << 20
 
 @dataclass(frozen=True)
 class ConvSpec:
-    """What im2col needs of one Conv (2-D only; others are skipped)."""
+    """What im2col needs of one Conv (2-D, or 1-D as height 1; 3-D ones are skipped)."""
 
     id: str
     input: str
@@ -52,16 +52,20 @@ class ConvSpec:
 
 
 def conv_spec(node, weight_shape) -> ConvSpec | None:
-    """The spec of a gs Conv node with a 4-D weight, or None (1-D/3-D, auto_pad)."""
+    """The spec of a gs Conv node with a 4-D weight, or a 3-D one (a 1-D conv is a 2-D conv
+    of height 1: its input is read as [N, C, 1, L]); None for 3-D convs and auto_pad."""
     from rewriter.core.graph import node_id
 
-    if len(weight_shape) != 4 or node.attrs.get("auto_pad", "NOTSET") not in ("NOTSET",
-                                                                             b"NOTSET"):
+    if len(weight_shape) not in (3, 4) or node.attrs.get("auto_pad", "NOTSET") not in (
+            "NOTSET", b"NOTSET"):
         return None
-    kh, kw = int(weight_shape[2]), int(weight_shape[3])
-    s = node.attrs.get("strides", [1, 1])
-    d = node.attrs.get("dilations", [1, 1])
-    p = node.attrs.get("pads", [0, 0, 0, 0])
+    one = len(weight_shape) == 3
+    kh, kw = (1, int(weight_shape[2])) if one else (int(weight_shape[2]), int(weight_shape[3]))
+    s = node.attrs.get("strides", [1] if one else [1, 1])
+    d = node.attrs.get("dilations", [1] if one else [1, 1])
+    p = node.attrs.get("pads", [0, 0] if one else [0, 0, 0, 0])
+    if one:
+        s, d, p = [1, s[0]], [1, d[0]], [0, p[0], 0, p[1]]
     return ConvSpec(node_id(node), node.inputs[0].name, (kh, kw), (int(s[0]), int(s[1])),
                     (int(p[0]), int(p[1]), int(p[2]), int(p[3])), (int(d[0]), int(d[1])),
                     int(node.attrs.get("group", 1)), int(weight_shape[1]) * kh * kw)
@@ -174,6 +178,8 @@ class HessianReducer:
         self.seen[name] = item + 1
         key = self.groups[item] if self.groups is not None else 0
         a = np.asarray(a, np.float32)
+        if a.ndim == 3:   # a 1-D conv's input, as a 2-D conv of height 1 reads it
+            a = a[:, :, None, :]
         for spec in self.by_input.get(name, []):
             keep = max(1, self.max_patches // max(1, self.batches))
             total = a.shape[0] * _out_size(a.shape[2], spec, 0) * _out_size(a.shape[3], spec, 1)

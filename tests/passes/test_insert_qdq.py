@@ -809,30 +809,45 @@ def test_a_matmul_whose_weight_is_not_2d_is_not_planned_int8(rng):
     _first_kept_fp32(m, calib, "weight not 2-D", "not 2-D", "1 layer planned int8 (MatMul)")
 
 
-def test_gptq_says_which_convs_it_does_not_round(rng):
-    """GPTQ's statistics are 2-D im2col: a Conv1d (PointNet) or Conv3d (a 3-D UNet) INT8
-    layer keeps nearest rounding, counted and named, where it was left out without a word
-    (thirty-ninth round); the 2-D conv beside them is rounded."""
-    m = make_model("""
+def _int8_weights(m) -> dict:
+    return {t.name: onnx.numpy_helper.to_array(t) for t in m.graph.initializer
+            if t.data_type == onnx.TensorProto.INT8 and t.dims}
+
+
+def test_gptq_rounds_1d_convs_as_2d_ones_of_height_1_and_names_the_3d_ones(rng):
+    """GPTQ's statistics are 2-D im2col: a Conv1d (PointNet) is read as a 2-D conv of
+    height 1 and rounded (the same int8 weights as that 2-D conv's); a Conv3d (a 3-D UNet)
+    keeps nearest rounding, counted and named. Both were left at nearest rounding without
+    a word (thirty-ninth round)."""
+    text = """
     <ir_version: 8, opset_import: ["" : 17]>
-    g (float[1, 4, 16] x, float[1, 4, 4, 6, 6] v, float[1, 4, 8, 8] z) =>
-      (float[1, 8, 16] y, float[1, 8, 4, 6, 6] u, float[1, 8, 8, 8] t) {
-        y = Conv <pads = [1, 1]> (x, w1)
+    g (float[1, 4, {x}] x, float[1, 4, 4, 6, 6] v) => (float[1, 8, {x}] y,
+                                                      float[1, 8, 4, 6, 6] u) {{
+        y = Conv <pads = [{p}], strides = [{s}], dilations = [{d}]> (x, w1)
         u = Conv <pads = [1, 1, 1, 1, 1, 1]> (v, w3)
-        t = Conv <pads = [1, 1, 1, 1]> (z, w2)
-    }""", {"w1": (8, 4, 3), "w3": (8, 4, 3, 3, 3), "w2": (8, 4, 3, 3)})
-    calib = [{"x": rng.standard_normal((1, 4, 16)).astype(np.float32),
-              "v": rng.standard_normal((1, 4, 4, 6, 6)).astype(np.float32),
-              "z": rng.standard_normal((1, 4, 8, 8)).astype(np.float32)} for _ in range(8)]
+    }}"""
+    w1 = rng.standard_normal((8, 4, 3)).astype(np.float32)
+    w3 = rng.standard_normal((8, 4, 3, 3, 3)).astype(np.float32)
+    xs = [rng.standard_normal((1, 4, 16)).astype(np.float32) for _ in range(8)]
+    vs = [rng.standard_normal((1, 4, 4, 6, 6)).astype(np.float32) for _ in range(8)]
+    one = make_model(text.format(x="16", p="1, 1", s="1", d="2"), {"w1": w1, "w3": w3})
+    two = make_model(text.format(x="1, 16", p="0, 1, 0, 1", s="1, 1", d="1, 2"),
+                     {"w1": w1[:, :, None], "w3": w3})
     plan = {"version": 1, "default": "int8"}
-    _, rep = rewriter.rewrite(m, plan=plan, calib=calib, target="none")
+    got = {}
+    for name, m, shape in (("1d", one, (1, 4, 16)), ("2d", two, (1, 4, 1, 16))):
+        calib = [{"x": x.reshape(shape), "v": v} for x, v in zip(xs, vs)]
+        out, rep = rewriter.rewrite(m, plan=plan, calib=calib, target="none")
+        ins = next(p for p in rep.passes if p.name == "insert-qdq")
+        assert ins.counts["weights-gptq-rounded"] == 1 and ins.counts["skip:gptq-conv-3d"] == 1
+        assert [n for n in ins.notes if "GPTQ" in n] == [
+            "GPTQ rounding takes 1-D and 2-D convs: 1 INT8 conv (3-D) rounded to nearest: u"]
+        got[name] = _int8_weights(out)["w1_quantized"]
+    assert np.array_equal(got["1d"], got["2d"].reshape(got["1d"].shape))
+    nearest = quantize_weight(w1, 0)[0]
+    assert not np.array_equal(got["1d"], nearest)   # GPTQ moved some of them
+    _, rep = rewriter.rewrite(one, plan={**plan, "int8": {"rounding": "nearest"}},
+                              calib=[{"x": x, "v": v} for x, v in zip(xs, vs)], target="none")
     ins = next(p for p in rep.passes if p.name == "insert-qdq")
-    assert ins.counts["int8-conv"] == 3 and ins.counts["weights-gptq-rounded"] == 1
-    assert ins.counts["skip:gptq-conv-not-2d"] == 2
-    assert [n for n in ins.notes if "GPTQ" in n] == [
-        "GPTQ rounding takes 2-D convs: 2 INT8 convs (1-D / 3-D) rounded to nearest: y, u"]
-    _, rep = rewriter.rewrite(m, plan={**plan, "int8": {"rounding": "nearest"}}, calib=calib,
-                              target="none")
-    ins = next(p for p in rep.passes if p.name == "insert-qdq")
-    assert "skip:gptq-conv-not-2d" not in ins.counts
+    assert "skip:gptq-conv-3d" not in ins.counts
     assert not any("GPTQ" in n for n in ins.notes)
