@@ -199,6 +199,8 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
 
 
 MIGRAPHX_KEYS = ("device", "backend", "save_mxr", "require", "samples", "progress")
+DEVICES = ("auto", "gpu", "ref")   # the CLI's --migraphx-target and --backend choices
+BACKENDS = ("migraphx", "ort-migraphx")
 
 
 def _path_argument(name: str, path):
@@ -234,6 +236,10 @@ def _check_arguments(target, migraphx, seed, inputs, input_shapes, labels, calib
         if set(migraphx) - set(MIGRAPHX_KEYS):
             bad = sorted(set(migraphx) - set(MIGRAPHX_KEYS))
             raise InputError(f"migraphx: unknown {bad} ({', '.join(MIGRAPHX_KEYS)})")
+        for key, flag, choices in (("device", "--migraphx-target", DEVICES),
+                                   ("backend", "--backend", BACKENDS)):
+            if migraphx.get(key, choices[0]) not in choices:   # "cpu" ran on, unchecked
+                raise InputError(f"{flag} {migraphx[key]!r}: one of {', '.join(choices)}")
         n = migraphx.get("samples", 8)
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
             # -3 ran as 2, silently ("at least 2" is for plan models: one sample more)
@@ -256,9 +262,18 @@ def _check_arguments(target, migraphx, seed, inputs, input_shapes, labels, calib
                              "224]")
     if labels is not None and calib is None:
         raise InputError("labels are the calibration samples' labels: give calib too")
+    if calib is not None and plan is None:   # read by nothing, silently (the CLI refused it)
+        raise InputError("--calib is for a plan's INT8 layers: add --plan (default, auto, "
+                         "int8 or a file)")
     if not isinstance((options or {}).get("planner", {}) or {}, dict):
         raise InputError("options['planner']: a dict of planner settings")
     _check_planner_settings(plan, (options or {}).get("planner") or {})
+    if ((options or {}).get("planner") or {}).get("preprocess"):   # else read by nothing
+        if calib is None:
+            raise InputError("--preprocess says how --calib images become inputs: add "
+                             "--calib DIR")
+        from rewriter.quant.data import check_preprocess_applies
+        check_preprocess_applies(calib)
 
 
 # The planner settings any plan reads (its calibration and weights, the images' preprocess,
@@ -333,8 +348,11 @@ class _Rewrite:
                                  "CPU-only build: libmigraphx_gpu does not load); "
                                  "--migraphx-target ref compiles on its CPU reference")
         if (migraphx or {}).get("save_mxr"):   # now, not after the compile (exit 3)
-            from rewriter.core.save import check_output_path
+            from rewriter.core.save import check_distinct, check_output_path
             check_output_path(migraphx["save_mxr"], "--save-mxr")
+            # the program replaced the model just written, or the input (the CLI refused it)
+            check_distinct(model if isinstance(model, (str, os.PathLike)) else None,
+                           [("-o", output), ("--save-mxr", migraphx["save_mxr"])])
         unknown = set(data) - set(_DATA_KEYS)
         if unknown:
             raise InputError(f"unknown data key(s) {sorted(unknown)} ({', '.join(_DATA_KEYS)})")
@@ -614,8 +632,14 @@ class _Rewrite:
         silently ignored with --plan int8 (eighth round)."""
         s = {k: v for k, v in (self.planner_settings or {}).items()
              if k in ("method", "percentile", "samples", "weights") and v is not None}
+        if "samples" in s and (isinstance(s["samples"], bool) or not isinstance(
+                s["samples"], (int, np.integer))):   # 2.5 ran as 2
+            raise InputError(f"--samples {s['samples']!r}: a whole number of samples")
         if "samples" in s and int(s["samples"]) < 1:
             raise InputError(f"--samples {s['samples']}: give at least 1")
+        if s.get("weights", "per-channel") not in ("per-channel", "per-tensor"):
+            # 'per-row' was taken for per-tensor, silently
+            raise InputError(f"--weights {s['weights']!r}: per-channel or per-tensor")
         if "percentile" in s and not 50 < float(s["percentile"]) <= 100:   # as a plan file
             raise InputError(f"--percentile {s['percentile']}: give a value in (50, 100]")
         cal = self.plan.int8["calibration"]

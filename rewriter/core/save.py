@@ -81,7 +81,8 @@ def check_output_path(path: str | os.PathLike, what: str = "output") -> Path:
     return folder
 
 
-def check_distinct(model: str | os.PathLike, writes: list[tuple[str, str | None]]) -> None:
+def check_distinct(model: str | os.PathLike | None,
+                   writes: list[tuple[str, str | None]]) -> None:
     """InputError when a file the run will write, (flag, path), is the input model, one
     of its external data files, or another written file: ``--report m.onnx`` replaced the
     model with JSON and exited 0. Only paths that exist can be input files; the model's
@@ -93,8 +94,9 @@ def check_distinct(model: str | os.PathLike, writes: list[tuple[str, str | None]
         except OSError:
             return os.path.realpath(a) == os.path.realpath(b)
 
-    inputs = [(str(model), "the input model")]
-    if any(p and os.path.exists(p) for _, p in writes) and os.path.isfile(model) \
+    inputs = [(str(model), "the input model")] if model is not None else []   # in memory
+    if model is not None and any(p and os.path.exists(p) for _, p in writes) \
+            and os.path.isfile(model) \
             and os.path.getsize(model) <= EXTERNAL_SCAN_BYTES and _names_a_location(model):
         try:
             m = onnx.load(str(model), load_external_data=False)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -262,11 +263,17 @@ def one_blas_thread():
 @functools.lru_cache(maxsize=None)
 def _blas_controller():
     """threadpoolctl's controller, found once (a scan of the loaded libraries), or None."""
+    # Its import sets KMP_DUPLICATE_LIB_OK=True in os.environ: the caller's environment
+    # (and its children's) changed by a call of rewriter.rewrite with a plan. Undone.
+    had = os.environ.get("KMP_DUPLICATE_LIB_OK")
     try:
         from threadpoolctl import ThreadpoolController
         return ThreadpoolController()
     except Exception:  # noqa: BLE001 - not installed, or an unknown library layout
         return None
+    finally:
+        if had is None:
+            os.environ.pop("KMP_DUPLICATE_LIB_OK", None)
 
 
 def budget_note(left: list[ConvSpec]) -> str:

@@ -1,0 +1,101 @@
+"""The Python API against the CLI, second round (2026-12-07): a value the CLI refuses in one
+line is refused by ``rewriter.rewrite`` as an InputError with the same words (never read by
+nothing, nor run as something else), and a call leaves the caller's process as it was."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import ROOT
+
+import rewriter
+from rewriter.cli import main
+from rewriter.core.errors import InputError
+
+RESNET = ROOT / "models" / "resnet_mini.onnx"
+MOBILENET = ROOT / "models" / "mobilenet_mini.onnx"
+
+
+@pytest.fixture
+def calib(tmp_path):
+    folder = tmp_path / "calib"
+    folder.mkdir()
+    rng = np.random.default_rng(3)
+    for i in range(4):
+        np.save(folder / f"s{i}.npy", rng.standard_normal((1, 3, 64, 64)).astype(np.float32))
+    return folder
+
+
+def _cli_error(argv, capsys) -> str:
+    capsys.readouterr()
+    assert main(argv) == 2
+    return capsys.readouterr().err.strip().splitlines()[-1].removeprefix("rewrite: error: ")
+
+
+def test_what_the_cli_refuses_before_work_the_api_refuses_in_its_words(tmp_path, calib,
+                                                                       capsys):
+    """calib= without a plan and a preprocess without calib= were read by nothing: the
+    rewrite ran and said nothing, where the CLI refuses both in one line."""
+    out = str(tmp_path / "o.onnx")
+    pre = tmp_path / "pre.yaml"
+    pre.write_text("size: 64\n")
+    for argv, kwargs in (
+            (["--calib", str(calib)], {"calib": calib}),
+            (["--plan", "fp16", "--preprocess", str(pre)],
+             {"plan": "fp16", "options": {"planner": {"preprocess": {"size": 64}}}}),
+            (["--plan", "fp16", "--calib", str(calib), "--preprocess", str(pre)],
+             {"plan": "fp16", "calib": calib,
+              "options": {"planner": {"preprocess": {"size": 64}}}})):
+        said = _cli_error([str(RESNET), "-o", out, "--target", "none"] + argv, capsys)
+        with pytest.raises(InputError) as e:
+            rewriter.rewrite(RESNET, output=out, **kwargs)
+        assert str(e.value).startswith(said + " [Python API: ")
+    assert not os.path.exists(out)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    # taken for per-tensor, silently: Plan.per_channel is weights == "per-channel"
+    ({"options": {"planner": {"weights": "per-row"}}}, r"--weights 'per-row': per-channel or"),
+    ({"options": {"planner": {"samples": 2.5}}}, r"--samples 2\.5: a whole number"),
+    ({"target": "migraphx", "migraphx": {"device": "cpu"}},
+     r"--migraphx-target 'cpu': one of auto, gpu, ref"),
+])
+def test_values_the_cli_parser_refuses_are_refused(kwargs, match, calib):
+    if "options" in kwargs:
+        kwargs = dict(kwargs, plan="default", calib=calib)
+    with pytest.raises(InputError, match=match):
+        rewriter.rewrite(RESNET, **kwargs)
+
+
+def test_save_mxr_never_replaces_the_output_or_the_input(tmp_path, capsys):
+    """migraphx={"save_mxr": <the output>} (or the input model) was taken: the compiled
+    program would have replaced the model just written. The CLI refuses both."""
+    out = tmp_path / "o.onnx"
+    said = _cli_error([str(RESNET), "-o", str(out), "--save-mxr", str(out)], capsys)
+    for path, model in ((out, RESNET), (RESNET, RESNET), (out, RESNET.read_bytes())):
+        with pytest.raises(InputError, match="--save-mxr .*: would overwrite") as e:
+            rewriter.rewrite(model, output=out, target="migraphx",
+                             migraphx={"save_mxr": path})
+        if path == out and model == RESNET:
+            assert str(e.value).startswith(said)
+
+
+def test_a_plan_leaves_the_callers_environment_as_it_was():
+    """threadpoolctl's import (GPTQ holds BLAS to one thread) set KMP_DUPLICATE_LIB_OK in
+    os.environ: every later child of the caller's process inherited it. A fresh process,
+    since the import happens once."""
+    code = (
+        "import os, numpy as np, rewriter\n"
+        "calib = [{'input': np.random.default_rng(i).standard_normal((1, 3, 64, 64))"
+        ".astype(np.float32)} for i in range(4)]\n"
+        "before = dict(os.environ)\n"
+        f"rewriter.rewrite({str(MOBILENET)!r}, plan='default', calib=calib)\n"
+        "print(sorted(set(os.environ.items()) ^ set(before.items())))\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("KMP_DUPLICATE_LIB_OK", None)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "[]"
