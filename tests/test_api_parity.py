@@ -3,6 +3,7 @@ line is refused by ``rewriter.rewrite`` as an InputError with the same words (ne
 nothing, nor run as something else), and a call leaves the caller's process as it was."""
 
 import os
+import pickle
 import subprocess
 import sys
 
@@ -12,7 +13,8 @@ from conftest import ROOT
 
 import rewriter
 from rewriter.cli import main
-from rewriter.core.errors import InputError
+from rewriter.core.errors import InputError, PassError
+from rewriter.core.pass_base import Numerics, Pass, Phase
 
 RESNET = ROOT / "models" / "resnet_mini.onnx"
 MOBILENET = ROOT / "models" / "mobilenet_mini.onnx"
@@ -99,3 +101,21 @@ def test_a_plan_leaves_the_callers_environment_as_it_was():
                        timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == "[]"
+
+
+class _Crash(Pass):
+    name, phase, numerics = "crash", Phase.FUSE, Numerics.EXACT
+
+    def run(self, graph, ctx):
+        raise RuntimeError("boom")
+
+
+def test_a_pass_error_crosses_a_process_pool():
+    """A process pool (concurrent.futures) re-raises a worker's error in the caller by
+    pickling it: PassError, rebuilt from its message alone, was a TypeError there."""
+    with pytest.raises(PassError) as e:
+        rewriter.rewrite(RESNET, ["fold-constants", _Crash()])
+    back = pickle.loads(pickle.dumps(e.value))
+    assert type(back) is PassError and str(back) == str(e.value)
+    assert (back.pass_name, back.before, repr(back.cause)) == (
+        "crash", ["fold-constants"], "RuntimeError('boom')")

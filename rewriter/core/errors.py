@@ -43,6 +43,13 @@ class PassError(RewriteError):
             f"pass '{pass_name}' failed: {type(cause).__name__}: {cause} (passes before it: {ran})"
         )
 
+    def __reduce__(self):
+        # A process pool re-raises a worker's error in the caller by pickling it; rebuilt
+        # from ``args`` (the message alone) it was a TypeError there. The message as worded
+        # (the API's words) goes along.
+        return type(self), (self.pass_name, self.before, self.cause), {
+            **self.__dict__, "args": self.args}
+
 
 class VerificationError(RewriteError):
     """Rewritten outputs differ from the original beyond tolerance (exit 1). ``pass_name``
