@@ -276,6 +276,38 @@ def _dies(how: str):
     return {"how": how, "array": np.arange(3)}
 
 
+def _sleeps(seconds: float):
+    import time
+    time.sleep(seconds)
+
+
+def test_an_interrupt_without_a_signal_stops_the_child_at_once(monkeypatch):
+    """The parent waited for the child without a timeout: an interrupt that sends this
+    thread no signal (``_thread.interrupt_main``, how a toolchain cancels a call from
+    another thread) was seen only when the child ended (open_nsfw on ref: interrupted at
+    4 s, raised at 60.5 s). Now within a wait's 0.25 s, and the child is gone."""
+    import _thread
+    import threading
+    import time
+    monkeypatch.delenv("REWRITE_MIGRAPHX_IN_PROCESS", raising=False)
+    timer = threading.Timer(0.5, _thread.interrupt_main)
+    t = time.perf_counter()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        mgx_backend.isolated(_sleeps, 30)
+    timer.cancel()
+    assert time.perf_counter() - t < 10
+    def stat(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()   # state, parent, ...
+        except OSError:   # gone meanwhile
+            return ["X", "0"]
+    running = [p for p in os.listdir("/proc") if p.isdigit()
+               and stat(p)[1] == str(os.getpid()) and stat(p)[0] not in "ZX"]
+    assert not running
+
+
 def _parse_unguarded(path: str):
     import migraphx
     return str(migraphx.parse_onnx(path))

@@ -387,10 +387,14 @@ def isolated(fn, *args, bar: dict | None = None):
         try:
             while True:
                 try:
-                    p.wait(timeout=0.25 if bar else None)
+                    # Never a wait without a timeout: an interrupt that sends no signal to
+                    # this thread (_thread.interrupt_main, a SIGINT another thread took)
+                    # is seen only when Python runs; it waited for the whole compile.
+                    p.wait(timeout=0.25)
                     break
                 except subprocess.TimeoutExpired:
-                    shown.update(max(0, _done(stage) - getattr(shown, "n", 0)))
+                    if bar:
+                        shown.update(max(0, _done(stage) - getattr(shown, "n", 0)))
         finally:
             shown.close()
             if p.poll() is None:   # interrupted here: the child goes too
