@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import onnx
 import pytest
 from conftest import ROOT
 
@@ -119,3 +120,29 @@ def test_a_pass_error_crosses_a_process_pool():
     assert type(back) is PassError and str(back) == str(e.value)
     assert (back.pass_name, back.before, repr(back.cause)) == (
         "crash", ["fold-constants"], "RuntimeError('boom')")
+
+
+def test_report_ok_says_the_migraphx_step_failed():
+    """report.ok (and verified, and "ok" in the JSON) stayed True when the MIGraphX step
+    refused or missed, where the CLI exits 1 or 2: an integrator gating on them shipped
+    a model MIGraphX does not compile."""
+    from rewriter.core.report import Report
+    for info, ok in (({"status": "failed", "ok": False}, False),
+                     ({"status": "skipped", "ok": True}, True), (None, True)):
+        r = Report(input="m", verification=[{"name": "y", "ok": True}],
+                   extra={} if info is None else {"compile": info})
+        assert (r.ok, r.verified, r.to_dict()["ok"]) == (ok, ok, ok)
+
+
+@pytest.mark.migraphx
+def test_a_model_migraphx_refuses_is_not_ok_through_the_api(tmp_path, capsys):
+    pytest.importorskip("migraphx", reason="MIGraphX is not installed (not on PyPI/Debian)")
+    import onnx.parser
+    m = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 18]>
+        g (float[2, 3, 3] x) => (float[2] y) { y = Det(x) }""")
+    _, rep = rewriter.rewrite(m, target="migraphx", migraphx={"device": "ref"}, verify=True)
+    assert rep.extra["compile"]["status"] == "failed" and not rep.ok and not rep.verified
+    path = tmp_path / "det.onnx"
+    onnx.save(m, path)
+    assert main([str(path), "-o", str(tmp_path / "o.onnx"), "--migraphx-target", "ref",
+                 "-q"]) == 2

@@ -74,8 +74,12 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        """No check failed (True also when nothing was checked: see ``verified``)."""
-        return self.failed_pass is None and all(m["ok"] for m in self.verification or [])
+        """No check failed: onnxruntime's comparisons, and the MIGraphX step where it ran
+        (``extra["compile"]["ok"]``, what makes the CLI exit 1 or 2 after writing; it was
+        True over a model MIGraphX refused). True also when nothing was checked: see
+        ``verified``."""
+        return self.failed_pass is None and all(m["ok"] for m in self.verification or []) \
+            and (self.extra.get("compile") or {}).get("ok", True) is not False
 
     @property
     def verified(self) -> bool:
