@@ -63,7 +63,9 @@ def test_what_the_cli_refuses_before_work_the_api_refuses_in_its_words(tmp_path,
     ({"options": {"planner": {"weights": "per-row"}}}, r"--weights 'per-row': per-channel or"),
     ({"options": {"planner": {"samples": 2.5}}}, r"--samples 2\.5: a whole number"),
     ({"target": "migraphx", "migraphx": {"device": "cpu"}},
-     r"--migraphx-target 'cpu': one of auto, gpu, ref"),
+     r"--migraphx-target 'cpu': one of auto, gpu, ref \[Python API: --migraphx-target is "),
+    ({"target": "migraphx", "migraphx": {"backend": "rocm"}},
+     r"--backend 'rocm': one of migraphx, ort-migraphx \[Python API: --backend is migraphx="),
 ])
 def test_values_the_cli_parser_refuses_are_refused(kwargs, match, calib):
     if "options" in kwargs:
@@ -146,3 +148,15 @@ def test_a_model_migraphx_refuses_is_not_ok_through_the_api(tmp_path, capsys):
     onnx.save(m, path)
     assert main([str(path), "-o", str(tmp_path / "o.onnx"), "--migraphx-target", "ref",
                  "-q"]) == 2
+
+
+def test_every_cli_option_has_its_api_argument():
+    """A message that names a flag the API calls otherwise ends with the API's name for it
+    (errors.API_NAMES); --backend and --fold-size-limit had none, so an API caller read
+    "--backend 'rocm'" with nothing to say it is migraphx={"backend": ...}. Only what
+    the API has no use for is left out (the report file, printing, the pass list)."""
+    from rewriter.cli import build_parser
+    from rewriter.core.errors import API_NAMES
+    flags = [s for a in build_parser()._actions for s in a.option_strings if s.startswith("--")]
+    no_api = {"--help", "--output", "--report", "--quiet", "--verbose", "--list-passes"}
+    assert [f for f in flags if f not in API_NAMES and f not in no_api] == []

@@ -73,6 +73,8 @@ API_NAMES = {
     "--set-input": "set_inputs=",
     "--passes": "passes=", "--target": "target=", "--labels": "labels=",
     "--migraphx-target": 'migraphx={"device": ...}',
+    "--backend": 'migraphx={"backend": ...}',
+    "--fold-size-limit": 'options={"fold_size_limit": ...}',
     "--save-mxr": 'migraphx={"save_mxr": ...}',
     "--migraphx-samples": 'migraphx={"samples": ...}',
     "--require-backend": 'migraphx={"require": ...}',
