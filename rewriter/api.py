@@ -151,7 +151,9 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
             pipeline includes integer-zero-points (MatMulInteger in forms MIGraphX computes
             right); the CLI's default, the API's only when asked.
         migraphx: with ``target="migraphx"``, compile and compare on MIGraphX where it is
-            installed and check the INT8 lowering (``report.extra["compile"]``); keys:
+            installed and check the INT8 lowering (``report.extra["compile"]``; a failure
+            there makes ``report.ok`` false, where the CLI exits 1 or 2); without it
+            nothing is compiled (``{}``: the CLI's defaults); keys:
             ``device`` ("auto" = gpu when the install has it, "gpu", "ref"), ``backend``
             ("migraphx", "ort-migraphx"), ``save_mxr``, ``require``, ``samples`` (plan
             models are judged on up to this many samples, default 8), ``progress`` (the bar
