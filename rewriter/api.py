@@ -67,7 +67,8 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
             output: str | os.PathLike | None = None,
             verify: bool = False,
             input_shapes: dict[str, list[int]] | None = None,
-            inputs: dict[str, np.ndarray] | list[dict[str, np.ndarray]] | None = None,
+            inputs: dict[str, np.ndarray] | list[dict[str, np.ndarray]] | str | os.PathLike
+            | None = None,
             seed: int = 0,
             options: dict[str, Any] | None = None,
             base_dir: str | os.PathLike | None = None,
@@ -107,10 +108,11 @@ def rewrite(model: str | os.PathLike | onnx.ModelProto,
             merged decoders: ``{"use_cache_branch": True}`` keeps the cache branch only,
             which MIGraphX compiles where it refuses the If). Feeds in ``inputs`` and
             ``calib`` may carry such an input only with the value set.
-        inputs: user inputs for verification instead of random ones: one feed, or a list
+        inputs: user inputs for verification instead of random ones: one feed, a list
             of feeds (samples; they may differ in size: outputs are compared per sample,
-            MIGraphX runs those of the first one's shape). They imply ``verify``, as
-            ``--inputs`` does.
+            MIGraphX runs those of the first one's shape), or a path as ``--inputs``
+            takes (an .npz, an .npy, or a folder of them, one sample each). They imply
+            ``verify``, as ``--inputs`` does.
         options: pass options, each checked against its default's type
             (rewriter.core.pass_base.Options): ``fold_size_limit`` (1 MiB) and
             ``fold_growth`` (2.0): fold-constants keeps a result over the limit and this
@@ -250,10 +252,11 @@ def _check_arguments(target, migraphx, seed, inputs, input_shapes, labels, calib
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         # numpy's generators take no negative seed (a raw ValueError, exit 3: tenth round)
         raise InputError(f"seed {seed!r}: an integer >= 0")
-    if inputs is not None and not isinstance(inputs, dict) and not (
+    if inputs is not None and not isinstance(inputs, (dict, str, os.PathLike)) and not (
             isinstance(inputs, list) and inputs and all(isinstance(f, dict) for f in inputs)):
-        raise InputError(f"inputs: a dict of input name -> array, or a non-empty list of "
-                         f"them, got {type(inputs).__name__}")
+        raise InputError(f"inputs: a dict of input name -> array, a non-empty list of "
+                         f"them, or a file or folder as --inputs takes, got "
+                         f"{type(inputs).__name__}")
     if input_shapes is not None and not isinstance(input_shapes, dict):
         raise InputError(f"input_shapes: a dict of input name -> dims, e.g. {{'input': [1, 3, "
                          f"224, 224]}}, got {type(input_shapes).__name__}")
@@ -406,6 +409,9 @@ class _Rewrite:
     def run(self, materialize: bool):
         t0 = time.perf_counter()
         self.load()
+        if isinstance(self.inputs, (str, os.PathLike)):   # as --inputs reads it (a folder:
+            from rewriter.verify import load_inputs           # a sample a file); was refused
+            self.inputs = load_inputs(self.inputs, self.original, folder=True)
         self.set_input_values()
         self.plan_and_data()
         self.report = Report(input="<model>" if isinstance(

@@ -160,3 +160,26 @@ def test_every_cli_option_has_its_api_argument():
     flags = [s for a in build_parser()._actions for s in a.option_strings if s.startswith("--")]
     no_api = {"--help", "--output", "--report", "--quiet", "--verbose", "--list-passes"}
     assert [f for f in flags if f not in API_NAMES and f not in no_api] == []
+
+
+def test_inputs_take_a_file_or_folder_as_the_cli_does(tmp_path, capsys):
+    """--inputs FILE|DIR had no API form: inputs="samples/" was refused as not a dict, so
+    a toolchain loaded the files itself, another way than the CLI."""
+    rng = np.random.default_rng(5)
+    (tmp_path / "s").mkdir()
+    for i in range(2):
+        np.savez(tmp_path / "s" / f"{i}.npz",
+                 input=rng.standard_normal((1, 3, 64, 64)).astype(np.float32))
+    np.save(tmp_path / "one.npy", rng.standard_normal((1, 3, 64, 64)).astype(np.float32))
+    for given in (tmp_path / "s", str(tmp_path / "one.npy")):
+        _, rep = rewriter.rewrite(RESNET, inputs=given)
+        assert rep.verified and "input" in rep.verified_with
+        assert main([str(RESNET), "-o", str(tmp_path / "o.onnx"), "--target", "none",
+                     "--inputs", str(given), "--report", str(tmp_path / "r.json")]) == 0
+        cli = __import__("json").loads((tmp_path / "r.json").read_text())
+        assert cli["verified_with"] == rep.verified_with
+        assert [m["max_abs"] for m in cli["verification"]] == [
+            m["max_abs"] for m in rep.verification]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="a folder without .npz or .npy inputs"):
+        rewriter.rewrite(RESNET, inputs=tmp_path / "empty")
