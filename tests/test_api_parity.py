@@ -183,3 +183,19 @@ def test_inputs_take_a_file_or_folder_as_the_cli_does(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     with pytest.raises(InputError, match="a folder without .npz or .npy inputs"):
         rewriter.rewrite(RESNET, inputs=tmp_path / "empty")
+
+
+def test_labels_are_those_of_the_samples_given(tmp_path, calib):
+    """labels= with a folder was dropped for the folder's own file (none here: the plan
+    was judged without them, silently); 12 labels for a list of 8 samples passed."""
+    with pytest.raises(InputError, match="labels are given for .*, a folder: its labels"):
+        rewriter.rewrite(MOBILENET, plan="default", calib=calib, labels=[1] * 4)
+    samples = [{"input": np.random.default_rng(i).standard_normal((1, 3, 64, 64))
+                .astype(np.float32)} for i in range(8)]
+    for n in (5, 12):
+        with pytest.raises(InputError, match=f"{n} labels for 8 calibration samples"):
+            rewriter.rewrite(MOBILENET, plan="default", calib=samples, labels=[1] * n)
+    # a limit reads fewer samples than the list holds: its labels still count whole
+    _, rep = rewriter.rewrite(MOBILENET, plan="default", calib=samples, labels=[1] * 8,
+                              options={"planner": {"samples": 6}})
+    assert rep.passes

@@ -734,6 +734,9 @@ def load_calibration(source, model: onnx.ModelProto | str | os.PathLike,
 
     if isinstance(source, (str, os.PathLike)):
         root = Path(source)
+        if labels is not None:   # dropped for the folder's own, silently (the API round)
+            raise InputError(f"labels are given for {root}, a folder: its labels are a "
+                             f"file beside its samples ({', '.join(LABEL_FILES)})")
         files, kind, ignored = _scan(root)
         n_files = len(files)
         files = files[:limit] if limit is not None else files
@@ -782,6 +785,7 @@ def load_calibration(source, model: onnx.ModelProto | str | os.PathLike,
         raise InputError(f"calibration data: expected a folder path or an iterable of dicts, "
                          f"got {type(source).__name__}") from None
     items = list(source) if isinstance(source, (list, tuple)) else list(itertools.islice(it, limit))
+    given = len(items)   # all of a list's samples; a generator's read up to the limit
     items = items[:limit] if limit is not None else items
     if not items:
         raise InputError("calibration data: the iterable gave no samples")
@@ -799,8 +803,12 @@ def load_calibration(source, model: onnx.ModelProto | str | os.PathLike,
         for spec in inputs:
             spec.check(feed[spec.name], f"calibration sample {j}")
         checked.append(feed)
-    if labels is not None and len(labels) < len(checked):
-        raise InputError(f"{len(labels)} labels for {len(checked)} calibration samples")
+    # A list's labels are all its samples' (12 labels for 8 samples passed: labels of other
+    # samples, or shifted ones); a generator may hold more than the limit read of it.
+    whole = isinstance(source, (list, tuple))
+    if labels is not None and (len(labels) != given if whole else len(labels) < len(checked)):
+        raise InputError(f"{len(labels)} labels for {given if whole else len(checked)} "
+                         "calibration samples")
     return CalibrationData(checked, "api", inputs, lambda d: d, batch_size,
                            labels=None if labels is None else labels[:len(checked)])
 
