@@ -265,6 +265,8 @@ def _check_arguments(target, migraphx, seed, inputs, input_shapes, labels, calib
                 isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in v):
             raise InputError(f"input_shapes[{k!r}] = {v!r}: a list of ints, e.g. [1, 3, 224, "
                              "224]")
+        if any(d < 1 for d in v):   # as --input-shape: 0 verified empty outputs, "verified"
+            raise InputError(f"input_shapes[{k!r}] = {list(v)!r}: dims must be positive")
     if labels is not None and calib is None:
         raise InputError("labels are the calibration samples' labels: give calib too")
     if calib is not None and plan is None:   # read by nothing, silently (the CLI refused it)

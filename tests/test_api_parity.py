@@ -199,3 +199,23 @@ def test_labels_are_those_of_the_samples_given(tmp_path, calib):
     _, rep = rewriter.rewrite(MOBILENET, plan="default", calib=samples, labels=[1] * 8,
                               options={"planner": {"samples": 6}})
     assert rep.passes
+
+
+def test_the_json_report_is_standard_json(tmp_path):
+    """Identical outputs have an SQNR of inf, written as ``Infinity`` in --report's JSON:
+    JSON.parse and Go's and Rust's readers refuse the file. null now, as JavaScript's."""
+    import json
+    _, rep = rewriter.rewrite(RESNET, [], verify=True)
+    assert rep.verification[0]["sqnr_db"] == float("inf")
+
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+    back = json.loads(rep.to_json(), parse_constant=refuse)
+    assert back["verification"][0]["sqnr_db"] is None and back["verified"] is True
+
+
+def test_a_zero_dim_is_refused_as_the_cli_refuses_it():
+    """input_shapes={"input": [0, 3, 64, 64]} ran on empty tensors and said verified=True
+    with nothing compared; --input-shape input:0x3x64x64 is refused."""
+    with pytest.raises(InputError, match=r"input_shapes\['input'\] = \[0, 3, 64, 64\]: dims"):
+        rewriter.rewrite(RESNET, verify=True, input_shapes={"input": [0, 3, 64, 64]})

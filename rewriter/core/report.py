@@ -7,6 +7,7 @@ terminal summary (an OnnxSlim-style before/after op table, then one line per pas
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,7 +110,12 @@ class Report:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, default=_json_default)
+        """The JSON of :meth:`to_dict`, standard: a number JSON cannot hold (the SQNR of
+        identical outputs is inf) is null, as JavaScript writes it. Python's json wrote
+        ``Infinity``, which JSON.parse, Go's and Rust's readers refuse."""
+        return json.dumps(_finite(json.loads(json.dumps(self.to_dict(),
+                                                        default=_json_default))),
+                          indent=2, allow_nan=False)
 
     def render(self) -> str:
         lines = []
@@ -194,6 +200,17 @@ class Report:
 
 def _mb(n: int) -> str:
     return f"{n / 1e6:.1f}MB" if n >= 1e5 else f"{n / 1e3:.1f}kB"
+
+
+def _finite(o):
+    """``o`` (what json.loads gives) with inf and NaN as None."""
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, list):
+        return [_finite(v) for v in o]
+    return o
 
 
 def _json_default(o):
