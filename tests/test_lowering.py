@@ -3,6 +3,9 @@ layer mapping proven on the real MIGraphX (migraphx-marked)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 import numpy as np
 import onnx
 import pytest
@@ -90,6 +93,49 @@ def test_the_fp16_warning_only_when_int8_kernels_are_lost():
     low.fp16_lowered = 1
     assert "1 of these 3 lower to int8 kernels" in low.fp16_line()
     assert low.fp16_line() in low.render() and low.to_dict()["fp16_warning"] == low.fp16_line()
+
+
+def _fake_driver(tmp_path, body: str) -> str:
+    path = tmp_path / "migraphx-driver"
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_the_driver_run_is_read_whole_and_bounded(tmp_path):
+    driver = _fake_driver(tmp_path, 'echo "$@"; echo oops >&2; exit 3')
+    rc, out, err = lowering.run_driver(driver, "m.onnx", {"x": [1, 4]}, passes=["p1"])
+    assert (rc, out, err) == (3, "read m.onnx --onnx --input-dim @x 1 4 -p p1 --brief\n", "oops\n")
+    slow = _fake_driver(tmp_path, "exec sleep 30")
+    with pytest.raises(subprocess.TimeoutExpired):
+        lowering.run_driver(slow, "m.onnx", {}, timeout=0.6)
+
+
+def test_an_interrupt_without_a_signal_stops_the_driver_at_once(tmp_path):
+    """The driver ran under subprocess.run's wait, which sees an interrupt that sends this
+    thread no signal (``_thread.interrupt_main``: a toolchain cancelling a call from another
+    thread) only when the driver ends (h106: a plan's lowering on a large model). Now
+    within a step of 0.25 s, and the driver is killed."""
+    import _thread
+    import signal
+    import threading
+    import time
+    slow = _fake_driver(tmp_path, f"echo $$ > {tmp_path / 'pid'}; exec sleep 30")
+    # interrupt_main does nothing where SIGINT is ignored (a background job): Python's own
+    # handler, for this test
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(0.5, _thread.interrupt_main)
+    t = time.perf_counter()
+    try:
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            lowering.run_driver(slow, "m.onnx", {})
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, before)
+    assert time.perf_counter() - t < 10
+    pid = (tmp_path / "pid").read_text().strip()
+    assert not os.path.exists(f"/proc/{pid}")   # killed and reaped
 
 
 @pytest.mark.migraphx

@@ -117,7 +117,7 @@ def find_driver() -> str | None:
 
 def driver_version(driver: str) -> tuple[int, ...] | None:
     try:
-        p = subprocess.run([driver, "--version"], capture_output=True, text=True, timeout=60)
+        p = _run([driver, "--version"], 60)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return parse_version(_after(p.stdout + p.stderr, "MIGraphX Version:"))
@@ -248,8 +248,31 @@ def run_driver(driver: str, model_path: str | os.PathLike, input_dims: Mapping[s
     with tempfile.TemporaryDirectory(prefix="rewrite-mgx-") as tmp:
         # On failure MIGraphX dumps the program into $TMPDIR/migraphx: keep that out of /tmp.
         env = dict(os.environ, TMPDIR=tmp)
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        p = _run(cmd, timeout, env)
     return p.returncode, p.stdout, p.stderr
+
+
+def _run(cmd: list[str], timeout: float, env=None) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)``, waiting in
+    steps of 0.25 s: an interrupt that sends this thread no signal (``_thread.interrupt_main``,
+    how a toolchain cancels a call from another thread) is seen at once, not when the driver
+    ends, and the driver is killed on it."""
+    import time
+
+    end = time.monotonic() + timeout
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=env) as p:
+        try:
+            while True:
+                try:   # retrying communicate loses no output
+                    out, err = p.communicate(timeout=max(0.0, min(0.25, end - time.monotonic())))
+                    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+                except subprocess.TimeoutExpired:
+                    if time.monotonic() >= end:
+                        raise subprocess.TimeoutExpired(cmd, timeout) from None
+        except BaseException:
+            p.kill()
+            raise
 
 
 def what(stderr: str) -> str:
