@@ -106,16 +106,14 @@ def _fold_add(gemm: gs.Node, outs: set[int], ctx: Context) -> str | None:
     old = gemm.inputs[2] if len(gemm.inputs) > 2 and gemm.inputs[2].name else None
     if old is not None and not isinstance(old, gs.Constant):
         return "bias-not-constant"
-    dtype = c.values.dtype
-    beta = float(gemm.attrs.get("beta", 1.0))
-    cv = c.values if old is None else (beta * old.values.astype(np.float64)
-                                       + c.values.astype(np.float64)).astype(dtype)
     if old is None and len(gemm.inputs) == 2:
         gemm.inputs.append(c)
     elif old is None:   # an empty name: no C
         gemm.inputs[2] = c
     else:
-        own_constant(gemm, 2, cv, ctx.namer, "plus")
+        beta = float(gemm.attrs.get("beta", 1.0))
+        cv = beta * old.values.astype(np.float64) + c.values.astype(np.float64)
+        own_constant(gemm, 2, cv.astype(c.values.dtype), ctx.namer, "plus")
     gemm.attrs["beta"] = 1.0
     out = add.outputs[0]
     add.inputs.clear()

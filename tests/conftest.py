@@ -34,6 +34,30 @@ def load_script(rel: str):
     return sys.modules[name]
 
 
+def seconds_to_interrupt(fn, *args, after: float = 0.5) -> float:
+    """How long ``fn(*args)`` takes to raise KeyboardInterrupt when another thread calls
+    ``_thread.interrupt_main`` (how a toolchain cancels a call: no signal reaches this
+    thread) ``after`` seconds in. Python's own SIGINT handler is installed for the call:
+    interrupt_main does nothing where SIGINT is ignored, as in a job that a
+    non-interactive shell starts in the background."""
+    import _thread
+    import signal
+    import threading
+    import time
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(after, _thread.interrupt_main)
+    t = time.perf_counter()
+    try:
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            fn(*args)
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, before)
+    return time.perf_counter() - t
+
+
 def make_model(text: str, inits: dict | None = None, seed: int = 0) -> onnx.ModelProto:
     """Parse ONNX text; turn the named graph inputs into initializers with random values.
 

@@ -16,6 +16,7 @@ import onnx
 import onnx.parser
 import onnxruntime as ort
 import pytest
+from conftest import seconds_to_interrupt
 from onnx import numpy_helper
 
 import rewriter
@@ -286,24 +287,8 @@ def test_an_interrupt_without_a_signal_stops_the_child_at_once(monkeypatch):
     thread no signal (``_thread.interrupt_main``, how a toolchain cancels a call from
     another thread) was seen only when the child ended (open_nsfw on ref: interrupted at
     4 s, raised at 60.5 s). Now within a wait's 0.25 s, and the child is gone."""
-    import _thread
-    import signal
-    import threading
-    import time
     monkeypatch.delenv("REWRITE_MIGRAPHX_IN_PROCESS", raising=False)
-    # interrupt_main does nothing where SIGINT is ignored, as in a job that a
-    # non-interactive shell starts in the background: Python's own handler, for this test
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    timer = threading.Timer(0.5, _thread.interrupt_main)
-    t = time.perf_counter()
-    try:
-        timer.start()
-        with pytest.raises(KeyboardInterrupt):
-            mgx_backend.isolated(_sleeps, 30)
-    finally:
-        timer.cancel()
-        signal.signal(signal.SIGINT, before)
-    assert time.perf_counter() - t < 10
+    assert seconds_to_interrupt(mgx_backend.isolated, _sleeps, 30) < 10
     def stat(pid):
         try:
             with open(f"/proc/{pid}/stat") as f:

@@ -9,7 +9,7 @@ import subprocess
 import numpy as np
 import onnx
 import pytest
-from conftest import make_model
+from conftest import make_model, seconds_to_interrupt
 
 import rewriter
 from rewriter.migraphx import lowering
@@ -116,24 +116,8 @@ def test_an_interrupt_without_a_signal_stops_the_driver_at_once(tmp_path):
     thread no signal (``_thread.interrupt_main``: a toolchain cancelling a call from another
     thread) only when the driver ends (h106: a plan's lowering on a large model). Now
     within a step of 0.25 s, and the driver is killed."""
-    import _thread
-    import signal
-    import threading
-    import time
     slow = _fake_driver(tmp_path, f"echo $$ > {tmp_path / 'pid'}; exec sleep 30")
-    # interrupt_main does nothing where SIGINT is ignored (a background job): Python's own
-    # handler, for this test
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    timer = threading.Timer(0.5, _thread.interrupt_main)
-    t = time.perf_counter()
-    try:
-        timer.start()
-        with pytest.raises(KeyboardInterrupt):
-            lowering.run_driver(slow, "m.onnx", {})
-    finally:
-        timer.cancel()
-        signal.signal(signal.SIGINT, before)
-    assert time.perf_counter() - t < 10
+    assert seconds_to_interrupt(lowering.run_driver, slow, "m.onnx", {}) < 10
     pid = (tmp_path / "pid").read_text().strip()
     assert not os.path.exists(f"/proc/{pid}")   # killed and reaped
 

@@ -191,8 +191,9 @@ class Lowering:
         lines = [f"{self.headline()} [{self.source}, MIGraphX {self.version}]"]
         for x in self.float_layers():
             lines.append(f"  stays float: {x.name} ({x.op}): {x.why_float or 'no reason known'}")
-        if self.fp16_line():
-            lines.append("  " + self.fp16_line())
+        fp16 = self.fp16_line()
+        if fp16:
+            lines.append("  " + fp16)
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -335,25 +336,32 @@ def lower_int8(model_path: str | os.PathLike, input_dims: Mapping[str, Sequence[
     if rc != 0:
         return Lowering("failed", source, version, planned=len(planned),
                         error=f"MIGraphX {version} failed: {explain(what(err), findings)}")
-    kernels = main_kernels(out)
-    layers, named = map_layers(model, planned, kernels)
+    layers, named, quant, lowered = _count(model, planned, out)
     reasons = _reasons(findings)
     for x in layers:
         if x.planned_int8 and x.kernel and not x.int8:
             x.why_float = reasons.get(x.name, "simplify_qdq did not match it; the static "
                                                "check knows no reason")
-    quant = sum(1 for k in kernels if k.startswith("quant_"))
-    lowered = (sum(1 for x in layers if x.planned_int8 and x.int8) if named
-               else min(quant, len(planned)))
     result = Lowering("ok", source, version, len(planned), lowered, named,
                       [x for x in layers if x.planned_int8], quant)
     if lowered and fp16:
         result.fp16_lowered = _fp16_lowered(driver, model_path, input_dims, model, planned,
-                                            named, lowered)
+                                            lowered)
     return result
 
 
-def _fp16_lowered(driver, model_path, input_dims, model, planned, named, lowered) -> int | None:
+def _count(model, planned: Sequence[str], program_text: str) -> tuple:
+    """(layers, named, quant kernels, planned layers lowered) of a driver's program text:
+    by layer where the kernels pair with the layers, else by count."""
+    kernels = main_kernels(program_text)
+    layers, named = map_layers(model, planned, kernels)
+    quant = sum(1 for k in kernels if k.startswith("quant_"))
+    lowered = (sum(1 for x in layers if x.planned_int8 and x.int8) if named
+               else min(quant, len(planned)))
+    return layers, named, quant, lowered
+
+
+def _fp16_lowered(driver, model_path, input_dims, model, planned, lowered) -> int | None:
     """Of the planned layers that lower, how many still do when MIGraphX's own
     quantize_fp16 runs first, as its driver's --fp16 and onnxruntime's migraphx_fp16_enable
     run it before compiling. On 2.15 and 2.16 none do: its simplify_algebra drops a zero
@@ -371,13 +379,7 @@ def _fp16_lowered(driver, model_path, input_dims, model, planned, named, lowered
         except Exception:   # noqa: BLE001 - a refusal here says nothing of the model as written
             return None
         rc, out, _ = run_driver(driver, mxr, {}, fmt="--migraphx")
-    if rc != 0:
-        return None
-    kernels = main_kernels(out)
-    layers, same = map_layers(model, planned, kernels)
-    if named and same:
-        return sum(1 for x in layers if x.planned_int8 and x.int8)
-    return min(lowered, sum(1 for k in kernels if k.startswith("quant_")))
+    return min(lowered, _count(model, planned, out)[3]) if rc == 0 else None
 
 
 def _reasons(findings) -> dict[str, str]:
