@@ -34,28 +34,36 @@ def load_script(rel: str):
     return sys.modules[name]
 
 
-def seconds_to_interrupt(fn, *args, after: float = 0.5) -> float:
-    """How long ``fn(*args)`` takes to raise KeyboardInterrupt when another thread calls
+def seconds_to_interrupt(fn, *args, after: float = 0.5, ready=None) -> float:
+    """How long ``fn(*args)`` takes to raise KeyboardInterrupt after another thread calls
     ``_thread.interrupt_main`` (how a toolchain cancels a call: no signal reaches this
-    thread) ``after`` seconds in. Python's own SIGINT handler is installed for the call:
-    interrupt_main does nothing where SIGINT is ignored, as in a job that a
-    non-interactive shell starts in the background."""
+    thread) ``after`` seconds in, or ``after`` seconds after ``ready()`` first holds (polled
+    for up to 60 s: on a loaded machine a child can take longer than ``after`` to start).
+    Python's own SIGINT handler is installed for the call: interrupt_main does nothing where
+    SIGINT is ignored, as in a job that a non-interactive shell starts in the background."""
     import _thread
     import signal
     import threading
     import time
 
+    def interrupt():
+        end = time.monotonic() + 60
+        while ready is not None and not ready() and time.monotonic() < end:
+            time.sleep(0.05)
+        time.sleep(after)
+        sent.append(time.perf_counter())
+        _thread.interrupt_main()
+
     before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    timer = threading.Timer(after, _thread.interrupt_main)
-    t = time.perf_counter()
+    timer, sent = threading.Thread(target=interrupt, daemon=True), []
     try:
         timer.start()
         with pytest.raises(KeyboardInterrupt):
             fn(*args)
     finally:
-        timer.cancel()
+        timer.join()
         signal.signal(signal.SIGINT, before)
-    return time.perf_counter() - t
+    return time.perf_counter() - sent[0]
 
 
 def make_model(text: str, inits: dict | None = None, seed: int = 0) -> onnx.ModelProto:

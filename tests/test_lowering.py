@@ -117,8 +117,10 @@ def test_an_interrupt_without_a_signal_stops_the_driver_at_once(tmp_path):
     thread) only when the driver ends (h106: a plan's lowering on a large model). Now
     within a step of 0.25 s, and the driver is killed."""
     slow = _fake_driver(tmp_path, f"echo $$ > {tmp_path / 'pid'}; exec sleep 30")
-    assert seconds_to_interrupt(lowering.run_driver, slow, "m.onnx", {}) < 10
-    pid = (tmp_path / "pid").read_text().strip()
+    started = tmp_path / "pid"
+    assert seconds_to_interrupt(lowering.run_driver, slow, "m.onnx", {},
+                                ready=lambda: started.exists() and started.read_text()) < 10
+    pid = started.read_text().strip()
     assert not os.path.exists(f"/proc/{pid}")   # killed and reaped
 
 

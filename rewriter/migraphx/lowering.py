@@ -273,6 +273,7 @@ def _run(cmd: list[str], timeout: float, env=None) -> subprocess.CompletedProces
                         raise subprocess.TimeoutExpired(cmd, timeout) from None
         except BaseException:
             p.kill()
+            p.wait()   # reaped here: Popen's exit does not wait on a KeyboardInterrupt
             raise
 
 
