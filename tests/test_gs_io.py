@@ -260,7 +260,9 @@ def test_collect_frozen_frees_a_dropped_frozen_graph():
         gc.freeze()
         frozen = gc.get_freeze_count()
         gs_io.collect_frozen()
-        assert gc.get_freeze_count() == frozen
+        # Unfrozen, the count would be 0. Frozen objects that die by reference count leave
+        # it meanwhile (another thread's: 261877 -> 261875 once on a loaded machine).
+        assert gc.get_freeze_count() > 0.99 * frozen
     finally:
         gc.unfreeze()
 
