@@ -596,7 +596,7 @@ class _Rewrite:
         from rewriter.quant.data import held_out_count, load_calibration
         data = load_calibration(self.calib, self.original, preprocess=self.plan.preprocess,
                                 limit=int(self.plan.int8["calibration"]["samples"]),
-                                labels=self.labels)
+                                labels=self.labels, input_shapes=self.input_shapes)
         self.check_calib_shapes(data)
         self.all_labels = data.labels   # checked whole by the held-out samples' verifier
         if len(data) >= 8:

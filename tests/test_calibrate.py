@@ -393,8 +393,24 @@ def test_image_folder_nhwc_grey_static_batch_and_crop(tmp_path):
     assert stretch[0, 0, 0, :5].max() == 0 and stretch[0, 0, 0, 5:].min() == 1
 
 
+def test_image_folder_sized_by_the_input_shape_given(tmp_path):
+    """A symbolic H and W and no preprocess size: --input-shape's H and W size the images
+    (they were refused, 'set preprocess.size', with --input-shape images:1x3x320x320 given:
+    nudenet's YOLOv8 detector), in either layout; a size in the preprocessing still wins."""
+    write_pngs(tmp_path / "imgs", COLOURS)
+    nchw, nhwc = image_model(["N", 3, "H", "W"]), image_model(["N", "H", "W", 3])
+    for model, shapes, want in ((nchw, {"x": [1, 3, 8, 10]}, (1, 3, 8, 10)),
+                                (nchw, {"": [1, 3, 6, 4]}, (1, 3, 6, 4)),
+                                (nhwc, {"x": [1, 8, 10, 3]}, (1, 8, 10, 3))):
+        data = D.load_calibration(tmp_path / "imgs", model, input_shapes=shapes)
+        assert [b["x"].shape for b in data] == [want] * 3
+    sized = D.load_calibration(tmp_path / "imgs", nchw, preprocess={"size": [5, 7]},
+                               input_shapes={"x": [1, 3, 8, 10]})
+    assert next(iter(sized))["x"].shape == (1, 3, 5, 7)
+
+
 @pytest.mark.parametrize("dims, pre, message", [
-    (["N", 3, "H", "W"], None, "set preprocess.size"),
+    (["N", 3, "H", "W"], None, "give them, e.g. --input-shape x:1x3xHxW, or size: [h, w] in"),
     (["N", 3, 8, 10], {"size": [9, 10]}, "does not fit input"),
     (["N", 3, 8, 10], {"mean": [0.1, 0.2]}, "mean has 2 values"),
     (["N", 3, 8, 10], {"dtype": "float16"}, "differs from input"),

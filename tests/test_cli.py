@@ -1812,3 +1812,36 @@ def test_calibration_skips_layers_int8_leaves_alone(tmp_path, capfd, monkeypatch
     x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
     got, want = (run_ort(onnx.load(str(p)), {"x": x})[0] for p in (out, src))
     assert np.corrcoef(got.ravel(), want.ravel())[0, 1] > 0.99
+
+
+@pytest.mark.parametrize("plan", ["default", "auto"])
+def test_image_calibration_sized_by_input_shape(tmp_path, capfd, plan):
+    """A detector with symbolic H and W (nudenet's YOLOv8n), images in --calib and
+    --input-shape images:1x3x320x320: the images were refused ('set preprocess.size'), a
+    plan file needed for one number the command line already gave. Now --input-shape's H
+    and W size them, in the plan and in the planner."""
+    Image = pytest.importorskip("PIL.Image")
+    src = tmp_path / "m.onnx"
+    onnx.save(make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 3, H, W] images) => (float[N, 4, H, W] y) {
+      a = Conv <pads = [1, 1, 1, 1]> (images, w1)
+      r = Relu(a)
+      b = Conv <pads = [1, 1, 1, 1]> (r, w2)
+      s = Relu(b)
+      y = Conv <pads = [1, 1, 1, 1]> (s, w3)
+    }""", {"w1": [4, 3, 3, 3], "w2": [4, 4, 3, 3], "w3": [4, 4, 3, 3]}), src)
+    rng = np.random.default_rng(0)
+    (tmp_path / "imgs").mkdir()
+    for i in range(10):
+        Image.fromarray(rng.integers(0, 256, (13, 17, 3), dtype=np.uint8)).save(
+            tmp_path / "imgs" / f"{i}.png")
+    args = (src, "-o", tmp_path / "o.onnx", "--plan", plan, "--calib", tmp_path / "imgs",
+            "--target", "none", "--verify")
+    code, _, err = run(capfd, *args)
+    assert code == 2
+    assert_one_line(err, "has no static height and width: give them, e.g. --input-shape "
+                         "images:1x3xHxW")
+    code, out, err = run(capfd, *args, "--input-shape", "images:1x3x12x16")
+    assert code == 0, err
+    assert "held-out calibration samples" in out and (tmp_path / "o.onnx").exists()

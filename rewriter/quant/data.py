@@ -305,7 +305,9 @@ def _pillow():
 class _ImageReader:
     """One image file -> one (C, H, W) or (H, W, C) array, per :class:`Preprocess`."""
 
-    def __init__(self, spec: _Input, pre: Preprocess):
+    def __init__(self, spec: _Input, pre: Preprocess, given=None):
+        """``given``: the input's shape from --input-shape, if any: its H and W size the
+        images where the model's are symbolic and the preprocessing names no size."""
         if len(spec.dims) != 4:
             raise InputError(f"an image folder needs a 4-D image input; '{spec.name}' is "
                              f"{spec.shape_text()}")
@@ -324,9 +326,14 @@ class _ImageReader:
                 raise InputError(f"preprocess.size {list(pre.size)} does not fit input "
                                  f"'{spec.name}' {spec.shape_text()} ({layout})")
             h, w = pre.size
+        elif (h is None or w is None) and given is not None and len(given) == 4:
+            gh, gw = (given[2], given[3]) if layout == "NCHW" else (given[1], given[2])
+            h, w = h or int(gh), w or int(gw)
         elif h is None or w is None:
             raise InputError(f"input '{spec.name}' {spec.shape_text()} has no static height "
-                             "and width; set preprocess.size: [h, w]")
+                             f"and width: give them, e.g. --input-shape {spec.name}:"
+                             f"{'1x3xHxW' if layout == 'NCHW' else '1xHxWx3'}, or size: [h, w] "
+                             "in --preprocess FILE or the plan's preprocess: section")
         dtype = np.dtype(pre.dtype) if pre.dtype is not None else spec.dtype
         if dtype != spec.dtype:
             raise InputError(f"preprocess.dtype {dtype} differs from input '{spec.name}' "
@@ -693,7 +700,7 @@ def _read_labels(root: Path, files: list[Path], batch_size: int,
 def load_calibration(source, model: onnx.ModelProto | str | os.PathLike,
                      preprocess: Preprocess | dict | None = None,
                      limit: int | None = None, batch_size: int = 1,
-                     labels=None) -> CalibrationData:
+                     labels=None, input_shapes: dict | None = None) -> CalibrationData:
     """Calibration samples for ``model``, validated up front, loaded lazily.
 
     ``source`` is one of:
@@ -715,6 +722,9 @@ def load_calibration(source, model: onnx.ModelProto | str | os.PathLike,
     Labels (class indices, for judging task accuracy): ``labels.txt``, ``labels.json`` or
     ``labels.npy`` beside a folder's samples, one per sample in reading order, or
     ``labels`` (a sequence) with an iterable.
+
+    ``input_shapes`` ({name: dims}, as --input-shape; the name may be empty for a single
+    input) sizes images where the input's H and W are symbolic and ``preprocess`` has no size.
 
     ``limit`` keeps the first ``limit`` items (files, images or dicts). ``batch_size`` > 1
     concatenates that many items per feed, which needs a symbolic first dim on every input;
@@ -745,7 +755,9 @@ def load_calibration(source, model: onnx.ModelProto | str | os.PathLike,
             if len(inputs) != 1:
                 raise InputError(f"{root}: an image folder needs a single-input model; "
                                  f"inputs: {names}")
-            reader = _ImageReader(inputs[0], Preprocess.from_dict(preprocess))
+            shapes = input_shapes or {}
+            given = shapes.get(names[0], shapes.get("", shapes.get(None)))
+            reader = _ImageReader(inputs[0], Preprocess.from_dict(preprocess), given)
             b0 = inputs[0].dims[0]
             if b0 is not None:
                 if batch_size not in (1, b0):

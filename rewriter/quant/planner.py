@@ -601,7 +601,7 @@ def plan_auto(model, calib, *, input_shapes=None, settings: dict | None = None,
     t0 = time.perf_counter()
     s = _settings(settings)
     graph, original, base_dir, data = _prepare(model, calib, base_dir, s, labels, progress,
-                                               fp32)
+                                               fp32, input_shapes)
     with samples_blamed(data, original, base_dir):
         return _plan(graph, original, base_dir, data, s, progress, input_shapes, t0)
 
@@ -712,7 +712,7 @@ def check_settings(settings: dict | None) -> None:
                              + (f"; did you mean '{close[0]}'?" if close else ""))
 
 
-def _prepare(model, calib, base_dir, s, labels, progress, fp32=None):
+def _prepare(model, calib, base_dir, s, labels, progress, fp32=None, input_shapes=None):
     """The FP32-rewritten, equalised graph and the calibration data.
 
     The FP32 pipeline is the one the plan is applied after (``fp32``: the rewrite's
@@ -745,7 +745,7 @@ def _prepare(model, calib, base_dir, s, labels, progress, fp32=None):
     run_rounds(graph, passes, Context(fp32.get("options") or Options(), Namer(graph)), None,
                lambda k: refresh_shapes(graph, f"p{k}_"))
     data = load_calibration(calib, original, preprocess=s["preprocess"], limit=int(s["samples"]),
-                            labels=labels)
+                            labels=labels, input_shapes=input_shapes)
     if len(data) < 8:
         raise InputError(f"the planner needs at least 8 calibration samples ({len(data)} "
                          "given; a file is one sample, a batched .npy too: one file per sample)")
