@@ -59,6 +59,48 @@ g (float[N, 4, 8, 8] x) => (float[N, 5] z) {
 INITS = {"W1": (8, 4, 3, 3), "W2": (8, 8, 3, 3), "W3": (8, 8, 3, 3), "G": (5, 8)}
 
 
+# migraphx-driver 2.16's program (2.15's alike) after simplify_qdq, trimmed: one Conv whose
+# activation (zero point 5) and weight (zero point 2) are both asymmetric. Its layer is
+# @10; @17, @19 and @21 are the zero points' terms, added into the DequantizeLinear's zero
+# point.
+ASYMMETRIC_216 = """\
+module: "main"
+@0 = @literal{0} -> int32_type, {1}, {0}
+x = @param:x -> float_type, {1, 4, 8, 8}, {256, 64, 8, 1}
+@2 = @literal{2} -> int8_type, {1}, {0}
+@4 = @literal{ ... } -> int8_type, {4, 4, 3, 3}, {36, 9, 3, 1}
+@5 = @literal{5} -> int8_type, {1}, {0}
+@9 = quantizelinear[out_type=nullopt](x,@7,@8) -> int8_type, {1, 4, 8, 8}, {256, 64, 8, 1}
+@10 = quant_convolution[padding={1, 1, 1, 1},group=1](@9,@4) -> int32_type, {1, 4, 8, 8}
+@13 = mul(@11,@12) -> float_type, {1, 4, 8, 8}, {256, 64, 8, 1}
+@14 = multibroadcast[out_lens={1, 4, 8, 8},out_dyn_dims={}](@0) -> int32_type, {1, 4, 8, 8}
+@15 = multibroadcast[out_lens={1, 4, 8, 8},out_dyn_dims={}](@5) -> int8_type, {1, 4, 8, 8}
+@16 = multibroadcast[out_lens={4, 4, 3, 3},out_dyn_dims={}](@2) -> int8_type, {4, 4, 3, 3}
+@17 = quant_convolution[padding={1, 1, 1, 1},group=1](@15,@4) -> int32_type, {1, 4, 8, 8}
+@18 = add(@14,@17) -> int32_type, {1, 4, 8, 8}, {1, 1, 32, 4}
+@19 = quant_convolution[padding={1, 1, 1, 1},group=1](@9,@16) -> int32_type, {1, 4, 8, 8}
+@20 = add(@18,@19) -> int32_type, {1, 4, 8, 8}, {256, 64, 8, 1}
+@21 = quant_convolution[padding={1, 1, 1, 1},group=1](@15,@16) -> int32_type, {1, 4, 8, 8}
+@22 = sub(@20,@21) -> int32_type, {1, 4, 8, 8}, {256, 64, 8, 1}
+@23 = dequantizelinear(@10,@13,@22) -> float_type, {1, 4, 8, 8}, {256, 64, 8, 1}
+@24 = convolution[padding={1, 1, 1, 1},group=1](@23,@25) -> float_type, {1, 4, 8, 8}
+@26 = @return(@24)
+"""
+
+
+def test_zero_point_terms_are_not_layers():
+    """simplify_qdq computes a nonzero zero point's term with int8 kernels of its own, added
+    into the DequantizeLinear's zero point: they were counted as layers, so a model whose
+    asymmetric Conv lowers and whose other planned Conv stays float read '2 of 2 lower'
+    (by count), and its quantize_fp16 count '2 of 2' where one of two lowers."""
+    assert lowering.main_kernels(ASYMMETRIC_216) == ["quant_convolution", "convolution"]
+    m = make_model(TEXT, INITS)
+    layers, named = lowering.map_layers(m, ["a", "b"], lowering.main_kernels(
+        ASYMMETRIC_216.replace("@26 = @return", "@27 = convolution(@24,@28)\n@26 = @return")))
+    assert named and [x.kernel for x in layers if x.planned_int8] == [
+        "quant_convolution", "convolution"]
+
+
 def test_map_layers_by_order_and_refuses_when_counts_differ():
     m = make_model(TEXT, INITS)
     kernels = ["convolution", "quant_convolution", "convolution", "quant_dot"]
@@ -171,3 +213,56 @@ def test_an_opset_9_model_lowers_after_its_conversion(tmp_path, migraphx_version
     assert any("model converted to opset 1" in w for w in report.warnings)
     low = report.extra["compile"]["lowering"]
     assert low["headline"] == "4 of 4 planned INT8 layers lower to quant_convolution/quant_dot"
+
+
+def _qdq_convs(zero_points) -> onnx.ModelProto:
+    """A chain of Convs, each a tuple (activation zero point, weight zero point) with int8
+    Q/DQ of its own, or None: a float Conv."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "x"
+    for i, zps in enumerate(zero_points):
+        w = rng.standard_normal((4, 4, 3, 3)).astype(np.float32)
+        if zps is None:
+            inits.append(nh.from_array(w, f"w{i}"))
+        else:
+            za, zw = zps
+            inits += [nh.from_array(np.float32(0.05), f"s{i}"),
+                      nh.from_array(np.int8(za), f"z{i}"),
+                      nh.from_array(np.clip(np.round(w * 40) + zw, -128, 127).astype(np.int8),
+                                    f"wq{i}"),
+                      nh.from_array(np.float32(1 / 40), f"ws{i}"),
+                      nh.from_array(np.int8(zw), f"wz{i}")]
+            nodes += [h.make_node("QuantizeLinear", [x, f"s{i}", f"z{i}"], [f"q{i}"]),
+                      h.make_node("DequantizeLinear", [f"q{i}", f"s{i}", f"z{i}"], [f"d{i}"]),
+                      h.make_node("DequantizeLinear", [f"wq{i}", f"ws{i}", f"wz{i}"], [f"w{i}"])]
+            x = f"d{i}"
+        nodes.append(h.make_node("Conv", [x, f"w{i}"], [f"y{i}"], f"conv{i}", pads=[1] * 4))
+        x = f"y{i}"
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 4, 8, 8])],
+                     [h.make_tensor_value_info(x, T.FLOAT, [1, 4, 8, 8])], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.migraphx
+@pytest.mark.parametrize("zero_points, lowered, fp16_lowered", [
+    ([(5, 2), (0, 0)], 2, 1),   # only the symmetric Conv loses its zero points to fp16
+    ([(5, 0), None], 1, 0),     # an asymmetric Conv lowers, the float one does not
+    ([(5, 2)], 1, 1),           # nothing to lose: no warning
+])
+def test_asymmetric_layers_are_counted_once(tmp_path, migraphx_version, migraphx_driver,
+                                            zero_points, lowered, fp16_lowered):
+    """A nonzero zero point's int8 kernels (its term in the DequantizeLinear's zero point)
+    were counted as layers: '2 of 2' for one lowered asymmetric Conv and a float one (by
+    count), and after quantize_fp16 '2 of 2' where the symmetric one of two lost its int8
+    kernel, so no warning (2.15 and 2.16)."""
+    path = tmp_path / "m.onnx"
+    onnx.save(_qdq_convs(zero_points), path)
+    planned = [f"conv{i}" for i in range(len(zero_points))]
+    low = lowering.lower_int8(path, {"x": [1, 4, 8, 8]}, planned, driver=migraphx_driver)
+    assert (low.status, low.named, low.lowered, low.fp16_lowered) == (
+        "ok", True, lowered, fp16_lowered), low
+    assert (low.fp16_line() is None) == (fp16_lowered == lowered)

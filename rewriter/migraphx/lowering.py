@@ -205,11 +205,21 @@ class Lowering:
 
 
 def main_kernels(program_text: str) -> list[str]:
-    """conv/dot kernels of the main module in program order (quant_* or float)."""
+    """conv/dot kernels of the main module in program order (quant_* or float), one a layer.
+
+    A nonzero zero point (an asymmetric activation, or weight) makes simplify_qdq compute
+    its term with int8 kernels of its own, read only by the add/sub that build the
+    DequantizeLinear's zero point (2.15, 2.16): those are no layer's."""
     from rewriter.migraphx.backend import parse_program_text
 
-    ops = [op.split("[")[0] for _, op, _ in parse_program_text(program_text).get("main", [])]
-    return [op for op in ops if op in _KIND]
+    instrs = parse_program_text(program_text).get("main", [])
+    readers: dict[str, set[str]] = {}
+    for _, op, rest in instrs:
+        args = re.search(r"\(([^()]*)\)\s*(->|$)", rest)
+        for arg in (args.group(1).split(",") if args else []):
+            readers.setdefault(arg.strip(), set()).add(op)
+    return [op for out, op, _ in instrs if op in _KIND
+            and not (op.startswith("quant_") and readers.get(out, {op}) <= {"add", "sub"})]
 
 
 def map_layers(model, planned: Sequence[str], kernels: Sequence[str]) -> tuple[list[Layer], bool]:
