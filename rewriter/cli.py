@@ -493,9 +493,9 @@ def _plan_main(argv: list[str]) -> int:
     if isinstance(args, int):
         return args
     try:
-        import json
         from pathlib import Path
 
+        from rewriter.core.report import json_text
         from rewriter.core.save import check_distinct, check_output_path
         from rewriter.quant.planner import plan_auto, write_plot
         from rewriter.verify import parse_shape_args
@@ -509,10 +509,9 @@ def _plan_main(argv: list[str]) -> int:
         _, rep = plan_auto(args.model, args.calib, settings=_planner_settings(args),
                               input_shapes=parse_shape_args(args.input_shape),
                               progress=not args.quiet and sys.stderr.isatty())
-        text = (json.dumps(rep.plan, indent=2) if out.suffix == ".json"
-                else _yaml(rep.plan))
+        text = json_text(rep.plan) if out.suffix == ".json" else _yaml(rep.plan)
         _atomic_write(out, text)
-        _atomic_write(Path(f"{stem}.sensitivity.json"), json.dumps(rep.to_dict(), indent=2))
+        _atomic_write(Path(f"{stem}.sensitivity.json"), json_text(rep.to_dict()))
         plotted = write_plot(rep, f"{stem}.sensitivity.png")
         if not args.quiet:
             print(rep.render())
@@ -576,10 +575,9 @@ def _check_main(argv: list[str]) -> int:
     if isinstance(args, int):
         return args
     try:
-        import json
-
         from rewriter.core.errors import InputError
         from rewriter.core.load import load_model
+        from rewriter.core.report import json_text
         from rewriter.migraphx.check import check_model
         from rewriter.migraphx.lowering import installed_version, parse_version
         from rewriter.verify import parse_shape_args
@@ -590,7 +588,7 @@ def _check_main(argv: list[str]) -> int:
         model = load_model(args.model)
         result = check_model(model, input_shapes=parse_shape_args(args.input_shape),
                              version=version)
-        print(json.dumps(result.to_dict(), indent=2) if args.json
+        print(json_text(result.to_dict()) if args.json
               else result.render(details=args.details))
         return EXIT_VERIFY if any(f.severity == "error" for f in result.findings) else EXIT_OK
     except Exception as e:  # noqa: BLE001

@@ -1845,3 +1845,42 @@ def test_image_calibration_sized_by_input_shape(tmp_path, capfd, plan):
     code, out, err = run(capfd, *args, "--input-shape", "images:1x3x12x16")
     assert code == 0, err
     assert "held-out calibration samples" in out and (tmp_path / "o.onnx").exists()
+
+
+def test_every_commands_json_is_standard(tmp_path, capfd, monkeypatch):
+    """--report wrote standard JSON (the API round); `check --json`, `advise --json` and
+    `rewrite plan`'s .json plan and .sensitivity.json still wrote Python's Infinity and
+    NaN, which JSON.parse, Go's and Rust's readers refuse. An inf and a NaN put into each
+    command's dict come out as the largest float and null."""
+    from rewriter.advise.advice import Advice
+    from rewriter.migraphx.check import CheckResult
+    from rewriter.quant import planner
+
+    odd = {"odd": [float("inf"), float("nan"), np.float32("-inf")]}
+    want = [1.7976931348623157e308, None, -1.7976931348623157e308]
+
+    def standard(text):
+        def refuse(constant):
+            raise ValueError(f"not JSON: {constant}")
+        return json.loads(text, parse_constant=refuse)
+    for cls in (CheckResult, Advice):
+        monkeypatch.setattr(cls, "to_dict", lambda self, d=cls.to_dict: dict(d(self), **odd))
+    code, out, _ = run(capfd, "check", RESNET, "--json")
+    assert standard(out)["odd"] == want
+    profile = tmp_path / "r_kernel_stats.csv"
+    profile.write_text('"Name","Calls","TotalDurationNs"\n"mlir_dot_add",1,100\n')
+    code, out, err = run(capfd, "advise", profile, "--json")
+    assert code == 0 and standard(out)["odd"] == want, err
+
+    class Rep:
+        plan = {"rules": [], **odd}
+        def to_dict(self):
+            return dict(odd)
+        def render(self):
+            return ""
+    monkeypatch.setattr(planner, "plan_auto", lambda *a, **k: (None, Rep()))
+    monkeypatch.setattr(planner, "write_plot", lambda *a: False)
+    code, _, err = run(capfd, "plan", RESNET, "--calib", tmp_path, "-o", tmp_path / "p.json")
+    assert code == 0, err
+    assert standard((tmp_path / "p.json").read_text())["odd"] == want
+    assert standard((tmp_path / "p.sensitivity.json").read_text())["odd"] == want

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import traceback
@@ -14,6 +13,7 @@ from pathlib import Path
 from rewriter.advise.kernels import _match_nodes, _model_facts, classify_kernel
 from rewriter.advise.profiles import _KIND_FORMAT, _Dispatch, _key, load_profile
 from rewriter.core.errors import InputError
+from rewriter.core.report import json_text
 
 
 def decide(valu_busy: float | None, sq_wait: float | None,
@@ -370,7 +370,7 @@ def main(argv: list[str]) -> int:
             traceback.print_exc()
         print(f"rewrite advise: error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(adv.to_dict(), indent=2) if args.json else adv.render_text(args.top))
+    print(json_text(adv.to_dict()) if args.json else adv.render_text(args.top))
     return 0
 
 

@@ -111,13 +111,9 @@ class Report:
         }
 
     def to_json(self) -> str:
-        """The JSON of :meth:`to_dict`, standard: an inf (the SQNR of identical outputs, the
-        max_rel of an output that is 0 in one and not the other) is the largest float,
-        1.8e308, which keeps its order (max_rel > 1e-3 still holds); a NaN is null. Python's
-        json wrote ``Infinity``, which JSON.parse, Go's and Rust's readers refuse."""
-        return json.dumps(_finite(json.loads(json.dumps(self.to_dict(),
-                                                        default=_json_default))),
-                          indent=2, allow_nan=False)
+        """The JSON of :meth:`to_dict`, standard (:func:`json_text`): the SQNR of identical
+        outputs, inf, is the largest float."""
+        return json_text(self.to_dict())
 
     def render(self) -> str:
         lines = []
@@ -202,6 +198,17 @@ class Report:
 
 def _mb(n: int) -> str:
     return f"{n / 1e6:.1f}MB" if n >= 1e5 else f"{n / 1e3:.1f}kB"
+
+
+def json_text(obj, indent: int | None = 2) -> str:
+    """Standard JSON of ``obj``, what every command writes (--report, `rewrite plan`'s
+    files, `check --json`, `advise --json`): an inf (the SQNR of identical outputs, the
+    max_rel of an output that is 0 in one and not the other) is the largest float,
+    1.8e308, which keeps its order (max_rel > 1e-3 still holds); a NaN is null. Python's
+    json writes ``Infinity`` and ``NaN``, which JSON.parse, Go's and Rust's readers refuse.
+    Dataclasses, Counters and numpy values are written as their plain values."""
+    return json.dumps(_finite(json.loads(json.dumps(obj, default=_json_default))),
+                      indent=indent, allow_nan=False)
 
 
 def _finite(o):
