@@ -293,6 +293,19 @@ def test_nan_counter_values_are_ignored_not_averaged(tmp_path):
     json.dumps(adv.to_dict(), allow_nan=False)  # stays valid JSON
 
 
+@pytest.mark.parametrize("calls, total", [(10, "inf"), (10, "nan"), ("1e400", 100),
+                                          ("nan", 100)])
+def test_a_duration_or_count_that_is_not_finite_is_one_line(tmp_path, capsys, calls, total):
+    """A stats row's TotalDurationNs of inf gave shares of NaN ('nan%', JSON NaN), a Calls
+    of 1e400 an OverflowError traceback: a profile's times and counts are finite (a
+    derived counter's nan is not: it is ignored, above)."""
+    write_csv(tmp_path / "r_kernel_stats.csv", V3_STATS,
+              [["mlir_dot_add", calls, total, 1, 50.0, 1, 1, 0.0],
+               ["quantizelinear_kernel", 10, 300, 30, 50.0, 1, 1, 0.0]])
+    rc, _, err = run([tmp_path, "--json"], capsys)
+    assert_one_line_error(rc, err, "r_kernel_stats.csv", "is not a finite number")
+
+
 def test_bad_model_file(tmp_path, capsys):
     v3_stats(tmp_path / "r_kernel_stats.csv", {"mlir_dot_add": (1, 100)})
     bad = tmp_path / "m.onnx"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -87,13 +88,19 @@ def _read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
     return header, [dict(zip(header, row), _line=str(line)) for line, row in rows[1:]]
 
 
-def _num(path: Path, row: dict[str, str], col: str) -> float:
+def _num(path: Path, row: dict[str, str], col: str, finite: bool = True) -> float:
+    """The number in ``row[col]``; ``finite``: a time or a count, where an inf or a NaN
+    made every share NaN (a derived counter's nan is no error: the metrics skip it)."""
     try:
-        return float(row[col])
+        v = float(row[col])
     except ValueError:
         raise ProfileError(
             f"{path}: line {row['_line']}, column {col}: {row[col]!r} is not a number"
         ) from None
+    if finite and not math.isfinite(v):
+        raise ProfileError(
+            f"{path}: line {row['_line']}, column {col}: {row[col]!r} is not a finite number")
+    return v
 
 
 def clean_kernel_name(raw: str) -> str:
@@ -169,7 +176,7 @@ def _load_file(path: Path, kind: str, header: list[str], rows: list[dict], prof:
         name = _need(path, header, "kernel" if kind == "v3-trace" else "name")
         counter_cols = [h for h in header if h in _DERIVED or _RAW_COUNTER.match(h)]
         for r in rows:
-            counters = {c: _num(path, r, c) for c in counter_cols}
+            counters = {c: _num(path, r, c, finite=False) for c in counter_cols}
             prof.traced.append(_Dispatch(clean_kernel_name(r[name]),
                                          _duration(path, header, r), counters))
     else:  # v3-counters: long format, one row per (dispatch, counter)
@@ -183,7 +190,7 @@ def _load_file(path: Path, kind: str, header: list[str], rows: list[dict], prof:
             key = (r[did],) if did else (r[name], r.get(start), r.get(end))
             d = by_dispatch.setdefault(
                 key, _Dispatch(clean_kernel_name(r[name]), _duration(path, header, r), {}))
-            c, v = r[cname], _num(path, r, cvalue)
+            c, v = r[cname], _num(path, r, cvalue, finite=False)
             seen[key, c] += 1
             # One row per counter is what the docs show. Should a counter come as several
             # rows (one per instance), raw counts add up; a derived percentage is averaged.
