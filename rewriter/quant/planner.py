@@ -679,6 +679,8 @@ def _settings(settings: dict | None) -> dict:
                 s[k] = kind(s[k])
             except (TypeError, ValueError):
                 raise InputError(f"planner setting {k} must be a number, not {s[k]!r}") from None
+            if not np.isfinite(s[k]):   # nan passed every bound below; both were planned on
+                raise InputError(f"planner setting {k} must be a finite number, not {s[k]}")
     from rewriter.verify.metrics import check_budget, max_abs_setting
     s["max_abs"] = max_abs_setting(s["max_abs"], "planner setting")
     if (settings or {}).get("min_within") is not None and s["max_abs"] is None:

@@ -752,6 +752,16 @@ def test_a_planner_setting_that_is_not_a_number_is_an_input_error(settings, mess
         plan_auto(MODEL, samples(8), settings=settings)
 
 
+@pytest.mark.parametrize("key", ["alpha", "beta", "int8_speed", "fp16_speed", "target_speedup"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_planner_setting_that_is_not_finite_is_an_input_error(key, value):
+    """--int8-speed inf, --alpha nan, --target-speedup inf planned on (nan passed every
+    'below the least' check) and wrote Infinity/NaN into the .sensitivity.json."""
+    with pytest.raises(rewriter.InputError, match=f"planner setting {key} must be a finite "
+                       f"number, not {value}"):
+        plan_auto(MODEL, samples(8), settings={key: value})
+
+
 @pytest.mark.parametrize("verify, message", [
     ("{min_within: x}", "verify.min_within must be a number, not 'x'"),
     ("{min_within: [0.9]}", r"verify.min_within must be a number, not \[0.9\]"),
