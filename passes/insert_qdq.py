@@ -272,11 +272,11 @@ class InsertQdq(Pass):
         # GPTQ rounding can take a minute (a 9216-wide conv): a bar when it runs.
         kept: dict[str, list[str]] = {}
         gptq = plan is not None and plan.int8.get("rounding") == "gptq"
-        nearest: list[str] = []   # INT8 convs GPTQ's statistics cannot round (3-D)
+        # INT8 convs GPTQ's statistics cannot round, by why
+        nearest: dict[str, list[str]] = {"3d": [], "auto-pad": []}
         for node in progress_bar(ctx.progress and bool(ctx.hessians), iterable=layers,
                                  desc="int8 weights", unit="layer"):
-            rank = (len(node.inputs[1].shape) if node.op == "Conv" and len(node.inputs) > 1
-                    and isinstance(node.inputs[1], gs.Constant) else 4)
+            why = _no_gptq(node) if gptq else None
             reason = site.quantize(node)
             if reason:
                 res.skip(reason)
@@ -284,14 +284,19 @@ class InsertQdq(Pass):
             else:
                 res.count(f"int8-{node.op.lower()}")
                 res.changed = True
-                if gptq and rank > 4:
-                    nearest.append(node_id(node))
-        if nearest:
-            res.skip("gptq-conv-3d", len(nearest))
-            res.notes.append(f"GPTQ rounding takes 1-D and 2-D convs: {len(nearest)} INT8 "
-                             f"conv{'s' * (len(nearest) > 1)} (3-D) rounded to nearest: "
-                             + ", ".join(nearest[:3])
-                             + (f" and {len(nearest) - 3} more" if len(nearest) > 3 else ""))
+                if why:
+                    nearest[why].append(node_id(node))
+        for why, ids in nearest.items():
+            if not ids:
+                continue
+            res.skip(f"gptq-conv-{why}", len(ids))
+            res.notes.append(
+                ("GPTQ rounding takes 1-D and 2-D convs" if why == "3d" else
+                 "GPTQ rounding needs a conv's pads")
+                + f": {len(ids)} INT8 conv{'s' * (len(ids) > 1)} "
+                + ("(3-D)" if why == "3d" else "(auto_pad over an input of unknown size)")
+                + " rounded to nearest: " + ", ".join(ids[:3])
+                + (f" and {len(ids) - 3} more" if len(ids) > 3 else ""))
         for reason, ids in kept.items():   # one line a reason (MViT-V2: 48 lines of one)
             res.notes.append(f"{reason}: {len(ids)} layer{'s' * (len(ids) > 1)} kept float32: "
                              + ", ".join(ids[:3])
@@ -301,6 +306,18 @@ class InsertQdq(Pass):
             res.notes.append("bias: int32 is not used with weight form mul: the bias is the "
                              "float Add after the per-channel scale")
         return res
+
+
+def _no_gptq(node) -> str | None:
+    """Why GPTQ's statistics cannot take this INT8 conv ("3d", "auto-pad"), or None."""
+    from rewriter.quant.hessian import conv_spec
+
+    w = node.inputs[1] if node.op == "Conv" and len(node.inputs) > 1 else None
+    if not isinstance(w, gs.Constant) or w.shape is None:
+        return None
+    if len(w.shape) > 4:
+        return "3d"
+    return "auto-pad" if conv_spec(node, w.shape) is None else None
 
 
 class _Site:

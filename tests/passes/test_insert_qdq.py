@@ -851,3 +851,38 @@ def test_gptq_rounds_1d_convs_as_2d_ones_of_height_1_and_names_the_3d_ones(rng):
     ins = next(p for p in rep.passes if p.name == "insert-qdq")
     assert "skip:gptq-conv-3d" not in ins.counts
     assert not any("GPTQ" in n for n in ins.notes)
+
+
+@pytest.mark.parametrize("auto_pad, pads", [("SAME_UPPER", "0, 1"), ("SAME_LOWER", "1, 0"),
+                                            ("VALID", "0, 0")])
+def test_gptq_rounds_an_auto_pad_conv_as_its_explicit_pads(rng, auto_pad, pads):
+    """A Conv with auto_pad (kernel 3, stride 2 over 16: SAME pads 1, after or before) kept
+    nearest rounding without a count or a word; it is rounded as the same Conv with its
+    pads written out (the same int8 weights). Where the input's size is not known (SAME
+    pads depend on it) it is counted and named."""
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 4, {n}] x) => (float[1, 8, {m}] y) {{ y = Conv <{attrs}> (x, w) }}"""
+    w = rng.standard_normal((8, 4, 3)).astype(np.float32)
+    xs = [rng.standard_normal((1, 4, 16)).astype(np.float32) for _ in range(8)]
+    m = 8 if auto_pad != "VALID" else 7
+    plan = {"version": 1, "default": "int8"}
+    got = {}
+    for name, attrs in (("auto", f'auto_pad = "{auto_pad}", strides = [2]'),
+                        ("explicit", f"pads = [{pads}], strides = [2]")):
+        out, rep = rewriter.rewrite(make_model(text.format(n=16, m=m, attrs=attrs), {"w": w}),
+                                    plan=plan, calib=[{"x": x} for x in xs], target="none")
+        ins = next(p for p in rep.passes if p.name == "insert-qdq")
+        assert ins.counts["weights-gptq-rounded"] == 1, (name, ins.counts)
+        got[name] = _int8_weights(out)["w_quantized"]
+    assert np.array_equal(got["auto"], got["explicit"])
+    if auto_pad == "VALID":
+        return
+    dynamic = make_model(text.format(n="L", m="M", attrs=f'auto_pad = "{auto_pad}", '
+                                                        'strides = [2]'), {"w": w})
+    _, rep = rewriter.rewrite(dynamic, plan=plan, calib=[{"x": x} for x in xs], target="none")
+    ins = next(p for p in rep.passes if p.name == "insert-qdq")
+    assert "weights-gptq-rounded" not in ins.counts and ins.counts["skip:gptq-conv-auto-pad"] == 1
+    assert [n for n in ins.notes if "GPTQ" in n] == [
+        "GPTQ rounding needs a conv's pads: 1 INT8 conv (auto_pad over an input of unknown "
+        "size) rounded to nearest: y"]
