@@ -55,7 +55,11 @@ class CorrectBias(Pass):
                 b.dtype), ctx.namer, "corrected")
             return None
         if node.op == "Mul":
-            rank = len(t.shape) if t.shape is not None else 4
+            # the output's rank, else the per-channel scale's ([1, C, 1] for a Conv1d): an
+            # output of no declared shape reads as [] here, and the [1, C] correction failed
+            scale = next((x for x in node.inputs if isinstance(x, gs.Constant)), None)
+            rank = len(t.shape) if t.shape else (
+                scale.values.ndim if scale is not None and scale.values.ndim >= 2 else 4)
             raw = gs.Variable(ctx.namer(f"{t.name}_uncorrected"), dtype=t.dtype, shape=t.shape)
             node.outputs[0] = raw
             b = gs.Constant(ctx.namer(f"{t.name}_bias_correction"), (-shift).reshape(

@@ -395,3 +395,26 @@ def test_a_correction_that_raises_the_calibration_error_is_undone():
     assert any(x.startswith("bias correction undone") for x in rep.warnings), rep.warnings
     assert not [p for p in rep.passes if p.name == "correct-bias"]
     assert out.SerializeToString() == raw.SerializeToString()   # the uncorrected plan
+
+
+@pytest.mark.parametrize("x, w", [("1, 4, 16", (8, 4, 3)), ("1, 4, 8, 8", (8, 4, 3, 3))])
+def test_a_conv_whose_output_shape_is_not_known_is_corrected_per_channel(rng, x, w):
+    """A Conv (no bias) writing a graph output of no declared shape (read as [], rank 0):
+    the correction was a [1, C] constant, added along the last axis. A Conv1d failed (exit
+    3: onnxruntime's 'Incompatible dimensions' on y_CorrectBias); a 2-D conv 8 wide with 8
+    channels took it along its width, silently (calibration error 4.1832e-5 -> 4.1852e-5,
+    worse; 4.1462e-5 per channel). The layer's rank now."""
+    dims = tuple(int(d) for d in x.split(", "))
+    pads = ", ".join(["1"] * 2 * (len(w) - 2))
+    m = make_model(f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[{x}] x) => (float y) {{ y = Conv <pads = [{pads}]> (x, w) }}""", {"w": w})
+    calib = [{"x": (rng.standard_normal(dims) + 0.5).astype(np.float32)} for _ in range(12)]
+    plan = {"version": 1, "default": "int8", "int8": {"weight_form": "mul",
+                                                      "bias_correction": True}}
+    out, rep = rewriter.rewrite(m, plan=plan, calib=calib, verify=True)
+    rec = next(p for p in rep.passes if p.name == "correct-bias")
+    assert rec.counts["corrected-layers"] == 1
+    shift = next(t for t in out.graph.initializer if t.name.endswith("_bias_correction"))
+    assert list(shift.dims) == [1, 8] + [1] * (len(w) - 2)
+    assert run_ort(out, calib[0])[0].shape == (1, 8) + dims[2:]
