@@ -400,10 +400,11 @@ def test_a_correction_that_raises_the_calibration_error_is_undone():
 @pytest.mark.parametrize("x, w", [("1, 4, 16", (8, 4, 3)), ("1, 4, 8, 8", (8, 4, 3, 3))])
 def test_a_conv_whose_output_shape_is_not_known_is_corrected_per_channel(rng, x, w):
     """A Conv (no bias) writing a graph output declared without dims (``float y``: an empty
-    shape, read as rank 0; onnxruntime runs it): the correction was a [1, C] constant, added along the last axis. A Conv1d failed (exit
-    3: onnxruntime's 'Incompatible dimensions' on y_CorrectBias); a 2-D conv 8 wide with 8
-    channels took it along its width, silently (calibration error 4.1832e-5 -> 4.1852e-5,
-    worse; 4.1462e-5 per channel). The layer's rank now."""
+    shape, read as rank 0; onnxruntime runs it): the correction was a [1, C] constant,
+    added along the last axis. A Conv1d failed (exit 3: onnxruntime's 'Incompatible
+    dimensions' on y_CorrectBias); a 2-D conv 8 wide with 8 channels took it along its
+    width, silently (calibration error 4.1832e-5 -> 4.1852e-5, worse; 4.1462e-5 per
+    channel). The layer's rank now."""
     dims = tuple(int(d) for d in x.split(", "))
     pads = ", ".join(["1"] * 2 * (len(w) - 2))
     m = make_model(f"""
