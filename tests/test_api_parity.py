@@ -4,6 +4,7 @@ nothing, nor run as something else), and a call leaves the caller's process as i
 
 import os
 import pickle
+import threading
 import subprocess
 import sys
 
@@ -121,6 +122,22 @@ def test_a_pass_error_crosses_a_process_pool():
     assert type(back) is PassError and str(back) == str(e.value)
     assert (back.pass_name, back.before, repr(back.cause)) == (
         "crash", ["fold-constants"], "RuntimeError('boom')")
+
+
+class _Unpicklable(Exception):
+    def __init__(self):
+        super().__init__("held a lock")
+        self.lock = threading.Lock()
+
+
+def test_a_pass_error_whose_cause_does_not_pickle_still_crosses():
+    """A cause holding what pickle refuses (a lock, a session) made the PassError itself
+    unpicklable: a process pool's caller got "cannot pickle '_thread.lock' object" in its
+    place. The cause goes as its type and words then; the message is kept."""
+    e = PassError("crash", ["fold-constants"], _Unpicklable())
+    back = pickle.loads(pickle.dumps(e))
+    assert type(back) is PassError and str(back) == str(e) and back.pass_name == "crash"
+    assert repr(back.cause) == "RuntimeError('_Unpicklable: held a lock')"
 
 
 def test_report_ok_says_the_migraphx_step_failed():

@@ -47,8 +47,15 @@ class PassError(RewriteError):
         # A process pool re-raises a worker's error in the caller by pickling it; rebuilt
         # from ``args`` (the message alone) it was a TypeError there. The message as worded
         # (the API's words) goes along.
-        return type(self), (self.pass_name, self.before, self.cause), {
-            **self.__dict__, "args": self.args}
+        import pickle
+
+        cause = self.cause
+        try:   # a cause holding a lock or a session made this error unpicklable too
+            pickle.dumps(cause)
+        except Exception:  # noqa: BLE001 - whatever pickle raises: its type and words go
+            cause = RuntimeError(f"{type(cause).__name__}: {cause}")
+        return type(self), (self.pass_name, self.before, cause), {
+            **self.__dict__, "cause": cause, "args": self.args}
 
 
 class VerificationError(RewriteError):
