@@ -13,7 +13,6 @@ from pathlib import Path
 from rewriter.advise.kernels import _match_nodes, _model_facts, classify_kernel
 from rewriter.advise.profiles import _KIND_FORMAT, _Dispatch, _key, load_profile
 from rewriter.core.errors import InputError
-from rewriter.core.report import json_text
 
 
 def decide(valu_busy: float | None, sq_wait: float | None,
@@ -370,6 +369,8 @@ def main(argv: list[str]) -> int:
             traceback.print_exc()
         print(f"rewrite advise: error: {e}", file=sys.stderr)
         return 2
+    from rewriter.core.report import json_text   # lazy: `advise -h` loads nothing heavy
+
     print(json_text(adv.to_dict()) if args.json else adv.render_text(args.top))
     return 0
 
