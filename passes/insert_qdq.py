@@ -309,15 +309,20 @@ class InsertQdq(Pass):
 
 
 def _no_gptq(node) -> str | None:
-    """Why GPTQ's statistics cannot take this INT8 conv ("3d", "auto-pad"), or None."""
-    from rewriter.quant.hessian import conv_spec
-
+    """Why GPTQ's statistics cannot take this INT8 conv: "3d", or "auto-pad" (SAME_* over
+    an input whose size is not known: its pads depend on it; rewriter.quant.hessian's
+    conv_spec writes the others out), or None."""
     w = node.inputs[1] if node.op == "Conv" and len(node.inputs) > 1 else None
     if not isinstance(w, gs.Constant) or w.shape is None:
         return None
     if len(w.shape) > 4:
         return "3d"
-    return "auto-pad" if conv_spec(node, w.shape) is None else None
+    auto = node.attrs.get("auto_pad", "NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    shape = node.inputs[0].shape
+    known = shape is not None and len(shape) == len(w.shape) and all(
+        isinstance(n, (int, np.integer)) and n > 0 for n in shape[2:])
+    return "auto-pad" if auto.startswith("SAME") and not known else None
 
 
 class _Site:
