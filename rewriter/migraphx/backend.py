@@ -376,8 +376,8 @@ def isolated(fn, *args, bar: dict | None = None):
                              desc=(bar or {}).get("desc"))
         try:
             with open(log, "wb") as console:
-                p = subprocess.Popen([sys.executable or "python3", "-c", _BOOT, job],
-                                     stdin=subprocess.DEVNULL, stdout=console, stderr=console)
+                p = spawn([sys.executable or "python3", "-c", _BOOT, job],
+                          stdin=subprocess.DEVNULL, stdout=console, stderr=console)
         except OSError as e:   # e.g. an embedded interpreter with no executable to start
             shown.close()
             note = f"MIGraphX ran in this process, unprotected: no child process ({e})"
@@ -419,6 +419,30 @@ def isolated(fn, *args, bar: dict | None = None):
 
 
 _NO_ROOM = 75   # the child's exit status when it cannot write its result
+
+
+def spawn(cmd: list[str], **kwargs):
+    """``subprocess.Popen(cmd, **kwargs)`` with an interrupt held while the child starts.
+    One that lands inside Popen() after its fork (it waits there for the exec) left the
+    child running with no handle to kill it by (a migraphx-driver, a MIGraphX child). An
+    interrupt held is raised once the child is killed. Held in the main thread only (the
+    one interrupts reach; signal handlers are set there)."""
+    import signal
+    import subprocess
+
+    if threading.current_thread() is not threading.main_thread():
+        return subprocess.Popen(cmd, **kwargs)
+    held: list[int] = []
+    before = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        p = subprocess.Popen(cmd, **kwargs)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    if held:
+        p.kill()
+        p.wait()
+        signal.raise_signal(signal.SIGINT)   # as it came: KeyboardInterrupt, or the default
+    return p
 
 
 def _temp_dir():

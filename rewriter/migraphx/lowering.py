@@ -270,9 +270,10 @@ def _run(cmd: list[str], timeout: float, env=None) -> subprocess.CompletedProces
     ends, and the driver is killed on it."""
     import time
 
+    from rewriter.migraphx.backend import spawn
+
     end = time.monotonic() + timeout
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          env=env) as p:
+    with spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as p:
         try:
             while True:
                 try:   # retrying communicate loses no output
