@@ -168,9 +168,10 @@ def test_an_interrupt_without_a_signal_stops_the_driver_at_once(tmp_path):
 
 def test_an_interrupt_while_the_driver_starts_leaves_no_driver(tmp_path, monkeypatch):
     """An interrupt that lands inside subprocess.Popen() after its fork (Popen waits there
-    for the exec) left the driver running, with no handle to kill it by: the interrupt
-    test failed so once in a full test run under load. The interrupt is held while the
-    driver starts, then the driver is killed and the interrupt raised."""
+    for the exec) left the driver running, with no handle to kill it by (likely why the
+    interrupt test above failed once in a full test run under load: its driver was left).
+    The interrupt is held while the driver starts, then the driver is killed and the
+    interrupt raised."""
     import _thread
     import signal
     import subprocess
