@@ -200,6 +200,19 @@ def test_an_interrupt_while_the_driver_starts_leaves_no_driver(tmp_path, monkeyp
     assert not os.path.exists(f"/proc/{pid}")   # killed and reaped
 
 
+def test_a_sigint_handler_set_outside_python_is_left_alone(tmp_path, monkeypatch):
+    """A host whose SIGINT handler was set in C (signal.getsignal says None) cannot have
+    it put back by signal.signal (a TypeError): the driver starts without holding."""
+    import signal
+
+    monkeypatch.setattr(signal, "getsignal", lambda signum: None)
+    def refuse(*a):
+        raise AssertionError("signal.signal called")
+    monkeypatch.setattr(signal, "signal", refuse)
+    driver = _fake_driver(tmp_path, "echo ok")
+    assert lowering.run_driver(driver, "m.onnx", {}, passes=[])[:2] == (0, "ok\n")
+
+
 @pytest.mark.migraphx
 def test_layers_are_named_right_on_migraphx(tmp_path, migraphx_version, migraphx_driver):
     """A plan that puts every other layer in INT8, and one INT8 layer that cannot lower (its

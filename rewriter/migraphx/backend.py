@@ -426,12 +426,14 @@ def spawn(cmd: list[str], **kwargs):
     One that lands inside Popen() after its fork (it waits there for the exec) left the
     child running with no handle to kill it by (a migraphx-driver, a MIGraphX child). An
     interrupt held is raised once the child is killed. Held in the main thread only (the
-    one interrupts reach; signal handlers are set there)."""
+    one interrupts reach; signal handlers are set there), and where the SIGINT handler
+    is Python's to set back."""
     import signal
     import subprocess
 
-    if threading.current_thread() is not threading.main_thread():
-        return subprocess.Popen(cmd, **kwargs)
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGINT) is None:   # a handler set outside Python
+        return subprocess.Popen(cmd, **kwargs)            # cannot be put back: left alone
     held: list[int] = []
     before = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
     try:
