@@ -495,6 +495,38 @@ def test_an_output_declared_without_a_shape_is_read(tmp_path):
         rewriter.rewrite(model)
 
 
+def test_a_tensor_declared_with_no_dims_is_of_unknown_shape():
+    """`float y` (ONNX's text syntax: a shape of no dims) on a computed [2, 3]: onnxruntime
+    runs it ("lenient merge") and onnx's inference kept it, so fold-shapes folded Shape(y)
+    to [] (outputs differ, exit 1; written silently without --verify). Such a tensor is of
+    unknown shape now, whatever declared it (graph output, value_info); a true scalar is
+    inferred [] again, and an output nothing infers (after a contrib op) stays declared
+    with no dims, which onnx.checker takes."""
+    from rewriter.core.convert import to_graph
+
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    for decl in ("=> (float y, float[2] z) {", "=> (float[2,3] y, float[2] z) <float y> {"):
+        model = onnx.parser.parse_model(f"""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,3] x) {decl} y = Relu(x)
+        s = Shape(y)
+        z = Cast<to=1>(s) }}""")
+        out, report = rewriter.rewrite(model, verify=True)
+        assert report.verified
+        np.testing.assert_array_equal(ort.run(ort.session(out), {"x": x})[-1], [2, 3])
+    scalar = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,3] x) => (float y) { y = ReduceSum<keepdims=0>(x) }""")
+    assert to_graph(scalar).outputs[0].shape == []
+    model = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17, "com.microsoft": 1]>
+        g (float[2,3] x) => (float y) { f = com.microsoft.Gelu(x)
+        y = Relu(f) }""")
+    assert to_graph(model).outputs[0].shape is None
+    out, report = rewriter.rewrite(model, verify=True)
+    assert report.verified
+    assert out.graph.output[0].type.tensor_type.HasField("shape")
+    assert not out.graph.output[0].type.tensor_type.shape.dim
+
+
 def test_big_declared_batch_refused_for_random_inputs(tmp_path):
     """Batch 10^6 (400 MB of input): minutes and gigabytes to verify; refused up front."""
     model = fuzz.conv_bn_model(17, seed=10)

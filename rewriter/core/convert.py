@@ -142,8 +142,9 @@ def scoped_infos(graph: gs.Graph, infos: dict):
 
 
 def unknown_negative_dims(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Declared dims below zero (graph inputs, outputs, value_info) made unknown, in place;
-    returns ``model``. A negative dim is no size: onnxruntime reads it as unknown, while
+    """Declared dims below zero (graph inputs, outputs, value_info) made unknown, and the
+    shapes of outputs and value_info declared with no dims (:func:`unknown_rank_zero`), in
+    place; returns ``model``. A negative dim is no size: onnxruntime reads it as unknown, while
     onnx's inference fails the whole model on it where an initializer or a broadcast gives
     the real size (an IR-3 weight input declared [-7], an input [1,-7,4,4] read by a Mul
     per channel), and passes then saw no dtypes at all (fuzz round, 2026-12-07)."""
@@ -152,7 +153,26 @@ def unknown_negative_dims(model: onnx.ModelProto) -> onnx.ModelProto:
         for d in vi.type.tensor_type.shape.dim:
             if d.HasField("dim_value") and d.dim_value < 0:
                 d.Clear()
+    for gp in graph_protos(g):
+        for vi in (*gp.output, *gp.value_info):
+            tt = vi.type.tensor_type
+            if tt.HasField("shape") and not tt.shape.dim:
+                tt.ClearField("shape")   # see unknown_rank_zero
     return model
+
+
+def unknown_rank_zero(graph: gs.Graph) -> None:
+    """A computed tensor declared with no dims (``float y`` in ONNX's text syntax: a graph
+    output or value_info, in any graph) made of unknown shape, in place. onnxruntime runs
+    such a model whatever rank the tensor has ("falling back to lenient merge"), and onnx's
+    inference keeps the declaration: read as rank 0, Shape of a [2, 3] folded to [] and a
+    conv's output took a [1, C] bias correction. :func:`shape_info` leaves them out as
+    well, so a true scalar is inferred [] again; graph inputs keep theirs (the feeds)."""
+    for g in iter_graphs(graph):
+        for n in g.nodes:
+            for t in n.outputs:
+                if isinstance(t, gs.Variable) and t.shape is not None and len(t.shape) == 0:
+                    t.shape = None
 
 
 def write_input_dims(model: onnx.ModelProto, fixed: dict[str, list[int]]) -> onnx.ModelProto:
@@ -236,6 +256,7 @@ def to_graph(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
     ``fixed`` ({input: dims}, checked by :func:`check_fixed_shapes`) writes static dims
     into those graph inputs and re-derives every shape from them (--fix-shapes)."""
     graph = import_model(model)
+    unknown_rank_zero(graph)
     if fixed:
         infer = True
         for t in graph.inputs:
@@ -687,6 +708,15 @@ def to_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
     for vi in list(model.graph.input) + list(model.graph.output) + list(model.graph.value_info):
         if vi.name in typed:
             vi.type.CopyFrom(typed[vi.name])
+    # An output declared with no dims that nothing inferred stays so declared (its graph
+    # reads it as unknown, unknown_rank_zero): without a shape, onnx.checker refuses it.
+    empty = {vi.name for g in graph_protos(original.graph) for vi in g.output
+             if vi.type.tensor_type.HasField("shape") and not vi.type.tensor_type.shape.dim}
+    for g in graph_protos(model.graph):
+        for vi in g.output:
+            tt = vi.type.tensor_type
+            if vi.name in empty and vi.type.HasField("tensor_type") and not tt.HasField("shape"):
+                tt.shape.SetInParent()
     unique_node_names(model)
     return model
 
