@@ -134,9 +134,13 @@ def _one_block(node: gs.Node, ctx: Context) -> str | None:
 
 def _odd_packed(node: gs.Node) -> bool:
     """An int4/uint4 input MIGraphX cannot parse: 0-d or with an odd last dim (read from
-    the tensor's type and shape, not its values)."""
+    the tensor's type and shape, not its values), or maybe so: a last dim not known (a
+    symbolic or unknown one was taken modulo 2, exit 3; such an activation is no
+    constant, and _widen counts it as skipped)."""
     return any(t.name and t.dtype is not None and t.shape is not None
-               and packed(np_dtype(t.dtype)) and (not t.shape or t.shape[-1] % 2)
+               and packed(np_dtype(t.dtype)) and (
+                   not t.shape or not isinstance(t.shape[-1], (int, np.integer))
+                   or t.shape[-1] % 2)
                for t in node.inputs[:3:2])
 
 
