@@ -339,8 +339,8 @@ class FuseConvBn(Pass):
         if v.ndim >= 2 and (rank is None or v.ndim > rank):
             return   # the Mul might add dims to x
         if v.size > 1 and (any(d != 1 for d in v.shape[:-1]) or v.shape[-1] != k
-                           or rank is None or x.shape[-1] != k):
-            return   # not per K, or x may broadcast up to K
+                           or not rank or x.shape[-1] != k):
+            return   # not per K, or x may broadcast up to K (a 0-d x: no last axis)
         if any(n.op == "Gemm" for n in layers) and (rank != 2 or v.ndim > 2):
             return
         vec = np.broadcast_to(v.astype(np.float64).reshape(-1), (k,))

@@ -342,6 +342,9 @@ def test_scale_before_matmuls_goes_into_their_weights(scale, layer, wshape):
     g (float[N, 8] x) => (float a, float r) { s = Mul (x, S)
         a = MatMul (s, W)
         r = Relu (s) }""", {"S": (), "W": (8, 5)}),
+    ("a 0-d x the Mul broadcasts to K (its last axis was read: exit 3)", """
+    g (float x) => (float[5] a) { s = Mul (x, S)
+        a = MatMul (s, W) }""", {"S": (8,), "W": (8, 5)}),
     ("a Mul that adds a dim", """
     g (float[N, 8] x) => (float a) { s = Mul (x, S)
         a = MatMul (s, W) }""", {"S": (1, 1, 8), "W": (8, 5)}),
