@@ -513,6 +513,20 @@ def test_a_tensor_declared_with_no_dims_is_of_unknown_shape():
         out, report = rewriter.rewrite(model, verify=True)
         assert report.verified
         np.testing.assert_array_equal(ort.run(ort.session(out), {"x": x})[-1], [2, 3])
+    def branch(k, op):   # an If's branches declaring their outputs so: its output too
+        y = helper.make_tensor_value_info(f"y{k}", TensorProto.FLOAT, [])
+        return helper.make_graph([helper.make_node(op, ["x"], [f"y{k}"])], f"b{k}", [], [y])
+    g = helper.make_graph(
+        [helper.make_node("If", ["c"], ["o"], then_branch=branch(0, "Relu"),
+                          else_branch=branch(1, "Neg")),
+         helper.make_node("Shape", ["o"], ["s"]), helper.make_node("Cast", ["s"], ["z"], to=1)],
+        "g", [fuzz._vi("x", [2, 3]), helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    out, report = rewriter.rewrite(model, verify=True)
+    assert report.verified
+    np.testing.assert_array_equal(ort.run(ort.session(out), {"x": x, "c": np.array(True)})[0],
+                                  [2, 3])
     scalar = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
         g (float[2,3] x) => (float y) { y = ReduceSum<keepdims=0>(x) }""")
     assert to_graph(scalar).outputs[0].shape == []
