@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shape for an input with symbolic dims, e.g. input:1x3x224x224 "
                         "(repeatable, or comma-separated: a:1x16,b:1x16; random inputs put "
                         "the size a weight fixes, else 1 in a symbolic batch, 8 in other "
-                        "symbolic dims)")
+                        "symbolic dims; its H and W size --calib images where the input's "
+                        "are symbolic)")
     g.add_argument("--set-input", action="append", metavar="NAME=VALUE",
                    help="make an input a constant of this value (a number, true or false, "
                         "filling its dims) and drop it from the output's inputs, e.g. "
