@@ -1640,11 +1640,14 @@ class _Rewrite:
                     "beside box coordinates); --strict refuses it")
         for m in metrics:   # passed on what a TopK/NMS/NonZero selects from (verifier)
             if m.ok and m.selected:
+                # a torchvision detector's post-processing reads 24 tensors: 4 named
+                reads = [f"'{r['name']}'" for r in m.selected["reads"]]
                 self.report.warnings.append(
                     f"output '{m.name}' differs itself ({_short(m)}): it is selected by "
                     f"{m.selected['by']}, whose choice among near-equal values the rewrite "
                     "reorders; judged instead on what it selects from ("
-                    + ", ".join(f"'{r['name']}'" for r in m.selected["reads"])
+                    + ", ".join(reads[:4]) + (f" and {len(reads) - 4} more, listed in the "
+                                              "verification" if len(reads) > 4 else "")
                     + "), within " + ("the budget" if self.plan is not None else "tolerance")
                     + ", and on its post-processing run on the original's values of those, "
                     + m.selected["replay"] + "; --strict refuses it")

@@ -393,22 +393,27 @@ def node_reads(n: onnx.NodeProto) -> list[str]:
 SELECTION_OPS = ("TopK", "NonMaxSuppression", "NonZero")
 
 
-def selection_dependent(g: onnx.GraphProto, ops=SELECTION_OPS) -> tuple[list, dict, set]:
+def selection_dependent(g: onnx.GraphProto, ops=SELECTION_OPS,
+                        flow: bool = False) -> tuple[list, dict, set]:
     """(the first nodes of ``ops`` on each path, {tensor computed from what they select (a
     TopK: its indices): that first node}, the frontier: tensors the dependent part reads
     from the rest, weights and graph inputs aside). A TopK counts only with a constant k.
     None as the first item when control flow reads a dependent tensor. The nodes are in
-    topological order."""
+    topological order. ``flow``: a TopK with a computed k counts too, and a node with
+    bodies that reads a dependent tensor (torchvision's detectors: an If around their NMS
+    after a TopK per level whose k is min(anchors, 1000)) is dependent, what its bodies
+    read from outside counting as its inputs."""
     consts = constant_tensors(g)
     inputs = {i.name for i in g.input}
     roots, dependent, frontier = [], {}, set()
     for n in g.node:
-        root = next((dependent[t] for t in n.input if t in dependent), None)
+        reads = node_reads(n) if flow else n.input
+        root = next((dependent[t] for t in reads if t in dependent), None)
         if root is not None:
-            if node_bodies(n):
+            if node_bodies(n) and not flow:
                 return None, {}, set()
         elif n.op_type in ops and n.domain in ("", "ai.onnx") and (
-                n.op_type != "TopK" or (len(n.input) > 1 and n.input[1] in consts)):
+                n.op_type != "TopK" or flow or (len(n.input) > 1 and n.input[1] in consts)):
             roots.append(n)
             root = n
         else:
@@ -416,7 +421,7 @@ def selection_dependent(g: onnx.GraphProto, ops=SELECTION_OPS) -> tuple[list, di
         # A TopK's values are the top values whatever the order of ties: its indices select.
         outs = n.output[1:2] if n is root and n.op_type == "TopK" else n.output
         dependent.update(dict.fromkeys(outs, root))
-        frontier.update(t for t in n.input if t and t not in dependent and t not in consts
+        frontier.update(t for t in reads if t and t not in dependent and t not in consts
                         and t not in inputs)
     return roots, dependent, frontier
 
@@ -430,6 +435,14 @@ _DECISIONS = frozenset({"Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Equ
                         "ArgMax", "ArgMin", "And", "Or", "Xor", "Not"})
 
 
+def _plain(n: onnx.NodeProto) -> bool:
+    """Not a layer, a Q/DQ or a Cast to a 16-bit float: computes alike on equal inputs."""
+    half = n.op_type == "Cast" and any(
+        a.name == "to" and a.i in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+        for a in n.attribute)
+    return n.op_type not in _PLAN_CHANGED and not half
+
+
 def selection_reads(g: onnx.GraphProto) -> dict[str, tuple[onnx.NodeProto, list[str]]]:
     """{graph output computed from a selection (:func:`selection_dependent`): (the first
     selecting node on its path, the tensors its part of the graph reads from the rest, in
@@ -438,7 +451,7 @@ def selection_reads(g: onnx.GraphProto) -> dict[str, tuple[onnx.NodeProto, list[
     as the selection does: what it decides from is read instead. Only outputs whose part is
     plain post-processing: no layer, no Q/DQ, no Cast to a 16-bit float, so that, the inputs
     being equal, it computes the same on both sides; and only where it reads something."""
-    roots, dependent, _ = selection_dependent(g)
+    roots, dependent, _ = selection_dependent(g, flow=True)
     if not roots:
         return {}
     fixed = set(constant_tensors(g)) | {i.name for i in g.input} | {""}
@@ -457,11 +470,9 @@ def selection_reads(g: onnx.GraphProto) -> dict[str, tuple[onnx.NodeProto, list[
             if id(n) in seen:
                 continue
             seen.add(id(n))
-            half = n.op_type == "Cast" and any(
-                a.name == "to" and a.i in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
-                for a in n.attribute)
-            plain = n.op_type not in _PLAN_CHANGED and not half
-            for t in n.input:
+            plain = _plain(n) and all(_plain(m) for b in node_bodies(n)
+                                      for sg in graph_protos(b) for m in sg.node)
+            for t in node_reads(n):
                 if t in dependent or (t not in fixed and producer[t].op_type in _DECISIONS):
                     stack.append(t)
                 elif t not in fixed:
