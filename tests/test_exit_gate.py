@@ -1235,3 +1235,67 @@ def test_a_selection_behind_an_if_with_a_computed_k_is_judged_on_what_it_selects
     layer = make_model(_FLOW_BOXES.replace("eb = Mul (g, one)", "eb = MatMul (g, P)"),
                        _flow_boxes_inits())
     assert selection_reads(layer.graph) == {}
+
+
+_SORTED_ROWS = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 16] x) => (float[1, 64, 4] boxes) {
+        m = MatMul (x, W)
+        k = Constant <value = int64[1] {64}> ()
+        v, i = TopK <axis = 1> (m, k)
+        bb = MatMul (x, B)
+        b = Reshape (bb, shp)
+        ix = Squeeze (i, zero)
+        g = Gather <axis = 1> (b, ix)
+        boxes = MatMul (g, P)
+    }"""
+
+
+class BreaksTies(Pass):
+    """An FP32 rewrite's rounding, made plain: the score columns, equal in the original,
+    move by one ulp each (up and down in turn), so the TopK orders them otherwise."""
+
+    name = "breaks-ties"
+    phase = Phase.FUSE
+    numerics = Numerics.CLOSE
+
+    def run(self, graph, ctx):
+        w = graph.tensors()["W"]
+        v = w.values.copy()
+        v[:, ::2] = np.nextafter(v[:, ::2], np.float32(np.inf))
+        v[:, 1::2] = np.nextafter(v[:, 1::2], np.float32(-np.inf))
+        w.values = v
+        return PassResult(changed=True)
+
+
+class ScalesTheHead(BreaksTies):
+    """The same, and a wrong one: the layer after the selection scaled by 1.001."""
+
+    name = "scales-the-head"
+
+    def run(self, graph, ctx):
+        super().run(graph, ctx)
+        p = graph.tensors()["P"]
+        p.values = (p.values * np.float32(1.001)).astype(np.float32)
+        return PassResult(changed=True)
+
+
+def test_rows_a_selection_reorders_are_judged_in_any_order():
+    """A two-stage detector (fortieth round: Faster R-CNN on 32 photos): near-equal
+    scores that the rewrite's rounding reorders put the same rows in another order, and a
+    layer after the selection (the box head) makes the post-processing no plain replay:
+    the exact rewrite failed --verify (boxes cosine 0.99996 in place). Each sample's values
+    are now compared sorted as well, under FP32 numerics: the rows' order passes, said in a
+    warning; a changed value still fails; --strict refuses it."""
+    inits = _topk_boxes_inits() | {"W": np.full((16, 64), 0.5, np.float32)}
+    m = make_model(_SORTED_ROWS, inits)
+    out, report = rewriter.rewrite(m, [BreaksTies()], verify=True)
+    boxes = report.verification[0]
+    assert boxes["ok"] and boxes["cosine"] < 0.99 and boxes["unordered"].startswith("TopK")
+    assert any("agrees with each sample's values sorted" in w for w in report.warnings)
+    with pytest.raises(rewriter.VerificationError) as e:
+        rewriter.rewrite(m, [ScalesTheHead()], verify=True)
+    assert "scales-the-head" in str(e.value)
+    with pytest.raises(rewriter.VerificationError) as e:
+        rewriter.rewrite(m, [BreaksTies()], verify=True, options={"planner": {"strict": True}})
+    assert e.value.report.verification[0]["strict_refused"] == "unordered"
