@@ -55,9 +55,8 @@ class CorrectBias(Pass):
                 b.dtype), ctx.namer, "corrected")
             return None
         if node.op == "Mul":
-            # the output's rank, else the per-channel scale's ([1, C, 1] for a Conv1d): an
-            # output declared without dims reads as [], and a [1, C] correction went along
-            # its last axis
+            # the output's rank, else the per-channel scale's ([1, C, 1] for a Conv1d; a
+            # [1, C] correction went along a Conv1d's last axis where the rank was unknown)
             scale = next((x for x in node.inputs if isinstance(x, gs.Constant)), None)
             rank = len(t.shape) if t.shape else (
                 scale.values.ndim if scale is not None and scale.values.ndim >= 2 else 4)

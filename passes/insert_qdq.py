@@ -62,8 +62,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from rewriter.core.errors import PreconditionError
-from rewriter.core.graph import (StoredInt8, float32_layer, node_id, stored_int8_weight,
-                                 weight_out_axis)
+from rewriter.core.graph import (StoredInt8, conv_pads, float32_layer, node_id,
+                                 stored_int8_weight, weight_out_axis)
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
 QMAX = 127
@@ -310,19 +310,14 @@ class InsertQdq(Pass):
 
 def _no_gptq(node) -> str | None:
     """Why GPTQ's statistics cannot take this INT8 conv: "3d", or "auto-pad" (SAME_* over
-    an input whose size is not known: its pads depend on it; rewriter.quant.hessian's
-    conv_spec writes the others out), or None."""
+    an input whose size is not known: its pads depend on it, core.graph.conv_pads), or
+    None."""
     w = node.inputs[1] if node.op == "Conv" and len(node.inputs) > 1 else None
     if not isinstance(w, gs.Constant) or w.shape is None:
         return None
     if len(w.shape) > 4:
         return "3d"
-    auto = node.attrs.get("auto_pad", "NOTSET")
-    auto = auto.decode() if isinstance(auto, bytes) else auto
-    shape = node.inputs[0].shape
-    known = shape is not None and len(shape) == len(w.shape) and all(
-        isinstance(n, (int, np.integer)) and n > 0 for n in shape[2:])
-    return "auto-pad" if auto.startswith("SAME") and not known else None
+    return "auto-pad" if conv_pads(node, w.shape[2:]) is None else None
 
 
 class _Site:

@@ -55,13 +55,13 @@ def seconds_to_interrupt(fn, *args, after: float = 0.5, ready=None) -> float:
         _thread.interrupt_main()
 
     before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    timer, sent = threading.Thread(target=interrupt, daemon=True), []
+    thread, sent = threading.Thread(target=interrupt, daemon=True), []
     try:
-        timer.start()
+        thread.start()
         with pytest.raises(KeyboardInterrupt):
             fn(*args)
     finally:
-        timer.join()
+        thread.join()
         signal.signal(signal.SIGINT, before)
     return time.perf_counter() - sent[0]
 

@@ -390,6 +390,36 @@ def node_reads(n: onnx.NodeProto) -> list[str]:
 
 # Ops whose outputs select or order elements by value: what follows them changes wholesale
 # when near-equal values swap (TopK's order, which boxes NMS keeps, where NonZero is true).
+def conv_pads(node, kernel) -> list[int] | None:
+    """A gs Conv's pads in ONNX order (every begin, then every end) as its ``auto_pad``
+    sets them: NOTSET its ``pads`` (0 by default), VALID none, SAME_* the ONNX rule, out =
+    ceil(in / stride), the odd one after (UPPER) or before (LOWER); None where SAME_* pads
+    an input whose spatial sizes are not known (GPTQ's statistics and insert-qdq's count
+    of the convs they cannot round)."""
+    auto = node.attrs.get("auto_pad", "NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    k = len(kernel)
+    if auto in ("NOTSET", ""):
+        return [int(v) for v in node.attrs.get("pads", [0] * (2 * k))]
+    if auto == "VALID":
+        return [0] * (2 * k)
+    shape = node.inputs[0].shape
+    sizes = list(shape[2:]) if shape is not None and len(shape) == k + 2 else []
+    if auto not in ("SAME_UPPER", "SAME_LOWER") or len(sizes) != k or not all(
+            isinstance(n, (int, np.integer)) and n > 0 for n in sizes):
+        return None
+    strides = node.attrs.get("strides", [1] * k)
+    dilations = node.attrs.get("dilations", [1] * k)
+    begin, end = [], []
+    for n, kk, st, dl in zip(sizes, kernel, strides, dilations):
+        total = max(0, (-(-int(n) // int(st)) - 1) * int(st) + (int(kk) - 1) * int(dl) + 1
+                    - int(n))
+        small = total // 2
+        begin.append(total - small if auto == "SAME_LOWER" else small)
+        end.append(total - begin[-1])
+    return begin + end
+
+
 SELECTION_OPS = ("TopK", "NonMaxSuppression", "NonZero")
 
 

@@ -756,7 +756,7 @@ def load_calibration(source, model: onnx.ModelProto | str | os.PathLike,
                 raise InputError(f"{root}: an image folder needs a single-input model; "
                                  f"inputs: {names}")
             shapes = input_shapes or {}
-            given = shapes.get(names[0], shapes.get("", shapes.get(None)))
+            given = shapes.get(names[0], shapes.get(""))
             reader = _ImageReader(inputs[0], Preprocess.from_dict(preprocess), given)
             b0 = inputs[0].dims[0]
             if b0 is not None:

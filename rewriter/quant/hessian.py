@@ -56,47 +56,22 @@ def conv_spec(node, weight_shape) -> ConvSpec | None:
     """The spec of a gs Conv node with a 4-D weight, or a 3-D one (a 1-D conv is a 2-D conv
     of height 1: its input is read as [N, C, 1, L]); None for 3-D convs, and for an
     auto_pad SAME_* over an input whose size is not known (its pads depend on it)."""
-    from rewriter.core.graph import node_id
+    from rewriter.core.graph import conv_pads, node_id
 
     if len(weight_shape) not in (3, 4):
         return None
     one = len(weight_shape) == 3
     kh, kw = (1, int(weight_shape[2])) if one else (int(weight_shape[2]), int(weight_shape[3]))
-    s = node.attrs.get("strides", [1] if one else [1, 1])
-    d = node.attrs.get("dilations", [1] if one else [1, 1])
-    p = node.attrs.get("pads", [0, 0] if one else [0, 0, 0, 0])
-    if one:
-        s, d, p = [1, s[0]], [1, d[0]], [0, p[0], 0, p[1]]
-    p = _explicit_pads(node, (kh, kw), s, d, p, one)
+    p = conv_pads(node, [int(k) for k in weight_shape[2:]])
     if p is None:
         return None
+    s = node.attrs.get("strides", [1] if one else [1, 1])
+    d = node.attrs.get("dilations", [1] if one else [1, 1])
+    if one:
+        s, d, p = [1, s[0]], [1, d[0]], [0, p[0], 0, p[1]]
     return ConvSpec(node_id(node), node.inputs[0].name, (kh, kw), (int(s[0]), int(s[1])),
                     (int(p[0]), int(p[1]), int(p[2]), int(p[3])), (int(d[0]), int(d[1])),
                     int(node.attrs.get("group", 1)), int(weight_shape[1]) * kh * kw)
-
-
-def _explicit_pads(node, kernel, s, d, p, one: bool) -> list | None:
-    """``p`` (2-D order: top, left, bottom, right) as auto_pad sets it: VALID none, SAME_*
-    the ONNX rule, out = ceil(in / stride), the odd one after (UPPER) or before (LOWER);
-    None where the input's size is not known."""
-    auto = node.attrs.get("auto_pad", "NOTSET")
-    auto = auto.decode() if isinstance(auto, bytes) else auto
-    if auto in ("NOTSET", ""):
-        return list(p)
-    if auto == "VALID":
-        return [0, 0, 0, 0]
-    shape = node.inputs[0].shape
-    sizes = ([1] if one else []) + list(shape[2:]) if shape is not None else []
-    if auto not in ("SAME_UPPER", "SAME_LOWER") or len(sizes) != 2 or not all(
-            isinstance(n, (int, np.integer)) and n > 0 for n in sizes):
-        return None
-    begin, end = [], []
-    for n, k, st, dl in zip(sizes, kernel, s, d):
-        total = max(0, (-(-int(n) // int(st)) - 1) * int(st) + (k - 1) * int(dl) + 1 - int(n))
-        small = total // 2
-        begin.append(total - small if auto == "SAME_LOWER" else small)
-        end.append(total - begin[-1])
-    return begin + end
 
 
 def conv_specs(nodes: list) -> list[ConvSpec]:
