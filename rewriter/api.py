@@ -1651,13 +1651,13 @@ class _Rewrite:
                     + "), within " + ("the budget" if self.plan is not None else "tolerance")
                     + ", and on its post-processing run on the original's values of those, "
                     + m.selected["replay"] + "; --strict refuses it")
-        for m in metrics:   # passed on its values sorted (verifier.allow_order)
+        for m in metrics:   # passed on its rows matched in any order (verifier.allow_order)
             if m.unordered and (m.ok or m.strict_refused):
                 self.report.warnings.append(
                     f"output '{m.name}' differs in place ({_short(m)}) and agrees with each "
-                    f"sample's values sorted: it is computed from what {m.unordered} selects, "
-                    "which orders near-equal values otherwise after the rewrite's rounding; "
-                    "--strict refuses it")
+                    "sample's rows matched in another order: it is computed from what "
+                    f"{m.unordered} selects, which orders near-equal values otherwise after "
+                    "the rewrite's rounding; --strict refuses it")
         from rewriter.verify.certify import modelled_by
         for m in metrics:   # passed, but only because the data cannot decide (verifier)
             c = m.certificate

@@ -1272,22 +1272,70 @@ class ScalesTheHead(BreaksTies):
         return PassResult(changed=True)
 
 
+class SwapsTheCorners(BreaksTies):
+    """The same, and a wrong one: every box's first two coordinates swapped (x1 <-> y1),
+    the set of values in each sample kept."""
+
+    name = "swaps-the-corners"
+
+    def run(self, graph, ctx):
+        super().run(graph, ctx)
+        p = graph.tensors()["P"]
+        p.values = np.ascontiguousarray(p.values[:, [1, 0, 2, 3]])
+        return PassResult(changed=True)
+
+
 def test_rows_a_selection_reorders_are_judged_in_any_order():
     """A two-stage detector (fortieth round: Faster R-CNN on 32 photos): near-equal
     scores that the rewrite's rounding reorders put the same rows in another order, and a
     layer after the selection (the box head) makes the post-processing no plain replay:
-    the exact rewrite failed --verify (boxes cosine 0.99996 in place). Each sample's values
-    are now compared sorted as well, under FP32 numerics: the rows' order passes, said in a
-    warning; a changed value still fails; --strict refuses it."""
+    the exact rewrite failed --verify (boxes cosine 0.99996 in place). Each sample's rows
+    are now matched as rows as well, under FP32 numerics: the rows' order passes, said in a
+    warning; a changed value, or coordinates swapped within every box, still fails;
+    --strict refuses it."""
     inits = _topk_boxes_inits() | {"W": np.full((16, 64), 0.5, np.float32)}
     m = make_model(_SORTED_ROWS, inits)
     out, report = rewriter.rewrite(m, [BreaksTies()], verify=True)
     boxes = report.verification[0]
     assert boxes["ok"] and boxes["cosine"] < 0.99 and boxes["unordered"].startswith("TopK")
-    assert any("agrees with each sample's values sorted" in w for w in report.warnings)
+    assert any("agrees with each sample's rows matched" in w for w in report.warnings)
     with pytest.raises(rewriter.VerificationError) as e:
         rewriter.rewrite(m, [ScalesTheHead()], verify=True)
     assert "scales-the-head" in str(e.value)
+    # Rows are matched as rows: the same values in each sample, not in the same boxes, fail
+    # (sorting each sample's values flattened passed this, with the warning).
+    with pytest.raises(rewriter.VerificationError) as e:
+        rewriter.rewrite(m, [SwapsTheCorners()], verify=True)
+    assert "swaps-the-corners" in str(e.value) and not e.value.report.verification[0]["ok"]
     with pytest.raises(rewriter.VerificationError) as e:
         rewriter.rewrite(m, [BreaksTies()], verify=True, options={"planner": {"strict": True}})
     assert e.value.report.verification[0]["strict_refused"] == "unordered"
+
+
+def test_rows_are_matched_whole_through_near_ties_in_a_coordinate():
+    """match_rows, which --verify's order judgement pairs a selection's rows by: rows in
+    another order are found again although their first coordinates nearly tie (boxes
+    clipped to the image's edge, near-equal x1 that the rewrite's rounding reorders, which
+    a lexicographic sort would pair wrongly), per sample, for rows of 4, of one value and
+    of 64 (masks); a coordinate moved within its row is not matched away."""
+    from rewriter.verify.verifier import match_rows
+    r = np.random.default_rng(3)
+    ref = r.uniform(0, 300, (3, 40, 4)).astype(np.float32)
+    ref[:, :10, 0] = 0                                      # clipped to the left edge
+    ref[:, 10:20, 0] = 17 + r.uniform(-1e-5, 1e-5, (3, 10))  # x1 within rounding
+    out = np.stack([s[r.permutation(40)] for s in ref])
+    out[:, :, 0] += r.uniform(-2e-5, 2e-5, (3, 40)).astype(np.float32)
+    got = match_rows(ref, out)
+    assert np.abs(got - ref).max() < 1e-4
+    lex = np.stack([s[np.lexsort(s.T[::-1])] for s in out])
+    want = np.stack([s[np.lexsort(s.T[::-1])] for s in ref])
+    assert np.abs(lex - want).max() > 1      # sorted lexicographically, rows cross
+    swapped = out[:, :, [1, 0, 2, 3]]
+    assert np.abs(match_rows(ref, swapped) - ref).max() > 10
+    masks = r.standard_normal((2, 12, 1, 8, 8)).astype(np.float32)
+    moved = masks[:, r.permutation(12)]
+    assert np.array_equal(match_rows(masks, moved), masks)
+    scores = r.standard_normal((2, 30)).astype(np.float32)
+    assert np.array_equal(match_rows(scores, scores[:, ::-1]), scores)
+    assert match_rows(scores, scores[:, :29]) is None
+    assert match_rows(scores[:, :1], scores[:, :1]) is None

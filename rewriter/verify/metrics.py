@@ -58,8 +58,9 @@ class OutputMetrics:
                                # shapes agree, nothing was compared
     selected: dict | None = None   # lossy, picked by a TopK/NMS/NonZero: {"by": that op,
                                    # "reads": the judgements of what it selects from}
-    unordered: str = ""   # FP32, passed on each sample's values sorted: the selection
-                          # (named here) ordered near-equal values otherwise (Verifier.check)
+    unordered: str = ""   # FP32, passed on each sample's rows matched in another order:
+                          # the selection (named here) ordered near-equal values otherwise
+                          # (Verifier.allow_order)
 
     def to_dict(self) -> dict:
         return asdict(self)

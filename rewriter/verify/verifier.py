@@ -182,12 +182,13 @@ class Verifier:
     def allow_order(self, metrics: list[OutputMetrics], outs: list, numerics: Numerics,
                     depth: int) -> None:
         """An FP32 miss on an output computed from a selection (TopK, NMS, NonZero, behind
-        control flow too), of the original's shape, judged again on each sample's values
-        sorted: near-equal scores that a rewrite's rounding reorders put the same boxes in
-        another order (fortieth round: Faster R-CNN's exact rewrite on 32 photos, boxes
-        cosine 0.99996 in place, 7.1e-6 sorted; its proposals reorder before the box head,
-        so what the last selection reads differs in order too). Sorting moves no value
-        more than any pairing does, so a rewrite that changed a value still fails;
+        control flow too), of the original's shape, judged again with each sample's rows
+        matched as rows (:func:`match_rows`): near-equal scores that a rewrite's rounding
+        reorders put the same boxes in another order (fortieth round: Faster R-CNN's exact
+        rewrite on 32 photos, boxes cosine 0.99996 in place, 7.1e-6 reordered; its proposals
+        reorder before the box head, so what the last selection reads differs in order
+        too). A row keeps its values together (a box its four coordinates), so a rewrite
+        that changed a value, or moved one within its row (x1 <-> y1), still fails;
         --strict refuses an output passed so."""
         if numerics is Numerics.LOSSY or not any(
                 not m.ok and m.shape_ok for m in metrics):
@@ -196,12 +197,11 @@ class Verifier:
         for i, m in enumerate(metrics):
             if m.ok or not m.shape_ok or m.name not in chosen:
                 continue
-            ref, out = np.asarray(self.reference[i]), np.asarray(outs[i])
-            rows = max(1, ref.shape[0] if ref.ndim else 1)
-            key = (lambda a: np.sort(a.reshape(rows, -1), axis=1)) if ref.size else None
-            if key is None:
+            ref = np.asarray(self.reference[i])
+            matched = match_rows(ref, np.asarray(outs[i]))
+            if matched is None:
                 continue
-            j = self.judge_output(f"{m.name} (sorted)", key(ref), key(out), False, numerics,
+            j = self.judge_output(f"{m.name} (rows matched)", ref, matched, False, numerics,
                                   depth, units=False)
             if j.ok:
                 root = chosen[m.name]
@@ -507,6 +507,61 @@ class Verifier:
         tol = abs_tolerance(full, name, j.classes) if units else None
         return j if tol is None else judge_abs(j, name, ref, out, tol,
                                                self.min_within(), real=real)
+
+
+MATCH_ROWS = 2048   # rows a sample at most for match_rows (its distances n x n float64)
+
+
+def match_rows(ref: np.ndarray, out: np.ndarray) -> np.ndarray | None:
+    """``out`` (joined one sample per row of axis 0, as ``ref``) with each sample's rows put
+    in the order of the reference rows they match; None where a sample has one row, more
+    than MATCH_ROWS, or the shapes differ. A sample's rows run along its first axis longer
+    than 1 (a detector's [N, 4] boxes: N rows of 4 coordinates; [N, 1, h, w] masks: N of
+    h * w), each kept whole, so only the rows' order can change: a value moved within its
+    row (x1 <-> y1) still compares with the row it left. A row of one value (scores,
+    labels) is matched by sorting; longer rows by mutual nearest neighbours, repeated (the
+    closest remaining pair is always mutual; after 64 rounds each remaining row takes its
+    nearest), on 16 seeded projections of rows longer than 16. Which pairing is taken
+    decides nothing by itself: the caller judges the pairs, so a poor one can only fail."""
+    if ref.shape != out.shape or ref.ndim < 2 or ref.dtype.kind not in "biuf":
+        return None
+    axis = next((k for k, d in enumerate(ref.shape[1:]) if d > 1), None)
+    if axis is None or ref.shape[axis + 1] > MATCH_ROWS:
+        return None
+    n = ref.shape[axis + 1]
+    a_all, b_all = ref.reshape(len(ref), n, -1), out.reshape(len(out), n, -1)
+    width = a_all.shape[2]
+    proj = (np.random.default_rng(0).standard_normal((width, 16)) if width > 16 else None)
+    matched = np.empty_like(b_all)
+    for s in range(len(a_all)):     # a sample at a time: a mask output is large
+        a, b = (np.nan_to_num(x[s].astype(np.float64), posinf=1e300, neginf=-1e300)
+                for x in (a_all, b_all))
+        if width == 1:
+            order = np.empty(n, np.int64)
+            order[np.argsort(a[:, 0], kind="stable")] = np.argsort(b[:, 0], kind="stable")
+            matched[s] = b_all[s][order]
+            continue
+        if proj is not None:
+            a, b = a @ proj, b @ proj
+        dist = np.zeros((n, n))
+        for c in range(a.shape[1]):
+            dist += (a[:, c, None] - b[None, :, c]) ** 2
+        order = np.empty(n, np.int64)
+        left_a, left_b = np.arange(n), np.arange(n)
+        for _ in range(64):     # a handful of rounds, unless distances form long chains
+            if not left_a.size:
+                break
+            sub = dist[np.ix_(left_a, left_b)]
+            near_b = sub.argmin(1)
+            mutual = sub.argmin(0)[near_b] == np.arange(left_a.size)
+            order[left_a[mutual]] = left_b[near_b[mutual]]
+            left_a = left_a[~mutual]
+            left_b = np.delete(left_b, near_b[mutual])
+        for i in left_a:        # then each remaining row its nearest remaining one
+            k = int(dist[i, left_b].argmin())
+            order[i], left_b = left_b[k], np.delete(left_b, k)
+        matched[s] = b_all[s][order]
+    return matched.reshape(out.shape)
 
 
 def reference_traits(runs: list[list[np.ndarray]], feed_sets: list[dict],
