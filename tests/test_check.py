@@ -506,6 +506,14 @@ def test_dynamic_dims_need_input_shape():
     assert named(other, "input-shape-unknown-input") == ["z"]
     wrong = check_model(model, input_shapes={"x": [2, 4, 5, 8]})
     assert named(wrong, "input-shape-mismatch") == ["x"]
+    # A shape without a name (--input-shape 2x3x5x8, as the help allows) is the input of
+    # its rank's, as the feeds read it: it warned that x was symbolic, suggesting the very
+    # shape given, and that '' was no graph input.
+    assert check_model(model, input_shapes={"": [2, 3, 5, 8]}).findings == []
+    assert named(check_model(model, input_shapes={"": [2, 4, 5, 8]}),
+                 "input-shape-mismatch") == ["x"]
+    (f,) = check_model(model, input_shapes={"": [2, 3, 5]}).findings[1:]
+    assert f.code == "input-shape-unknown-input" and "fits no graph input" in f.message
 
 
 def test_conv_channels_not_multiple_is_info():

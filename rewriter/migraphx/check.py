@@ -1068,7 +1068,7 @@ class _Checker:
     def check_inputs(self, g: _Graph) -> None:
         dd = self.profile.get("dynamic_dims", {})
         inits = set(g.inits)
-        names = set()
+        names, nameless = set(), False
         for vi in g.graph.input:
             if vi.name in inits:
                 continue   # old-IR models list weights as inputs too
@@ -1079,6 +1079,9 @@ class _Checker:
             dims = ([d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
                      for d in tt.shape.dim] if tt.HasField("shape") else None)
             given = self.input_shapes.get(vi.name)
+            if given is None and dims is not None and len(self.input_shapes.get("", ())) == len(
+                    dims):   # a shape without a name: the input of its rank's (as the feeds)
+                given, nameless = self.input_shapes[""], True
             if given is not None:
                 if dims is not None and (len(given) != len(dims) or any(
                         isinstance(d, int) and d > 0 and d != v for d, v in zip(dims, given))):
@@ -1104,10 +1107,13 @@ class _Checker:
                          f"uses {dd.get('silent_value', 1)}; pass e.g. --input-shape "
                          f"{vi.name}:{'x'.join(str(d) for d in self.example(vi.name, dims))}"
                          f" with your sizes at position(s) {bad}")
-        for name in sorted(set(self.input_shapes) - names):
+        for name in sorted(set(self.input_shapes) - names - ({""} if nameless else set())):
+            dims = "x".join(map(str, self.input_shapes[name]))
             self.add("warning", "input-shape-unknown-input", name, "graph input",
                      f"--input-shape names '{name}', which is not a graph input "
-                     f"(inputs: {sorted(names)})")
+                     f"(inputs: {sorted(names)})" if name else
+                     f"--input-shape {dims} (no name) fits no graph input of its rank "
+                     f"(inputs: {sorted(names)}): it is not used")
         self.check_channels(g)
 
     def check_channels(self, g: _Graph) -> None:
