@@ -213,6 +213,25 @@ def test_a_sigint_handler_set_outside_python_is_left_alone(tmp_path, monkeypatch
     assert lowering.run_driver(driver, "m.onnx", {}, passes=[])[:2] == (0, "ok\n")
 
 
+def test_a_driver_started_where_sigint_is_ignored_ignores_it_too(tmp_path):
+    """A caller that ignores SIGINT (a script's background job, nohup, a toolchain leaving
+    ^C to its foreground tool) had its driver start with the interrupt held by a handler,
+    which exec resets to the default: the driver, no longer ignoring SIGINT as a child of
+    such a caller does, was killed by a ^C that the caller itself ignored. Nothing can
+    interrupt such a caller (``interrupt_main`` does nothing either), so nothing is held."""
+    import signal
+
+    driver = _fake_driver(tmp_path, "grep SigIgn /proc/$$/status")
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        for _ in range(2):   # two drivers, one after the other
+            rc, out, _ = lowering.run_driver(driver, "m.onnx", {}, passes=[])
+            assert rc == 0 and int(out.split()[1], 16) & (1 << signal.SIGINT - 1), out
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 @pytest.mark.migraphx
 def test_layers_are_named_right_on_migraphx(tmp_path, migraphx_version, migraphx_driver):
     """A plan that puts every other layer in INT8, and one INT8 layer that cannot lower (its

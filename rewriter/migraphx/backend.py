@@ -427,13 +427,15 @@ def spawn(cmd: list[str], **kwargs):
     child running with no handle to kill it by (a migraphx-driver, a MIGraphX child). An
     interrupt held is raised once the child is killed. Held in the main thread only (the
     one interrupts reach; signal handlers are set there), and where the SIGINT handler
-    is Python's to set back."""
+    is Python's to set back. Not where SIGINT is ignored: nothing can interrupt then, and
+    a child started under a handler would not inherit the ignoring (exec resets a handled
+    signal to the default), so a ^C its caller ignores would kill it."""
     import signal
     import subprocess
 
     if threading.current_thread() is not threading.main_thread() \
-            or signal.getsignal(signal.SIGINT) is None:   # a handler set outside Python
-        return subprocess.Popen(cmd, **kwargs)            # cannot be put back: left alone
+            or signal.getsignal(signal.SIGINT) in (None, signal.SIG_IGN):   # None: set
+        return subprocess.Popen(cmd, **kwargs)   # outside Python, cannot be put back
     held: list[int] = []
     before = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
     try:
