@@ -36,6 +36,7 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -248,6 +249,12 @@ def from_dict(d: Any, source: str) -> Plan:
                          f"{', '.join(METHODS)}")
     if not 50.0 < (_number(cal["percentile"], f"plan {source}: percentile") or 0) <= 100.0:
         raise InputError(f"plan {source}: percentile must be in (50, 100]")
+    for k, low in (("samples", 1), ("num_bins", 2)):   # int(): .inf was exit 3, 2.5 ran as 2
+        v = _number(cal[k], f"plan {source}: int8.calibration.{k}")
+        if v is None or not math.isfinite(v) or v != int(v) or v < low:
+            raise InputError(f"plan {source}: int8.calibration.{k} must be a whole number of "
+                             f"at least {low}, not {cal[k]!r}")
+        cal[k] = int(cal[k]) if isinstance(cal[k], int) else int(v)
     p.int8 = {"calibration": cal,
               "weights": int8.get("weights", "per-channel"),
               "weight_form": int8.get("weight_form", "auto"),
@@ -280,6 +287,9 @@ def from_dict(d: Any, source: str) -> Plan:
     _no_unknown(ver, set(LOSSY_DEFAULT), f"plan {source}: verify")
     p.verify = {k: _number(ver.get(k, v), f"plan {source}: verify.{k}")
                 for k, v in LOSSY_DEFAULT.items() if k != "max_abs"}
+    for k, v in p.verify.items():   # min_sqnr_db .nan was taken and failed every sample
+        if v is not None and not math.isfinite(v):
+            raise InputError(f"plan {source}: verify.{k} must be a finite number, not {v}")
     p.verify["max_abs"] = max_abs_setting(ver.get("max_abs"), f"plan {source}: verify")
     if p.verify["min_within"] is None:   # null: the default (it was a TypeError, exit 3)
         p.verify["min_within"] = LOSSY_DEFAULT["min_within"]

@@ -676,11 +676,15 @@ def _settings(settings: dict | None) -> dict:
             try:
                 if isinstance(s[k], bool):
                     raise TypeError
-                s[k] = kind(s[k])
+                v = float(s[k])
             except (TypeError, ValueError):
                 raise InputError(f"planner setting {k} must be a number, not {s[k]!r}") from None
-            if not np.isfinite(s[k]):   # nan passed every bound below; both were planned on
-                raise InputError(f"planner setting {k} must be a finite number, not {s[k]}")
+            if not np.isfinite(v):   # nan passed every bound below; both were planned on
+                raise InputError(f"planner setting {k} must be a finite number, not {v}")
+            if kind is int and v != int(v):   # int(): 8.5 samples ran as 8
+                raise InputError(f"planner setting {k} must be a whole number, not {s[k]!r}")
+            s[k] = kind(v) if kind is float or not isinstance(s[k], (int, np.integer)) \
+                else int(s[k])
     from rewriter.verify.metrics import check_budget, max_abs_setting
     s["max_abs"] = max_abs_setting(s["max_abs"], "planner setting")
     if (settings or {}).get("min_within") is not None and s["max_abs"] is None:

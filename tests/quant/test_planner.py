@@ -784,6 +784,42 @@ def test_a_plan_files_verify_value_that_is_not_a_number_is_one_line(tmp_path, ve
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("text, message", [
+    ("int8: {calibration: {samples: .inf}}",
+     r"int8.calibration.samples must be a whole number of at least 1, not inf"),
+    ("int8: {calibration: {samples: abc}}", "int8.calibration.samples must be a number"),
+    ("int8: {calibration: {samples: 2.5}}", "samples must be a whole number .*, not 2.5"),
+    ("int8: {calibration: {samples: true}}", "samples must be a number, not True"),
+    ("int8: {calibration: {num_bins: .inf}}", "num_bins must be a whole number .*, not inf"),
+    ("int8: {calibration: {num_bins: 300.7}}", "num_bins must be a whole number .*, not 300.7"),
+    ("verify: {min_sqnr_db: .nan}", "verify.min_sqnr_db must be a finite number, not nan"),
+    ("verify: {min_sqnr_db: .inf}", "verify.min_sqnr_db must be a finite number, not inf"),
+])
+def test_a_plan_files_calibration_counts_are_whole_and_finite(tmp_path, text, message):
+    """A plan file's calibration samples and num_bins went through int(): .inf was an
+    internal error (OverflowError, exit 3), as was text; 2.5 ran as 2, 300.7 bins as 300,
+    true as 1 sample; a min_sqnr_db of .nan or .inf was taken (failing every sample)."""
+    from rewriter.quant import plan as plan_mod
+    path = tmp_path / "p.yaml"
+    path.write_text(f"version: 1\ndefault: int8\n{text}\n")
+    with pytest.raises(rewriter.InputError, match=message) as e:
+        plan_mod.load(str(path))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"samples": float("inf")}, "planner setting samples must be a finite number, not inf"),
+    ({"num_bins": float("inf")}, "planner setting num_bins must be a finite number, not inf"),
+    ({"samples": 8.5}, "planner setting samples must be a whole number, not 8.5"),
+    ({"folds": 2.5}, "planner setting folds must be a whole number, not 2.5"),
+])
+def test_a_planner_count_is_whole_and_finite(settings, message):
+    """The API's whole-number planner settings went through int(): inf escaped as an
+    OverflowError (no InputError), 8.5 samples ran as 8, 2.5 folds as 2."""
+    with pytest.raises(rewriter.InputError, match=message):
+        plan_auto(MODEL, samples(8), settings=settings)
+
+
 @pytest.mark.parametrize("name, text, message", [
     ("int-8", None, r"plan 'int-8': no such file \(built-in plans: default, int8, fp16, auto\); "
      "did you mean 'int8'\\?"),
