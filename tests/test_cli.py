@@ -1884,3 +1884,56 @@ def test_every_commands_json_is_standard(tmp_path, capfd, monkeypatch):
     assert code == 0, err
     assert standard((tmp_path / "p.json").read_text())["odd"] == want
     assert standard((tmp_path / "p.sensitivity.json").read_text())["odd"] == want
+
+
+def test_held_out_samples_are_joined_to_the_batch_input_shape_gives():
+    """MIGraphX compiles --input-shape's batch (images:4x3x12x16) and ran the held-out
+    calibration images, one a sample, at batch 1: exit 2, 'the compiled program expects
+    [4, 3, 12, 16]: pass input_shapes', which was given. They are joined into batches of
+    the given size, the last one filled from the first samples; nothing is joined where
+    the other dims differ or the samples' batch is not a whole part of the given one."""
+    from rewriter.migraphx.target import _feed_sets
+    rng = np.random.default_rng(0)
+    held = [{"images": rng.standard_normal((1, 3, 12, 16)).astype(np.float32)}
+            for _ in range(6)]
+    for shapes in ({"images": [4, 3, 12, 16]}, {"": [4, 3, 12, 16]}):
+        got = _feed_sets(None, shapes, None, 0, held, object(), 8)
+        assert [f["images"].shape for f in got] == [(4, 3, 12, 16)] * 2 and got[0].per == 4
+        assert np.array_equal(got[1]["images"], np.concatenate(
+            [held[4]["images"], held[5]["images"], held[0]["images"], held[1]["images"]]))
+    for shapes in ({"images": [4, 3, 12, 15]}, {"images": [1, 3, 12, 16]}, {"x": [4, 3, 12, 16]},
+                   {"": [4, 3, 12]}, {}):
+        got = _feed_sets(None, shapes, None, 0, held, object(), 8)
+        assert [f["images"].shape for f in got] == [(1, 3, 12, 16)] * 6, shapes
+    twos = [{"images": np.concatenate([h["images"]] * 2)} for h in held]
+    assert [f["images"].shape[0] for f in _feed_sets(
+        None, {"images": [4, 3, 12, 16]}, None, 0, twos, object(), 8)] == [4] * 3
+    assert [f["images"].shape[0] for f in _feed_sets(
+        None, {"images": [3, 3, 12, 16]}, None, 0, twos, object(), 8)] == [2] * 6
+
+
+@pytest.mark.migraphx
+def test_image_calibration_at_a_batch_of_four_compiles_on_migraphx(tmp_path, capfd,
+                                                                   migraphx_version):
+    """The batch of --input-shape images:4x3x12x16, with images in --calib (one a sample)
+    and --target migraphx: exit 2 before (the compiled program expected batch 4); the
+    held-out images now run four at a time."""
+    Image = pytest.importorskip("PIL.Image")
+    src = tmp_path / "m.onnx"
+    onnx.save(make_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 3, H, W] images) => (float[N, 4, H, W] y) {
+      a = Conv <pads = [1, 1, 1, 1]> (images, w1)
+      r = Relu(a)
+      y = Conv <pads = [1, 1, 1, 1]> (r, w2)
+    }""", {"w1": [4, 3, 3, 3], "w2": [4, 4, 3, 3]}), src)
+    rng = np.random.default_rng(1)
+    (tmp_path / "imgs").mkdir()
+    for i in range(10):
+        Image.fromarray(rng.integers(0, 256, (13, 17, 3), dtype=np.uint8)).save(
+            tmp_path / "imgs" / f"{i}.png")
+    code, out, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--plan", "int8", "--calib",
+                         tmp_path / "imgs", "--verify", "--input-shape", "images:4x3x12x16",
+                         "--target", "migraphx", "--migraphx-target", "ref")
+    assert code == 0, err
+    assert "compiled, 1 sample(s) (each 4 joined: the batch --input-shape gives)" in out, out

@@ -485,6 +485,8 @@ def render(info: dict[str, Any]) -> str:
         lines.append(f"{head}: {info['error']}")
     else:
         lines.append(f"{head}: compiled, {info['samples']} sample(s)" + (
+            f" (each {info['joined']} joined: the batch --input-shape gives)"
+            if info.get("joined") else "") + (
             f" ({info['other_shapes']} given of other shapes not run: one compiled shape)"
             if info.get("other_shapes") else "") + f", judged by {info['judged_by']}:")
         ort = {m["name"]: m for m in info.get("onnxruntime", [])}
@@ -771,6 +773,8 @@ def _compile_output(report, checked, exported, original, base_dir, output, mgx, 
             progress=bool(mgx.get("progress")),
             unknown=(_unknown_in_original(result, original), result.profile.get("ops_source")))
         info = report.extra["compile"]
+        if feed_sets and getattr(feed_sets[0], "per", 1) > 1:
+            info["joined"] = feed_sets[0].per
         given = [inputs] if isinstance(inputs, dict) else inputs or []
         first = {k: np.shape(v) for k, v in feed_sets[0].items()} if feed_sets else {}
         other = sum({k: np.shape(v) for k, v in f.items()} != first for f in given)
@@ -864,10 +868,45 @@ def _feed_sets(original, input_shapes, inputs, seed, held_out, plan, samples: in
         given = held_out if inputs is None else [inputs] if isinstance(inputs, dict) else inputs
         first = {k: np.shape(v) for k, v in given[0].items()}
         same = [f for f in given if {k: np.shape(v) for k, v in f.items()} == first]
-        return same[:max(2 if inputs is None else 1, samples)]
+        return _batched(same, input_shapes)[:max(2 if inputs is None else 1, samples)]
     n = max(2, samples) if plan is not None else 1
     return [make_feeds(original, input_shapes, seed + i, fill=fill, ints=ints,
                        fill_batch=fill_batch) for i in range(n)]
+
+
+def _batched(feeds: list, input_shapes) -> list:
+    """Samples of a smaller batch than --input-shape gives (calibration images, one a
+    sample; --input-shape images:4x3x96x128), joined on axis 0 into batches of that size,
+    the last one filled from the first samples: MIGraphX compiles the given batch, and ran
+    them at theirs (exit 2, 'the compiled program expects [4, 3, 96, 128]: pass
+    input_shapes', which was given). Unchanged unless every input's samples are a whole
+    part of its given batch, the other dims equal."""
+    shapes = input_shapes or {}
+    if not feeds:
+        return feeds
+    parts = set()
+    for k, v in feeds[0].items():
+        have = np.shape(v)
+        want = shapes.get(k, shapes.get("") if len(shapes.get("", ())) == len(have) else None)
+        if want is None or len(want) != len(have) or not have or have[0] < 1 \
+                or list(have[1:]) != [int(d) for d in want[1:]] or int(want[0]) % have[0]:
+            return feeds
+        parts.add(int(want[0]) // have[0])
+    if len(parts) != 1 or parts == {1}:
+        return feeds
+    (k,) = parts
+    groups = -(-len(feeds) // k)
+    return [_Joined(k, {n: np.concatenate([feeds[(g * k + i) % len(feeds)][n]
+                                           for i in range(k)]) for n in feeds[0]})
+            for g in range(groups)]
+
+
+class _Joined(dict):
+    """A feed of ``per`` samples joined (:func:`_batched`), said in the compile line."""
+
+    def __init__(self, per: int, feed: dict):
+        super().__init__(feed)
+        self.per = per
 
 
 def _same_feeds(a: list, b: list) -> bool:
