@@ -140,6 +140,25 @@ def test_a_pass_error_whose_cause_does_not_pickle_still_crosses():
     assert repr(back.cause) == "RuntimeError('_Unpicklable: held a lock')"
 
 
+class _TwoArguments(Exception):
+    def __init__(self, message, code):
+        super().__init__(message)
+        self.code = code
+
+
+def test_a_pass_error_whose_cause_does_not_unpickle_still_crosses():
+    """A cause that pickles but is not rebuilt from its args (an exception whose __init__
+    takes more than the message it passes on: a common pattern) passed the check, which
+    only pickled it, and the caller's unpickling raised "missing 1 required positional
+    argument" in the PassError's place. The round trip is checked now."""
+    e = PassError("crash", ["fold-constants"], _TwoArguments("bad code", 7))
+    back = pickle.loads(pickle.dumps(e))
+    assert type(back) is PassError and str(back) == str(e) and back.pass_name == "crash"
+    assert repr(back.cause) == "RuntimeError('_TwoArguments: bad code')"
+    kept = pickle.loads(pickle.dumps(PassError("crash", [], ValueError("v"))))
+    assert repr(kept.cause) == "ValueError('v')"   # a cause that crosses goes as itself
+
+
 def test_report_ok_says_the_migraphx_step_failed():
     """report.ok (and verified, and "ok" in the JSON) stayed True when the MIGraphX step
     refused or missed, where the CLI exits 1 or 2: an integrator gating on them shipped

@@ -50,9 +50,9 @@ class PassError(RewriteError):
         import pickle
 
         cause = self.cause
-        try:   # a cause holding a lock or a session made this error unpicklable too
-            pickle.dumps(cause)
-        except Exception:  # noqa: BLE001 - whatever pickle raises: its type and words go
+        try:   # a cause holding a lock or a session made this error unpicklable too, and
+            pickle.loads(pickle.dumps(cause))   # one whose __init__ takes more than its
+        except Exception:  # noqa: BLE001 - args failed in the caller: its type and words go
             cause = RuntimeError(f"{type(cause).__name__}: {cause}")
         return type(self), (self.pass_name, self.before, cause), {
             **self.__dict__, "cause": cause, "args": self.args}
