@@ -294,7 +294,7 @@ class InsertQdq(Pass):
                 ("GPTQ rounding takes 1-D and 2-D convs" if why == "3d" else
                  "GPTQ rounding needs a conv's pads")
                 + f": {len(ids)} INT8 conv{'s' * (len(ids) > 1)} "
-                + ("(3-D)" if why == "3d" else "(auto_pad over an input of unknown size)")
+                + ("(3-D)" if why == "3d" else "(an auto_pad ONNX does not know)")
                 + " rounded to nearest: " + ", ".join(ids[:3])
                 + (f" and {len(ids) - 3} more" if len(ids) > 3 else ""))
         for reason, ids in kept.items():   # one line a reason (MViT-V2: 48 lines of one)
@@ -309,15 +309,18 @@ class InsertQdq(Pass):
 
 
 def _no_gptq(node) -> str | None:
-    """Why GPTQ's statistics cannot take this INT8 conv: "3d", or "auto-pad" (SAME_* over
-    an input whose size is not known: its pads depend on it, core.graph.conv_pads), or
-    None."""
+    """Why GPTQ's statistics cannot take this INT8 conv: "3d", or "auto-pad" (an auto_pad
+    ONNX does not know; SAME_* over an input whose size is not known takes each batch's
+    pads, quant.hessian), or None."""
     w = node.inputs[1] if node.op == "Conv" and len(node.inputs) > 1 else None
     if not isinstance(w, gs.Constant) or w.shape is None:
         return None
     if len(w.shape) > 4:
         return "3d"
-    return "auto-pad" if conv_pads(node, w.shape[2:]) is None else None
+    auto = node.attrs.get("auto_pad", "NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    unknown = conv_pads(node, w.shape[2:]) is None and auto not in ("SAME_UPPER", "SAME_LOWER")
+    return "auto-pad" if unknown else None
 
 
 class _Site:

@@ -394,8 +394,8 @@ def conv_pads(node, kernel) -> list[int] | None:
     """A gs Conv's pads in ONNX order (every begin, then every end) as its ``auto_pad``
     sets them: NOTSET its ``pads`` (0 by default), VALID none, SAME_* the ONNX rule, out =
     ceil(in / stride), the odd one after (UPPER) or before (LOWER); None where SAME_* pads
-    an input whose spatial sizes are not known (GPTQ's statistics and insert-qdq's count
-    of the convs they cannot round)."""
+    an input whose spatial sizes are not known (GPTQ's statistics then take them from each
+    batch: quant.hessian.ConvSpec.pads_at), or ``auto_pad`` is no value ONNX knows."""
     auto = node.attrs.get("auto_pad", "NOTSET")
     auto = auto.decode() if isinstance(auto, bytes) else auto
     k = len(kernel)
@@ -408,14 +408,21 @@ def conv_pads(node, kernel) -> list[int] | None:
     if auto not in ("SAME_UPPER", "SAME_LOWER") or len(sizes) != k or not all(
             isinstance(n, (int, np.integer)) and n > 0 for n in sizes):
         return None
-    strides = node.attrs.get("strides", [1] * k)
-    dilations = node.attrs.get("dilations", [1] * k)
+    return same_pads(sizes, kernel, node.attrs.get("strides", [1] * k),
+                     node.attrs.get("dilations", [1] * k), auto == "SAME_LOWER")
+
+
+def same_pads(sizes, kernel, strides, dilations, lower: bool) -> list[int]:
+    """The pads (every begin, then every end) of ``auto_pad`` SAME_UPPER (``lower``:
+    SAME_LOWER) over spatial ``sizes``: out = ceil(in / stride), the odd one after (UPPER)
+    or before (LOWER), none where the kernel spans less than a stride (onnx's reference;
+    onnxruntime shifts such a SAME_UPPER conv by one, measured)."""
     begin, end = [], []
     for n, kk, st, dl in zip(sizes, kernel, strides, dilations):
         total = max(0, (-(-int(n) // int(st)) - 1) * int(st) + (int(kk) - 1) * int(dl) + 1
                     - int(n))
         small = total // 2
-        begin.append(total - small if auto == "SAME_LOWER" else small)
+        begin.append(total - small if lower else small)
         end.append(total - begin[-1])
     return begin + end
 

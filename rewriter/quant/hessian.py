@@ -38,6 +38,17 @@ class ConvSpec:
     dilations: tuple[int, int]
     group: int
     depth: int = 0                       # (C/group)*kh*kw: H is [group, depth, depth]
+    same: str = ""                       # SAME_UPPER/SAME_LOWER over sizes not known: the
+                                         # pads each batch's (pads_at), ``pads`` unused
+
+    def pads_at(self, h: int, w: int) -> tuple[int, int, int, int]:
+        """The pads over an input of spatial size h x w."""
+        if not self.same:
+            return self.pads
+        from rewriter.core.graph import same_pads
+        t, l, b, r = same_pads([h, w], self.kernel, self.strides, self.dilations,
+                               self.same == "SAME_LOWER")
+        return t, l, b, r
 
     def bytes(self, copies: int = 1) -> int:
         """What ``copies`` H of this conv hold (float32: see HessianReducer)."""
@@ -54,8 +65,9 @@ class ConvSpec:
 
 def conv_spec(node, weight_shape) -> ConvSpec | None:
     """The spec of a gs Conv node with a 4-D weight, or a 3-D one (a 1-D conv is a 2-D conv
-    of height 1: its input is read as [N, C, 1, L]); None for 3-D convs, and for an
-    auto_pad SAME_* over an input whose size is not known (its pads depend on it)."""
+    of height 1: its input is read as [N, C, 1, L]); None for 3-D convs and an auto_pad
+    ONNX does not know. An auto_pad SAME_* over an input whose size is not known (its pads
+    depend on it) takes its pads from each batch (``same``)."""
     from rewriter.core.graph import conv_pads, node_id
 
     if len(weight_shape) not in (3, 4):
@@ -63,15 +75,19 @@ def conv_spec(node, weight_shape) -> ConvSpec | None:
     one = len(weight_shape) == 3
     kh, kw = (1, int(weight_shape[2])) if one else (int(weight_shape[2]), int(weight_shape[3]))
     p = conv_pads(node, [int(k) for k in weight_shape[2:]])
-    if p is None:
+    auto = node.attrs.get("auto_pad", "NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    same = auto if p is None and auto in ("SAME_UPPER", "SAME_LOWER") else ""
+    if p is None and not same:
         return None
+    p = p or [0] * (2 * len(weight_shape[2:]))
     s = node.attrs.get("strides", [1] if one else [1, 1])
     d = node.attrs.get("dilations", [1] if one else [1, 1])
     if one:
         s, d, p = [1, s[0]], [1, d[0]], [0, p[0], 0, p[1]]
     return ConvSpec(node_id(node), node.inputs[0].name, (kh, kw), (int(s[0]), int(s[1])),
                     (int(p[0]), int(p[1]), int(p[2]), int(p[3])), (int(d[0]), int(d[1])),
-                    int(node.attrs.get("group", 1)), int(weight_shape[1]) * kh * kw)
+                    int(node.attrs.get("group", 1)), int(weight_shape[1]) * kh * kw, same)
 
 
 def conv_specs(nodes: list) -> list[ConvSpec]:
@@ -109,9 +125,10 @@ def within_budget(specs: list[ConvSpec], copies: int = 1, budget: int | None = N
     return sorted(kept, key=lambda x: order[x.id]), sorted(left, key=lambda x: order[x.id])
 
 
-def _out_size(size: int, spec: ConvSpec, axis: int) -> int:
-    """The conv's output size along spatial ``axis`` (0: height, 1: width)."""
-    pad = spec.pads[axis] + spec.pads[axis + 2]
+def _out_size(size: int, spec: ConvSpec, axis: int, pads) -> int:
+    """The conv's output size along spatial ``axis`` (0: height, 1: width), ``pads``
+    :meth:`ConvSpec.pads_at` the input's size."""
+    pad = pads[axis] + pads[axis + 2]
     span = (spec.kernel[axis] - 1) * spec.dilations[axis] + 1
     return (size + pad - span) // spec.strides[axis] + 1
 
@@ -122,11 +139,12 @@ def patches_at(x: np.ndarray, spec: ConvSpec, cols: np.ndarray | None) -> np.nda
     are gathered: the whole im2col of a 64-channel 3x3 conv at 320x320 is 236 MB, built
     per batch to keep 4096 columns or fewer in all (U2-Net-p's statistics)."""
     n, c, h, w = x.shape
-    t, l = spec.pads[:2]
+    pads = spec.pads_at(h, w)
+    t, l = pads[:2]
     kh, kw = spec.kernel
     dh, dw = spec.dilations
     sh, sw = spec.strides
-    oh, ow = _out_size(h, spec, 0), _out_size(w, spec, 1)
+    oh, ow = _out_size(h, spec, 0, pads), _out_size(w, spec, 1, pads)
     if cols is None:
         cols = np.arange(n * oh * ow)
     bi, rest = np.divmod(np.asarray(cols, np.int64), oh * ow)
@@ -185,7 +203,9 @@ class HessianReducer:
             a = a[:, :, None, :]
         for spec in self.by_input.get(name, []):
             keep = max(1, self.max_patches // max(1, self.batches))
-            total = a.shape[0] * _out_size(a.shape[2], spec, 0) * _out_size(a.shape[3], spec, 1)
+            pads = spec.pads_at(a.shape[2], a.shape[3])
+            total = a.shape[0] * _out_size(a.shape[2], spec, 0, pads) * _out_size(
+                a.shape[3], spec, 1, pads)
             # the draw the whole im2col was sampled with: the same columns, the same H
             cols = self.rng.choice(total, keep, replace=False) if total > keep else None
             x = patches_at(a, spec, cols)

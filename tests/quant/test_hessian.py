@@ -397,3 +397,35 @@ def test_grouped_sums_are_the_same_on_any_blas_thread_count():
     with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
         two = _gram(x)
     assert np.array_equal(one, two)
+
+
+def test_same_pads_are_each_batchs_where_the_size_is_not_known():
+    """A SAME_* conv over an input of unknown size (a symbolic H and W) kept nearest
+    rounding (skip:gptq-conv-auto-pad) though each batch the statistics read has a size:
+    its pads are each batch's now, the patches those of the conv with that batch's pads
+    written out (core.graph.conv_pads), at odd and even sizes, strides and kernels."""
+    import itertools
+
+    import onnx_graphsurgeon as gs
+
+    from rewriter.core.graph import conv_pads
+    from rewriter.quant.hessian import conv_spec, patches_at
+
+    rng = np.random.default_rng(3)
+    done = 0
+    for auto, k, s, (h, w) in itertools.product(("SAME_UPPER", "SAME_LOWER"),
+                                                [(3, 3), (2, 4), (1, 5)], [(1, 1), (2, 2), (3, 2)],
+                                                [(9, 11), (8, 8), (5, 12)]):
+        node = gs.Node("Conv", attrs={"auto_pad": auto, "strides": list(s)},
+                       inputs=[gs.Variable("x", np.float32, ["N", 4, "H", "W"]),
+                               gs.Constant("w", np.zeros((6, 4) + k, np.float32))])
+        spec = conv_spec(node, (6, 4) + k)
+        assert spec is not None and spec.same == auto
+        node.inputs[0].shape = [1, 4, h, w]
+        pads = conv_pads(node, list(k))
+        assert list(spec.pads_at(h, w)) == pads
+        x = rng.standard_normal((2, 4, h, w)).astype(np.float32)
+        fixed = ConvSpec("c", "x", k, s, tuple(pads), (1, 1), 1, 4 * k[0] * k[1])
+        assert np.array_equal(patches_at(x, spec, None), _im2col(x, fixed))
+        done += 1
+    assert done == 54
