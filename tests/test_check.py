@@ -514,6 +514,9 @@ def test_dynamic_dims_need_input_shape():
                  "input-shape-mismatch") == ["x"]
     (f,) = check_model(model, input_shapes={"": [2, 3, 5]}).findings[1:]
     assert f.code == "input-shape-unknown-input" and "fits no graph input" in f.message
+    scalar = build("""
+    g (float[N, 3, H, 8] x, float s) => (float[N, 3, H, 8] y) { y = Mul(x, s) }""")
+    assert check_model(scalar, input_shapes={"x": [2, 3, 5, 8]}).findings == []
 
 
 def test_conv_channels_not_multiple_is_info():

@@ -1079,8 +1079,9 @@ class _Checker:
             dims = ([d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
                      for d in tt.shape.dim] if tt.HasField("shape") else None)
             given = self.input_shapes.get(vi.name)
-            if given is None and dims is not None and len(self.input_shapes.get("", ())) == len(
-                    dims):   # a shape without a name: the input of its rank's (as the feeds)
+            if given is None and dims is not None and "" in self.input_shapes and len(
+                    self.input_shapes[""]) == len(dims):   # without a name: the input of
+                # its rank's, as the feeds read it
                 given, nameless = self.input_shapes[""], True
             if given is not None:
                 if dims is not None and (len(given) != len(dims) or any(
