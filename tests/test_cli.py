@@ -1814,12 +1814,8 @@ def test_calibration_skips_layers_int8_leaves_alone(tmp_path, capfd, monkeypatch
     assert np.corrcoef(got.ravel(), want.ravel())[0, 1] > 0.99
 
 
-@pytest.mark.parametrize("plan", ["default", "auto"])
-def test_image_calibration_sized_by_input_shape(tmp_path, capfd, plan):
-    """A detector with symbolic H and W (nudenet's YOLOv8n), images in --calib and
-    --input-shape images:1x3x320x320: the images were refused ('set preprocess.size'), a
-    plan file needed for one number the command line already gave. Now --input-shape's H
-    and W size them, in the plan and in the planner."""
+def _symbolic_image_model(tmp_path):
+    """A conv net on images of symbolic H and W, and 10 photos of 13x17 in imgs/."""
     Image = pytest.importorskip("PIL.Image")
     src = tmp_path / "m.onnx"
     onnx.save(make_model("""
@@ -1836,6 +1832,16 @@ def test_image_calibration_sized_by_input_shape(tmp_path, capfd, plan):
     for i in range(10):
         Image.fromarray(rng.integers(0, 256, (13, 17, 3), dtype=np.uint8)).save(
             tmp_path / "imgs" / f"{i}.png")
+    return src
+
+
+@pytest.mark.parametrize("plan", ["default", "auto"])
+def test_image_calibration_sized_by_input_shape(tmp_path, capfd, plan):
+    """A detector with symbolic H and W (nudenet's YOLOv8n), images in --calib and
+    --input-shape images:1x3x320x320: the images were refused ('set preprocess.size'), a
+    plan file needed for one number the command line already gave. Now --input-shape's H
+    and W size them, in the plan and in the planner."""
+    src = _symbolic_image_model(tmp_path)
     args = (src, "-o", tmp_path / "o.onnx", "--plan", plan, "--calib", tmp_path / "imgs",
             "--target", "none", "--verify")
     code, _, err = run(capfd, *args)
@@ -1918,20 +1924,7 @@ def test_image_calibration_at_a_batch_of_four_compiles_on_migraphx(tmp_path, cap
     """The batch of --input-shape images:4x3x12x16, with images in --calib (one a sample)
     and --target migraphx: exit 2 before (the compiled program expected batch 4); the
     held-out images now run four at a time."""
-    Image = pytest.importorskip("PIL.Image")
-    src = tmp_path / "m.onnx"
-    onnx.save(make_model("""
-    <ir_version: 8, opset_import: ["" : 17]>
-    g (float[N, 3, H, W] images) => (float[N, 4, H, W] y) {
-      a = Conv <pads = [1, 1, 1, 1]> (images, w1)
-      r = Relu(a)
-      y = Conv <pads = [1, 1, 1, 1]> (r, w2)
-    }""", {"w1": [4, 3, 3, 3], "w2": [4, 4, 3, 3]}), src)
-    rng = np.random.default_rng(1)
-    (tmp_path / "imgs").mkdir()
-    for i in range(10):
-        Image.fromarray(rng.integers(0, 256, (13, 17, 3), dtype=np.uint8)).save(
-            tmp_path / "imgs" / f"{i}.png")
+    src = _symbolic_image_model(tmp_path)
     code, out, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--plan", "int8", "--calib",
                          tmp_path / "imgs", "--verify", "--input-shape", "images:4x3x12x16",
                          "--target", "migraphx", "--migraphx-target", "ref")

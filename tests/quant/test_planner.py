@@ -776,9 +776,15 @@ def test_a_plan_files_verify_value_that_is_not_a_number_is_one_line(tmp_path, ve
                                                                      message):
     """A plan file's verify values went through float(): text, a list or a mapping was an
     internal error (exit 3); YAML's true was taken as 1.0."""
+    _plan_refused(tmp_path, f"verify: {verify}", message)
+
+
+def _plan_refused(tmp_path, text: str, message: str) -> None:
+    """An int8 plan file with the line ``text`` is refused in one line matching
+    ``message``."""
     from rewriter.quant import plan as plan_mod
     path = tmp_path / "p.yaml"
-    path.write_text(f"version: 1\ndefault: int8\nverify: {verify}\n")
+    path.write_text(f"version: 1\ndefault: int8\n{text}\n")
     with pytest.raises(rewriter.InputError, match=message) as e:
         plan_mod.load(str(path))
     assert "\n" not in str(e.value)
@@ -799,12 +805,7 @@ def test_a_plan_files_calibration_counts_are_whole_and_finite(tmp_path, text, me
     """A plan file's calibration samples and num_bins went through int(): .inf was an
     internal error (OverflowError, exit 3), as was text; 2.5 ran as 2, 300.7 bins as 300,
     true as 1 sample; a min_sqnr_db of .nan or .inf was taken (failing every sample)."""
-    from rewriter.quant import plan as plan_mod
-    path = tmp_path / "p.yaml"
-    path.write_text(f"version: 1\ndefault: int8\n{text}\n")
-    with pytest.raises(rewriter.InputError, match=message) as e:
-        plan_mod.load(str(path))
-    assert "\n" not in str(e.value)
+    _plan_refused(tmp_path, text, message)
 
 
 @pytest.mark.parametrize("settings, message", [
