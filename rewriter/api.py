@@ -693,7 +693,8 @@ class _Rewrite:
                      "--input-shape also sized ") + ", ".join(
                         f"{k}:{'x'.join(map(str, v))}" for k, v in more.items())
                     + " (their dims share names with the inputs given)")
-        self.graph = to_graph(self.original, self.base_dir, infer=infer, fixed=self.fixed)
+        self.graph = to_graph(self.original, self.base_dir, infer=infer, fixed=self.fixed,
+                              notes=self.report.warnings)
         self.graph_inferred = infer
         # A plan names nodes (node_id): with 'dup' in it every node called so went FP16, a
         # TopK's Gather and Reshape included

@@ -541,6 +541,167 @@ def test_a_tensor_declared_with_no_dims_is_of_unknown_shape():
     assert not out.graph.output[0].type.tensor_type.shape.dim
 
 
+LIES = """<ir_version: 8, opset_import: ["" : 17, "com.microsoft": 1]>
+    g (float[N,3] x, float[M,3] w) => (float[2] z, float[2] v, float[N,3,1] r, float[2] u)
+    <{decl}> {{
+        c = Relu(x)
+        s = Shape(c)
+        z = Cast<to=1>(s)
+        b = Neg(w)
+        e = Sub(s, t)
+        t = Shape(b)
+        v = Cast<to=1>(e)
+        r = Reshape(c, rt)
+        f = com.microsoft.Gelu(w)
+        g = Relu(f)
+        h = Shape(g)
+        u = Cast<to=1>(h) }}"""
+
+
+@pytest.mark.parametrize("decl", [
+    "float[N,3,1] c, float[M,3,1] b",     # a wrong rank (Reshape(c) to [N,3,1] a no-op)
+    "float[N,4] c, float[M,2] b",         # a wrong size
+    "float[1,3] c, float[1,3] b",         # a batch declared 1
+    "float[M,3] c",                       # another input's dim name
+    "float[K,3] c, float[K,3] b",         # one name for two sizes
+    "float[N,3] c, float[N,3] c, float[N,3,1] c",   # declared twice, wrong the second time
+    "float[N,3,1] c, float[N,3] c",       # ... and wrong the first time
+    "float[M,3] f, float[M,3,1] g",       # after a contrib op: right on it, wrong after it
+])
+def test_a_declaration_the_model_contradicts_is_not_believed(decl):
+    """A value_info that onnx's inference cannot merge with what it computes (a wrong rank
+    or size) was kept by it, and one that only fixes or renames a dim was merged in: Shape
+    of it folded to a wrong constant, a Reshape to its shape removed as a no-op (exit 1
+    with --verify, written silently without). It is tested against an inference without
+    the model's declarations now: not believed where that contradicts it (a size, a rank,
+    an input's dim name, one name for two sizes), with a warning; what only a declaration
+    types (a contrib op's output) still is."""
+    model = onnx.parser.parse_model(LIES.format(decl=decl))
+    model.graph.initializer.append(numpy_helper.from_array(
+        np.array([-1, 3, 1], np.int64), "rt"))
+    rng = np.random.default_rng(3)
+    out, report = rewriter.rewrite(model, verify=True, input_shapes={"x": [2, 3], "w": [4, 3]})
+    assert report.verified
+    assert report.warnings[0].startswith("declarations the model contradicts, not believed")
+    truth = onnx.ModelProto()   # onnxruntime plans buffers from value_info: [1, 3] fails at 5
+    truth.CopyFrom(model)
+    del truth.graph.value_info[:]
+    for n, m in ((3, 4), (5, 1)):   # sizes --verify did not take
+        feeds = {"x": rng.standard_normal((n, 3)).astype(np.float32),
+                 "w": rng.standard_normal((m, 3)).astype(np.float32)}
+        got = ort.run(ort.session(out), feeds)
+        for a, b in zip(got, ort.run(ort.session(truth), feeds)):
+            np.testing.assert_array_equal(a, b)
+    # what only a declaration types (a contrib op's output) is still believed
+    model = onnx.parser.parse_model(LIES.split("<{decl}>")[0].replace("N,3] x", "2,3] x")
+                                    .replace("M,3] w", "4,3] w") + """<float[4,3] f> {
+        f = com.microsoft.Gelu(w)
+        h = Shape(f)
+        z = Cast<to=1>(h)
+        v = Identity(z)
+        r = Reshape(x, rt)
+        u = Identity(z) }""")
+    model.graph.initializer.append(numpy_helper.from_array(
+        np.array([-1, 3, 1], np.int64), "rt"))
+    out, report = rewriter.rewrite(model, verify=True)
+    assert report.verified and "Shape" not in [n.op_type for n in out.graph.node]
+
+
+def _bodies_that_lie():
+    def branch(k, op):   # value_info [2, 3, 1] for a [2, 3], Shape read in the branch
+        nodes = [helper.make_node(op, ["x"], [f"a{k}"]),
+                 helper.make_node("Shape", [f"a{k}"], [f"s{k}"]),
+                 helper.make_node("Cast", [f"s{k}"], [f"y{k}"], to=1)]
+        return helper.make_graph(
+            nodes, f"b{k}", [], [helper.make_tensor_value_info(f"y{k}", TensorProto.FLOAT, [2])],
+            value_info=[helper.make_tensor_value_info(f"a{k}", TensorProto.FLOAT, [2, 3, 1])])
+    body = helper.make_graph(   # a Loop's body the same, and its state Relu'd each step
+        [helper.make_node("Relu", ["v"], ["a"]), helper.make_node("Shape", ["a"], ["s"]),
+         helper.make_node("Cast", ["s"], ["sf"], to=1),
+         helper.make_node("Identity", ["cin"], ["cout"]),
+         helper.make_node("Mul", ["a", "k"], ["vo"])],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cin", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("v", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("cout", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("vo", TensorProto.FLOAT, [2, 3, 1]),
+         helper.make_tensor_value_info("sf", TensorProto.FLOAT, [3])],
+        [numpy_helper.from_array(np.float32(0.5), "k")],
+        value_info=[helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 3, 1])])
+    g = helper.make_graph(
+        [helper.make_node("If", ["c"], ["z"], then_branch=branch(0, "Relu"),
+                          else_branch=branch(1, "Neg")),
+         helper.make_node("Loop", ["n", "", "x"], ["vf", "ss"], body=body)],
+        "g", [fuzz._vi("x", [2, 3]), helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("vf", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("ss", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array(3, np.int64), "n")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_declarations_inside_bodies_that_lie_are_not_believed():
+    """The same inside an If's branches and a Loop's body (value_info, and the body's
+    outputs): Shape of a [2, 3] declared [2, 3, 1] was folded to [2, 3, 1] there."""
+    model = _bodies_that_lie()
+    out, report = rewriter.rewrite(model, verify=True)
+    assert report.verified
+    x = np.random.default_rng(4).standard_normal((2, 3)).astype(np.float32)
+    for c in (True, False):
+        feeds = {"x": x, "c": np.array(c)}
+        for a, b in zip(ort.run(ort.session(out), feeds), ort.run(ort.session(model), feeds)):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_an_output_declared_wrong_is_written_as_it_computes():
+    """A graph output declared [1, 3] (batch 1) that is [N, 3], and read inside: Shape of
+    it was folded to [1, 3]. Its name and place are the interface and kept; its declared
+    type, where the computation contradicts it, is written as it computes, with a warning
+    (onnxruntime runs a wrong shape, and refuses a wrong element type)."""
+    model = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[N,3] x) => (float[1,3] y, float[2] z) {
+        y = Relu(x)
+        s = Shape(y)
+        z = Cast<to=1>(s) }""")
+    out, report = rewriter.rewrite(model, verify=True, input_shapes={"x": [2, 3]})
+    assert report.verified
+    assert "output 'y' declared float[1, 3], computes float[N, 3]" in report.warnings[0]
+    assert [o.name for o in out.graph.output] == ["y", "z"]
+    y = out.graph.output[0].type.tensor_type
+    assert y.elem_type == TensorProto.FLOAT and [d.dim_param or d.dim_value
+                                                 for d in y.shape.dim] == ["N", 3]
+    x = np.ones((3, 3), np.float32)
+    np.testing.assert_array_equal(ort.run(ort.session(out), {"x": x})[1], [3, 3])
+
+
+def test_value_info_naming_an_input_an_initializer_or_nothing():
+    """A value_info naming the graph input (rank 3 for a [2, 3]) gave the written input
+    its dims (onnxruntime then refused the feeds the original took); naming an
+    initializer or a tensor nothing makes, it changes nothing. A Shape's int64 declared
+    float (onnxruntime refuses that original): written as it computes, and it loads."""
+    x = np.random.default_rng(5).standard_normal((2, 3)).astype(np.float32)
+    model = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,3] x) => (float[2,3] y, float[2] z) <float[2,3,1] x, float[3,3,1] k,
+                                                        float[7] ghost> {
+        y = Add(x, k)
+        s = Shape(x)
+        z = Cast<to=1>(s) }""")
+    model.graph.initializer.append(numpy_helper.from_array(-x, "k"))
+    out, report = rewriter.rewrite(model, verify=True)
+    assert report.verified
+    assert [d.dim_value for d in out.graph.input[0].type.tensor_type.shape.dim] == [2, 3]
+    np.testing.assert_array_equal(ort.run(ort.session(out), {"x": x})[1], [2, 3])
+    model = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,3] x) => (float[2] z) <float[2] s> {
+        s = Shape(x)
+        z = Cast<to=1>(s) }""")
+    with pytest.raises(Exception, match="Type Error"):
+        ort.session(model)
+    out, report = rewriter.rewrite(model)
+    assert "'s' declared float[2], computes int64[2]" in report.warnings[0]
+    np.testing.assert_array_equal(ort.run(ort.session(out), {"x": x})[0], [2, 3])
+
+
 def test_big_declared_batch_refused_for_random_inputs(tmp_path):
     """Batch 10^6 (400 MB of input): minutes and gigabytes to verify; refused up front."""
     model = fuzz.conv_bn_model(17, seed=10)

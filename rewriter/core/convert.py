@@ -29,14 +29,17 @@ from .load import ExternalValues, first_line, resolve_external
 EXTERNAL_THRESHOLD = 1024
 
 
-def shape_info(model: onnx.ModelProto, fixed: dict[str, list[int]] | None = None
-               ) -> dict[str, onnx.ValueInfoProto]:
+def shape_info(model: onnx.ModelProto, fixed: dict[str, list[int]] | None = None,
+               check: bool = False) -> dict[str, onnx.ValueInfoProto]:
     """Inferred value infos by name, computed on a weight-free copy of the model.
 
     Shape inference only needs the dims of big initializers, so they are replaced by
     empty stubs: no copy of the weights, and it works on models over 2 GB. ``fixed`` gives
     graph inputs static dims first (--fix-shapes); the model's own value_info, written for
-    the symbolic shapes, is dropped then so that nothing stale survives.
+    the symbolic shapes, is dropped then so that nothing stale survives. ``check`` (the
+    import's) tests the model's declarations against a first inference without them
+    (:func:`lying_declarations`) and leaves out those it contradicts; their names are the
+    result's ``lies``.
     """
     stub = unknown_negative_dims(weight_free_copy(model))
     if fixed:
@@ -44,6 +47,7 @@ def shape_info(model: onnx.ModelProto, fixed: dict[str, list[int]] | None = None
         del stub.graph.value_info[:]
         for vi in stub.graph.output:
             vi.type.tensor_type.ClearField("shape")
+    lies = lying_declarations(stub) if check else {}
     try:
         # onnx's data propagation keeps one value per name for the whole model: where two
         # graphs define a name (the branches of optimum's merged decoders, an If's output
@@ -71,8 +75,131 @@ def shape_info(model: onnx.ModelProto, fixed: dict[str, list[int]] | None = None
     for name in torn:
         del out[name]
     out.scopes = scopes
+    out.lies = lies
     _distrust_wrong_stft(inferred.graph, out)
     return out
+
+
+def lying_declarations(stub: onnx.ModelProto) -> dict[str, str]:
+    """The names whose declarations (value_info, graph and body outputs) what the model
+    computes contradicts, each such declaration deleted from ``stub`` (a weight-free copy,
+    edited in place; a body's inputs and the graph's inputs are not declarations here but
+    the interface and what the node feeds). onnxruntime runs a model whatever its
+    value_info says (a [2, 3] declared [2, 3, 1]: "falling back to lenient merge"), and
+    onnx's inference keeps a declaration it cannot merge: believed, Shape of it folded to
+    a wrong constant and a no-op Reshape removed. A second inference without them (those
+    of an op onnx has no schema for kept: they are all that types what follows) is the
+    truth where it infers anything; a declaration contradicts it by its element type, its
+    rank, a size, a size or another input's dim name where the truth is an input's dim
+    name (a batch declared 1), or a dim name it shares with dims of two different sizes.
+    What inference cannot reach (a contrib op's own output) is believed, right or not.
+    A value_info naming a graph input or an initializer is dropped: those have their own.
+    Returns {name: "declared <type>, computes <type>"}."""
+    drop_shadowing_value_info(stub)
+    known = {}   # op -> has a schema: what onnx infers without a declaration
+    opset = {o.domain or "": o.version for o in stub.opset_import}
+
+    def inferable(n: onnx.NodeProto) -> bool:
+        key = (n.domain or "", n.op_type)
+        if key not in known:
+            known[key] = onnx.defs.has(n.op_type, opset.get(key[0], 1), key[0]) \
+                if key[0] in ("", "ai.onnx", "ai.onnx.ml") else False
+        return known[key]
+
+    bare = onnx.ModelProto()
+    bare.CopyFrom(stub)
+    declared = 0
+    for gp in graph_protos(bare.graph):
+        opaque = {o for n in gp.node if not inferable(n) for o in n.output}
+        keep = [vi for vi in gp.value_info if vi.name in opaque]
+        declared += len(gp.value_info) - len(keep) + len(gp.output)
+        del gp.value_info[:]
+        gp.value_info.extend(keep)
+        for vi in gp.output:
+            if vi.name not in opaque and vi.type.HasField("tensor_type"):
+                vi.type.tensor_type.ClearField("shape")
+                vi.type.tensor_type.elem_type = 0
+    if not declared:
+        return {}
+    try:
+        inferred = onnx.shape_inference.infer_shapes(
+            bare, strict_mode=False, data_prop=not _names_shared(bare.graph))
+    except Exception:  # noqa: BLE001 - nothing to test the declarations against
+        return {}
+    params = {d.dim_param for vi in stub.graph.input
+              for d in vi.type.tensor_type.shape.dim if d.dim_param}
+    truth: list = []
+    _scopes(inferred.graph, -1, truth)
+    if len(truth) != len(list(graph_protos(stub.graph))):
+        return {}
+    lies: dict[str, str] = {}
+    said, real_type = {}, {}   # name -> what it was declared and computes; its real type
+    named: dict[str, set] = {}   # a declared dim name -> what it stands for, where known
+    where: dict[str, set] = {}   # a declared dim name -> the names declaring it
+    for gp, (true, _, _) in zip(graph_protos(stub.graph), truth):
+        for vi in (*gp.value_info, *gp.output):   # each entry: a name may be declared twice
+            name = vi.name
+            got = true.get(name)
+            if got is None or not vi.type.HasField("tensor_type") or not got.type.HasField(
+                    "tensor_type"):
+                continue
+            a, b = vi.type.tensor_type, got.type.tensor_type
+            said[name] = f"declared {type_text(a)}, computes {type_text(b)}"
+            real_type[name] = got.type
+            if a.elem_type and b.elem_type and a.elem_type != b.elem_type:
+                lies[name] = said[name]
+            if not a.HasField("shape") or not b.HasField("shape"):
+                continue
+            if len(a.shape.dim) != len(b.shape.dim):
+                lies[name] = said[name]
+                continue
+            for d, t in zip(a.shape.dim, b.shape.dim):
+                real = t.dim_value if t.HasField("dim_value") else (
+                    t.dim_param if t.dim_param in params else None)
+                if real is None:
+                    continue
+                if d.HasField("dim_value") and d.dim_value != real or (
+                        d.dim_param in params and d.dim_param != real):
+                    lies[name] = said[name]
+                elif d.dim_param and d.dim_param not in params:
+                    named.setdefault(d.dim_param, set()).add(real)
+                    where.setdefault(d.dim_param, set()).add(name)
+    for p, real in named.items():
+        if len(real) > 1:
+            lies.update((name, said[name]) for name in where[p])
+    if lies:
+        for gp in graph_protos(stub.graph):
+            keep = [vi for vi in gp.value_info if vi.name not in lies]
+            del gp.value_info[:]
+            gp.value_info.extend(keep)
+            for vi in gp.output:   # what it computes (its type: onnx needs one there)
+                if vi.name in lies:
+                    vi.type.CopyFrom(real_type[vi.name])
+    return lies
+
+
+def type_text(tt: onnx.TypeProto.Tensor) -> str:
+    """``float[2, 3, 1]``, ``int64[N, ?]``, ``float`` (no shape): a tensor type as said."""
+    kind = onnx.TensorProto.DataType.Name(tt.elem_type).lower() if tt.elem_type else "?"
+    if not tt.HasField("shape"):
+        return kind
+    return kind + "[" + ", ".join(str(d.dim_value) if d.HasField("dim_value") else
+                                  d.dim_param or "?" for d in tt.shape.dim) + "]"
+
+
+def drop_shadowing_value_info(model: onnx.ModelProto) -> set[str]:
+    """value_info entries naming a graph's own input or initializer deleted from ``model``
+    (any graph, in place); returns their names. Those tensors carry their own type and
+    dims: graphsurgeon's import gave a graph input the value_info's shape, and the output
+    model an input onnxruntime then refused for the feeds the original took."""
+    gone = set()
+    for gp in graph_protos(model.graph):
+        own = {vi.name for vi in gp.input} | {t.name for t in gp.initializer}
+        keep = [vi for vi in gp.value_info if vi.name not in own]
+        gone.update(vi.name for vi in gp.value_info if vi.name in own)
+        del gp.value_info[:]
+        gp.value_info.extend(keep)
+    return gone
 
 
 def _names_shared(g: onnx.GraphProto) -> bool:
@@ -96,6 +223,7 @@ class ShapeInfos(dict):
     here, and :func:`scoped_infos` gives each graph its own."""
 
     scopes: list = []
+    lies: dict = {}
 
 
 def _scopes(g: onnx.GraphProto, parent: int, acc: list) -> None:
@@ -250,13 +378,17 @@ def wrong_stfts(graph: onnx.GraphProto, infos: dict[str, onnx.ValueInfoProto] | 
 
 
 def to_graph(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
-             infer: bool = True, fixed: dict[str, list[int]] | None = None) -> gs.Graph:
+             infer: bool = True, fixed: dict[str, list[int]] | None = None,
+             notes: list | None = None) -> gs.Graph:
     """Import into onnx-graphsurgeon; external weights become memory-mapped lazy values.
 
     ``fixed`` ({input: dims}, checked by :func:`check_fixed_shapes`) writes static dims
-    into those graph inputs and re-derives every shape from them (--fix-shapes)."""
+    into those graph inputs and re-derives every shape from them (--fix-shapes).
+    Declarations the model's computation contradicts are not believed
+    (:func:`lying_declarations`); ``notes`` gets one line naming them."""
     graph = import_model(model)
     unknown_rank_zero(graph)
+    _own_input_declarations(graph, model)
     if fixed:
         infer = True
         for t in graph.inputs:
@@ -290,7 +422,19 @@ def to_graph(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
                             ExternalValues(v._values.tensor, path, off, length).load())
                         v.data_location = None
     if infer:
-        infos = shape_info(model, fixed)
+        infos = shape_info(model, fixed, check=True)
+        lies = getattr(infos, "lies", {})
+        for g in iter_graphs(graph) if lies else ():
+            for t in g.tensors().values():   # what inference gives, or nothing
+                if isinstance(t, gs.Variable) and t.name in lies and t not in g.inputs:
+                    t.shape = t.dtype = None
+        if lies and notes is not None:
+            outs = {t.name for t in graph.outputs}
+            said = [f"{'output ' if k in outs else ''}'{k}' {v}"
+                    for k, v in list(lies.items())[:3]]
+            more = f" and {len(lies) - 3} more" if len(lies) > 3 else ""
+            notes.append("declarations the model contradicts, not believed (written as it "
+                         f"computes): {'; '.join(said)}{more}")
         for g, look in scoped_infos(graph, infos):
             for name, t in g.tensors().items():
                 vi = look.get(name)
@@ -308,6 +452,23 @@ def to_graph(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
                         t.shape = new
         _schema_dtypes(graph, model)
     return graph
+
+
+def _own_input_declarations(graph: gs.Graph, model: onnx.ModelProto) -> None:
+    """A graph input named by a value_info too takes its own declaration again, in place:
+    graphsurgeon's import gave it the value_info's (a [2, 3] input declared [2, 3, 1] there
+    was written so, and onnxruntime refused the feeds the original took)."""
+    if not any(vi.name in {i.name for i in gp.input} for gp in graph_protos(model.graph)
+               for vi in gp.value_info):
+        return
+    from onnx_graphsurgeon.importers.onnx_importer import OnnxImporter
+
+    for g, gp in zip(iter_graphs(graph), graph_protos(model.graph)):
+        own = {vi.name: vi for vi in gp.input}
+        for t in g.inputs:
+            if t.name in own and isinstance(t, gs.Variable):
+                d = OnnxImporter.import_tensor(own[t.name])
+                t.shape, t.dtype = d.shape, d.dtype
 
 
 def _schema_dtypes(graph: gs.Graph, model: onnx.ModelProto) -> None:
