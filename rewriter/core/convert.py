@@ -132,26 +132,25 @@ def lying_declarations(stub: onnx.ModelProto) -> dict[str, str]:
     _scopes(inferred.graph, -1, truth)
     if len(truth) != len(list(graph_protos(stub.graph))):
         return {}
-    lies: dict[str, str] = {}
-    said, real_type = {}, {}   # name -> what it was declared and computes; its real type
+    lies: set[str] = set()
+    pairs = {}   # name -> (its declared type, its real type)
     named: dict[str, set] = {}   # a declared dim name -> what it stands for, where known
     where: dict[str, set] = {}   # a declared dim name -> the names declaring it
     for gp, (true, _, _) in zip(graph_protos(stub.graph), truth):
         for vi in (*gp.value_info, *gp.output):   # each entry: a name may be declared twice
             name = vi.name
             got = true.get(name)
-            if got is None or not vi.type.HasField("tensor_type") or not got.type.HasField(
-                    "tensor_type"):
-                continue
+            if got is None or got.type == vi.type or not vi.type.HasField(
+                    "tensor_type") or not got.type.HasField("tensor_type"):
+                continue   # the same (most are): one comparison in C
             a, b = vi.type.tensor_type, got.type.tensor_type
-            said[name] = f"declared {type_text(a)}, computes {type_text(b)}"
-            real_type[name] = got.type
+            pairs[name] = (a, got.type)
             if a.elem_type and b.elem_type and a.elem_type != b.elem_type:
-                lies[name] = said[name]
+                lies.add(name)
             if not a.HasField("shape") or not b.HasField("shape"):
                 continue
             if len(a.shape.dim) != len(b.shape.dim):
-                lies[name] = said[name]
+                lies.add(name)
                 continue
             for d, t in zip(a.shape.dim, b.shape.dim):
                 real = t.dim_value if t.HasField("dim_value") else (
@@ -160,13 +159,13 @@ def lying_declarations(stub: onnx.ModelProto) -> dict[str, str]:
                     continue
                 if d.HasField("dim_value") and d.dim_value != real or (
                         d.dim_param in params and d.dim_param != real):
-                    lies[name] = said[name]
+                    lies.add(name)
                 elif d.dim_param and d.dim_param not in params:
                     named.setdefault(d.dim_param, set()).add(real)
                     where.setdefault(d.dim_param, set()).add(name)
     for p, real in named.items():
         if len(real) > 1:
-            lies.update((name, said[name]) for name in where[p])
+            lies |= where[p]
     if lies:
         for gp in graph_protos(stub.graph):
             keep = [vi for vi in gp.value_info if vi.name not in lies]
@@ -174,8 +173,9 @@ def lying_declarations(stub: onnx.ModelProto) -> dict[str, str]:
             gp.value_info.extend(keep)
             for vi in gp.output:   # what it computes (its type: onnx needs one there)
                 if vi.name in lies:
-                    vi.type.CopyFrom(real_type[vi.name])
-    return lies
+                    vi.type.CopyFrom(pairs[vi.name][1])
+    return {name: f"declared {type_text(pairs[name][0])}, computes "
+                  f"{type_text(pairs[name][1].tensor_type)}" for name in sorted(lies)}
 
 
 def type_text(tt: onnx.TypeProto.Tensor) -> str:
@@ -458,8 +458,8 @@ def _own_input_declarations(graph: gs.Graph, model: onnx.ModelProto) -> None:
     """A graph input named by a value_info too takes its own declaration again, in place:
     graphsurgeon's import gave it the value_info's (a [2, 3] input declared [2, 3, 1] there
     was written so, and onnxruntime refused the feeds the original took)."""
-    if not any(vi.name in {i.name for i in gp.input} for gp in graph_protos(model.graph)
-               for vi in gp.value_info):
+    if not any(any(vi.name in own for vi in gp.value_info) for gp in graph_protos(model.graph)
+               for own in [{i.name for i in gp.input}]):
         return
     from onnx_graphsurgeon.importers.onnx_importer import OnnxImporter
 
