@@ -134,6 +134,22 @@ def lying_declarations(stub: onnx.ModelProto) -> dict[str, str]:
         return {}
     lies: set[str] = set()
     pairs = {}   # name -> (its declared type, its real type)
+    states = _loop_states_that_lie(bare, truth, params)
+    if states:   # what the body computes from them, again without them
+        for m in (stub, bare):
+            graphs = list(graph_protos(m.graph))
+            for (k, i), _ in states.items():
+                graphs[k].input[i].type.tensor_type.ClearField("shape")
+        for (k, i), said in states.items():
+            pairs[said[0]] = said[1:]
+            lies.add(said[0])
+        try:
+            inferred = onnx.shape_inference.infer_shapes(
+                bare, strict_mode=False, data_prop=not _names_shared(bare.graph))
+        except Exception:  # noqa: BLE001
+            return {}
+        truth = []
+        _scopes(inferred.graph, -1, truth)
     named: dict[str, set] = {}   # a declared dim name -> what it stands for, where known
     where: dict[str, set] = {}   # a declared dim name -> the names declaring it
     for gp, (true, _, _) in zip(graph_protos(stub.graph), truth):
@@ -145,24 +161,12 @@ def lying_declarations(stub: onnx.ModelProto) -> dict[str, str]:
                 continue   # the same (most are): one comparison in C
             a, b = vi.type.tensor_type, got.type.tensor_type
             pairs[name] = (a, got.type)
-            if a.elem_type and b.elem_type and a.elem_type != b.elem_type:
+            names: list = []
+            if _contradicts(a, b, params, names):
                 lies.add(name)
-            if not a.HasField("shape") or not b.HasField("shape"):
-                continue
-            if len(a.shape.dim) != len(b.shape.dim):
-                lies.add(name)
-                continue
-            for d, t in zip(a.shape.dim, b.shape.dim):
-                real = t.dim_value if t.HasField("dim_value") else (
-                    t.dim_param if t.dim_param in params else None)
-                if real is None:
-                    continue
-                if d.HasField("dim_value") and d.dim_value != real or (
-                        d.dim_param in params and d.dim_param != real):
-                    lies.add(name)
-                elif d.dim_param and d.dim_param not in params:
-                    named.setdefault(d.dim_param, set()).add(real)
-                    where.setdefault(d.dim_param, set()).add(name)
+            for p, real in names:
+                named.setdefault(p, set()).add(real)
+                where.setdefault(p, set()).add(name)
     for p, real in named.items():
         if len(real) > 1:
             lies |= where[p]
@@ -176,6 +180,65 @@ def lying_declarations(stub: onnx.ModelProto) -> dict[str, str]:
                     vi.type.CopyFrom(pairs[vi.name][1])
     return {name: f"declared {type_text(pairs[name][0])}, computes "
                   f"{type_text(pairs[name][1].tensor_type)}" for name in sorted(lies)}
+
+
+def _contradicts(a: onnx.TypeProto.Tensor, b: onnx.TypeProto.Tensor, params: set,
+                 names: list) -> bool:
+    """Does declared ``a`` contradict ``b``, what inference without declarations gives: an
+    element type, a rank, a size, or a size or another input's dim name where ``b`` has
+    an input's dim name (``params``)? ``names`` gets (a declared dim name that is no
+    input's, the size or input dim name it stands for here)."""
+    if a.elem_type and b.elem_type and a.elem_type != b.elem_type:
+        return True
+    if not a.HasField("shape") or not b.HasField("shape"):
+        return False
+    if len(a.shape.dim) != len(b.shape.dim):
+        return True
+    for d, t in zip(a.shape.dim, b.shape.dim):
+        real = t.dim_value if t.HasField("dim_value") else (
+            t.dim_param if t.dim_param in params else None)
+        if real is None:
+            continue
+        if d.HasField("dim_value") and d.dim_value != real or (
+                d.dim_param in params and d.dim_param != real):
+            return True
+        if d.dim_param and d.dim_param not in params:
+            names.append((d.dim_param, real))
+    return False
+
+
+def _loop_states_that_lie(bare: onnx.ModelProto, truth: list, params: set) -> dict:
+    """A Loop body's state inputs whose declared shape the first step contradicts (the
+    Loop's initial value) or the step does (the body's next state, inferred from that
+    declaration): {(the body's index in graph_protos, the input's): (its name, declared,
+    real type)}. onnx does not infer a body input's shape
+    from the Loop (a state may change shape from step to step) and onnxruntime runs a
+    [2, 3] state declared [2, 3, 1]: Shape of it was folded to [2, 3, 1]."""
+    index = {id(gp): k for k, gp in enumerate(graph_protos(bare.graph))}
+    every = {k: v for own, outer, _ in truth for k, v in (*outer.items(), *own.items())}
+    out = {}
+    for gp in graph_protos(bare.graph):
+        for n in gp.node:
+            if n.op_type != "Loop" or n.domain not in ("", "ai.onnx"):
+                continue
+            body = next((a.g for a in n.attribute if a.name == "body"), None)
+            if body is None or id(body) not in index:
+                continue
+            inner = truth[index[id(body)]][0]
+            for k, vi in enumerate(body.input[2:]):
+                if not vi.type.HasField("tensor_type") or len(n.input) <= 2 + k or len(
+                        body.output) <= 1 + k:
+                    continue
+                a = vi.type.tensor_type
+                for real in (every.get(n.input[2 + k]), inner.get(body.output[1 + k].name)):
+                    if real is not None and real.type.HasField("tensor_type") and \
+                            _contradicts(a, real.type.tensor_type, params, []):
+                        declared = onnx.TypeProto()
+                        declared.CopyFrom(vi.type)
+                        out[index[id(body)], 2 + k] = (vi.name, declared.tensor_type,
+                                                       real.type)
+                        break
+    return out
 
 
 def type_text(tt: onnx.TypeProto.Tensor) -> str:
@@ -426,7 +489,7 @@ def to_graph(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
         lies = getattr(infos, "lies", {})
         for g in iter_graphs(graph) if lies else ():
             for t in g.tensors().values():   # what inference gives, or nothing
-                if isinstance(t, gs.Variable) and t.name in lies and t not in g.inputs:
+                if isinstance(t, gs.Variable) and t.name in lies and t not in graph.inputs:
                     t.shape = t.dtype = None
         if lies and notes is not None:
             outs = {t.name for t in graph.outputs}
