@@ -134,6 +134,7 @@ def lying_declarations(stub: onnx.ModelProto) -> dict[str, str]:
         return {}
     lies: set[str] = set()
     pairs = {}   # name -> (its declared type, its real type)
+    _distrust_wrong_stft(inferred.graph, _flat(truth))   # there the declaration is right
     states = _loop_states_that_lie(bare, truth, params)
     if states:   # what the body computes from them, again without them
         for m in (stub, bare):
@@ -150,6 +151,7 @@ def lying_declarations(stub: onnx.ModelProto) -> dict[str, str]:
             return {}
         truth = []
         _scopes(inferred.graph, -1, truth)
+        _distrust_wrong_stft(inferred.graph, _flat(truth))
     named: dict[str, set] = {}   # a declared dim name -> what it stands for, where known
     where: dict[str, set] = {}   # a declared dim name -> the names declaring it
     for gp, (true, _, _) in zip(graph_protos(stub.graph), truth):
@@ -180,6 +182,14 @@ def lying_declarations(stub: onnx.ModelProto) -> dict[str, str]:
                     vi.type.CopyFrom(pairs[vi.name][1])
     return {name: f"declared {type_text(pairs[name][0])}, computes "
                   f"{type_text(pairs[name][1].tensor_type)}" for name in sorted(lies)}
+
+
+def _flat(scopes: list) -> ShapeInfos:
+    """:func:`_scopes`' infos as one :class:`ShapeInfos` (a body's own names last)."""
+    flat = ShapeInfos((k, v) for own, outer, _ in scopes for k, v in (*outer.items(),
+                                                                     *own.items()))
+    flat.scopes = scopes
+    return flat
 
 
 def _contradicts(a: onnx.TypeProto.Tensor, b: onnx.TypeProto.Tensor, params: set,
@@ -215,7 +225,7 @@ def _loop_states_that_lie(bare: onnx.ModelProto, truth: list, params: set) -> di
     from the Loop (a state may change shape from step to step) and onnxruntime runs a
     [2, 3] state declared [2, 3, 1]: Shape of it was folded to [2, 3, 1]."""
     index = {id(gp): k for k, gp in enumerate(graph_protos(bare.graph))}
-    every = {k: v for own, outer, _ in truth for k, v in (*outer.items(), *own.items())}
+    every = _flat(truth)
     out = {}
     for gp in graph_protos(bare.graph):
         for n in gp.node:
