@@ -47,14 +47,15 @@ def shape_info(model: onnx.ModelProto, fixed: dict[str, list[int]] | None = None
         del stub.graph.value_info[:]
         for vi in stub.graph.output:
             vi.type.tensor_type.ClearField("shape")
-    lies = lying_declarations(stub) if check else {}
+    same: list = []   # the inference without declarations, where it gave them all
+    lies = lying_declarations(stub, same) if check else {}
     try:
         # onnx's data propagation keeps one value per name for the whole model: where two
         # graphs define a name (the branches of optimum's merged decoders, an If's output
         # named as its branches'), one graph's values reached the other, and the else
         # branch's [batch, 4, seq, 16] cache came out [1, 4, 4, 16]. Such a model is
         # inferred without it.
-        inferred = onnx.shape_inference.infer_shapes(
+        inferred = same[0] if same else onnx.shape_inference.infer_shapes(
             stub, strict_mode=False, data_prop=not _names_shared(stub.graph))
     except Exception:
         return {}
@@ -80,7 +81,7 @@ def shape_info(model: onnx.ModelProto, fixed: dict[str, list[int]] | None = None
     return out
 
 
-def lying_declarations(stub: onnx.ModelProto) -> dict[str, str]:
+def lying_declarations(stub: onnx.ModelProto, same: list | None = None) -> dict[str, str]:
     """The names whose declarations (value_info, graph and body outputs) what the model
     computes contradicts, each such declaration deleted from ``stub`` (a weight-free copy,
     edited in place; a body's inputs and the graph's inputs are not declarations here but
@@ -94,7 +95,9 @@ def lying_declarations(stub: onnx.ModelProto) -> dict[str, str]:
     name (a batch declared 1), or a dim name it shares with dims of two different sizes.
     What inference cannot reach (a contrib op's own output) is believed, right or not.
     A value_info naming a graph input or an initializer is dropped: those have their own.
-    Returns {name: "declared <type>, computes <type>"}."""
+    Returns {name: "declared <type>, computes <type>"}; where every declaration is what
+    that inference gives (most exporters'), ``same`` gets the inferred model: inferring
+    again with them would give it again."""
     drop_shadowing_value_info(stub)
     known = {}   # op -> has a schema: what onnx infers without a declaration
     opset = {o.domain or "": o.version for o in stub.opset_import}
@@ -108,8 +111,10 @@ def lying_declarations(stub: onnx.ModelProto) -> dict[str, str]:
 
     bare = onnx.ModelProto()
     bare.CopyFrom(stub)
+    mine, theirs = list(graph_protos(stub.graph)), list(graph_protos(bare.graph))
+    ops = {n.op_type for gp in mine for n in gp.node}
     declared = 0
-    for gp in graph_protos(bare.graph):
+    for gp in theirs:
         opaque = {o for n in gp.node if not inferable(n) for o in n.output}
         keep = [vi for vi in gp.value_info if vi.name in opaque]
         declared += len(gp.value_info) - len(keep) + len(gp.output)
@@ -122,45 +127,51 @@ def lying_declarations(stub: onnx.ModelProto) -> dict[str, str]:
     if not declared:
         return {}
     try:
-        inferred = onnx.shape_inference.infer_shapes(
-            bare, strict_mode=False, data_prop=not _names_shared(bare.graph))
+        shared = _names_shared(bare.graph)
+        inferred = onnx.shape_inference.infer_shapes(bare, strict_mode=False,
+                                                     data_prop=not shared)
     except Exception:  # noqa: BLE001 - nothing to test the declarations against
         return {}
     params = {d.dim_param for vi in stub.graph.input
               for d in vi.type.tensor_type.shape.dim if d.dim_param}
     truth: list = []
     _scopes(inferred.graph, -1, truth)
-    if len(truth) != len(list(graph_protos(stub.graph))):
+    if len(truth) != len(mine):
         return {}
     lies: set[str] = set()
     pairs = {}   # name -> (its declared type, its real type)
-    _distrust_wrong_stft(inferred.graph, _flat(truth))   # there the declaration is right
-    states = _loop_states_that_lie(bare, truth, params)
+    if "STFT" in ops:   # there a declaration is right where inference is not
+        _distrust_wrong_stft(inferred.graph, _flat(truth))
+    states = _loop_states_that_lie(theirs, truth, params) if "Loop" in ops else {}
     if states:   # what the body computes from them, again without them
-        for m in (stub, bare):
-            graphs = list(graph_protos(m.graph))
+        for graphs in (mine, theirs):
             for (k, i), _ in states.items():
                 graphs[k].input[i].type.tensor_type.ClearField("shape")
         for (k, i), said in states.items():
             pairs[said[0]] = said[1:]
             lies.add(said[0])
         try:
-            inferred = onnx.shape_inference.infer_shapes(
-                bare, strict_mode=False, data_prop=not _names_shared(bare.graph))
+            inferred = onnx.shape_inference.infer_shapes(bare, strict_mode=False,
+                                                         data_prop=not shared)
         except Exception:  # noqa: BLE001
             return {}
         truth = []
         _scopes(inferred.graph, -1, truth)
-        _distrust_wrong_stft(inferred.graph, _flat(truth))
+        if "STFT" in ops:
+            _distrust_wrong_stft(inferred.graph, _flat(truth))
     named: dict[str, set] = {}   # a declared dim name -> what it stands for, where known
     where: dict[str, set] = {}   # a declared dim name -> the names declaring it
-    for gp, (true, _, _) in zip(graph_protos(stub.graph), truth):
+    all_same = True
+    for gp, (true, _, _) in zip(mine, truth):
         for vi in (*gp.value_info, *gp.output):   # each entry: a name may be declared twice
             name = vi.name
             got = true.get(name)
-            if got is None or got.type == vi.type or not vi.type.HasField(
-                    "tensor_type") or not got.type.HasField("tensor_type"):
+            if got is not None and got.type == vi.type:
                 continue   # the same (most are): one comparison in C
+            all_same = False
+            if got is None or not vi.type.HasField("tensor_type") or not got.type.HasField(
+                    "tensor_type"):
+                continue
             a, b = vi.type.tensor_type, got.type.tensor_type
             pairs[name] = (a, got.type)
             names: list = []
@@ -172,8 +183,10 @@ def lying_declarations(stub: onnx.ModelProto) -> dict[str, str]:
     for p, real in named.items():
         if len(real) > 1:
             lies |= where[p]
+    if all_same and not lies and same is not None:
+        same.append(inferred)
     if lies:
-        for gp in graph_protos(stub.graph):
+        for gp in mine:
             keep = [vi for vi in gp.value_info if vi.name not in lies]
             del gp.value_info[:]
             gp.value_info.extend(keep)
@@ -217,17 +230,17 @@ def _contradicts(a: onnx.TypeProto.Tensor, b: onnx.TypeProto.Tensor, params: set
     return False
 
 
-def _loop_states_that_lie(bare: onnx.ModelProto, truth: list, params: set) -> dict:
+def _loop_states_that_lie(graphs: list, truth: list, params: set) -> dict:
     """A Loop body's state inputs whose declared shape the first step contradicts (the
     Loop's initial value) or the step does (the body's next state, inferred from that
     declaration): {(the body's index in graph_protos, the input's): (its name, declared,
     real type)}. onnx does not infer a body input's shape
     from the Loop (a state may change shape from step to step) and onnxruntime runs a
     [2, 3] state declared [2, 3, 1]: Shape of it was folded to [2, 3, 1]."""
-    index = {id(gp): k for k, gp in enumerate(graph_protos(bare.graph))}
+    index = {id(gp): k for k, gp in enumerate(graphs)}
     every = _flat(truth)
     out = {}
-    for gp in graph_protos(bare.graph):
+    for gp in graphs:
         for n in gp.node:
             if n.op_type != "Loop" or n.domain not in ("", "ai.onnx"):
                 continue
