@@ -542,11 +542,12 @@ def test_a_tensor_declared_with_no_dims_is_of_unknown_shape():
 
 
 LIES = """<ir_version: 8, opset_import: ["" : 17, "com.microsoft": 1]>
-    g (float[N,3] x, float[M,3] w) => (float[2] z, float[2] v, float[N,3,1] r, float[2] u)
+    g (float[N,3] x, float[M,3] w) => (float[1] z, float[2] v, float[N,3,1] r, float[1] u)
     <{decl}> {{
         c = Relu(x)
         s = Shape(c)
-        z = Cast<to=1>(s)
+        sl = Gather<axis=0>(s, last)
+        z = Cast<to=1>(sl)
         b = Neg(w)
         e = Sub(s, t)
         t = Shape(b)
@@ -555,7 +556,8 @@ LIES = """<ir_version: 8, opset_import: ["" : 17, "com.microsoft": 1]>
         f = com.microsoft.Gelu(w)
         g = Relu(f)
         h = Shape(g)
-        u = Cast<to=1>(h) }}"""
+        hl = Gather<axis=0>(h, last)
+        u = Cast<to=1>(hl) }}"""
 
 
 @pytest.mark.parametrize("decl", [
@@ -577,8 +579,9 @@ def test_a_declaration_the_model_contradicts_is_not_believed(decl):
     an input's dim name, one name for two sizes), with a warning; what only a declaration
     types (a contrib op's output) still is."""
     model = onnx.parser.parse_model(LIES.format(decl=decl))
-    model.graph.initializer.append(numpy_helper.from_array(
-        np.array([-1, 3, 1], np.int64), "rt"))
+    model.graph.initializer.extend([
+        numpy_helper.from_array(np.array([-1, 3, 1], np.int64), "rt"),
+        numpy_helper.from_array(np.array([-1], np.int64), "last")])
     rng = np.random.default_rng(3)
     out, report = rewriter.rewrite(model, verify=True, input_shapes={"x": [2, 3], "w": [4, 3]})
     assert report.verified
@@ -597,12 +600,14 @@ def test_a_declaration_the_model_contradicts_is_not_believed(decl):
                                     .replace("M,3] w", "4,3] w") + """<float[4,3] f> {
         f = com.microsoft.Gelu(w)
         h = Shape(f)
-        z = Cast<to=1>(h)
-        v = Identity(z)
+        hl = Gather<axis=0>(h, last)
+        z = Cast<to=1>(hl)
+        v = Cast<to=1>(h)
         r = Reshape(x, rt)
         u = Identity(z) }""")
-    model.graph.initializer.append(numpy_helper.from_array(
-        np.array([-1, 3, 1], np.int64), "rt"))
+    model.graph.initializer.extend([
+        numpy_helper.from_array(np.array([-1, 3, 1], np.int64), "rt"),
+        numpy_helper.from_array(np.array([-1], np.int64), "last")])
     out, report = rewriter.rewrite(model, verify=True)
     assert report.verified and "Shape" not in [n.op_type for n in out.graph.node]
 
