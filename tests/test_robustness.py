@@ -660,15 +660,37 @@ def test_declarations_inside_bodies_that_lie_are_not_believed():
     """The same inside an If's branches and a Loop's body (value_info, and the body's
     outputs), and a Loop body's state input (onnx does not infer it: a state may change
     shape; onnxruntime runs it): Shape of a [2, 3] declared [2, 3, 1] was folded to
-    [2, 3, 1] there. Such a state input is written of unknown shape."""
+    [2, 3, 1] there. Such a state input is written as its first value (MIGraphX reads one
+    without a shape as a scalar), and of unknown shape where a step changes it: a state
+    declared [0, 3], its first value, that grows a row a step."""
     model = _bodies_that_lie()
     out, report = rewriter.rewrite(model, verify=True)
     assert report.verified
+    state = out.graph.node[-1].attribute[0].g.input[2].type.tensor_type
+    assert [d.dim_value for d in state.shape.dim] == [2, 3]
     x = np.random.default_rng(4).standard_normal((2, 3)).astype(np.float32)
     for c in (True, False):
         feeds = {"x": x, "c": np.array(c)}
         for a, b in zip(ort.run(ort.session(out), feeds), ort.run(ort.session(model), feeds)):
             np.testing.assert_array_equal(a, b)
+    body = helper.make_graph(
+        [helper.make_node("Concat", ["v", "row"], ["vo"], axis=0),
+         helper.make_node("Shape", ["v"], ["s"]), helper.make_node("Cast", ["s"], ["sf"], to=1),
+         helper.make_node("Identity", ["cin"], ["cout"])],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cin", TensorProto.BOOL, []),
+                 fuzz._vi("v", [0, 3])],
+        [helper.make_tensor_value_info("cout", TensorProto.BOOL, []), fuzz._vi("vo", [None, 3]),
+         fuzz._vi("sf", [2])])
+    grows = helper.make_model(helper.make_graph(
+        [helper.make_node("Loop", ["n", "", "e"], ["vf", "ss"], body=body)], "g",
+        [fuzz._vi("row", [1, 3])], [fuzz._vi("vf", [None, 3]), fuzz._vi("ss", [3, 2])],
+        [numpy_helper.from_array(np.array(3, np.int64), "n"),
+         numpy_helper.from_array(np.zeros((0, 3), np.float32), "e")]),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    out, report = rewriter.rewrite(grows, verify=True)
+    assert report.verified
+    assert not out.graph.node[0].attribute[0].g.input[2].type.tensor_type.HasField("shape")
 
 
 def test_an_output_declared_wrong_is_written_as_it_computes():

@@ -143,20 +143,27 @@ def lying_declarations(stub: onnx.ModelProto, same: list | None = None) -> dict[
     if "STFT" in ops:   # there a declaration is right where inference is not
         _distrust_wrong_stft(inferred.graph, _flat(truth))
     states = _loop_states_that_lie(theirs, truth, params) if "Loop" in ops else {}
-    if states:   # what the body computes from them, again without them
-        for graphs in (mine, theirs):
-            for (k, i), _ in states.items():
-                graphs[k].input[i].type.tensor_type.ClearField("shape")
+    if states:   # each as its first value (written so: MIGraphX reads a state input with
+        # no shape as a scalar), then of unknown shape where the step changes that
         for (k, i), said in states.items():
-            pairs[said[0]] = said[1:]
+            pairs[said[0]] = said[1:3]
             lies.add(said[0])
-        try:
-            inferred = onnx.shape_inference.infer_shapes(bare, strict_mode=False,
-                                                         data_prop=not shared)
-        except Exception:  # noqa: BLE001
-            return {}
-        truth = []
-        _scopes(inferred.graph, -1, truth)
+            for graphs in (mine, theirs):
+                _state_shape(graphs[k].input[i], said[3], params)
+        for moving in (True, False):
+            try:
+                inferred = onnx.shape_inference.infer_shapes(bare, strict_mode=False,
+                                                             data_prop=not shared)
+            except Exception:  # noqa: BLE001
+                return {}
+            truth = []
+            _scopes(inferred.graph, -1, truth)
+            moved = [(k, i) for k, i in states if moving and _moves(theirs, truth, k, i, params)]
+            for k, i in moved:
+                for graphs in (mine, theirs):
+                    _state_shape(graphs[k].input[i], None, params)
+            if not moved:
+                break
         if "STFT" in ops:
             _distrust_wrong_stft(inferred.graph, _flat(truth))
     named: dict[str, set] = {}   # a declared dim name -> what it stands for, where known
@@ -205,6 +212,32 @@ def _flat(scopes: list) -> ShapeInfos:
     return flat
 
 
+def _state_shape(vi: onnx.ValueInfoProto, first: onnx.ValueInfoProto | None,
+                 params: set) -> None:
+    """A Loop body's state input given the shape of its ``first`` value (its sizes and its
+    graph inputs' dim names; None: no shape), in place."""
+    tt = vi.type.tensor_type
+    tt.ClearField("shape")
+    if first is None or not first.type.tensor_type.HasField("shape"):
+        return
+    tt.shape.SetInParent()
+    for d in first.type.tensor_type.shape.dim:
+        new = tt.shape.dim.add()
+        if d.HasField("dim_value"):
+            new.dim_value = d.dim_value
+        elif d.dim_param in params:   # an inference's unk__N would meet another run's
+            new.dim_param = d.dim_param
+
+
+def _moves(graphs: list, truth: list, k: int, i: int, params: set) -> bool:
+    """Does the body ``graphs[k]`` compute its state ``i``'s next value (in ``truth``) of
+    another shape than the state input declares?"""
+    body = graphs[k]
+    nxt = truth[k][0].get(body.output[i - 1].name) if len(body.output) > i - 1 else None
+    return nxt is not None and nxt.type.HasField("tensor_type") and _contradicts(
+        body.input[i].type.tensor_type, nxt.type.tensor_type, params, [])
+
+
 def _contradicts(a: onnx.TypeProto.Tensor, b: onnx.TypeProto.Tensor, params: set,
                  names: list) -> bool:
     """Does declared ``a`` contradict ``b``, what inference without declarations gives: an
@@ -234,7 +267,7 @@ def _loop_states_that_lie(graphs: list, truth: list, params: set) -> dict:
     """A Loop body's state inputs whose declared shape the first step contradicts (the
     Loop's initial value) or the step does (the body's next state, inferred from that
     declaration): {(the body's index in graph_protos, the input's): (its name, declared,
-    real type)}. onnx does not infer a body input's shape
+    real type, the first value's ValueInfo or None)}. onnx does not infer a body input's shape
     from the Loop (a state may change shape from step to step) and onnxruntime runs a
     [2, 3] state declared [2, 3, 1]: Shape of it was folded to [2, 3, 1]."""
     index = {id(gp): k for k, gp in enumerate(graphs)}
@@ -259,7 +292,7 @@ def _loop_states_that_lie(graphs: list, truth: list, params: set) -> dict:
                         declared = onnx.TypeProto()
                         declared.CopyFrom(vi.type)
                         out[index[id(body)], 2 + k] = (vi.name, declared.tensor_type,
-                                                       real.type)
+                                                       real.type, every.get(n.input[2 + k]))
                         break
     return out
 
