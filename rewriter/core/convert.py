@@ -215,9 +215,14 @@ def _flat(scopes: list) -> ShapeInfos:
 def _state_shape(vi: onnx.ValueInfoProto, first: onnx.ValueInfoProto | None,
                  params: set) -> None:
     """A Loop body's state input given the shape of its ``first`` value (its sizes and its
-    graph inputs' dim names; None: no shape), in place."""
+    graph inputs' dim names; None: its rank and no size), in place."""
     tt = vi.type.tensor_type
+    rank = len(tt.shape.dim) if first is None and tt.HasField("shape") else None
     tt.ClearField("shape")
+    if rank is not None:   # its rank, no size
+        tt.shape.SetInParent()
+        for _ in range(rank):
+            tt.shape.dim.add()
     if first is None or not first.type.tensor_type.HasField("shape"):
         return
     tt.shape.SetInParent()
