@@ -633,6 +633,7 @@ def test_only_graph_inputs_and_empty():
     ({"method": "percentile", "percentile": 0}, "percentile must be in (0, 100]"),
     ({"method": "entropy", "num_bins": 128}, "num_bins >= 256"),
     ({"method": "entropy", "num_bins": 1001}, "even num_bins"),
+    ({"method": "percentile", "num_bins": 10 ** 12}, "num_bins must be at most 1048576"),
     ({"chunk": 0}, "chunk must be a positive integer"),
 ])
 def test_collect_bad_arguments(kw, message):

@@ -47,7 +47,7 @@ import onnx_graphsurgeon as gs
 from rewriter.core.errors import InputError
 from rewriter.core.graph import (StoredInt8, float32_layer, iter_graphs, node_id,
                                  stored_int8_weight)
-from rewriter.quant import METHODS, WEIGHT_FORMS
+from rewriter.quant import MAX_BINS, METHODS, WEIGHT_FORMS
 from rewriter.verify.metrics import LOSSY_DEFAULT, check_budget, max_abs_setting
 
 PRECISIONS = ("fp32", "fp16", "int8")
@@ -254,6 +254,9 @@ def from_dict(d: Any, source: str) -> Plan:
         if v is None or not math.isfinite(v) or v != int(v) or v < low:
             raise InputError(f"plan {source}: int8.calibration.{k} must be a whole number of "
                              f"at least {low}, not {cal[k]!r}")
+        if k == "num_bins" and v > MAX_BINS:   # 1e12 asked for 8 TB of histogram counts
+            raise InputError(f"plan {source}: int8.calibration.num_bins must be at most "
+                             f"{MAX_BINS}, not {cal[k]!r}")
         cal[k] = int(cal[k]) if isinstance(cal[k], int) else int(v)
     p.int8 = {"calibration": cal,
               "weights": int8.get("weights", "per-channel"),

@@ -54,7 +54,7 @@ import onnx
 
 from rewriter.core.errors import InputError
 from rewriter.core.progress import progress_bar
-from rewriter.quant import METHODS
+from rewriter.quant import MAX_BINS, METHODS
 from rewriter.quant.data import CalibrationData, _describe, _proto, load_calibration
 from rewriter.quant.ort_calibration import Histograms
 
@@ -218,6 +218,9 @@ def range_reducer(method: str = "minmax", percentile: float = 99.999,
     if method != "minmax":
         if not isinstance(num_bins, int) or num_bins < 2:
             raise InputError(f"num_bins must be an integer >= 2, got {num_bins!r}")
+        if num_bins > MAX_BINS:
+            raise InputError(f"num_bins must be at most {MAX_BINS} (its histograms take "
+                             f"num_bins x 8 bytes a tensor), got {num_bins}")
         if method == "entropy" and (num_bins < MIN_ENTROPY_BINS or num_bins % 2):
             raise InputError(f"entropy calibration needs an even num_bins >= "
                              f"{MIN_ENTROPY_BINS} (with 128 the KL search has one candidate "

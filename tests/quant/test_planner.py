@@ -798,6 +798,7 @@ def _plan_refused(tmp_path, text: str, message: str) -> None:
     ("int8: {calibration: {samples: true}}", "samples must be a number, not True"),
     ("int8: {calibration: {num_bins: .inf}}", "num_bins must be a whole number .*, not inf"),
     ("int8: {calibration: {num_bins: 300.7}}", "num_bins must be a whole number .*, not 300.7"),
+    ("int8: {calibration: {num_bins: 1e12}}", "num_bins must be at most 1048576, not '1e12'"),
     ("verify: {min_sqnr_db: .nan}", "verify.min_sqnr_db must be a finite number, not nan"),
     ("verify: {min_sqnr_db: .inf}", "verify.min_sqnr_db must be a finite number, not inf"),
 ])
