@@ -415,6 +415,7 @@ class _Rewrite:
             from rewriter.verify import load_inputs           # a sample a file); was refused
             self.inputs = load_inputs(self.inputs, self.original, folder=True)
         self.set_input_values()
+        self.input_shapes_fit()
         self.plan_and_data()
         self.report = Report(input="<model>" if isinstance(
             self.model_arg, (onnx.ModelProto, bytes, bytearray)) else str(self.model_arg),
@@ -547,6 +548,23 @@ class _Rewrite:
             f"{'s' if len(self.set_said) > 1 else ''} of the output model; verified against "
             "the original with "
             + ("these values" if len(self.set_said) > 1 else "this value") + " fed")
+
+    def input_shapes_fit(self) -> None:
+        """--input-shape against the inputs' static dims, before calibration data is read
+        or a plan made: an NCHW shape for an NHWC input with images in --calib was refused
+        by what the images became ("--calib samples give x as 1x3x96x3 but --input-shape
+        says 1x3x96x128"), not by the model's channel dim it contradicts, checked only
+        at the import after them. A shape without a name is each input's of its rank, as
+        the feeds read it."""
+        shapes = self.input_shapes or {}
+        inits = {t.name for t in self.original.graph.initializer}
+        given = {k: v for k, v in shapes.items() if k}
+        if "" in shapes:
+            given.update({vi.name: shapes[""] for vi in self.original.graph.input
+                          if vi.name not in inits and vi.name not in given
+                          and len(vi.type.tensor_type.shape.dim) == len(shapes[""])})
+        if given:
+            check_fixed_shapes(self.original, given, share=False, lenient=True)
 
     def plan_and_data(self) -> None:
         """The plan (``auto``: chosen by the planner now), its passes, and the calibration

@@ -1853,6 +1853,21 @@ def test_image_calibration_sized_by_input_shape(tmp_path, capfd, plan):
     assert "held-out calibration samples" in out and (tmp_path / "o.onnx").exists()
 
 
+@pytest.mark.parametrize("plan", ["int8", "auto"])
+@pytest.mark.parametrize("shape", ["images:1x12x16x3", "1x12x16x3"])
+def test_an_input_shape_of_the_other_layout_is_refused_by_the_models_dim(tmp_path, capfd,
+                                                                          plan, shape):
+    """An NHWC --input-shape for an NCHW input (channels 3), images in --calib: refused by
+    what the images became ("--calib samples give images as 1x3x12x16 but --input-shape
+    says 1x12x16x3"), the model's channel dim checked only at the import after them. It is
+    now checked first, named or not, before any image is read or a plan made."""
+    src = _symbolic_image_model(tmp_path)
+    code, _, err = run(capfd, src, "-o", tmp_path / "o.onnx", "--plan", plan, "--calib",
+                       tmp_path / "imgs", "--input-shape", shape, "--target", "none")
+    assert code == 2
+    assert_one_line(err, "input 'images': dim 1 is 3 in the model, --input-shape gives 12")
+
+
 def test_every_commands_json_is_standard(tmp_path, capfd, monkeypatch):
     """--report wrote standard JSON (the API round); `check --json`, `advise --json` and
     `rewrite plan`'s .json plan and .sensitivity.json still wrote Python's Infinity and
