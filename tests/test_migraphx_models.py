@@ -642,6 +642,100 @@ def test_a_topk_on_a_graph_input_before_what_migraphx_pads_fails_in_one_line(tmp
     assert "computes the original model differently from onnxruntime too" in err[-1], err
 
 
+REORDERED_HEAD = """
+    g (float[1, 16, 200] x) => (float[50, 4] boxes, float[50] scores) {
+        c = Conv (x, cw, cb)
+        f = BatchNormalization (c, g, beta, mean, var)
+        s3 = Conv (f, sw)
+        s = Reshape (s3, flat)
+        scores, idx = TopK (s, k)
+        ft = Transpose <perm = [0, 2, 1]> (f)
+        fr = Reshape (ft, rows)
+        sel = Gather <axis = 0> (fr, idx)
+        mm = MatMul (sel, hw)
+        boxes = Add (mm, hb)
+    }"""
+
+
+def _reordered_head(tmp_path, scale: float = 1.0):
+    """A two-stage detector in miniature: a TopK over near-tied scores (4 levels of 50
+    positions, each within ~1e-6: the top 50 one level), the selected features through a
+    MatMul head (a layer: no plain replay). Each backend's rounding, and the rewrite's
+    (BatchNormalization folded into the Conv), order a level's positions otherwise. The
+    inputs: each position's projection onto the score direction set to its level."""
+    r = np.random.default_rng(11)
+    w = {"cw": r.standard_normal((8, 16, 1)), "cb": r.standard_normal(8),
+         "g": 0.5 + r.random(8), "beta": r.standard_normal(8), "mean": r.standard_normal(8),
+         "var": 0.5 + r.random(8), "sw": r.standard_normal((1, 8, 1)),
+         "hw": r.standard_normal((8, 4)) * scale, "hb": r.standard_normal(4)}
+    w = {k: np.asarray(v, np.float32) for k, v in w.items()}
+    path = _save_text(tmp_path, REORDERED_HEAD, **w, flat=np.array([-1]), k=np.array([50]),
+                      rows=np.array([200, 8]))
+    a = (w["g"] / np.sqrt(w["var"] + 1e-5))[:, None] * w["cw"][:, :, 0]
+    u = a.T.astype(np.float64) @ w["sw"][0, :, 0]
+    (tmp_path / "in").mkdir()
+    for i in range(3):
+        x = r.standard_normal((16, 200))
+        levels = r.permutation(np.repeat(np.arange(4.0), 50)) + 1e-6 * r.standard_normal(200)
+        x += np.outer(u, levels - u @ x) / (u @ u)
+        np.save(tmp_path / "in" / f"{i}.npy", x[None].astype(np.float32))
+    return path
+
+
+def test_rows_a_selection_orders_otherwise_on_migraphx_are_matched_as_rows(tmp_path, capfd):
+    """--verify passes a selection's output whose rows come in another order (near-tied
+    scores before a layer: Verifier.allow_order); the MIGraphX step judged it in place and
+    blamed the model, exit 2 ("computes the original model as far or further"): MIGraphX
+    orders the ties by its own rounding, for the original too. It is now judged as --verify
+    judges it, said in a warning; --strict refuses it, exit 1."""
+    import json
+
+    from rewriter.cli import main
+    path = _reordered_head(tmp_path)
+    args = [str(path), "-o", str(tmp_path / "o.onnx"), "--verify", "--inputs",
+            str(tmp_path / "in"), "--migraphx-target", "ref", "--report", str(tmp_path / "r.json")]
+    code = main(args)
+    cap = capfd.readouterr()
+    m = json.loads((tmp_path / "r.json").read_text())["compile"]["metrics"][0]
+    assert code == 0, cap.err
+    assert m["ok"] and m["cosine"] < 0.99 and m["unordered"] == "TopK 'scores'", m
+    assert "warning: MIGraphX: output 'boxes' differs in place" in cap.out, cap.out
+    assert "rows matched in another order" in cap.out
+    # --strict refuses it, exit 1 (the step's own judgement, on the rewritten model without
+    # the original beside it: the tie probe, which would pass an exact rewrite, does not run)
+    import onnx
+
+    from rewriter.migraphx.target import migraphx_step
+    from rewriter.verify import Verifier
+    feeds = [{"x": np.load(tmp_path / "in" / f"{i}.npy")} for i in range(3)]
+    for strict in (False, True):
+        verifier = Verifier(onnx.load(path), str(tmp_path), feeds, strict=strict)
+        info = migraphx_step(tmp_path / "o.onnx", verifier, feeds, None, device="ref")
+        boxes = info["metrics"][0]
+        assert boxes["unordered"] == "TopK 'scores'" and info["ok"] is not strict, info
+        assert boxes["ok"] is not strict and boxes["strict_refused"] == strict * "unordered"
+    assert "rows matched in another order (computed from what TopK 'scores' selects): " \
+        "--strict refuses it" in info["error"], info
+
+
+def test_a_head_changed_after_a_selection_still_fails_on_migraphx(tmp_path):
+    """The rows are matched, not the values: the head after the selection scaled by 1.001 in
+    the model MIGraphX runs (what it computes changed) fails its judgement."""
+    import onnx
+
+    from rewriter.migraphx.target import migraphx_step
+    from rewriter.verify import Verifier
+    path = _reordered_head(tmp_path)
+    (tmp_path / "x").mkdir()
+    changed = _reordered_head(tmp_path / "x", scale=1.001)
+    feeds = [{"x": np.load(tmp_path / "in" / f"{i}.npy")} for i in range(3)]
+    info = migraphx_step(changed, Verifier(onnx.load(path), str(tmp_path), feeds), feeds, None,
+                         device="ref", original=path)
+    boxes = info["metrics"][0]
+    assert info["status"] == "compiled" and not info["ok"], info
+    assert not boxes["ok"] and not boxes.get("unordered"), boxes
+
+
 @pytest.mark.slow
 def test_an_end_to_end_yolov8_head_on_migraphx_is_said_to_order_ties(tmp_path):
     """isbnx's barcode detector (a trained YOLOv8, end-to-end TopK head): MIGraphX's output
