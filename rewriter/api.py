@@ -1759,6 +1759,9 @@ class _Rewrite:
         elif why == {"selected"}:
             what = what.replace("drift beyond tolerance", "are within the budget only on "
                                 "what a selection reads, not themselves (--strict)")
+        elif why == {"unordered"}:   # allow_order: the rows in another order, FP32
+            what = what.replace("drift beyond tolerance", "agree only with each sample's rows "
+                                "matched in another order (--strict)")
         elif why and "" not in why:
             what = what.replace("drift beyond tolerance", "have a component below the "
                                 "budget, hidden in the output's cosine (--strict)")

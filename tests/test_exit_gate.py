@@ -1319,6 +1319,9 @@ def test_rows_a_selection_reorders_are_judged_in_any_order():
     with pytest.raises(rewriter.VerificationError) as e:
         rewriter.rewrite(m, [BreaksTies()], verify=True, options={"planner": {"strict": True}})
     assert e.value.report.verification[0]["strict_refused"] == "unordered"
+    # said as what it is (it read "a component below the budget, hidden in the cosine")
+    assert "agree only with each sample's rows matched in another order (--strict)" in \
+        str(e.value), str(e.value)
 
 
 def test_rows_are_matched_whole_through_near_ties_in_a_coordinate():
