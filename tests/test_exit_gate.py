@@ -875,6 +875,22 @@ def test_what_a_topk_selects_is_judged_on_what_it_selects_from():
     assert "only on what a selection reads" in str(e.value), str(e.value)
 
 
+def test_what_a_selection_reads_comes_from_the_run_that_judged_the_outputs(monkeypatch):
+    """The reads' values are output by the check's own run: judge_selected ran the whole
+    candidate again with them as outputs, once for each pass that moved a selected output
+    (RetinaNet on 8 photos: 8.5 s of 32 s verifying). The same judgement, no second run."""
+    from rewriter.verify import verifier as v
+    m = make_model(_TOPK_BOXES, _topk_boxes_inits())
+    _, before = rewriter.rewrite(m, plan="fp16", verify=True)
+
+    def again(*a, **k):
+        raise AssertionError("the candidate was run again for what the selection reads")
+    monkeypatch.setattr(v, "_run_with_outputs", again)
+    _, report = rewriter.rewrite(m, plan="fp16", verify=True)
+    assert report.verification == before.verification
+    assert report.verification[0]["selected"]["replay"], report.verification[0]
+
+
 class PicksTheSmallest(Pass):
     """A buggy pass in the post-processing: the TopK keeps the smallest scores. What it
     selects from is unchanged; the output is not."""
