@@ -62,7 +62,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from rewriter.core.errors import PreconditionError
-from rewriter.core.graph import (StoredInt8, conv_pads, float32_layer, node_id,
+from rewriter.core.graph import (AUTO_PADS, StoredInt8, auto_pad, float32_layer, node_id,
                                  stored_int8_weight, weight_out_axis)
 from rewriter.core.pass_base import Context, Numerics, Pass, PassResult, Phase
 
@@ -317,10 +317,7 @@ def _no_gptq(node) -> str | None:
         return None
     if len(w.shape) > 4:
         return "3d"
-    auto = node.attrs.get("auto_pad", "NOTSET")
-    auto = auto.decode() if isinstance(auto, bytes) else auto
-    unknown = conv_pads(node, w.shape[2:]) is None and auto not in ("SAME_UPPER", "SAME_LOWER")
-    return "auto-pad" if unknown else None
+    return "auto-pad" if auto_pad(node) not in AUTO_PADS else None
 
 
 class _Site:

@@ -556,13 +556,14 @@ class _Rewrite:
         says 1x3x96x128"), not by the model's channel dim it contradicts, checked only
         at the import after them. A shape without a name is each input's of its rank, as
         the feeds read it."""
+        from rewriter.verify.feeds import given_dims, real_inputs
+
         shapes = self.input_shapes or {}
-        inits = {t.name for t in self.original.graph.initializer}
         given = {k: v for k, v in shapes.items() if k}
-        if "" in shapes:
-            given.update({vi.name: shapes[""] for vi in self.original.graph.input
-                          if vi.name not in inits and vi.name not in given
-                          and len(vi.type.tensor_type.shape.dim) == len(shapes[""])})
+        for vi in real_inputs(self.original):
+            dims = given_dims(shapes, vi.name, len(vi.type.tensor_type.shape.dim))
+            if dims is not None:
+                given[vi.name] = dims
         if given:
             check_fixed_shapes(self.original, given, share=False, lenient=True)
 

@@ -388,16 +388,22 @@ def node_reads(n: onnx.NodeProto) -> list[str]:
     return list(reads)
 
 
-# Ops whose outputs select or order elements by value: what follows them changes wholesale
-# when near-equal values swap (TopK's order, which boxes NMS keeps, where NonZero is true).
+AUTO_PADS = ("NOTSET", "", "VALID", "SAME_UPPER", "SAME_LOWER")   # what ONNX knows
+
+
+def auto_pad(node) -> str:
+    """A gs Conv's ``auto_pad`` as text (graphsurgeon may give bytes)."""
+    auto = node.attrs.get("auto_pad", "NOTSET")
+    return auto.decode() if isinstance(auto, bytes) else auto
+
+
 def conv_pads(node, kernel) -> list[int] | None:
     """A gs Conv's pads in ONNX order (every begin, then every end) as its ``auto_pad``
     sets them: NOTSET its ``pads`` (0 by default), VALID none, SAME_* the ONNX rule, out =
     ceil(in / stride), the odd one after (UPPER) or before (LOWER); None where SAME_* pads
     an input whose spatial sizes are not known (GPTQ's statistics then take them from each
     batch: quant.hessian.ConvSpec.pads_at), or ``auto_pad`` is no value ONNX knows."""
-    auto = node.attrs.get("auto_pad", "NOTSET")
-    auto = auto.decode() if isinstance(auto, bytes) else auto
+    auto = auto_pad(node)
     k = len(kernel)
     if auto in ("NOTSET", ""):
         return [int(v) for v in node.attrs.get("pads", [0] * (2 * k))]
@@ -427,6 +433,8 @@ def same_pads(sizes, kernel, strides, dilations, lower: bool) -> list[int]:
     return begin + end
 
 
+# Ops whose outputs select or order elements by value: what follows them changes wholesale
+# when near-equal values swap (TopK's order, which boxes NMS keeps, where NonZero is true).
 SELECTION_OPS = ("TopK", "NonMaxSuppression", "NonZero")
 
 

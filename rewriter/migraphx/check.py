@@ -1066,6 +1066,8 @@ class _Checker:
         return out
 
     def check_inputs(self, g: _Graph) -> None:
+        from rewriter.verify.feeds import given_dims
+
         dd = self.profile.get("dynamic_dims", {})
         inits = set(g.inits)
         names, nameless = set(), False
@@ -1078,11 +1080,9 @@ class _Checker:
                 continue
             dims = ([d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
                      for d in tt.shape.dim] if tt.HasField("shape") else None)
-            given = self.input_shapes.get(vi.name)
-            if given is None and dims is not None and "" in self.input_shapes and len(
-                    self.input_shapes[""]) == len(dims):   # without a name: the input of
-                # its rank's, as the feeds read it
-                given, nameless = self.input_shapes[""], True
+            given = self.input_shapes.get(vi.name) if dims is None else given_dims(
+                self.input_shapes, vi.name, len(dims))   # a shape without a name: its rank's
+            nameless |= given is not None and vi.name not in self.input_shapes
             if given is not None:
                 if dims is not None and (len(given) != len(dims) or any(
                         isinstance(d, int) and d > 0 and d != v for d, v in zip(dims, given))):

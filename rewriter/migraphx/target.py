@@ -934,13 +934,15 @@ def _batched(feeds: list, input_shapes) -> list:
     them at theirs (exit 2, 'the compiled program expects [4, 3, 96, 128]: pass
     input_shapes', which was given). Unchanged unless every input's samples are a whole
     part of its given batch, the other dims equal."""
+    from rewriter.verify.feeds import given_dims
+
     shapes = input_shapes or {}
     if not feeds:
         return feeds
     parts = set()
     for k, v in feeds[0].items():
         have = np.shape(v)
-        want = shapes.get(k, shapes.get("") if len(shapes.get("", ())) == len(have) else None)
+        want = given_dims(shapes, k, len(have))
         if want is None or len(want) != len(have) or not have or have[0] < 1 \
                 or list(have[1:]) != [int(d) for d in want[1:]] or int(want[0]) % have[0]:
             return feeds

@@ -46,9 +46,8 @@ class ConvSpec:
         if not self.same:
             return self.pads
         from rewriter.core.graph import same_pads
-        t, l, b, r = same_pads([h, w], self.kernel, self.strides, self.dilations,
-                               self.same == "SAME_LOWER")
-        return t, l, b, r
+        return tuple(same_pads([h, w], self.kernel, self.strides, self.dilations,
+                               self.same == "SAME_LOWER"))
 
     def bytes(self, copies: int = 1) -> int:
         """What ``copies`` H of this conv hold (float32: see HessianReducer)."""
@@ -68,15 +67,14 @@ def conv_spec(node, weight_shape) -> ConvSpec | None:
     of height 1: its input is read as [N, C, 1, L]); None for 3-D convs and an auto_pad
     ONNX does not know. An auto_pad SAME_* over an input whose size is not known (its pads
     depend on it) takes its pads from each batch (``same``)."""
-    from rewriter.core.graph import conv_pads, node_id
+    from rewriter.core.graph import auto_pad, conv_pads, node_id
 
     if len(weight_shape) not in (3, 4):
         return None
     one = len(weight_shape) == 3
     kh, kw = (1, int(weight_shape[2])) if one else (int(weight_shape[2]), int(weight_shape[3]))
     p = conv_pads(node, [int(k) for k in weight_shape[2:]])
-    auto = node.attrs.get("auto_pad", "NOTSET")
-    auto = auto.decode() if isinstance(auto, bytes) else auto
+    auto = auto_pad(node)
     same = auto if p is None and auto in ("SAME_UPPER", "SAME_LOWER") else ""
     if p is None and not same:
         return None

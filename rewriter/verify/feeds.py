@@ -73,6 +73,15 @@ def batch_names(model: onnx.ModelProto) -> set[str]:
     return out
 
 
+def given_dims(shapes: dict[str, list[int]], name: str, rank: int) -> list[int] | None:
+    """The dims --input-shape gives input ``name`` of rank ``rank``: its own, else a
+    shape given without a name of that rank (a user's bare 1x3x224x224), else None."""
+    if name in shapes:
+        return shapes[name]
+    bare = shapes.get("")
+    return bare if bare is not None and len(bare) == rank else None
+
+
 def input_shape(vi: onnx.ValueInfoProto, shapes: dict[str, list[int]], default: int = 1,
                 fill: int | None = None, batches: set[str] = frozenset(),
                 derived: dict[int, int] | None = None, fill_batch: bool = False) -> list[int]:
@@ -83,12 +92,10 @@ def input_shape(vi: onnx.ValueInfoProto, shapes: dict[str, list[int]], default: 
     ``fill``; with ``fill_batch``, the batch too: the last resort for inputs whose first
     dim is not a batch, madmom's [frames, bins])."""
     tt = vi.type.tensor_type
-    if vi.name in shapes:
-        return shapes[vi.name]
     dims = list(tt.shape.dim)
-    # A user's bare `1x3x224x224` applies to a single input.
-    if "" in shapes and len(shapes[""]) == len(dims):
-        return shapes[""]
+    given = given_dims(shapes, vi.name, len(dims))
+    if given is not None:
+        return given
     derived = derived or {}
     return [d.dim_value if _declared(d)
             else derived[i] if i in derived
@@ -160,10 +167,10 @@ def symbolic_dims(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = 
     derived = weight_dims(model) if derived is None else derived
     out = {}
     for vi in real_inputs(model):
-        if vi.name in shapes or not vi.type.HasField("tensor_type"):
+        if not vi.type.HasField("tensor_type"):
             continue
         dims = list(vi.type.tensor_type.shape.dim)
-        if "" in shapes and len(shapes[""]) == len(dims):
+        if given_dims(shapes, vi.name, len(dims)) is not None:
             continue
         pos = [i for i, d in enumerate(dims) if (batch or not _is_batch(dims, i, batches))
                and not _declared(d) and i not in derived.get(vi.name, {})]
